@@ -1,0 +1,34 @@
+//! The internal API between frontends and storage nodes (plain HTTP/2: method, path and headers
+//! carry the operation, statuses are real). This crate is the only owner of that wire format; see
+//! `INTERNAL_API.md` beside it.
+
+mod changes;
+mod paths;
+mod properties;
+mod range;
+
+pub use changes::{ChangeEntry, ChangePage};
+pub use paths::{blob_path, changes_path, parse_path, InternalPath, HEALTH_PATH};
+pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
+pub use range::{content_range, ByteRange, RangeError};
+
+/// Header names of the internal API (lower case, as HTTP/2 sends them).
+pub mod header {
+    /// Operation time of a put or delete, ms since the Unix epoch.
+    pub const TIME_MS: &str = "x-larder-time-ms";
+    /// Expiry time of a blob, ms since the Unix epoch.
+    pub const EXPIRES_MS: &str = "x-larder-expires-ms";
+    /// Prefix of user metadata headers (`x-larder-meta-<name>`), also in the public API.
+    pub const META_PREFIX: &str = "x-larder-meta-";
+    /// CRC32C of the request body (decimal); the storage node refuses a body that does not match.
+    pub const BODY_CRC32C: &str = "x-larder-body-crc32c";
+    /// Why a 410 is a 410: `deleted` or `expired`.
+    pub const GONE_REASON: &str = "x-larder-gone";
+    /// Size of the whole blob (also on 206 and 416 answers).
+    pub const BLOB_SIZE: &str = "x-larder-blob-size";
+    /// Outcome of an internal put: `stored` or `exists`.
+    pub const PUT_OUTCOME: &str = "x-larder-put";
+}
+
+/// Query flag on internal GET/HEAD: also return expired records (for replication).
+pub const INCLUDE_EXPIRED_QUERY: &str = "include=expired";

@@ -1,0 +1,64 @@
+//! Internal API paths.
+
+pub const HEALTH_PATH: &str = "/internal/v1/health";
+const PARTITIONS: &str = "/internal/v1/partitions/";
+
+pub fn blob_path(partition: u32, key: &str) -> String {
+    format!("{PARTITIONS}{partition}/blobs/{key}")
+}
+
+pub fn changes_path(partition: u32, after: &str, limit: usize) -> String {
+    format!("{PARTITIONS}{partition}/changes?after={after}&limit={limit}")
+}
+
+/// A parsed internal path (the query is parsed by the handler).
+#[derive(Debug, PartialEq, Eq)]
+pub enum InternalPath<'a> {
+    Health,
+    Blob { partition: u32, key: &'a str },
+    Changes { partition: u32 },
+}
+
+/// Parses an internal path; `None` for anything else (a 404).
+pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
+    if path == HEALTH_PATH {
+        return Some(InternalPath::Health);
+    }
+    let rest = path.strip_prefix(PARTITIONS)?;
+    let (partition, rest) = rest.split_once('/')?;
+    let partition: u32 = partition.parse().ok()?;
+    if rest == "changes" {
+        return Some(InternalPath::Changes { partition });
+    }
+    let key = rest.strip_prefix("blobs/")?;
+    if key.is_empty() || key.contains('/') {
+        return None;
+    }
+    Some(InternalPath::Blob { partition, key })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        assert_eq!(
+            parse_path(&blob_path(7, "abc")),
+            Some(InternalPath::Blob {
+                partition: 7,
+                key: "abc"
+            })
+        );
+        let changes = changes_path(3, "0.0", 10);
+        let path = changes.split('?').next().unwrap();
+        assert_eq!(
+            parse_path(path),
+            Some(InternalPath::Changes { partition: 3 })
+        );
+        assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
+        assert_eq!(parse_path("/internal/v1/partitions/x/blobs/a"), None);
+        assert_eq!(parse_path("/internal/v1/partitions/1/blobs/"), None);
+        assert_eq!(parse_path("/internal/v1/partitions/1/blobs/a/b"), None);
+    }
+}

@@ -1,0 +1,132 @@
+//! Blob properties and how they travel in headers (both the internal and the public API use
+//! `Content-Type` and `x-larder-meta-*`).
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde::{Deserialize, Serialize};
+
+use crate::header;
+
+/// Largest total size of user metadata (names + values), in bytes.
+pub const MAX_USER_META_BYTES: usize = 8 * 1024;
+
+/// What a blob carries besides its bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobProperties {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// User metadata: lower-case names without the `x-larder-meta-` prefix, in arrival order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_meta: Vec<(String, String)>,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// Expiry time, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PropertiesError {
+    #[error("user metadata is {0} bytes, more than the limit of {MAX_USER_META_BYTES}")]
+    MetaTooLarge(usize),
+    #[error("header {0} is not valid UTF-8 text")]
+    NotText(String),
+    #[error("header {0} is not a number")]
+    NotANumber(String),
+}
+
+impl BlobProperties {
+    /// Reads content type and user metadata from request headers.
+    pub fn from_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
+        let content_type = match headers.get(CONTENT_TYPE) {
+            Some(v) => Some(text(CONTENT_TYPE.as_str(), v)?.to_owned()),
+            None => None,
+        };
+        let mut user_meta = Vec::new();
+        let mut total = 0;
+        for (name, value) in headers {
+            if let Some(short) = name.as_str().strip_prefix(header::META_PREFIX) {
+                let value = text(name.as_str(), value)?;
+                total += short.len() + value.len();
+                user_meta.push((short.to_owned(), value.to_owned()));
+            }
+        }
+        if total > MAX_USER_META_BYTES {
+            return Err(PropertiesError::MetaTooLarge(total));
+        }
+        Ok(BlobProperties {
+            content_type,
+            user_meta,
+            created_ms: number(headers, header::TIME_MS)?.unwrap_or(0),
+            expires_ms: number(headers, header::EXPIRES_MS)?,
+        })
+    }
+
+    /// Writes every property as headers (the inverse of `from_headers`).
+    pub fn write_headers(&self, headers: &mut HeaderMap) {
+        if let Some(ct) = self
+            .content_type
+            .as_deref()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+        {
+            headers.insert(CONTENT_TYPE, ct);
+        }
+        for (name, value) in &self.user_meta {
+            let name = HeaderName::from_bytes(format!("{}{name}", header::META_PREFIX).as_bytes());
+            if let (Ok(name), Ok(value)) = (name, HeaderValue::from_str(value)) {
+                headers.append(name, value);
+            }
+        }
+        headers.insert(header::TIME_MS, self.created_ms.into());
+        if let Some(expires) = self.expires_ms {
+            headers.insert(header::EXPIRES_MS, expires.into());
+        }
+    }
+}
+
+fn text<'a>(name: &str, value: &'a HeaderValue) -> Result<&'a str, PropertiesError> {
+    value
+        .to_str()
+        .map_err(|_| PropertiesError::NotText(name.to_owned()))
+}
+
+fn number(headers: &HeaderMap, name: &str) -> Result<Option<u64>, PropertiesError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => text(name, v)?
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| PropertiesError::NotANumber(name.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip() {
+        let props = BlobProperties {
+            content_type: Some("image/png".into()),
+            user_meta: vec![("owner".into(), "ada".into()), ("tag".into(), "x y".into())],
+            created_ms: 1_700_000_000_000,
+            expires_ms: Some(1_700_000_060_000),
+        };
+        let mut headers = HeaderMap::new();
+        props.write_headers(&mut headers);
+        assert_eq!(BlobProperties::from_headers(&headers).unwrap(), props);
+    }
+
+    #[test]
+    fn metadata_limit() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "x-larder-meta-big",
+            HeaderValue::from_str(&"v".repeat(9000)).unwrap(),
+        );
+        assert!(matches!(
+            BlobProperties::from_headers(&headers),
+            Err(PropertiesError::MetaTooLarge(_))
+        ));
+    }
+}
