@@ -1,0 +1,54 @@
+//! Opening one tuned HTTP/2 connection to a storage node.
+
+use std::io;
+use std::net::SocketAddr;
+
+use hyper::client::conn::http2::{Builder, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpSocket;
+
+use crate::{Body, PoolConfig};
+
+/// Connects, applies the socket and HTTP/2 settings and spawns the connection's driver task.
+/// The returned sender multiplexes any number of concurrent requests (up to the peer's limit).
+pub(crate) async fn connect(addr: SocketAddr, cfg: &PoolConfig) -> io::Result<SendRequest<Body>> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(size) = cfg.tcp_send_buffer {
+        socket.set_send_buffer_size(size.as_u64() as u32)?;
+    }
+    if let Some(size) = cfg.tcp_recv_buffer {
+        socket.set_recv_buffer_size(size.as_u64() as u32)?;
+    }
+    let stream = tokio::time::timeout(cfg.connect_timeout, socket.connect(addr))
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {addr} timed out"),
+            )
+        })??;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(cfg.stream_window.as_u64() as u32)
+        .initial_connection_window_size(cfg.connection_window.as_u64() as u32)
+        .max_frame_size(cfg.max_frame_size.as_u64() as u32)
+        .max_send_buf_size(cfg.max_send_buffer.as_u64() as usize)
+        .max_header_list_size(64 * 1024)
+        .keep_alive_interval(cfg.keepalive_interval)
+        .keep_alive_timeout(cfg.keepalive_timeout)
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(io::Error::other)?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(%addr, %err, "storage connection ended");
+        }
+    });
+    Ok(sender)
+}

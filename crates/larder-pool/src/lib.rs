@@ -1,0 +1,14 @@
+//! The storage client: per storage node a pool of N HTTP/2 connections, requests spread
+//! round-robin, each connection carrying many concurrent streams (Ambry's design: few connections,
+//! many streams, large windows and frames for multi-MiB blobs).
+//!
+//! The pool knows addresses, not the cluster: the router owns placement and quorum.
+
+mod body;
+mod config;
+mod connection;
+mod pool;
+
+pub use body::{empty, full, Body, BoxError};
+pub use config::PoolConfig;
+pub use pool::{NodePool, PoolError, StoragePool};

@@ -1,0 +1,211 @@
+//! Per-node connection pools and round-robin dispatch.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use tokio::sync::Mutex;
+
+use crate::connection::connect;
+use crate::{Body, PoolConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("unknown storage node {0:?}")]
+    UnknownNode(String),
+    #[error("cannot connect to {addr}: {detail}")]
+    Connect { addr: SocketAddr, detail: String },
+    #[error("not reconnecting to {addr} for another {retry_in:?} after failures")]
+    Backoff {
+        addr: SocketAddr,
+        retry_in: Duration,
+    },
+    #[error("request to {addr} failed: {source}")]
+    Request {
+        addr: SocketAddr,
+        source: hyper::Error,
+    },
+}
+
+/// Pools for every storage node, by node id.
+#[derive(Clone)]
+pub struct StoragePool {
+    nodes: Arc<HashMap<String, Arc<NodePool>>>,
+}
+
+impl StoragePool {
+    pub fn new(
+        nodes: impl IntoIterator<Item = (String, SocketAddr)>,
+        cfg: PoolConfig,
+    ) -> StoragePool {
+        let cfg = Arc::new(cfg);
+        let nodes = nodes
+            .into_iter()
+            .map(|(id, addr)| (id, Arc::new(NodePool::new(addr, cfg.clone()))))
+            .collect();
+        StoragePool {
+            nodes: Arc::new(nodes),
+        }
+    }
+
+    pub fn node(&self, id: &str) -> Option<&Arc<NodePool>> {
+        self.nodes.get(id)
+    }
+
+    /// Sends `req` (whose URI is a path and query) to `node` on the next connection in turn.
+    pub async fn send(
+        &self,
+        node: &str,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, PoolError> {
+        let pool = self
+            .node(node)
+            .ok_or_else(|| PoolError::UnknownNode(node.to_owned()))?;
+        pool.send(req).await
+    }
+
+    /// Open connections per node (for metrics and `/v1/cluster`).
+    pub async fn open_connections(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        for (id, pool) in self.nodes.iter() {
+            out.insert(id.clone(), pool.open_connections().await);
+        }
+        out
+    }
+}
+
+/// N connections to one storage node.
+pub struct NodePool {
+    addr: SocketAddr,
+    cfg: Arc<PoolConfig>,
+    slots: Vec<Mutex<Slot>>,
+    next: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Slot {
+    sender: Option<SendRequest<Body>>,
+    /// Consecutive failed connection attempts; drives the backoff.
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+impl NodePool {
+    fn new(addr: SocketAddr, cfg: Arc<PoolConfig>) -> NodePool {
+        let slots = (0..cfg.connections_per_node)
+            .map(|_| Mutex::new(Slot::default()))
+            .collect();
+        NodePool {
+            addr,
+            cfg,
+            slots,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, PoolError> {
+        *req.uri_mut() = self.absolute(req.uri());
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut sender = self.sender(index).await?;
+        match sender.send_request(req).await {
+            Ok(response) => Ok(response),
+            Err(source) => {
+                // The connection may be gone (GOAWAY, reset): the next request on this slot reconnects.
+                if sender.is_closed() {
+                    self.slots[index].lock().await.sender = None;
+                }
+                Err(PoolError::Request {
+                    addr: self.addr,
+                    source,
+                })
+            }
+        }
+    }
+
+    fn absolute(&self, uri: &Uri) -> Uri {
+        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        Uri::builder()
+            .scheme("http")
+            .authority(self.addr.to_string())
+            .path_and_query(path)
+            .build()
+            .expect("a socket address and a valid path make a valid URI")
+    }
+
+    /// A ready sender for slot `index`, connecting if it has none. The slot's lock is held while
+    /// connecting so that a burst of requests opens one connection, not one each.
+    async fn sender(&self, index: usize) -> Result<SendRequest<Body>, PoolError> {
+        let mut slot = self.slots[index].lock().await;
+        if let Some(sender) = &slot.sender {
+            if !sender.is_closed() {
+                return Ok(sender.clone());
+            }
+        }
+        slot.sender = None;
+        if let Some(retry_at) = slot.retry_at {
+            let now = Instant::now();
+            if now < retry_at {
+                return Err(PoolError::Backoff {
+                    addr: self.addr,
+                    retry_in: retry_at - now,
+                });
+            }
+        }
+        match connect(self.addr, &self.cfg).await {
+            Ok(sender) => {
+                slot.failures = 0;
+                slot.retry_at = None;
+                slot.sender = Some(sender.clone());
+                Ok(sender)
+            }
+            Err(err) => {
+                slot.failures = slot.failures.saturating_add(1);
+                slot.retry_at = Some(Instant::now() + self.backoff(slot.failures));
+                Err(PoolError::Connect {
+                    addr: self.addr,
+                    detail: err.to_string(),
+                })
+            }
+        }
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let doubled = self
+            .cfg
+            .reconnect_backoff_min
+            .saturating_mul(1 << failures.min(16).saturating_sub(1));
+        doubled.min(self.cfg.reconnect_backoff_max)
+    }
+
+    pub async fn open_connections(&self) -> usize {
+        let mut open = 0;
+        for slot in &self.slots {
+            if slot
+                .lock()
+                .await
+                .sender
+                .as_ref()
+                .is_some_and(|s| !s.is_closed())
+            {
+                open += 1;
+            }
+        }
+        open
+    }
+}
+
+impl PoolError {
+    /// True when the node could not be reached at all (counts against its health).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, PoolError::Connect { .. } | PoolError::Backoff { .. })
+    }
+}

@@ -1,0 +1,119 @@
+//! `larder storage --config F`: the storage node's typed configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// This node's id in the cluster map.
+    pub node_id: String,
+    /// Path of the cluster map (relative paths are relative to the config file).
+    pub cluster_map: PathBuf,
+    /// Where replicas live: `<data_dir>/<disk>/p<partition>/`.
+    pub data_dir: PathBuf,
+    /// Listen address; defaults to the node's address in the cluster map.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub http2: Http2Settings,
+    #[serde(default)]
+    pub store: StoreSettings,
+    /// On SIGTERM, wait this long for in-flight requests before closing the stores.
+    #[serde(default = "default_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+fn default_grace() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// Server-side HTTP/2 settings of the internal API.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http2Settings {
+    /// Streams one frontend connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Receive windows: uploads of 4 MiB chunks should not wait for WINDOW_UPDATEs.
+    pub stream_window: ByteSize,
+    pub connection_window: ByteSize,
+    /// Largest frame we accept: sets the frame size of uploads (the sender uses what we advertise).
+    pub max_frame_size: ByteSize,
+    /// h2's per-stream send buffer for downloads.
+    pub max_send_buffer: ByteSize,
+    pub max_header_list_size: ByteSize,
+}
+
+impl Default for Http2Settings {
+    fn default() -> Self {
+        Http2Settings {
+            max_concurrent_streams: 1024,
+            stream_window: ByteSize::mib(4),
+            connection_window: ByteSize::mib(16),
+            max_frame_size: ByteSize::mib(1),
+            max_send_buffer: ByteSize::mib(4),
+            max_header_list_size: ByteSize::kib(64),
+        }
+    }
+}
+
+/// Log store settings for every replica on this node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSettings {
+    pub segment_size: ByteSize,
+    /// Largest record; a blob chunk must fit.
+    pub max_record_size: ByteSize,
+    /// `durable` (default: fdatasync before acknowledging) or `relaxed-no-sync-for-benchmarks`.
+    pub durability: String,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            segment_size: ByteSize::mib(256),
+            max_record_size: ByteSize::mib(16),
+            durability: "durable".into(),
+        }
+    }
+}
+
+impl StoreSettings {
+    pub fn to_options(&self) -> Result<larder_store::Options, String> {
+        let durability =
+            match self.durability.as_str() {
+                "durable" => larder_store::Durability::Durable,
+                "relaxed-no-sync-for-benchmarks" => {
+                    larder_store::Durability::RelaxedNoSyncForBenchmarks
+                }
+                other => return Err(format!(
+                    "store.durability {other:?} is not durable or relaxed-no-sync-for-benchmarks"
+                )),
+            };
+        Ok(larder_store::Options {
+            segment_size: self.segment_size.as_u64(),
+            max_record_size: self.max_record_size.as_u64(),
+            durability,
+            ..larder_store::Options::default()
+        })
+    }
+}
+
+impl StorageConfig {
+    /// A config with every default, for `larder config defaults`.
+    pub fn example() -> StorageConfig {
+        StorageConfig {
+            node_id: "s1".into(),
+            cluster_map: "cluster.toml".into(),
+            data_dir: "larder-data/s1".into(),
+            listen: None,
+            http2: Http2Settings::default(),
+            store: StoreSettings::default(),
+            shutdown_grace: default_grace(),
+        }
+    }
+}

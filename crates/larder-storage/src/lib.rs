@@ -1,0 +1,13 @@
+//! The storage node: serves the internal HTTP/2 API (see `larder-proto`) over one log store per
+//! partition replica it hosts. It never talks to clients directly and knows nothing of routing.
+
+mod config;
+mod handlers;
+mod node;
+mod props;
+mod reply;
+mod server;
+
+pub use config::{StorageConfig, StoreSettings};
+pub use node::StorageNode;
+pub use server::{serve, ShutdownSignal};
