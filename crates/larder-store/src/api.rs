@@ -63,8 +63,14 @@ pub enum Error {
     #[error("record of {size} bytes is larger than the limit of {limit} bytes")]
     TooLarge { size: u64, limit: u64 },
     /// The directory holds a format this build does not understand.
-    #[error("unsupported format version {found} in {location} (this build reads version {supported})")]
-    UnsupportedVersion { found: u8, supported: u8, location: String },
+    #[error(
+        "unsupported format version {found} in {location} (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        found: u8,
+        supported: u8,
+        location: String,
+    },
     /// The store was closed, or an earlier I/O failure made it refuse writes.
     #[error("store is closed or failed: {0}")]
     Unavailable(String),
@@ -83,7 +89,10 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    pub const START: Cursor = Cursor { segment: 0, offset: 0 };
+    pub const START: Cursor = Cursor {
+        segment: 0,
+        offset: 0,
+    };
 }
 
 /// What a blob put stores besides its data.
@@ -108,10 +117,13 @@ pub struct BlobRecord {
     pub(crate) location: Location,
 }
 
+/// Where a record starts. Holds its segment's file handle so the record stays readable even if
+/// the segment is later rewritten and unlinked (compaction).
 #[derive(Clone, Debug)]
-#[allow(dead_code)]
 pub(crate) struct Location {
-    pub(crate) cursor: Cursor,
+    pub(crate) segment: u32,
+    pub(crate) offset: u64,
+    pub(crate) file: Arc<std::fs::File>,
 }
 
 /// Result of [`Store::get_blob`].
@@ -119,7 +131,9 @@ pub(crate) struct Location {
 pub enum BlobLookup {
     Found(BlobRecord),
     /// A tombstone exists; `time_ms` is the delete's operation time.
-    Deleted { time_ms: u64 },
+    Deleted {
+        time_ms: u64,
+    },
     /// The blob exists but its TTL has passed.
     Expired(BlobRecord),
     NotFound,
@@ -148,9 +162,16 @@ pub enum DeleteOutcome {
 /// A stored document: last writer (highest version) wins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DocLookup {
-    Found { version: u64, time_ms: u64, json: Bytes },
+    Found {
+        version: u64,
+        time_ms: u64,
+        json: Bytes,
+    },
     /// Removed by a versioned tombstone.
-    Removed { version: u64, time_ms: u64 },
+    Removed {
+        version: u64,
+        time_ms: u64,
+    },
     NotFound,
 }
 
@@ -211,21 +232,20 @@ pub struct Stats {
 /// A replica's log store. Cheap to clone; all clones share one store.
 #[derive(Clone)]
 pub struct Store {
-    #[allow(dead_code)]
-    inner: Arc<()>,
+    pub(crate) inner: Arc<crate::store::Inner>,
 }
 
 /// Streams a byte range of a blob in verified pieces of at most [`Options::read_chunk_size`].
 /// Every piece is checked against its stored checksum before it is returned; a failing check
 /// yields [`Error::Corrupt`] and ends the stream.
 pub struct BlobReader {
-    _private: (),
+    state: crate::reader::BlobReaderState,
 }
 
 impl Iterator for BlobReader {
     type Item = Result<Bytes>;
     fn next(&mut self) -> Option<Self::Item> {
-        todo!()
+        self.state.next()
     }
 }
 
@@ -233,70 +253,78 @@ impl Store {
     /// Opens (creating if needed) the replica directory `dir`: loads the newest index checkpoint,
     /// replays the log after it, cuts off a torn tail, reports corrupt records.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
-        let _ = (dir.as_ref(), options);
-        todo!()
+        Ok(Store {
+            inner: crate::recovery::open(dir.as_ref(), options)?,
+        })
     }
 
     /// Appends a blob whose data is the concatenation of `data` (chunks as they arrived; not
     /// copied into one buffer). Returns once durable.
     pub fn put_blob(&self, key: &[u8], meta: BlobMeta, data: &[Bytes]) -> Result<PutOutcome> {
-        let _ = (key, meta, data);
-        todo!()
+        self.inner.put_blob(key, meta, data)
     }
 
     /// Appends a tombstone, also for a key never seen (a late put must not resurrect it).
     pub fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<DeleteOutcome> {
-        let _ = (key, time_ms);
-        todo!()
+        self.inner.delete_blob(key, time_ms)
     }
 
     /// Looks a blob up; `now_ms` decides TTL expiry.
     pub fn get_blob(&self, key: &[u8], now_ms: u64) -> Result<BlobLookup> {
-        let _ = (key, now_ms);
-        todo!()
+        self.inner.get_blob(key, now_ms)
     }
 
     /// Streams `range` (clamped to the blob's size) of `blob`'s data.
     pub fn read_blob(&self, blob: &BlobRecord, range: Range<u64>) -> Result<BlobReader> {
-        let _ = (blob, range);
-        todo!()
+        let state = crate::reader::BlobReaderState::open(
+            &blob.location,
+            &blob.key,
+            blob.meta.props.len(),
+            blob.size,
+            range,
+            self.inner.opts.read_chunk_size,
+        )?;
+        Ok(BlobReader { state })
     }
 
     /// Applies a document put if `version` is newer than what the store holds.
-    pub fn put_doc(&self, key: &[u8], version: u64, time_ms: u64, json: Bytes) -> Result<DocOutcome> {
-        let _ = (key, version, time_ms, json);
-        todo!()
+    pub fn put_doc(
+        &self,
+        key: &[u8],
+        version: u64,
+        time_ms: u64,
+        json: Bytes,
+    ) -> Result<DocOutcome> {
+        self.inner
+            .write_doc(Op::PutDoc, key, version, time_ms, json)
     }
 
     /// Applies a versioned document remove (a tombstone) if `version` is newer.
     pub fn remove_doc(&self, key: &[u8], version: u64, time_ms: u64) -> Result<DocOutcome> {
-        let _ = (key, version, time_ms);
-        todo!()
+        self.inner
+            .write_doc(Op::RemoveDoc, key, version, time_ms, Bytes::new())
     }
 
     pub fn get_doc(&self, key: &[u8]) -> Result<DocLookup> {
-        let _ = key;
-        todo!()
+        self.inner.get_doc(key)
     }
 
     /// Durable records after `after`, at most `limit` of them, in log order.
     pub fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
-        let _ = (after, limit);
-        todo!()
+        self.inner.changes(after, limit)
     }
 
     /// Calls `f` for every live document key (for visiting); stops when it returns false.
     pub fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
-        let _ = f;
-        todo!()
+        self.inner.for_each_doc(f)
     }
 
     pub fn stats(&self) -> Stats {
-        todo!()
+        self.inner.stats()
     }
 
     /// Syncs, writes an index checkpoint and refuses further writes. Reads keep working.
     pub fn close(&self) -> Result<()> {
-        todo!()
+        self.inner.close()
     }
 }

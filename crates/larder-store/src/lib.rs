@@ -7,7 +7,30 @@
 //! The API is blocking (file I/O and `fdatasync`); async callers run it on a blocking thread pool.
 //! Writes return only once their record is on stable storage; concurrent writers share one sync
 //! (group commit). See `FORMAT.md` in this crate for the on-disk format.
+//!
+//! Layout of the implementation: `format` (record encoding), `segment` (files and I/O), `scan`
+//! (sequential reading), `index`, `checkpoint`, `commit` (write path and group commit),
+//! `recovery` (open), `reader` (verified reads), `feed` (change feed), `store` (operations).
 
 mod api;
+mod checkpoint;
+mod commit;
+mod cursor;
+#[cfg(test)]
+mod failpoint;
+mod feed;
+mod format;
+mod index;
+mod reader;
+mod recovery;
+mod scan;
+mod segment;
+mod store;
+#[cfg(test)]
+mod tests;
+
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub use api::*;
+pub use cursor::ParseCursorError;

@@ -1,0 +1,44 @@
+//! Test-only fault injection in the write path (full disk, failing truncate), so the undo logic
+//! that no real disk failure would reliably trigger in a test can be exercised.
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+#[derive(Default)]
+pub(crate) struct FailPoints {
+    /// The next record write stores only this many bytes, then fails with ENOSPC.
+    write_fails_after: Mutex<Option<usize>>,
+    truncate_fails: AtomicBool,
+}
+
+impl FailPoints {
+    pub fn fail_next_write_after(&self, bytes: usize) {
+        *self.write_fails_after.lock() = Some(bytes);
+    }
+
+    pub fn set_truncate_fails(&self, fails: bool) {
+        self.truncate_fails.store(fails, Ordering::SeqCst);
+    }
+
+    /// Writes a prefix of `bufs` and returns ENOSPC when armed, like a disk filling mid-record.
+    pub fn partial_write(&self, file: &File, offset: u64, bufs: &[&[u8]]) -> Option<io::Error> {
+        let mut left = self.write_fails_after.lock().take()?;
+        let mut prefix = Vec::new();
+        for b in bufs {
+            let n = left.min(b.len());
+            prefix.push(&b[..n]);
+            left -= n;
+        }
+        if let Err(e) = crate::segment::write_all_vectored_at(file, offset, &prefix) {
+            return Some(e);
+        }
+        Some(io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+
+    pub fn truncate_fails(&self) -> bool {
+        self.truncate_fails.load(Ordering::SeqCst)
+    }
+}

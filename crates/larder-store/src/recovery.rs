@@ -1,0 +1,221 @@
+//! Opening a replica: segment headers, checkpoint, replay, torn-tail repair.
+//!
+//! Replay verifies every data block, because a checkpoint only vouches for records before its
+//! cursor and the tail after it may have been cut short by a crash. A bad region at the very end
+//! of the last segment is a torn write and is cut off; anywhere else it is corruption: reported,
+//! counted, stepped over, and never served.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::api::{Cursor, Error, Location, Options, Result};
+use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
+use crate::commit::LogState;
+use crate::format::{check_file_header, FileHeader, FILE_HEADER_LEN, FORMAT_VERSION};
+use crate::index::Index;
+use crate::scan::{Found, Scanned, Scanner};
+use crate::segment::{
+    create_segment, list_segments, open_segment, read_exact_at, rewrite_header, Segment,
+};
+use crate::store::{Counters, Inner};
+
+/// Counts gathered while replaying.
+#[derive(Default)]
+struct Replay {
+    index: Index,
+    corrupt: u64,
+    records: u64,
+}
+
+impl Replay {
+    fn apply(&mut self, seg: &Segment, rec: &Scanned) {
+        let loc = Location {
+            segment: seg.id,
+            offset: rec.start,
+            file: seg.file.clone(),
+        };
+        self.index.apply(&rec.info, loc);
+        self.records += 1;
+    }
+}
+
+pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
+    std::fs::create_dir_all(dir)?;
+    remove_stale_temp_files(dir);
+    let mut replay = Replay::default();
+    let mut segments = open_segments(dir, &mut replay.corrupt)?;
+    let from = match checkpoint::load(dir, &segments)? {
+        Some(index) => {
+            let from = index.durable;
+            replay.index = index;
+            from
+        }
+        None => Cursor::START,
+    };
+    let last = segments.len().saturating_sub(1);
+    for (i, (seg, len)) in segments
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, (s, _))| s.id >= from.segment)
+    {
+        let start = if seg.id == from.segment {
+            from.offset
+        } else {
+            FILE_HEADER_LEN
+        };
+        *len = replay_segment(seg, *len, start, i == last, &mut replay)?;
+    }
+    if segments.is_empty() {
+        segments.push((create_segment(dir, 1, true)?, FILE_HEADER_LEN));
+    }
+    let (active, active_len) = segments.last().cloned().expect("at least one segment");
+    // Records replayed from the tail may never have been synced (the process died before its
+    // group commit); sync them before they are served as durable.
+    active.file.sync_data()?;
+    let sealed: u64 = segments[..segments.len() - 1]
+        .iter()
+        .map(|(_, len)| len)
+        .sum();
+    replay.index.durable = Cursor {
+        segment: active.id,
+        offset: active_len,
+    };
+    if replay.corrupt > 0 {
+        tracing::warn!(dir = %dir.display(), corrupt = replay.corrupt, "opened with corrupt records");
+    }
+    Ok(Arc::new_cyclic(|me| Inner {
+        dir: dir.to_path_buf(),
+        log: Mutex::new(LogState::new(active, active_len, sealed)),
+        synced: Condvar::new(),
+        index: RwLock::new(replay.index),
+        segments: RwLock::new(segments.into_iter().map(|(s, _)| s).collect()),
+        counters: Counters {
+            corrupt: replay.corrupt.into(),
+            ..Counters::default()
+        },
+        // A long replay is worth a checkpoint soon, so the next open is quick.
+        ckpt: CheckpointState::with_since(replay.records),
+        me: me.clone(),
+        opts,
+        #[cfg(test)]
+        fail: Default::default(),
+    }))
+}
+
+/// Leftovers of checkpoints interrupted by a crash.
+fn remove_stale_temp_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Opens every segment and checks its header. Returns each with its length.
+fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<Vec<(Segment, u64)>> {
+    let found = list_segments(dir)?;
+    let mut out = Vec::with_capacity(found.len());
+    for (i, (id, path)) in found.iter().enumerate() {
+        let file = open_segment(path)?;
+        let mut len = file.metadata()?.len();
+        let head = read_exact_at(&file, 0, len.min(FILE_HEADER_LEN) as usize)?;
+        match check_file_header(&head, *id) {
+            FileHeader::Valid => {}
+            FileHeader::Unsupported(found) => {
+                return Err(Error::UnsupportedVersion {
+                    found,
+                    supported: FORMAT_VERSION,
+                    location: path.display().to_string(),
+                })
+            }
+            FileHeader::Short if i + 1 == found.len() => {
+                // Cut short while being created: nothing in it was ever acknowledged.
+                rewrite_header(&file, *id)?;
+                len = FILE_HEADER_LEN;
+            }
+            FileHeader::Short | FileHeader::Corrupt => {
+                tracing::warn!(segment = %path.display(), "segment header is corrupt; scanning it anyway");
+                *corrupt += 1;
+            }
+        }
+        out.push((
+            Segment {
+                id: *id,
+                file: Arc::new(file),
+            },
+            len,
+        ));
+    }
+    Ok(out)
+}
+
+/// Replays `seg` from `from`; returns its valid length (shorter than `len` after a torn tail).
+fn replay_segment(
+    seg: &Segment,
+    len: u64,
+    from: u64,
+    is_last: bool,
+    r: &mut Replay,
+) -> Result<u64> {
+    let mut scanner = Scanner::new(&seg.file, len);
+    let mut pos = from;
+    while pos < len {
+        match scanner.read_at(pos, true)? {
+            Found::Valid(rec) => {
+                r.apply(seg, &rec);
+                pos = rec.end;
+            }
+            Found::BadData(rec, block) => {
+                if is_last && scanner.resync(rec.end)?.is_none() {
+                    return truncate_tail(seg, pos);
+                }
+                tracing::warn!(
+                    segment = seg.id,
+                    offset = pos,
+                    block,
+                    "record data fails its checksum"
+                );
+                r.corrupt += 1;
+                // Indexed anyway: reads of its good blocks work, bad blocks report Corrupt.
+                r.apply(seg, &rec);
+                pos = rec.end;
+            }
+            Found::Invalid => match scanner.resync(pos + 1)? {
+                Some(next) => {
+                    tracing::warn!(
+                        segment = seg.id,
+                        offset = pos,
+                        skipped = next - pos,
+                        "corrupt record skipped"
+                    );
+                    r.corrupt += 1;
+                    pos = next;
+                }
+                None if is_last => return truncate_tail(seg, pos),
+                None => {
+                    tracing::warn!(
+                        segment = seg.id,
+                        offset = pos,
+                        "corrupt tail of a sealed segment"
+                    );
+                    r.corrupt += 1;
+                    break;
+                }
+            },
+        }
+    }
+    Ok(len)
+}
+
+/// Cuts off a record the process was writing when it died; it was never acknowledged.
+fn truncate_tail(seg: &Segment, at: u64) -> Result<u64> {
+    tracing::warn!(segment = seg.id, offset = at, "truncating torn tail");
+    seg.file.set_len(at)?;
+    seg.file.sync_data()?;
+    Ok(at)
+}

@@ -1,0 +1,135 @@
+//! Unit tests that need crate internals: fault injection in the write path (a full disk).
+
+use bytes::Bytes;
+
+use crate::*;
+
+fn meta() -> BlobMeta {
+    BlobMeta {
+        props: Bytes::from_static(b"p"),
+        time_ms: 1,
+        expires_ms: None,
+    }
+}
+
+fn data(len: usize, seed: u8) -> Bytes {
+    (0..len)
+        .map(|i| (i as u8) ^ seed)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn read(store: &Store, key: &[u8]) -> Option<Vec<u8>> {
+    let BlobLookup::Found(rec) = store.get_blob(key, 0).unwrap() else {
+        return None;
+    };
+    let pieces: Result<Vec<Bytes>> = store.read_blob(&rec, 0..u64::MAX).unwrap().collect();
+    Some(pieces.unwrap().concat())
+}
+
+fn segment_len(dir: &std::path::Path) -> u64 {
+    std::fs::metadata(dir.join("seg-00000001.log"))
+        .unwrap()
+        .len()
+}
+
+#[test]
+fn enospc_mid_record_leaves_no_partial_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    store.put_blob(b"before", meta(), &[data(1000, 1)]).unwrap();
+    let len = segment_len(dir.path());
+    for cut in [1, 51, 60, 70_000] {
+        store.inner.fail.fail_next_write_after(cut);
+        let res = store.put_blob(b"failed", meta(), &[data(50_000, 2), data(50_000, 3)]);
+        assert!(
+            matches!(res, Err(Error::OutOfSpace)),
+            "cut at {cut}: {:?}",
+            res.map(|_| ())
+        );
+        assert_eq!(
+            segment_len(dir.path()),
+            len,
+            "partial record truncated away"
+        );
+        assert!(matches!(
+            store.get_blob(b"failed", 0).unwrap(),
+            BlobLookup::NotFound
+        ));
+    }
+    // The store keeps working, and the retried put lands where the failed one was.
+    assert_eq!(
+        store.put_blob(b"failed", meta(), &[data(100, 4)]).unwrap(),
+        PutOutcome::Stored
+    );
+    store.put_blob(b"after", meta(), &[data(100, 5)]).unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(store.stats().corrupt_records_found, 0);
+    assert_eq!(read(&store, b"before").unwrap(), data(1000, 1));
+    assert_eq!(read(&store, b"failed").unwrap(), data(100, 4));
+    assert_eq!(read(&store, b"after").unwrap(), data(100, 5));
+}
+
+#[test]
+fn failed_truncate_makes_store_refuse_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    store.put_blob(b"kept", meta(), &[data(1000, 1)]).unwrap();
+    store.inner.fail.fail_next_write_after(80);
+    store.inner.fail.set_truncate_fails(true);
+    assert!(matches!(
+        store.put_blob(b"torn", meta(), &[data(5000, 2)]),
+        Err(Error::OutOfSpace)
+    ));
+    assert!(matches!(
+        store.put_blob(b"next", meta(), &[data(10, 3)]),
+        Err(Error::Unavailable(_))
+    ));
+    assert!(matches!(
+        store.delete_blob(b"kept", 5),
+        Err(Error::Unavailable(_))
+    ));
+    assert_eq!(
+        read(&store, b"kept").unwrap(),
+        data(1000, 1),
+        "reads keep working"
+    );
+    drop(store);
+    // The half record is a torn tail to recovery: cut off, not reported, never served.
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(store.stats().corrupt_records_found, 0);
+    assert!(matches!(
+        store.get_blob(b"torn", 0).unwrap(),
+        BlobLookup::NotFound
+    ));
+    assert_eq!(read(&store, b"kept").unwrap(), data(1000, 1));
+    assert_eq!(
+        store.put_blob(b"next", meta(), &[data(10, 3)]).unwrap(),
+        PutOutcome::Stored
+    );
+    assert_eq!(store.changes(Cursor::START, 10).unwrap().changes.len(), 2);
+}
+
+#[test]
+fn enospc_on_segment_rotation_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options {
+        segment_size: 4096,
+        ..Options::default()
+    };
+    let store = Store::open(dir.path(), opts.clone()).unwrap();
+    store.put_blob(b"a", meta(), &[data(3000, 1)]).unwrap();
+    // Occupy the next segment's name so creating it fails, like a full directory would.
+    std::fs::create_dir(dir.path().join("seg-00000002.log")).unwrap();
+    assert!(store.put_blob(b"b", meta(), &[data(3000, 2)]).is_err());
+    std::fs::remove_dir(dir.path().join("seg-00000002.log")).unwrap();
+    assert_eq!(
+        store.put_blob(b"b", meta(), &[data(3000, 2)]).unwrap(),
+        PutOutcome::Stored
+    );
+    assert_eq!(store.stats().segments, 2);
+    drop(store);
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert_eq!(read(&store, b"b").unwrap(), data(3000, 2));
+}
