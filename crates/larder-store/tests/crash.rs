@@ -43,7 +43,7 @@ fn content(key: &[u8], len: usize) -> Vec<u8> {
 
 /// Which op a document version stands for, so the parent can check writes it never saw acked.
 fn doc_is_remove(version: u64) -> bool {
-    version % 5 == 0
+    version.is_multiple_of(5)
 }
 
 fn blob_size(key: &str) -> usize {
@@ -294,7 +294,7 @@ fn crash_recovery_keeps_acknowledged_writes() {
     let mut total_lines = 0;
     for round in 1..=8u64 {
         // Short delays kill the child during open/recovery; long ones mid-stream.
-        let delay = Duration::from_millis(if round % 4 == 0 {
+        let delay = Duration::from_millis(if round.is_multiple_of(4) {
             rng.random_range(5..60)
         } else {
             rng.random_range(150..900)
@@ -302,7 +302,7 @@ fn crash_recovery_keeps_acknowledged_writes() {
         total_lines += run_child(dir.path(), round, delay, &mut acked);
         let store = Store::open(dir.path(), opts()).unwrap();
         verify(&store, &acked);
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             store.close().unwrap();
         }
     }
