@@ -84,16 +84,17 @@ impl Default for StoreSettings {
 
 impl StoreSettings {
     pub fn to_options(&self) -> Result<larder_store::Options, String> {
-        let durability =
-            match self.durability.as_str() {
-                "durable" => larder_store::Durability::Durable,
-                "relaxed-no-sync-for-benchmarks" => {
-                    larder_store::Durability::RelaxedNoSyncForBenchmarks
-                }
-                other => return Err(format!(
+        let durability = match self.durability.as_str() {
+            "durable" => larder_store::Durability::Durable,
+            "relaxed-no-sync-for-benchmarks" => {
+                larder_store::Durability::RelaxedNoSyncForBenchmarks
+            }
+            other => {
+                return Err(format!(
                     "store.durability {other:?} is not durable or relaxed-no-sync-for-benchmarks"
-                )),
-            };
+                ))
+            }
+        };
         Ok(larder_store::Options {
             segment_size: self.segment_size.as_u64(),
             max_record_size: self.max_record_size.as_u64(),

@@ -1,0 +1,264 @@
+//! `/v1/blobs`: upload, download (whole, ranges, conditional), HEAD and DELETE.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use larder_cluster::BlobId;
+use larder_proto::{header as h, BlobProperties, ByteRange, PropertiesError};
+use larder_router::GetAnswer;
+
+use crate::body::{full, Body};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+const TTL_HEADER: &str = "x-larder-ttl";
+const EXPIRES_HEADER: &str = "x-larder-expires";
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `POST /v1/blobs`: stores the body on a quorum of replicas and answers with the new ID.
+pub async fn upload(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let max = state.config.max_blob_size.as_u64();
+    let mut props = BlobProperties::from_headers(req.headers()).map_err(bad_properties)?;
+    props.created_ms = now_ms();
+    props.expires_ms = ttl(req.headers())?.map(|ttl| props.created_ms + ttl.as_millis() as u64);
+    if let Some(length) = content_length(req.headers())? {
+        if length > max {
+            return Err(too_large(max));
+        }
+    }
+    let data = read_limited(req.into_body(), max).await?;
+    state.metrics.bytes_received.inc_by(data.len() as u64);
+    let size = data.len();
+    let id = state.router.put_blob(&props, data).await?;
+    let location = format!("/v1/blobs/{id}");
+    let body = serde_json::json!({"id": id.to_string(), "size": size});
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = StatusCode::CREATED;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&location).expect("base64url is a valid header"),
+    );
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+fn bad_properties(err: PropertiesError) -> ApiError {
+    ApiError::BadRequest("BadHeader", err.to_string())
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::TooLarge(format!(
+        "blob is larger than the limit of {max} bytes (uploads above the chunk size need chunking, not available yet)"
+    ))
+}
+
+fn ttl(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let Some(value) = headers.get(TTL_HEADER) else {
+        return Ok(None);
+    };
+    let seconds: u64 = value
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|s| *s > 0)
+        .ok_or_else(|| {
+            ApiError::BadRequest(
+                "BadHeader",
+                format!("{TTL_HEADER} must be a positive number of seconds"),
+            )
+        })?;
+    Ok(Some(Duration::from_secs(seconds)))
+}
+
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    match headers.get(header::CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::BadRequest("BadHeader", "Content-Length is not a number".into())
+            }),
+    }
+}
+
+/// Reads a whole body of at most `max` bytes (HTTP/1.1 fixed or chunked, HTTP/2 DATA frames).
+async fn read_limited(body: Incoming, max: u64) -> Result<Bytes, ApiError> {
+    let mut body = Limited::new(body, max as usize);
+    let mut data = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(chunk) = frame.into_data() {
+                    data.extend_from_slice(&chunk);
+                }
+            }
+            Err(err) if err.is::<http_body_util::LengthLimitError>() => return Err(too_large(max)),
+            Err(err) => {
+                return Err(ApiError::BadRequest(
+                    "BadBody",
+                    format!("cannot read request body: {err}"),
+                ))
+            }
+        }
+    }
+    Ok(data.freeze())
+}
+
+/// `GET`, `HEAD` and `DELETE` of `/v1/blobs/<id>`.
+pub async fn by_id(
+    state: &Arc<AppState>,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let method = req.method().clone();
+    if !matches!(method, Method::GET | Method::HEAD | Method::DELETE) {
+        return Err(ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            allow: "GET, HEAD, DELETE",
+        });
+    }
+    let id: BlobId = id
+        .parse()
+        .map_err(|e| ApiError::BadRequest("InvalidBlobId", format!("malformed blob id: {e}")))?;
+    if method == Method::DELETE {
+        state.router.delete_blob(&id).await?;
+        let mut response = Response::new(crate::body::empty());
+        *response.status_mut() = StatusCode::ACCEPTED;
+        return Ok(response);
+    }
+    download(state, &id, method, req.headers()).await
+}
+
+async fn download(
+    state: &Arc<AppState>,
+    id: &BlobId,
+    method: Method,
+    headers: &HeaderMap,
+) -> Result<Response<Body>, ApiError> {
+    let etag = format!("\"{id}\"");
+    let not_modified = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|tag| tag == etag || tag == "*" || tag.strip_prefix("W/") == Some(&etag))
+        });
+    let range = match headers.get(header::RANGE) {
+        // A conditional hit answers 304 whatever the range; ranges only matter for a full answer.
+        Some(v) if !not_modified => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| ByteRange::parse(s).ok())
+                .ok_or_else(|| ApiError::BadRequest("BadRange", "malformed Range header".into()))?,
+        ),
+        _ => None,
+    };
+    let storage_method = if not_modified {
+        Method::HEAD
+    } else {
+        method.clone()
+    };
+    let answer = state.router.get_blob(id, storage_method, range).await?;
+    let response = match answer {
+        GetAnswer::NotFound => return Err(ApiError::NotFound(format!("no blob {id}"))),
+        GetAnswer::Replica(response) => response,
+    };
+    match response.status() {
+        StatusCode::OK | StatusCode::PARTIAL_CONTENT => {
+            Ok(relay(response, &etag, not_modified, method == Method::HEAD))
+        }
+        StatusCode::GONE => Err(gone(response.headers())),
+        StatusCode::RANGE_NOT_SATISFIABLE => Err(ApiError::RangeNotSatisfiable {
+            content_range: response.headers().get(header::CONTENT_RANGE).cloned(),
+        }),
+        StatusCode::INSUFFICIENT_STORAGE => {
+            Err(ApiError::OutOfSpace("storage is out of space".into()))
+        }
+        other => Err(ApiError::Internal(format!("storage answered {other}"))),
+    }
+}
+
+fn gone(headers: &HeaderMap) -> ApiError {
+    match headers.get(h::GONE_REASON).and_then(|v| v.to_str().ok()) {
+        Some("expired") => ApiError::Gone("Expired", "blob has expired".into()),
+        _ => ApiError::Gone("Deleted", "blob was deleted".into()),
+    }
+}
+
+/// Turns a storage node's answer into the public one: same status and body stream, public headers.
+fn relay(
+    storage: Response<Incoming>,
+    etag: &str,
+    not_modified: bool,
+    head: bool,
+) -> Response<Body> {
+    let (parts, incoming) = storage.into_parts();
+    let body: Body = if not_modified || head {
+        crate::body::empty()
+    } else {
+        incoming.map_err(Into::into).boxed()
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = if not_modified {
+        StatusCode::NOT_MODIFIED
+    } else {
+        parts.status
+    };
+    let out = response.headers_mut();
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::CONTENT_RANGE,
+    ] {
+        if let Some(value) = parts.headers.get(&name) {
+            if !(not_modified && name != header::CONTENT_TYPE) {
+                out.insert(name, value.clone());
+            }
+        }
+    }
+    for (name, value) in &parts.headers {
+        if name.as_str().starts_with(h::META_PREFIX) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out.insert(
+        header::ETAG,
+        HeaderValue::from_str(etag).expect("base64url is a valid header"),
+    );
+    out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(date) = http_date(&parts.headers, h::TIME_MS) {
+        out.insert(header::LAST_MODIFIED, date);
+    }
+    if let Some(date) = http_date(&parts.headers, h::EXPIRES_MS) {
+        out.insert(EXPIRES_HEADER, date);
+    }
+    response
+}
+
+fn http_date(headers: &HeaderMap, name: &str) -> Option<HeaderValue> {
+    let ms: u64 = headers.get(name)?.to_str().ok()?.parse().ok()?;
+    let time = UNIX_EPOCH + Duration::from_millis(ms);
+    HeaderValue::from_str(&httpdate::fmt_http_date(time)).ok()
+}

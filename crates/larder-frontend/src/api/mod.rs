@@ -1,0 +1,89 @@
+//! Routing of public requests to handlers.
+
+mod blobs;
+mod ops;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let (route, result) = dispatch(&state, req).await;
+    let response = result.unwrap_or_else(ApiError::into_response);
+    state.metrics.observe(
+        route,
+        method.as_str(),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+async fn dispatch(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+) -> (&'static str, Result<Response<Body>, ApiError>) {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let read_only = |allow| {
+        if method == Method::GET || method == Method::HEAD {
+            Ok(())
+        } else {
+            Err(not_allowed(&method, allow))
+        }
+    };
+    match path.as_str() {
+        "/v1/blobs" => (
+            "blobs",
+            if method == Method::POST {
+                blobs::upload(state, req).await
+            } else {
+                Err(not_allowed(&method, "POST"))
+            },
+        ),
+        "/healthz" => ("healthz", read_only("GET, HEAD").map(|_| ops::healthz())),
+        "/readyz" => (
+            "readyz",
+            match read_only("GET, HEAD") {
+                Ok(()) => Ok(ops::readyz(state).await),
+                Err(e) => Err(e),
+            },
+        ),
+        "/v1/cluster" => (
+            "cluster",
+            match read_only("GET, HEAD") {
+                Ok(()) => Ok(ops::cluster(state).await),
+                Err(e) => Err(e),
+            },
+        ),
+        "/metrics" => (
+            "metrics",
+            match read_only("GET, HEAD") {
+                Ok(()) => Ok(ops::metrics(state).await),
+                Err(e) => Err(e),
+            },
+        ),
+        _ => match path.strip_prefix("/v1/blobs/") {
+            Some(id) => ("blob", blobs::by_id(state, id, req).await),
+            None => (
+                "other",
+                Err(ApiError::NotFound(format!("no API at {path}"))),
+            ),
+        },
+    }
+}
+
+fn not_allowed(method: &Method, allow: &'static str) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        allow,
+    }
+}

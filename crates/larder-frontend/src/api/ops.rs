@@ -1,0 +1,114 @@
+//! Operations endpoints: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use larder_router::NodeState;
+
+use crate::body::{full, Body};
+use crate::metrics::NodeLabels;
+use crate::state::AppState;
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Alive: the process answers.
+pub fn healthz() -> Response<Body> {
+    json(StatusCode::OK, serde_json::json!({"status": "ok"}))
+}
+
+/// Ready: the map is loaded and a write quorum of local storage nodes answers its health check.
+pub async fn readyz(state: &Arc<AppState>) -> Response<Body> {
+    let router = &state.router;
+    let local: Vec<String> = router
+        .map()
+        .nodes
+        .iter()
+        .filter(|n| n.datacenter == router.datacenter())
+        .map(|n| n.id.clone())
+        .collect();
+    let checks = local.iter().map(|node| async move {
+        let request = Request::get(larder_proto::HEALTH_PATH)
+            .body(larder_pool::empty())
+            .expect("valid request");
+        let answer = tokio::time::timeout(
+            Duration::from_millis(500),
+            router.pool().send(node, request),
+        )
+        .await;
+        matches!(answer, Ok(Ok(r)) if r.status() == StatusCode::OK)
+    });
+    let reachable = futures_util::future::join_all(checks)
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count();
+    let needed = state.config.router.write_quorum.min(local.len());
+    let status = if reachable >= needed {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(
+        status,
+        serde_json::json!({"ready": status == StatusCode::OK, "reachable_local_nodes": reachable, "needed": needed}),
+    )
+}
+
+/// The cluster as this frontend sees it: nodes with health and connections, partitions.
+pub async fn cluster(state: &Arc<AppState>) -> Response<Body> {
+    let router = &state.router;
+    let map = router.map();
+    let connections = router.pool().open_connections().await;
+    let health = router.health().snapshot();
+    let nodes: Vec<_> = health
+        .iter()
+        .map(|(id, node_state, failures, changes)| {
+            let node = map.node(id).expect("health tracks map nodes");
+            serde_json::json!({"id": id, "datacenter": node.datacenter, "address": node.address.to_string(),
+                "state": node_state, "consecutive_failures": failures, "state_changes": changes,
+                "open_connections": connections.get(id).copied().unwrap_or(0)})
+        })
+        .collect();
+    let partitions: Vec<_> = map
+        .partitions
+        .iter()
+        .map(|p| serde_json::json!({"id": p.id, "state": p.state, "replicas": p.replicas.iter().map(|r| &r.node).collect::<Vec<_>>()}))
+        .collect();
+    json(
+        StatusCode::OK,
+        serde_json::json!({"datacenter": router.datacenter(), "nodes": nodes, "partitions": partitions}),
+    )
+}
+
+/// Prometheus text exposition.
+pub async fn metrics(state: &Arc<AppState>) -> Response<Body> {
+    let m = &state.metrics;
+    let connections = state.router.pool().open_connections().await;
+    for (id, node_state, _, changes) in state.router.health().snapshot() {
+        let labels = NodeLabels { node: id.clone() };
+        m.node_up
+            .get_or_create(&labels)
+            .set(i64::from(node_state == NodeState::Up));
+        m.node_state_changes
+            .get_or_create(&labels)
+            .set(changes as i64);
+        m.open_connections
+            .get_or_create(&labels)
+            .set(connections.get(&id).copied().unwrap_or(0) as i64);
+    }
+    let mut response = Response::new(full(m.encode()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}

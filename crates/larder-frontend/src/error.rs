@@ -1,0 +1,89 @@
+//! Public API errors and the one function that turns them into responses.
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::{full, Body};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{1}")]
+    BadRequest(&'static str, String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method {method} is not allowed here; use {allow}")]
+    MethodNotAllowed { method: String, allow: &'static str },
+    #[error("{1}")]
+    Gone(&'static str, String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("range not satisfiable")]
+    RangeNotSatisfiable { content_range: Option<HeaderValue> },
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    OutOfSpace(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// Status and stable error code of every error, in one place.
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest(code, _) => (StatusCode::BAD_REQUEST, code),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::MethodNotAllowed { .. } => {
+                (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
+            }
+            ApiError::Gone(code, _) => (StatusCode::GONE, code),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "TooLarge"),
+            ApiError::RangeNotSatisfiable { .. } => {
+                (StatusCode::RANGE_NOT_SATISFIABLE, "RangeNotSatisfiable")
+            }
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "NotEnoughReplicas"),
+            ApiError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "Timeout"),
+            ApiError::OutOfSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "OutOfSpace"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let (status, code) = self.status_and_code();
+        let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
+        let mut response = Response::new(full(body.to_string()));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        match self {
+            ApiError::MethodNotAllowed { allow, .. } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            ApiError::RangeNotSatisfiable {
+                content_range: Some(value),
+            } => {
+                headers.insert(header::CONTENT_RANGE, value);
+            }
+            ApiError::Unavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+impl From<larder_router::RouterError> for ApiError {
+    fn from(err: larder_router::RouterError) -> ApiError {
+        use larder_router::RouterError as R;
+        match err {
+            R::Unavailable(message) => ApiError::Unavailable(message),
+            R::Timeout(_) => ApiError::Timeout(err.to_string()),
+            R::UnknownPartition(_) => ApiError::NotFound(format!("no such blob ({err})")),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Node health as this frontend sees it: consecutive failures mark a node down for a backoff
+//! period; after it, requests probe the node again and one success brings it back. Down nodes are
+//! tried last, never skipped, so a wrong verdict costs latency, not availability.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Up,
+    Down,
+}
+
+#[derive(Default)]
+struct Entry {
+    consecutive_failures: u32,
+    down_until: Option<Instant>,
+    state_changes: u64,
+}
+
+pub struct NodeHealth {
+    nodes: HashMap<String, Mutex<Entry>>,
+    threshold: u32,
+    backoff: Duration,
+}
+
+impl NodeHealth {
+    pub fn new(
+        nodes: impl IntoIterator<Item = String>,
+        threshold: u32,
+        backoff: Duration,
+    ) -> NodeHealth {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| (n, Mutex::new(Entry::default())))
+            .collect();
+        NodeHealth {
+            nodes,
+            threshold: threshold.max(1),
+            backoff,
+        }
+    }
+
+    /// True while a node is inside its down period (it is then tried last).
+    pub fn is_down(&self, node: &str) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|e| e.lock().down_until.is_some_and(|t| Instant::now() < t))
+    }
+
+    pub fn record_success(&self, node: &str) {
+        if let Some(entry) = self.nodes.get(node) {
+            let mut e = entry.lock();
+            if e.down_until.take().is_some() {
+                e.state_changes += 1;
+                tracing::info!(node, "storage node is up again");
+            }
+            e.consecutive_failures = 0;
+        }
+    }
+
+    pub fn record_failure(&self, node: &str) {
+        if let Some(entry) = self.nodes.get(node) {
+            let mut e = entry.lock();
+            e.consecutive_failures += 1;
+            if e.consecutive_failures >= self.threshold {
+                if e.down_until.is_none() {
+                    e.state_changes += 1;
+                    tracing::warn!(
+                        node,
+                        failures = e.consecutive_failures,
+                        "marking storage node down"
+                    );
+                }
+                // Every further failure (including a failed probe) extends the down period.
+                e.down_until = Some(Instant::now() + self.backoff);
+            }
+        }
+    }
+
+    /// Each node's state, consecutive failures and number of state changes.
+    pub fn snapshot(&self) -> Vec<(String, NodeState, u32, u64)> {
+        let mut out: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|(id, e)| {
+                let e = e.lock();
+                let down = e.down_until.is_some_and(|t| Instant::now() < t);
+                let state = if down { NodeState::Down } else { NodeState::Up };
+                (id.clone(), state, e.consecutive_failures, e.state_changes)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_mark_down_and_success_brings_back() {
+        let health = NodeHealth::new(["a".to_string()], 2, Duration::from_millis(50));
+        health.record_failure("a");
+        assert!(!health.is_down("a"));
+        health.record_failure("a");
+        assert!(health.is_down("a"));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            !health.is_down("a"),
+            "after the backoff the node is probed again"
+        );
+        health.record_success("a");
+        assert_eq!(health.snapshot()[0].1, NodeState::Up);
+        assert_eq!(health.snapshot()[0].3, 2);
+    }
+}

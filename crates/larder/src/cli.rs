@@ -1,0 +1,160 @@
+//! Command-line interface: parse, then hand typed values to the library crates.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use larder_cluster::{init_map, LayoutSpec};
+
+use crate::{configs, dev, signals};
+
+#[derive(Parser)]
+#[command(
+    name = "larder",
+    version,
+    about = "A blob and document store whose every hop is HTTP/2"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a whole local cluster (storage nodes as child processes, one frontend) on loopback.
+    Dev(dev::DevArgs),
+    /// Run a storage node.
+    Storage {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a frontend.
+    Frontend {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Cluster map commands.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Configuration commands.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Write a balanced cluster map.
+    Init(InitArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print every configuration setting with its default value.
+    Defaults,
+}
+
+#[derive(Args)]
+pub struct InitArgs {
+    /// Storage nodes (dealt round-robin to the datacenters).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    #[arg(long, default_value_t = 32)]
+    partitions: u32,
+    /// Replicas of each partition in each datacenter.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Comma-separated datacenter names.
+    #[arg(long, default_value = "dc1", value_delimiter = ',')]
+    datacenters: Vec<String>,
+    /// Node i listens on HOST:(BASE_PORT + i).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    #[arg(long, default_value_t = 7101)]
+    base_port: u16,
+    /// Where to write the map.
+    #[arg(long, short, default_value = "cluster.toml")]
+    output: PathBuf,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Dev(args) => dev::run(args),
+        Command::Storage { config } => run_storage(&config),
+        Command::Frontend { config } => run_frontend(&config),
+        Command::Cluster(ClusterCommand::Init(args)) => cluster_init(args),
+        Command::Config(ConfigCommand::Defaults) => {
+            print_defaults();
+            Ok(())
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn run_storage(path: &std::path::Path) -> anyhow::Result<()> {
+    let (config, map) = configs::storage(path)?;
+    let node = map
+        .node(&config.node_id)
+        .with_context(|| format!("node {:?} is not in the cluster map", config.node_id))?;
+    let addr = config.listen.unwrap_or(node.address);
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        larder_storage::serve(config, map, listener, signals::terminate())
+            .await
+            .map_err(anyhow::Error::msg)
+    })
+}
+
+fn run_frontend(path: &std::path::Path) -> anyhow::Result<()> {
+    let (config, map) = configs::frontend(path)?;
+    let addr: SocketAddr = config.listen;
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        larder_frontend::serve(config, map, listener, signals::terminate())
+            .await
+            .map_err(anyhow::Error::msg)
+    })
+}
+
+fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
+    let spec = LayoutSpec {
+        datacenters: args.datacenters,
+        node_addresses: (0..args.nodes)
+            .map(|i| SocketAddr::new(args.host, args.base_port + i as u16))
+            .collect(),
+        partitions: args.partitions,
+        replicas_per_datacenter: args.replicas,
+    };
+    let map = init_map(&spec)?;
+    map.save(&args.output)?;
+    println!(
+        "wrote {} ({} nodes, {} partitions)",
+        args.output.display(),
+        map.nodes.len(),
+        map.partitions.len()
+    );
+    Ok(())
+}
+
+fn print_defaults() {
+    let frontend =
+        toml::to_string_pretty(&larder_frontend::FrontendConfig::example()).expect("serialisable");
+    let storage =
+        toml::to_string_pretty(&larder_storage::StorageConfig::example()).expect("serialisable");
+    println!(
+        "# Frontend (`larder frontend --config F`): every setting with its default.\n{frontend}"
+    );
+    println!(
+        "# Storage node (`larder storage --config F`): every setting with its default.\n{storage}"
+    );
+}

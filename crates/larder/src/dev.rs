@@ -1,0 +1,197 @@
+//! `larder dev`: a whole cluster on loopback from one command. Storage nodes run as child
+//! processes (so they can be killed and restarted like real ones); the frontend runs in this
+//! process. Everything lives under one data directory and is found again after a restart.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use larder_cluster::{init_map, ClusterMap, LayoutSpec};
+
+use crate::{configs, signals};
+
+#[derive(Args)]
+pub struct DevArgs {
+    /// Where the cluster keeps its map, configs and data.
+    #[arg(long, default_value = "larder-data")]
+    data_dir: PathBuf,
+    /// Address of the frontend (HTTP/1.1 and h2c).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Storage nodes, for a new cluster (an existing one keeps its map).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    #[arg(long, default_value_t = 32)]
+    partitions: u32,
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Comma-separated datacenter names, for a new cluster.
+    #[arg(long, default_value = "dc1", value_delimiter = ',')]
+    datacenters: Vec<String>,
+}
+
+pub fn run(args: DevArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let data_dir = args.data_dir.canonicalize()?;
+    let map = load_or_init_map(&args, &data_dir)?;
+    let storage_configs = write_storage_configs(&map, &data_dir)?;
+    let frontend_config = write_frontend_config(&map, &data_dir, args.listen)?;
+    let mut children = Vec::new();
+    for (node, config) in &storage_configs {
+        children.push((node.clone(), spawn_storage(config)?));
+    }
+    let result = serve_frontend(&frontend_config, &map);
+    stop_children(&mut children);
+    result
+}
+
+fn load_or_init_map(args: &DevArgs, data_dir: &Path) -> anyhow::Result<ClusterMap> {
+    let path = data_dir.join("cluster.toml");
+    if path.exists() {
+        eprintln!(
+            "larder dev: using the existing cluster in {}",
+            data_dir.display()
+        );
+        return Ok(ClusterMap::load(&path)?);
+    }
+    let spec = LayoutSpec {
+        datacenters: args.datacenters.clone(),
+        node_addresses: free_loopback_addresses(args.nodes)?,
+        partitions: args.partitions,
+        replicas_per_datacenter: args.replicas,
+    };
+    let map = init_map(&spec)?;
+    map.save(&path)?;
+    Ok(map)
+}
+
+/// Asks the kernel for `n` free loopback ports (all held at once so they differ).
+fn free_loopback_addresses(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
+    let listeners: Vec<StdListener> = (0..n)
+        .map(|_| StdListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()?;
+    Ok(listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<_, _>>()?)
+}
+
+fn write_storage_configs(
+    map: &ClusterMap,
+    data_dir: &Path,
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    for node in &map.nodes {
+        let path = data_dir.join(format!("{}.toml", node.id));
+        if !path.exists() {
+            let text = format!(
+                "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",
+                node.id, node.id
+            );
+            std::fs::write(&path, text)?;
+        }
+        out.push((node.id.clone(), path));
+    }
+    Ok(out)
+}
+
+fn write_frontend_config(
+    map: &ClusterMap,
+    data_dir: &Path,
+    listen: SocketAddr,
+) -> anyhow::Result<PathBuf> {
+    let path = data_dir.join("frontend.toml");
+    let dc = &map.datacenters[0].name;
+    std::fs::write(
+        &path,
+        format!("listen = \"{listen}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n"),
+    )?;
+    Ok(path)
+}
+
+fn spawn_storage(config: &Path) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("finding the larder binary")?;
+    let mut command = Command::new(exe);
+    command.arg("storage").arg("--config").arg(config);
+    // If this process dies without cleaning up (even by SIGKILL), the kernel tells the children.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
+        .spawn()
+        .with_context(|| format!("starting storage node {}", config.display()))
+}
+
+fn serve_frontend(config_path: &Path, map: &ClusterMap) -> anyhow::Result<()> {
+    let (config, map_loaded) = configs::frontend(config_path)?;
+    wait_for_storage(map);
+    let listen = config.listen;
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+        let url = format!("http://{}", listener.local_addr()?);
+        println!("Larder is running: {url}  (frontend: HTTP/1.1 and h2c; Ctrl-C stops everything)");
+        println!("  curl -sS --data-binary @README.md -H 'Content-Type: text/markdown' {url}/v1/blobs");
+        println!("  curl -sS {url}/v1/blobs/<id>");
+        larder_frontend::serve(config, map_loaded, listener, signals::terminate()).await.map_err(anyhow::Error::msg)
+    })
+}
+
+/// Waits (up to 30 s) until every storage node accepts connections, so the first requests succeed.
+fn wait_for_storage(map: &ClusterMap) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for node in &map.nodes {
+        while std::net::TcpStream::connect_timeout(&node.address, Duration::from_millis(200))
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                eprintln!(
+                    "larder dev: storage node {} is not answering on {}",
+                    node.id, node.address
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// SIGTERM to every child (a clean shutdown: sync and checkpoint), SIGKILL after 20 s.
+fn stop_children(children: &mut [(String, Child)]) {
+    for (_, child) in children.iter() {
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (node, child) in children.iter_mut() {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        eprintln!("larder dev: storage node {node} exited with {status}");
+                    }
+                    break;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    eprintln!("larder dev: storage node {node} did not stop; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! `larder`: one binary for every role. Argument parsing and process wiring only; the work lives
+//! in the library crates.
+
+mod cli;
+mod configs;
+mod dev;
+mod signals;
+
+use clap::Parser;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() -> anyhow::Result<()> {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    cli::run(cli)
+}
