@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use larder_cluster::BlobId;
 use larder_proto::{header as h, BlobProperties, ByteRange, PropertiesError};
@@ -37,6 +37,7 @@ pub async fn upload(
     props.expires_ms = ttl(req.headers())?.map(|ttl| props.created_ms + ttl.as_millis() as u64);
     if let Some(length) = content_length(req.headers())? {
         if length > max {
+            discard(req.into_body(), max);
             return Err(too_large(max));
         }
     }
@@ -103,26 +104,40 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 }
 
 /// Reads a whole body of at most `max` bytes (HTTP/1.1 fixed or chunked, HTTP/2 DATA frames).
-async fn read_limited(body: Incoming, max: u64) -> Result<Bytes, ApiError> {
-    let mut body = Limited::new(body, max as usize);
+async fn read_limited(mut body: Incoming, max: u64) -> Result<Bytes, ApiError> {
     let mut data = BytesMut::new();
     while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Ok(chunk) = frame.into_data() {
-                    data.extend_from_slice(&chunk);
-                }
+        let frame = frame.map_err(|err| {
+            ApiError::BadRequest("BadBody", format!("cannot read request body: {err}"))
+        })?;
+        if let Ok(chunk) = frame.into_data() {
+            if data.len() as u64 + chunk.len() as u64 > max {
+                discard(body, max);
+                return Err(too_large(max));
             }
-            Err(err) if err.is::<http_body_util::LengthLimitError>() => return Err(too_large(max)),
-            Err(err) => {
-                return Err(ApiError::BadRequest(
-                    "BadBody",
-                    format!("cannot read request body: {err}"),
-                ))
-            }
+            data.extend_from_slice(&chunk);
         }
     }
     Ok(data.freeze())
+}
+
+/// Reads and drops what is left of a refused upload, up to a bound, in the background. Answering
+/// early and resetting the stream makes many clients (curl among them) report a transport error
+/// instead of the 413; draining lets them read it. Past the bound, the stream is reset.
+fn discard(mut body: Incoming, max: u64) {
+    let budget = max.saturating_mul(2);
+    tokio::spawn(async move {
+        let drain = async {
+            let mut seen = 0u64;
+            while let Some(Ok(frame)) = body.frame().await {
+                seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if seen > budget {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
+    });
 }
 
 /// `GET`, `HEAD` and `DELETE` of `/v1/blobs/<id>`.

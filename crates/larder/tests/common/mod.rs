@@ -1,0 +1,256 @@
+//! Test harness: real `larder` processes on free loopback ports in a temp dir, real clients.
+//! Every process is SIGKILLed and reaped when the harness is dropped, so no test leaves one behind.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use larder_cluster::{init_map, ClusterMap, LayoutSpec};
+
+pub const LARDER: &str = env!("CARGO_BIN_EXE_larder");
+
+pub fn free_addresses(n: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub map: ClusterMap,
+    pub frontend_addr: SocketAddr,
+    nodes: Vec<Option<Child>>,
+    frontends: Vec<Child>,
+}
+
+impl Cluster {
+    /// `nodes` storage nodes in one datacenter, 3 replicas per partition, one frontend.
+    pub fn start(nodes: usize, partitions: u32) -> Cluster {
+        Self::start_with(nodes, partitions, "")
+    }
+
+    /// Like `start`, with extra TOML appended to the frontend's config.
+    pub fn start_with(nodes: usize, partitions: u32, frontend_extra: &str) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let addresses = free_addresses(nodes + 1);
+        let spec = LayoutSpec {
+            datacenters: vec!["dc1".into()],
+            node_addresses: addresses[..nodes].to_vec(),
+            partitions,
+            replicas_per_datacenter: 3,
+        };
+        let map = init_map(&spec).unwrap();
+        map.save(&dir.path().join("cluster.toml")).unwrap();
+        for node in &map.nodes {
+            let text = format!(
+                "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",
+                node.id, node.id
+            );
+            std::fs::write(dir.path().join(format!("{}.toml", node.id)), text).unwrap();
+        }
+        let frontend_addr = addresses[nodes];
+        let frontend = format!(
+            "listen = \"{frontend_addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = \"dc1\"\n{frontend_extra}"
+        );
+        std::fs::write(dir.path().join("frontend.toml"), frontend).unwrap();
+        let mut cluster = Cluster {
+            dir,
+            map,
+            frontend_addr,
+            nodes: Vec::new(),
+            frontends: Vec::new(),
+        };
+        for i in 0..nodes {
+            let child = cluster.spawn_node(i);
+            cluster.nodes.push(Some(child));
+        }
+        for i in 0..nodes {
+            wait_for_port(cluster.node_addr(i));
+        }
+        let frontend = spawn(&["frontend", "--config", &cluster.path("frontend.toml")]);
+        cluster.frontends.push(frontend);
+        wait_for_port(frontend_addr);
+        cluster
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.frontend_addr)
+    }
+
+    pub fn node_addr(&self, i: usize) -> SocketAddr {
+        self.map.nodes[i].address
+    }
+
+    fn spawn_node(&self, i: usize) -> Child {
+        spawn(&[
+            "storage",
+            "--config",
+            &self.path(&format!("{}.toml", self.map.nodes[i].id)),
+        ])
+    }
+
+    /// SIGKILL: the node gets no chance to sync, checkpoint or say goodbye.
+    pub fn kill_node(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop_node(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].take() {
+            signal(&child, libc_sigterm());
+            let status = wait_timeout(&mut child, Duration::from_secs(30))
+                .expect("storage node stops on SIGTERM");
+            assert!(status.success(), "storage node exited with {status}");
+        }
+    }
+
+    pub fn restart_node(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none(), "node {i} is still running");
+        let child = self.spawn_node(i);
+        self.nodes[i] = Some(child);
+        wait_for_port(self.node_addr(i));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self
+            .nodes
+            .iter_mut()
+            .flatten()
+            .chain(self.frontends.iter_mut())
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(LARDER)
+        .args(args)
+        .env("LARDER_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+pub fn libc_sigterm() -> i32 {
+    15
+}
+
+pub fn signal(child: &Child, sig: i32) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+pub fn wait_for_port(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{addr} never accepted connections"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The result of one curl run: status, headers (lower-case names) and body.
+pub struct CurlResponse {
+    pub status: u16,
+    pub version: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl CurlResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn error_code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// Runs curl with `args`, capturing headers to a file and the body to stdout.
+pub fn curl(dir: &Path, args: &[&str]) -> CurlResponse {
+    let headers_file: PathBuf = dir.join(format!("headers-{}", rand::random::<u64>()));
+    let output: Output = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-D"])
+        .arg(&headers_file)
+        .args(args)
+        .output()
+        .expect("curl is installed");
+    assert!(
+        output.status.success(),
+        "curl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let raw = std::fs::read_to_string(&headers_file).unwrap();
+    let _ = std::fs::remove_file(&headers_file);
+    // With a 100-continue there can be several header blocks; the last one is the answer.
+    let block = raw.trim_end().rsplit("\r\n\r\n").next().unwrap();
+    let mut lines = block.lines();
+    let status_line = lines.next().unwrap();
+    let mut parts = status_line.split_whitespace();
+    let version = parts.next().unwrap().to_owned();
+    let status = parts.next().unwrap().parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    CurlResponse {
+        status,
+        version,
+        headers,
+        body: output.stdout,
+    }
+}
+
+/// Writes `bytes` to a file in `dir` for `curl --data-binary @file`.
+pub fn file_with(dir: &Path, bytes: &[u8]) -> String {
+    let path = dir.join(format!("body-{}", rand::random::<u64>()));
+    std::fs::write(&path, bytes).unwrap();
+    path.display().to_string()
+}
+
+pub fn random_bytes(len: usize) -> Vec<u8> {
+    (0..len).map(|_| rand::random::<u8>()).collect()
+}
