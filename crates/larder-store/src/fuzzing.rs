@@ -21,3 +21,28 @@ pub fn decode_record_for_fuzz(data: &[u8]) -> bool {
         Err(_) => false,
     }
 }
+
+/// Encodes a put-blob record as it would appear in a segment: seeds for fuzzing and tests.
+pub fn encode_record_for_fuzz(
+    key: &[u8],
+    props: &[u8],
+    data: &[u8],
+    time_ms: u64,
+    expires_ms: Option<u64>,
+) -> Vec<u8> {
+    let info = crate::format::RecordInfo {
+        op: crate::api::Op::PutBlob,
+        key: bytes::Bytes::copy_from_slice(key),
+        props: bytes::Bytes::copy_from_slice(props),
+        time_ms,
+        expires_ms,
+        version: 0,
+        size: data.len() as u64,
+    };
+    let mut out = crate::format::encode_head(
+        &info,
+        &crate::format::block_crcs(&[bytes::Bytes::copy_from_slice(data)]),
+    );
+    out.extend_from_slice(data);
+    out
+}
