@@ -2,6 +2,8 @@
 //! Every process is SIGKILLed and reaped when the harness is dropped, so no test leaves one behind.
 #![allow(dead_code)]
 
+pub mod h2;
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

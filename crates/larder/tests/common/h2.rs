@@ -1,0 +1,49 @@
+//! A small Rust HTTP/2 (prior knowledge) client for tests: one connection, many concurrent streams.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+#[derive(Clone)]
+pub struct H2Client {
+    addr: SocketAddr,
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl H2Client {
+    pub async fn connect(addr: SocketAddr) -> H2Client {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(connection);
+        H2Client { addr, sender }
+    }
+
+    pub async fn request(&self, method: Method, path: &str, body: Bytes) -> (StatusCode, Bytes) {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr))
+            .body(Full::new(body))
+            .unwrap();
+        let response = self.sender.clone().send_request(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, body)
+    }
+
+    /// Uploads `data`; returns the status and, on 201, the new ID.
+    pub async fn put(&self, data: Bytes) -> (StatusCode, Option<String>, serde_json::Value) {
+        let (status, body) = self.request(Method::POST, "/v1/blobs", data).await;
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let id = json["id"].as_str().map(str::to_owned);
+        (status, id, json)
+    }
+
+    pub async fn get(&self, id: &str) -> (StatusCode, Bytes) {
+        self.request(Method::GET, &format!("/v1/blobs/{id}"), Bytes::new()).await
+    }
+}

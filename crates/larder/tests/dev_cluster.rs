@@ -1,0 +1,69 @@
+//! `larder dev` as a user runs it: one command, a whole cluster; Ctrl-C/SIGTERM stops every
+//! process; a restart finds every acknowledged blob again.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{curl, file_with, free_addresses, signal, wait_for_port, wait_timeout, LARDER};
+
+fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Child {
+    let child = Command::new(LARDER)
+        .args(["dev", "--data-dir", data_dir, "--listen", &listen.to_string(), "--partitions", "12"])
+        .env("LARDER_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_port(listen);
+    child
+}
+
+/// Processes whose command line mentions `needle` (the test's unique data dir).
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let out = Command::new("pgrep").args(["-f", needle]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+fn wait_until_gone(needle: &str) {
+    for _ in 0..200 {
+        if processes_mentioning(needle).is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("processes left behind: {:?}", processes_mentioning(needle));
+}
+
+#[test]
+fn dev_cluster_survives_restart_and_leaves_no_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("larder-data").display().to_string();
+    let listen = free_addresses(1)[0];
+    let url = |path: &str| format!("http://{listen}{path}");
+
+    let mut dev = start_dev(&data_dir, listen);
+    let mut blobs = Vec::new();
+    for i in 0..25u32 {
+        let data = format!("blob number {i} ").repeat(i as usize * 50 + 1);
+        let file = format!("@{}", file_with(tmp.path(), data.as_bytes()));
+        let r = curl(tmp.path(), &["--data-binary", &file, &url("/v1/blobs")]);
+        assert_eq!(r.status, 201);
+        blobs.push((r.json()["id"].as_str().unwrap().to_owned(), data));
+    }
+    signal(&dev, 15);
+    let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("larder dev stops on SIGTERM");
+    assert!(status.success(), "{status}");
+    wait_until_gone(&data_dir);
+
+    let mut dev = start_dev(&data_dir, listen);
+    for (id, data) in &blobs {
+        let r = curl(tmp.path(), &["--http2-prior-knowledge", &url(&format!("/v1/blobs/{id}"))]);
+        assert_eq!(r.status, 200, "{id}");
+        assert_eq!(r.body, data.as_bytes());
+    }
+    // Even a SIGKILLed parent takes its storage nodes with it (parent-death signal).
+    dev.kill().unwrap();
+    dev.wait().unwrap();
+    wait_until_gone(&data_dir);
+}
