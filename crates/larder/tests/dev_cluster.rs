@@ -10,7 +10,15 @@ use common::{curl, file_with, free_addresses, signal, wait_for_port, wait_timeou
 
 fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Child {
     let child = Command::new(LARDER)
-        .args(["dev", "--data-dir", data_dir, "--listen", &listen.to_string(), "--partitions", "12"])
+        .args([
+            "dev",
+            "--data-dir",
+            data_dir,
+            "--listen",
+            &listen.to_string(),
+            "--partitions",
+            "12",
+        ])
         .env("LARDER_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -22,7 +30,10 @@ fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Child {
 /// Processes whose command line mentions `needle` (the test's unique data dir).
 fn processes_mentioning(needle: &str) -> Vec<String> {
     let out = Command::new("pgrep").args(["-f", needle]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 fn wait_until_gone(needle: &str) {
@@ -52,13 +63,17 @@ fn dev_cluster_survives_restart_and_leaves_no_process() {
         blobs.push((r.json()["id"].as_str().unwrap().to_owned(), data));
     }
     signal(&dev, 15);
-    let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("larder dev stops on SIGTERM");
+    let status =
+        wait_timeout(&mut dev, Duration::from_secs(40)).expect("larder dev stops on SIGTERM");
     assert!(status.success(), "{status}");
     wait_until_gone(&data_dir);
 
     let mut dev = start_dev(&data_dir, listen);
     for (id, data) in &blobs {
-        let r = curl(tmp.path(), &["--http2-prior-knowledge", &url(&format!("/v1/blobs/{id}"))]);
+        let r = curl(
+            tmp.path(),
+            &["--http2-prior-knowledge", &url(&format!("/v1/blobs/{id}"))],
+        );
         assert_eq!(r.status, 200, "{id}");
         assert_eq!(r.body, data.as_bytes());
     }

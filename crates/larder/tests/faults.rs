@@ -9,7 +9,11 @@ use common::Cluster;
 use http::StatusCode;
 
 fn blob(i: usize) -> Bytes {
-    Bytes::from((0..1000 + i * 37).map(|j| (i * 31 + j * 7) as u8).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..1000 + i * 37)
+            .map(|j| (i * 31 + j * 7) as u8)
+            .collect::<Vec<u8>>(),
+    )
 }
 
 async fn put_many(client: &H2Client, range: std::ops::Range<usize>) -> Vec<(usize, String)> {
@@ -60,7 +64,10 @@ async fn quorum_survives_one_dead_node_and_refuses_with_two() {
         if status == StatusCode::OK {
             assert_eq!(body, blob(*i));
         } else {
-            assert!(status == StatusCode::SERVICE_UNAVAILABLE, "blob {i}: {status}");
+            assert!(
+                status == StatusCode::SERVICE_UNAVAILABLE,
+                "blob {i}: {status}"
+            );
         }
     }
 

@@ -18,7 +18,10 @@ pub struct H2Client {
 impl H2Client {
     pub async fn connect(addr: SocketAddr) -> H2Client {
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
         tokio::spawn(connection);
         H2Client { addr, sender }
     }
@@ -44,6 +47,7 @@ impl H2Client {
     }
 
     pub async fn get(&self, id: &str) -> (StatusCode, Bytes) {
-        self.request(Method::GET, &format!("/v1/blobs/{id}"), Bytes::new()).await
+        self.request(Method::GET, &format!("/v1/blobs/{id}"), Bytes::new())
+            .await
     }
 }
