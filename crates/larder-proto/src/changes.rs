@@ -28,4 +28,6 @@ pub struct ChangePage {
     pub changes: Vec<ChangeEntry>,
     /// Pass as `after` to continue.
     pub next: String,
+    /// The replica's durable end of log: `next == head` means the reader has caught up.
+    pub head: String,
 }

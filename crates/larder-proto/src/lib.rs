@@ -8,7 +8,7 @@ mod properties;
 mod range;
 
 pub use changes::{ChangeEntry, ChangePage};
-pub use paths::{blob_path, changes_path, parse_path, InternalPath, HEALTH_PATH};
+pub use paths::{blob_path, changes_path, parse_path, InternalPath, HEALTH_PATH, METRICS_PATH};
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};
 

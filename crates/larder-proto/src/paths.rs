@@ -1,6 +1,7 @@
 //! Internal API paths.
 
 pub const HEALTH_PATH: &str = "/internal/v1/health";
+pub const METRICS_PATH: &str = "/internal/v1/metrics";
 const PARTITIONS: &str = "/internal/v1/partitions/";
 
 pub fn blob_path(partition: u32, key: &str) -> String {
@@ -15,6 +16,7 @@ pub fn changes_path(partition: u32, after: &str, limit: usize) -> String {
 #[derive(Debug, PartialEq, Eq)]
 pub enum InternalPath<'a> {
     Health,
+    Metrics,
     Blob { partition: u32, key: &'a str },
     Changes { partition: u32 },
 }
@@ -23,6 +25,9 @@ pub enum InternalPath<'a> {
 pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     if path == HEALTH_PATH {
         return Some(InternalPath::Health);
+    }
+    if path == METRICS_PATH {
+        return Some(InternalPath::Metrics);
     }
     let rest = path.strip_prefix(PARTITIONS)?;
     let (partition, rest) = rest.split_once('/')?;

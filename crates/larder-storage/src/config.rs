@@ -23,6 +23,11 @@ pub struct StorageConfig {
     pub http2: Http2Settings,
     #[serde(default)]
     pub store: StoreSettings,
+    #[serde(default)]
+    pub replication: crate::ReplicationConfig,
+    /// Connections to peer storage nodes (replication), tuned like the frontend's pool.
+    #[serde(default)]
+    pub pool: larder_pool::PoolConfig,
     /// On SIGTERM, wait this long for in-flight requests before closing the stores.
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -114,6 +119,8 @@ impl StorageConfig {
             listen: None,
             http2: Http2Settings::default(),
             store: StoreSettings::default(),
+            replication: crate::ReplicationConfig::default(),
+            pool: larder_pool::PoolConfig::default(),
             shutdown_grace: default_grace(),
         }
     }

@@ -37,9 +37,36 @@ pub async fn handle(
     req: Request<Incoming>,
     max_body: u64,
 ) -> Response<Body> {
+    let head = req.method() == Method::HEAD;
+    let response = route(node, req, max_body).await;
+    if head {
+        without_body(response)
+    } else {
+        response
+    }
+}
+
+/// hyper's HTTP/2 server sends whatever body a HEAD response has, and a DATA frame on a HEAD
+/// response is a protocol error for the client: every HEAD answer goes out with headers only.
+pub fn without_body(response: Response<Body>) -> Response<Body> {
+    let (parts, _) = response.into_parts();
+    Response::from_parts(parts, reply::body(Bytes::new()))
+}
+
+async fn route(node: Arc<StorageNode>, req: Request<Incoming>, max_body: u64) -> Response<Body> {
     let path = req.uri().path().to_owned();
     match larder_proto::parse_path(&path) {
         Some(InternalPath::Health) => health(&node),
+        Some(InternalPath::Metrics) => {
+            let mut response = reply::body_response(node.metrics.encode(&node));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            response
+        }
         Some(InternalPath::Blob { partition, key }) => {
             let Some(store) = node.store(partition).cloned() else {
                 return not_hosted(&node, partition);
@@ -327,6 +354,7 @@ async fn changes(store: Store, query: &str) -> Response<Body> {
             return error(StatusCode::BAD_REQUEST, "BadQuery", message);
         }
     }
+    let head = store.stats().durable_cursor.to_string();
     match blocking(move || store.changes(after, limit)).await {
         Ok(batch) => {
             let changes = batch.changes.into_iter().map(change_entry).collect();
@@ -335,6 +363,7 @@ async fn changes(store: Store, query: &str) -> Response<Body> {
                 &ChangePage {
                     changes,
                     next: batch.next.to_string(),
+                    head,
                 },
             )
         }

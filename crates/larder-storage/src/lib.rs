@@ -3,11 +3,14 @@
 
 mod config;
 mod handlers;
+mod metrics;
 mod node;
 mod props;
+mod replication;
 mod reply;
 mod server;
 
 pub use config::{StorageConfig, StoreSettings};
 pub use node::StorageNode;
+pub use replication::ReplicationConfig;
 pub use server::{serve, ShutdownSignal};

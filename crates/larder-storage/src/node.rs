@@ -6,11 +6,13 @@ use std::path::Path;
 use larder_cluster::{ClusterMap, PartitionId};
 use larder_store::Store;
 
+use crate::metrics::StorageMetrics;
 use crate::StorageConfig;
 
 /// A storage node's state: its id and one open store per hosted replica.
 pub struct StorageNode {
     pub node_id: String,
+    pub metrics: StorageMetrics,
     stores: HashMap<PartitionId, Store>,
 }
 
@@ -34,6 +36,7 @@ impl StorageNode {
         tracing::info!(node = %config.node_id, replicas = stores.len(), "replicas open");
         Ok(StorageNode {
             node_id: config.node_id.clone(),
+            metrics: StorageMetrics::new(),
             stores,
         })
     }

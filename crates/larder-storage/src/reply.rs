@@ -13,6 +13,10 @@ pub fn body(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
+pub fn body_response(text: String) -> Response<Body> {
+    Response::new(body(text))
+}
+
 pub fn status(code: StatusCode) -> Response<Body> {
     let mut response = Response::new(body(Bytes::new()));
     *response.status_mut() = code;

@@ -33,10 +33,13 @@ pub async fn serve(
     mut shutdown: ShutdownSignal,
 ) -> Result<(), String> {
     let open_config = config.clone();
+    let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
         .await
         .map_err(|e| e.to_string())??;
     let node = Arc::new(node);
+    let (stop_replication, stop) = tokio::sync::watch::channel(false);
+    let replicators = start_replication(&node, &map_for_replication, &config, stop);
     let max_body = config.store.max_record_size.as_u64();
     let builder = http2_builder(&config.http2);
     let graceful = GracefulShutdown::new();
@@ -62,6 +65,10 @@ pub async fn serve(
         }
     }
     drop(listener);
+    let _ = stop_replication.send(true);
+    for replicator in replicators {
+        let _ = replicator.await;
+    }
     tracing::info!("shutting down: finishing in-flight requests");
     tokio::select! {
         _ = graceful.shutdown() => {}
@@ -72,6 +79,33 @@ pub async fn serve(
         .map_err(|e| e.to_string())?;
     tracing::info!("stores synced and checkpointed");
     Ok(())
+}
+
+fn start_replication(
+    node: &Arc<StorageNode>,
+    map: &ClusterMap,
+    config: &StorageConfig,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let peers = map
+        .nodes
+        .iter()
+        .filter(|n| n.id != config.node_id)
+        .map(|n| (n.id.clone(), n.address));
+    let pool = larder_pool::StoragePool::new(peers, config.pool.clone());
+    let dir = config.data_dir.join("replication");
+    if let Err(err) = std::fs::create_dir_all(&dir) {
+        tracing::error!(%err, "cannot create the replication directory; replication is off");
+        return Vec::new();
+    }
+    crate::replication::start(
+        node.clone(),
+        map,
+        pool,
+        config.replication.clone(),
+        &dir,
+        stop,
+    )
 }
 
 fn http2_builder(s: &Http2Settings) -> http2::Builder<TokioExecutor> {

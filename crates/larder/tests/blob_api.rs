@@ -122,6 +122,8 @@ fn delete_unknown_malformed_methods_and_limits() {
         let gone = curl(dir, &[protocol, &url]);
         assert_eq!(gone.status, 410);
         assert_eq!(gone.error_code(), "Deleted");
+        // HEAD of an error answer carries no body (over HTTP/2 a body would be a protocol error).
+        assert_eq!(curl(dir, &[protocol, "-I", &url]).status, 410);
 
         let unknown = BlobId::mint(BlobKind::Simple, 1, 3);
         let r = curl(

@@ -17,7 +17,12 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     let started = Instant::now();
     let method = req.method().clone();
     let (route, result) = dispatch(&state, req).await;
-    let response = result.unwrap_or_else(ApiError::into_response);
+    let mut response = result.unwrap_or_else(ApiError::into_response);
+    if method == Method::HEAD {
+        // hyper's HTTP/2 server would send a HEAD response's body (a protocol error for the
+        // client); answer with the headers alone, whatever the handler built.
+        *response.body_mut() = crate::body::empty();
+    }
     state.metrics.observe(
         route,
         method.as_str(),

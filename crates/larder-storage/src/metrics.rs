@@ -1,0 +1,104 @@
+//! Prometheus metrics of one storage node (a registry per node, never a global).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::StorageNode;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    pub partition: String,
+    pub peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    pub partition: String,
+}
+
+pub struct StorageMetrics {
+    registry: Registry,
+    /// Records the last replication round found after our cursor on the peer (0 = caught up).
+    pub replication_lag_records: Family<PeerLabels, Gauge>,
+    /// Age of the oldest record the last round found unapplied (0 = caught up).
+    pub replication_lag_seconds: Family<PeerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub replicated_records: Family<PeerLabels, Counter>,
+    pub replication_errors: Family<PeerLabels, Counter>,
+    live_keys: Family<PartitionLabels, Gauge>,
+    bytes_on_disk: Family<PartitionLabels, Gauge>,
+    corrupt_records: Family<PartitionLabels, Gauge>,
+}
+
+impl StorageMetrics {
+    pub fn new() -> StorageMetrics {
+        let mut registry = Registry::with_prefix("larder_storage");
+        let m = StorageMetrics {
+            replication_lag_records: Family::default(),
+            replication_lag_seconds: Family::default(),
+            replicated_records: Family::default(),
+            replication_errors: Family::default(),
+            live_keys: Family::default(),
+            bytes_on_disk: Family::default(),
+            corrupt_records: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "replication_lag_records",
+            "Records found behind a peer replica in the last round",
+            m.replication_lag_records.clone(),
+        );
+        registry.register(
+            "replication_lag_seconds",
+            "Age of the oldest unapplied record of a peer replica",
+            m.replication_lag_seconds.clone(),
+        );
+        registry.register(
+            "replicated_records",
+            "Records applied from a peer replica",
+            m.replicated_records.clone(),
+        );
+        registry.register(
+            "replication_errors",
+            "Failed replication rounds per peer replica",
+            m.replication_errors.clone(),
+        );
+        registry.register("live_keys", "Live keys per replica", m.live_keys.clone());
+        registry.register(
+            "bytes_on_disk",
+            "Segment bytes per replica",
+            m.bytes_on_disk.clone(),
+        );
+        registry.register(
+            "corrupt_records_found",
+            "Records that failed their checksum per replica",
+            m.corrupt_records.clone(),
+        );
+        StorageMetrics { registry, ..m }
+    }
+
+    /// Refreshes the store gauges and renders the text exposition.
+    pub fn encode(&self, node: &StorageNode) -> String {
+        for (partition, store) in node.partitions() {
+            let labels = PartitionLabels {
+                partition: partition.to_string(),
+            };
+            let stats = store.stats();
+            self.live_keys
+                .get_or_create(&labels)
+                .set(stats.live_keys as i64);
+            self.bytes_on_disk
+                .get_or_create(&labels)
+                .set(stats.bytes_on_disk as i64);
+            self.corrupt_records
+                .get_or_create(&labels)
+                .set(stats.corrupt_records_found as i64);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
