@@ -160,7 +160,7 @@ impl Inner {
             while st.queue.front().is_some_and(|q| q.end <= upto) {
                 let q = st.queue.pop_front().expect("front exists");
                 forget_pending(st, &q);
-                index.apply(&q.info, q.loc);
+                index.apply(q.info, q.loc);
                 published += 1;
             }
             index.durable = index.durable.max(upto);

@@ -1,6 +1,7 @@
 //! The in-memory index: key -> newest effective record. The same `apply` serves the write path
 //! (after durability) and replay, so a reopened store decides exactly as the live one did.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use bytes::Bytes;
@@ -58,8 +59,9 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// Applies one record in log order. Returns whether it changed anything.
-    pub fn apply(&mut self, rec: &RecordInfo, loc: Location) -> bool {
+    /// Applies one record in log order. Returns whether it changed anything. Takes the record
+    /// by value so the key moves into the map (replay inserts millions of them).
+    pub fn apply(&mut self, rec: RecordInfo, loc: Location) -> bool {
         match rec.op {
             Op::PutBlob => self.put_blob(rec, loc),
             Op::DeleteBlob => self.delete_blob(rec),
@@ -67,50 +69,44 @@ impl Index {
         }
     }
 
-    fn put_blob(&mut self, rec: &RecordInfo, loc: Location) -> bool {
-        if self.blobs.contains_key(&rec.key) {
+    fn put_blob(&mut self, rec: RecordInfo, loc: Location) -> bool {
+        let Entry::Vacant(slot) = self.blobs.entry(rec.key) else {
             // Blobs are immutable and tombstones win, whichever came first.
             return false;
-        }
+        };
         let meta = BlobMeta {
-            props: rec.props.clone(),
+            props: rec.props,
             time_ms: rec.time_ms,
             expires_ms: rec.expires_ms,
         };
-        self.blobs.insert(
-            rec.key.clone(),
-            BlobState::Live(LiveBlob {
-                meta,
-                size: rec.size,
-                loc,
-            }),
-        );
+        slot.insert(BlobState::Live(LiveBlob {
+            meta,
+            size: rec.size,
+            loc,
+        }));
         self.live_keys += 1;
         true
     }
 
-    fn delete_blob(&mut self, rec: &RecordInfo) -> bool {
+    fn delete_blob(&mut self, rec: RecordInfo) -> bool {
         let tomb = BlobState::Deleted {
             time_ms: rec.time_ms,
         };
-        match self.blobs.insert(rec.key.clone(), tomb) {
-            Some(BlobState::Live(_)) => self.live_keys -= 1,
-            Some(old @ BlobState::Deleted { .. }) => {
-                // The first tombstone's time stands.
-                self.blobs.insert(rec.key.clone(), old);
-                return false;
+        match self.blobs.entry(rec.key) {
+            Entry::Vacant(slot) => {
+                slot.insert(tomb);
             }
-            None => {}
+            // The first tombstone's time stands.
+            Entry::Occupied(o) if matches!(o.get(), BlobState::Deleted { .. }) => return false,
+            Entry::Occupied(mut o) => {
+                o.insert(tomb);
+                self.live_keys -= 1;
+            }
         }
         true
     }
 
-    fn apply_doc(&mut self, rec: &RecordInfo, loc: Location) -> bool {
-        let old = self.docs.get(&rec.key);
-        if old.is_some_and(|d| d.version() >= rec.version) {
-            return false;
-        }
-        let was_live = matches!(old, Some(DocState::Live { .. }));
+    fn apply_doc(&mut self, rec: RecordInfo, loc: Location) -> bool {
         let new = match rec.op {
             Op::PutDoc => DocState::Live {
                 version: rec.version,
@@ -124,8 +120,17 @@ impl Index {
             },
         };
         let is_live = matches!(new, DocState::Live { .. });
-        self.docs.insert(rec.key.clone(), new);
-        self.live_keys = self.live_keys + is_live as u64 - was_live as u64;
+        match self.docs.entry(rec.key) {
+            Entry::Vacant(slot) => {
+                slot.insert(new);
+            }
+            Entry::Occupied(o) if o.get().version() >= rec.version => return false,
+            Entry::Occupied(mut o) => {
+                let old = o.insert(new);
+                self.live_keys -= matches!(old, DocState::Live { .. }) as u64;
+            }
+        }
+        self.live_keys += is_live as u64;
         true
     }
 }

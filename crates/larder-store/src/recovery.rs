@@ -6,6 +6,7 @@
 //! counted, stepped over, and never served.
 
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -13,7 +14,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::api::{Cursor, Error, Location, Options, Result};
 use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
 use crate::commit::LogState;
-use crate::format::{check_file_header, FileHeader, FILE_HEADER_LEN, FORMAT_VERSION};
+use crate::format::{check_file_header, FileHeader, RecordInfo, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::Index;
 use crate::scan::{Found, Scanned, Scanner};
 use crate::segment::{
@@ -21,52 +22,86 @@ use crate::segment::{
 };
 use crate::store::{Counters, Inner};
 
-/// Counts gathered while replaying.
-#[derive(Default)]
-struct Replay {
-    index: Index,
+/// Records per batch handed from the scanning thread to the indexing thread.
+const BATCH: usize = 4096;
+
+/// The scanning side of replay. Replay runs as a two-stage pipeline: one thread reads and
+/// verifies records while the caller's thread inserts them into the index, so the two halves
+/// of the work (checksums, hash inserts) use both cores.
+struct Feed {
+    tx: SyncSender<Vec<(RecordInfo, Location)>>,
+    batch: Vec<(RecordInfo, Location)>,
     corrupt: u64,
     records: u64,
 }
 
-impl Replay {
-    fn apply(&mut self, seg: &Segment, rec: &Scanned) {
+impl Feed {
+    fn apply(&mut self, seg: &Segment, rec: Scanned) {
         let loc = Location {
             segment: seg.id,
             offset: rec.start,
             file: seg.file.clone(),
         };
-        self.index.apply(&rec.info, loc);
+        self.batch.push((rec.info, loc));
         self.records += 1;
+        if self.batch.len() >= BATCH {
+            self.flush();
+        }
     }
+
+    fn flush(&mut self) {
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        // The receiver only goes away if the indexing side panicked; the scan result says so.
+        let _ = self.tx.send(batch);
+    }
+}
+
+/// Replays every segment from `from` into `index`. Returns (corrupt records, records replayed)
+/// and updates each segment's valid length.
+fn replay(segments: &mut [(Segment, u64)], from: Cursor, index: &mut Index) -> Result<(u64, u64)> {
+    let (tx, rx) = sync_channel(4);
+    std::thread::scope(|scope| {
+        let scanner = scope.spawn(move || {
+            let mut feed = Feed {
+                tx,
+                batch: Vec::with_capacity(BATCH),
+                corrupt: 0,
+                records: 0,
+            };
+            let last = segments.len().saturating_sub(1);
+            for (i, (seg, len)) in segments
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, (s, _))| s.id >= from.segment)
+            {
+                let start = if seg.id == from.segment {
+                    from.offset
+                } else {
+                    FILE_HEADER_LEN
+                };
+                *len = replay_segment(seg, *len, start, i == last, &mut feed)?;
+            }
+            feed.flush();
+            Ok::<_, Error>((feed.corrupt, feed.records))
+        });
+        for batch in rx {
+            for (info, loc) in batch {
+                index.apply(info, loc);
+            }
+        }
+        scanner.join().expect("replay scanner panicked")
+    })
 }
 
 pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
     std::fs::create_dir_all(dir)?;
     remove_stale_temp_files(dir);
-    let mut replay = Replay::default();
-    let mut segments = open_segments(dir, &mut replay.corrupt)?;
-    let from = match checkpoint::load(dir, &segments)? {
-        Some(index) => {
-            let from = index.durable;
-            replay.index = index;
-            from
-        }
-        None => Cursor::START,
-    };
-    let last = segments.len().saturating_sub(1);
-    for (i, (seg, len)) in segments
-        .iter_mut()
-        .enumerate()
-        .filter(|(_, (s, _))| s.id >= from.segment)
-    {
-        let start = if seg.id == from.segment {
-            from.offset
-        } else {
-            FILE_HEADER_LEN
-        };
-        *len = replay_segment(seg, *len, start, i == last, &mut replay)?;
-    }
+    let mut corrupt = 0;
+    let mut segments = open_segments(dir, &mut corrupt)?;
+    let mut index = checkpoint::load(dir, &segments)?.unwrap_or_default();
+    let from = index.durable;
+    let (replay_corrupt, replayed) = replay(&mut segments, from, &mut index)?;
+    corrupt += replay_corrupt;
     if segments.is_empty() {
         segments.push((create_segment(dir, 1, true)?, FILE_HEADER_LEN));
     }
@@ -78,25 +113,25 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
         .iter()
         .map(|(_, len)| len)
         .sum();
-    replay.index.durable = Cursor {
+    index.durable = Cursor {
         segment: active.id,
         offset: active_len,
     };
-    if replay.corrupt > 0 {
-        tracing::warn!(dir = %dir.display(), corrupt = replay.corrupt, "opened with corrupt records");
+    if corrupt > 0 {
+        tracing::warn!(dir = %dir.display(), corrupt, "opened with corrupt records");
     }
     Ok(Arc::new_cyclic(|me| Inner {
         dir: dir.to_path_buf(),
         log: Mutex::new(LogState::new(active, active_len, sealed)),
         synced: Condvar::new(),
-        index: RwLock::new(replay.index),
+        index: RwLock::new(index),
         segments: RwLock::new(segments.into_iter().map(|(s, _)| s).collect()),
         counters: Counters {
-            corrupt: replay.corrupt.into(),
+            corrupt: corrupt.into(),
             ..Counters::default()
         },
         // A long replay is worth a checkpoint soon, so the next open is quick.
-        ckpt: CheckpointState::with_since(replay.records),
+        ckpt: CheckpointState::with_since(replayed),
         me: me.clone(),
         opts,
         #[cfg(test)]
@@ -155,20 +190,14 @@ fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<Vec<(Segment, u64)>> {
 }
 
 /// Replays `seg` from `from`; returns its valid length (shorter than `len` after a torn tail).
-fn replay_segment(
-    seg: &Segment,
-    len: u64,
-    from: u64,
-    is_last: bool,
-    r: &mut Replay,
-) -> Result<u64> {
+fn replay_segment(seg: &Segment, len: u64, from: u64, is_last: bool, r: &mut Feed) -> Result<u64> {
     let mut scanner = Scanner::new(&seg.file, len);
     let mut pos = from;
     while pos < len {
         match scanner.read_at(pos, true)? {
             Found::Valid(rec) => {
-                r.apply(seg, &rec);
                 pos = rec.end;
+                r.apply(seg, rec);
             }
             Found::BadData(rec, block) => {
                 if is_last && scanner.resync(rec.end)?.is_none() {
@@ -181,9 +210,9 @@ fn replay_segment(
                     "record data fails its checksum"
                 );
                 r.corrupt += 1;
-                // Indexed anyway: reads of its good blocks work, bad blocks report Corrupt.
-                r.apply(seg, &rec);
                 pos = rec.end;
+                // Indexed anyway: reads of its good blocks work, bad blocks report Corrupt.
+                r.apply(seg, rec);
             }
             Found::Invalid => match scanner.resync(pos + 1)? {
                 Some(next) => {
