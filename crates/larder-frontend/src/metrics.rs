@@ -42,7 +42,7 @@ fn latency_histogram() -> Histogram {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub fn new(router: &larder_router::RouterMetrics) -> Metrics {
         let mut registry = Registry::with_prefix("larder_frontend");
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -81,6 +81,16 @@ impl Metrics {
             "storage_connections",
             "Open HTTP/2 connections per storage node",
             open_connections.clone(),
+        );
+        registry.register(
+            "hedges_sent",
+            "Second replica requests sent because the first was slow",
+            router.hedges_sent.clone(),
+        );
+        registry.register(
+            "hedges_won",
+            "Hedged requests whose answer was used",
+            router.hedges_won.clone(),
         );
         Metrics {
             registry,

@@ -40,10 +40,11 @@ pub async fn serve(
     )?);
     let builder = connection_builder(&config);
     let grace = config.shutdown_grace;
+    let metrics = Metrics::new(router.metrics());
     let state = Arc::new(AppState {
         config,
         router,
-        metrics: Metrics::new(),
+        metrics,
     });
     let graceful = GracefulShutdown::new();
     tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "frontend serving");

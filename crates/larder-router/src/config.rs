@@ -19,6 +19,20 @@ pub struct RouterConfig {
     /// How long a down node is tried last; after it, one probe request tests it again.
     #[serde(with = "humantime_serde")]
     pub down_backoff: Duration,
+    /// Hedged reads: ask the next replica too when the first is slower than usual.
+    pub hedging: bool,
+    /// "Slower than usual": this percentile of recent latency in the replica's datacenter.
+    pub hedge_percentile: f64,
+    /// Samples needed before the percentile is trusted; until then `hedge_fallback_delay`.
+    pub hedge_min_samples: usize,
+    #[serde(with = "humantime_serde")]
+    pub hedge_fallback_delay: Duration,
+    /// Floor of the hedge delay, so a very fast datacenter does not double every request.
+    #[serde(with = "humantime_serde")]
+    pub hedge_min_delay: Duration,
+    /// Also wait for one replica in another datacenter to acknowledge a PUT (by default remote
+    /// datacenters receive blobs by replication only).
+    pub wait_for_remote_ack: bool,
 }
 
 impl Default for RouterConfig {
@@ -29,6 +43,12 @@ impl Default for RouterConfig {
             request_timeout: Duration::from_secs(5),
             failures_to_mark_down: 3,
             down_backoff: Duration::from_secs(2),
+            hedging: true,
+            hedge_percentile: 0.95,
+            hedge_min_samples: 100,
+            hedge_fallback_delay: Duration::from_millis(20),
+            hedge_min_delay: Duration::from_micros(500),
+            wait_for_remote_ack: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Node health as this frontend sees it: consecutive failures mark a node down for a backoff
-//! period; after it, requests probe the node again and one success brings it back. Down nodes are
-//! tried last, never skipped, so a wrong verdict costs latency, not availability.
+//! period; after it, exactly one request probes the node, and its success brings the node back
+//! (its failure starts another period). Down nodes are tried last, never skipped, so a wrong
+//! verdict costs latency, not availability.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,6 +20,9 @@ pub enum NodeState {
 struct Entry {
     consecutive_failures: u32,
     down_until: Option<Instant>,
+    /// When the single probe of a down node was handed out; another is allowed after `backoff`
+    /// in case the prober never reported (its request was cancelled by a hedge).
+    probe_started: Option<Instant>,
     state_changes: u64,
 }
 
@@ -45,11 +49,37 @@ impl NodeHealth {
         }
     }
 
-    /// True while a node is inside its down period (it is then tried last).
-    pub fn is_down(&self, node: &str) -> bool {
+    /// True while the node is marked down, probe or not; asks nothing of the probe (for choices
+    /// such as which partition to write to, which send nothing to the node by themselves).
+    pub fn is_marked_down(&self, node: &str) -> bool {
         self.nodes
             .get(node)
-            .is_some_and(|e| e.lock().down_until.is_some_and(|t| Instant::now() < t))
+            .is_some_and(|e| e.lock().down_until.is_some())
+    }
+
+    /// Whether to treat the node as down for one request about to be sent (it is then tried
+    /// last). Once the backoff has passed, the first caller is told "up" and becomes the probe;
+    /// everyone else still sees "down" until the probe reports. Call once per node per request.
+    pub fn is_down(&self, node: &str) -> bool {
+        let Some(entry) = self.nodes.get(node) else {
+            return false;
+        };
+        let mut e = entry.lock();
+        let Some(until) = e.down_until else {
+            return false;
+        };
+        let now = Instant::now();
+        if now < until {
+            return true;
+        }
+        let probe_free = e
+            .probe_started
+            .is_none_or(|started| now - started > self.backoff);
+        if probe_free {
+            e.probe_started = Some(now);
+            return false;
+        }
+        true
     }
 
     pub fn record_success(&self, node: &str) {
@@ -59,6 +89,7 @@ impl NodeHealth {
                 e.state_changes += 1;
                 tracing::info!(node, "storage node is up again");
             }
+            e.probe_started = None;
             e.consecutive_failures = 0;
         }
     }
@@ -76,8 +107,9 @@ impl NodeHealth {
                         "marking storage node down"
                     );
                 }
-                // Every further failure (including a failed probe) extends the down period.
+                // Every further failure (including a failed probe) starts a new down period.
                 e.down_until = Some(Instant::now() + self.backoff);
+                e.probe_started = None;
             }
         }
     }
@@ -89,8 +121,11 @@ impl NodeHealth {
             .iter()
             .map(|(id, e)| {
                 let e = e.lock();
-                let down = e.down_until.is_some_and(|t| Instant::now() < t);
-                let state = if down { NodeState::Down } else { NodeState::Up };
+                let state = if e.down_until.is_some() {
+                    NodeState::Down
+                } else {
+                    NodeState::Up
+                };
                 (id.clone(), state, e.consecutive_failures, e.state_changes)
             })
             .collect();
@@ -104,18 +139,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failures_mark_down_and_success_brings_back() {
+    fn failures_mark_down_then_one_probe_decides() {
         let health = NodeHealth::new(["a".to_string()], 2, Duration::from_millis(50));
         health.record_failure("a");
         assert!(!health.is_down("a"));
         health.record_failure("a");
         assert!(health.is_down("a"));
         std::thread::sleep(Duration::from_millis(60));
+        assert!(!health.is_down("a"), "after the backoff one caller probes");
+        assert!(health.is_down("a"), "others wait for the probe's result");
+        health.record_failure("a");
         assert!(
-            !health.is_down("a"),
-            "after the backoff the node is probed again"
+            health.is_down("a"),
+            "a failed probe starts another down period"
         );
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!health.is_down("a"));
         health.record_success("a");
+        assert!(!health.is_down("a") && !health.is_down("a"));
         assert_eq!(health.snapshot()[0].1, NodeState::Up);
         assert_eq!(health.snapshot()[0].3, 2);
     }

@@ -4,9 +4,12 @@
 
 mod config;
 mod health;
+mod latency;
 mod order;
+mod read;
 mod router;
+mod write;
 
 pub use config::RouterConfig;
 pub use health::{NodeHealth, NodeState};
-pub use router::{GetAnswer, Router, RouterError};
+pub use router::{GetAnswer, Router, RouterError, RouterMetrics};

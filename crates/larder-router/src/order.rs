@@ -27,8 +27,10 @@ pub fn read_order(
     // Shuffle first so that equally ranked replicas share the read load.
     use rand::seq::SliceRandom;
     nodes.shuffle(&mut rand::rng());
-    nodes.sort_by_key(|n| rank(n));
-    nodes
+    // Rank each node once: `is_down` may hand out the node's single probe.
+    let mut ranked: Vec<_> = nodes.into_iter().map(|n| (rank(&n), n)).collect();
+    ranked.sort_by_key(|(r, _)| *r);
+    ranked.into_iter().map(|(_, n)| n).collect()
 }
 
 /// Replicas of `partition` in datacenter `dc`.

@@ -1,19 +1,17 @@
-//! Blob operations across replicas.
+//! The router's shared plumbing: construction, sending one request, fanning out, quorums.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
-use larder_cluster::{BlobId, BlobKind, ClusterMap, PartitionId, PartitionState};
+use larder_cluster::ClusterMap;
 use larder_pool::{Body, StoragePool};
-use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
-use rand::seq::IndexedRandom;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use crate::order::{read_order, replicas_in};
+use crate::latency::LatencyTracker;
 use crate::{NodeHealth, RouterConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +24,7 @@ pub enum RouterError {
     Timeout(Duration),
     /// The blob ID names a partition this cluster does not have (404).
     #[error("no partition {0} in this cluster")]
-    UnknownPartition(PartitionId),
+    UnknownPartition(u32),
 }
 
 /// What a GET or HEAD found.
@@ -37,17 +35,28 @@ pub enum GetAnswer {
     NotFound,
 }
 
+/// Counters the frontend exports; shared handles, registered by the caller.
+#[derive(Clone, Default)]
+pub struct RouterMetrics {
+    /// Second requests sent because the first replica had not answered within the hedge delay.
+    pub hedges_sent: Counter,
+    /// Hedged requests whose answer was the one used.
+    pub hedges_won: Counter,
+}
+
 pub struct Router {
-    map: Arc<ClusterMap>,
-    pool: StoragePool,
-    config: RouterConfig,
-    datacenter: String,
-    datacenter_id: u8,
-    health: NodeHealth,
+    pub(crate) map: Arc<ClusterMap>,
+    pub(crate) pool: StoragePool,
+    pub(crate) config: RouterConfig,
+    pub(crate) datacenter: String,
+    pub(crate) datacenter_id: u8,
+    pub(crate) health: NodeHealth,
+    pub(crate) latency: LatencyTracker,
+    pub(crate) metrics: RouterMetrics,
 }
 
 /// The outcome of one request to one replica.
-type ReplicaResult = Result<Response<Incoming>, String>;
+pub(crate) type ReplicaResult = Result<Response<Incoming>, String>;
 
 impl Router {
     pub fn new(
@@ -62,6 +71,8 @@ impl Router {
         let datacenter_id = dc.id;
         let nodes = map.nodes.iter().map(|n| n.id.clone());
         let health = NodeHealth::new(nodes, config.failures_to_mark_down, config.down_backoff);
+        let dcs = map.datacenters.iter().map(|d| d.name.clone());
+        let latency = LatencyTracker::new(dcs, config.hedge_percentile, config.hedge_min_samples);
         Ok(Router {
             map,
             pool,
@@ -69,6 +80,8 @@ impl Router {
             datacenter: datacenter.to_owned(),
             datacenter_id,
             health,
+            latency,
+            metrics: RouterMetrics::default(),
         })
     }
 
@@ -88,123 +101,25 @@ impl Router {
         &self.datacenter
     }
 
-    /// Stores `data` on a quorum of a random writable partition's local replicas; on failure,
-    /// once more on another partition. Returns the new blob's ID.
-    pub async fn put_blob(
-        self: &Arc<Self>,
-        props: &BlobProperties,
-        data: Bytes,
-    ) -> Result<BlobId, RouterError> {
-        let deadline = Instant::now() + self.config.operation_timeout;
-        let first = self.pick_partition(None)?;
-        let first_error = match self.put_on(first, props, data.clone(), deadline).await {
-            Ok(id) => return Ok(id),
-            Err(err) => err,
-        };
-        tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
-        let second = self.pick_partition(Some(first))?;
-        self.put_on(second, props, data, deadline).await.map_err(|second_error| {
-            RouterError::Unavailable(format!(
-                "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
-            ))
-        })
+    pub fn metrics(&self) -> &RouterMetrics {
+        &self.metrics
     }
 
-    /// A random read-write partition, preferring those whose local replicas are all up.
-    fn pick_partition(&self, except: Option<PartitionId>) -> Result<PartitionId, RouterError> {
-        let writable: Vec<_> = self
-            .map
-            .partitions
-            .iter()
-            .filter(|p| p.state == PartitionState::ReadWrite && Some(p.id) != except)
-            .collect();
-        let healthy: Vec<_> = writable
-            .iter()
-            .filter(|p| {
-                replicas_in(&self.map, p, &self.datacenter)
-                    .iter()
-                    .all(|n| !self.health.is_down(n))
-            })
-            .collect();
-        let rng = &mut rand::rng();
-        healthy
-            .choose(rng)
-            .map(|p| p.id)
-            .or_else(|| writable.choose(rng).map(|p| p.id))
-            .ok_or_else(|| RouterError::Unavailable("no writable partition".into()))
+    pub(crate) fn datacenter_of(&self, node: &str) -> &str {
+        self.map.datacenter_of(node).unwrap_or("")
     }
 
-    async fn put_on(
-        self: &Arc<Self>,
-        partition: PartitionId,
-        props: &BlobProperties,
-        data: Bytes,
-        deadline: Instant,
-    ) -> Result<BlobId, String> {
-        let id = BlobId::mint(BlobKind::Simple, self.datacenter_id, partition);
-        let local = replicas_in(
-            &self.map,
-            self.map.partition(partition).expect("picked from the map"),
-            &self.datacenter,
-        );
-        let crc = crc32c::crc32c(&data);
-        let results = self.fan_out(&local, deadline, |router, node| {
-            let props = props.clone();
-            let data = data.clone();
-            async move {
-                router
-                    .put_one(&node, partition, &id, &props, data, crc)
-                    .await
-            }
-        });
-        match self
-            .await_quorum(results, local.len(), |r| {
-                matches!(r.status(), StatusCode::CREATED | StatusCode::OK)
-            })
-            .await
-        {
-            Ok(()) => Ok(id),
-            Err(err) => {
-                // The ID was never handed out, so nothing can read it; tombstone what did land.
-                self.spawn_cleanup(partition, id);
-                Err(err)
-            }
-        }
-    }
-
-    async fn put_one(
-        &self,
-        node: &str,
-        partition: PartitionId,
-        id: &BlobId,
-        props: &BlobProperties,
-        data: Bytes,
-        crc: u32,
-    ) -> ReplicaResult {
-        let mut request = Request::builder()
-            .method(Method::PUT)
-            .uri(blob_path(partition, &id.to_string()))
-            .header(header::CONTENT_LENGTH, data.len())
-            .header(h::BODY_CRC32C, crc)
-            .body(larder_pool::full(data))
-            .expect("valid request");
-        props.write_headers(request.headers_mut());
-        self.send(node, request).await
-    }
-
-    fn spawn_cleanup(self: &Arc<Self>, partition: PartitionId, id: BlobId) {
-        let router = self.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + router.config.operation_timeout;
-            let _ = router.delete_on_all(partition, &id, deadline).await;
-        });
-    }
-
-    /// Sends one request with the per-request timeout, recording the node's health.
-    async fn send(&self, node: &str, request: Request<Body>) -> ReplicaResult {
+    /// Sends one request with the per-request timeout, recording the node's health and, for
+    /// answers, the latency to response headers in the node's datacenter.
+    pub(crate) async fn send(&self, node: &str, request: Request<Body>) -> ReplicaResult {
+        let started = Instant::now();
         match timeout(self.config.request_timeout, self.pool.send(node, request)).await {
             Ok(Ok(response)) => {
                 self.health.record_success(node);
+                if !response.status().is_server_error() {
+                    self.latency
+                        .record(self.datacenter_of(node), started.elapsed());
+                }
                 Ok(response)
             }
             Ok(Err(err)) => {
@@ -223,7 +138,7 @@ impl Router {
 
     /// Starts `op` against every node in its own task (so stragglers finish after a quorum
     /// answered) and returns the channel their results arrive on.
-    fn fan_out<F, Fut>(
+    pub(crate) fn fan_out<F, Fut>(
         self: &Arc<Self>,
         nodes: &[String],
         deadline: Instant,
@@ -249,144 +164,65 @@ impl Router {
         rx
     }
 
-    /// Waits until `quorum` of `total` answers satisfy `ok`, or until that has become impossible.
-    async fn await_quorum(
+    /// Waits until `rule` is met by answers satisfying `ok`, or until it cannot be met any more.
+    pub(crate) async fn await_quorum(
         &self,
         mut results: mpsc::Receiver<(String, ReplicaResult)>,
-        total: usize,
+        rule: Quorum,
         ok: impl Fn(&Response<Incoming>) -> bool,
     ) -> Result<(), String> {
-        let quorum = self.config.write_quorum.clamp(1, total.max(1));
-        let (mut good, mut failures) = (0, Vec::new());
+        let (mut good_local, mut good_remote) = (0, 0);
+        let (mut bad_local, mut bad_remote) = (0, 0);
+        let mut failures = Vec::new();
         while let Some((node, result)) = results.recv().await {
+            let local = self.datacenter_of(&node) == self.datacenter;
             match result {
-                Ok(response) if ok(&response) => good += 1,
-                Ok(response) => failures.push(format!("{node}: status {}", response.status())),
-                Err(err) => failures.push(format!("{node}: {err}")),
+                Ok(response) if ok(&response) => {
+                    *(if local {
+                        &mut good_local
+                    } else {
+                        &mut good_remote
+                    }) += 1
+                }
+                other => {
+                    *(if local {
+                        &mut bad_local
+                    } else {
+                        &mut bad_remote
+                    }) += 1;
+                    failures.push(match other {
+                        Ok(response) => format!("{node}: status {}", response.status()),
+                        Err(err) => format!("{node}: {err}"),
+                    });
+                }
             }
-            if good >= quorum {
+            if good_local >= rule.local && good_remote >= rule.remote {
                 return Ok(());
             }
-            if failures.len() > total - quorum {
+            if bad_local > rule.local_total - rule.local
+                || bad_remote > rule.remote_total - rule.remote
+            {
                 break;
             }
         }
         Err(format!(
-            "{good} of {quorum} required acknowledgements ({})",
+            "{good_local} of {} required local acknowledgements{} ({})",
+            rule.local,
+            if rule.remote > 0 {
+                format!(", {good_remote} of {} remote", rule.remote)
+            } else {
+                String::new()
+            },
             failures.join("; ")
         ))
     }
+}
 
-    /// Reads from one replica at a time in read order, failing over on errors, timeouts and 404s.
-    pub async fn get_blob(
-        &self,
-        id: &BlobId,
-        method: Method,
-        range: Option<ByteRange>,
-    ) -> Result<GetAnswer, RouterError> {
-        let partition = self
-            .map
-            .partition(id.partition)
-            .ok_or(RouterError::UnknownPartition(id.partition))?;
-        let origin = self
-            .map
-            .datacenter_by_id(id.datacenter)
-            .map(|d| d.name.as_str());
-        let order = read_order(&self.map, partition, &self.datacenter, origin, &self.health);
-        let local = replicas_in(&self.map, partition, &self.datacenter).len();
-        let deadline = Instant::now() + self.config.operation_timeout;
-        let (mut not_found, mut errors) = (0, Vec::new());
-        for node in &order {
-            let mut request = Request::builder()
-                .method(method.clone())
-                .uri(blob_path(id.partition, &id.to_string()));
-            if let Some(range) = range {
-                request = request.header(header::RANGE, range.to_header());
-            }
-            let request = request.body(larder_pool::empty()).expect("valid request");
-            let result = tokio::time::timeout_at(deadline, self.send(node, request)).await;
-            match result {
-                Err(_) => return Err(RouterError::Timeout(self.config.operation_timeout)),
-                Ok(Ok(response)) if response.status() == StatusCode::NOT_FOUND => not_found += 1,
-                Ok(Ok(response)) if response.status().is_server_error() => {
-                    errors.push(format!("{node}: status {}", response.status()))
-                }
-                Ok(Ok(response)) => return Ok(GetAnswer::Replica(response)),
-                Ok(Err(err)) => errors.push(err),
-            }
-        }
-        // A quorum write reached `write_quorum` local replicas, so once more than the rest say
-        // "not found", no acknowledged write can exist.
-        let quorum = self.config.write_quorum.clamp(1, local.max(1));
-        if not_found > local.saturating_sub(quorum) {
-            return Ok(GetAnswer::NotFound);
-        }
-        Err(RouterError::Unavailable(format!(
-            "no replica could answer ({})",
-            errors.join("; ")
-        )))
-    }
-
-    /// Deletes at every replica; succeeds once a quorum of local replicas holds the tombstone.
-    pub async fn delete_blob(self: &Arc<Self>, id: &BlobId) -> Result<(), RouterError> {
-        if self.map.partition(id.partition).is_none() {
-            return Err(RouterError::UnknownPartition(id.partition));
-        }
-        let deadline = Instant::now() + self.config.operation_timeout;
-        self.delete_on_all(id.partition, id, deadline)
-            .await
-            .map_err(|err| {
-                RouterError::Unavailable(format!("delete not acknowledged by a quorum: {err}"))
-            })
-    }
-
-    async fn delete_on_all(
-        self: &Arc<Self>,
-        partition: PartitionId,
-        id: &BlobId,
-        deadline: Instant,
-    ) -> Result<(), String> {
-        let partition_map = self
-            .map
-            .partition(partition)
-            .expect("checked by the caller");
-        let all: Vec<String> = partition_map
-            .replicas
-            .iter()
-            .map(|r| r.node.clone())
-            .collect();
-        let local = replicas_in(&self.map, partition_map, &self.datacenter);
-        let time_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let path = blob_path(partition, &id.to_string());
-        let results = self.fan_out(&all, deadline, |router, node| {
-            let request = Request::delete(path.clone())
-                .header(h::TIME_MS, time_ms)
-                .body(larder_pool::empty())
-                .expect("valid request");
-            async move { router.send(&node, request).await }
-        });
-        self.await_local_quorum(results, local).await
-    }
-
-    /// Like `await_quorum`, counting only answers from replicas in this frontend's datacenter.
-    async fn await_local_quorum(
-        &self,
-        mut results: mpsc::Receiver<(String, ReplicaResult)>,
-        local: Vec<String>,
-    ) -> Result<(), String> {
-        let total = local.len();
-        let (tx, rx) = mpsc::channel(total.max(1));
-        tokio::spawn(async move {
-            while let Some((node, result)) = results.recv().await {
-                if local.contains(&node) && tx.send((node, result)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        self.await_quorum(rx, total, |r| r.status() == StatusCode::ACCEPTED)
-            .await
-    }
+/// How many good answers an operation needs, out of how many asked, per side.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Quorum {
+    pub local: usize,
+    pub local_total: usize,
+    pub remote: usize,
+    pub remote_total: usize,
 }

@@ -24,6 +24,7 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub map: ClusterMap,
     pub frontend_addr: SocketAddr,
+    pub frontend_addrs: Vec<SocketAddr>,
     nodes: Vec<Option<Child>>,
     frontends: Vec<Child>,
 }
@@ -36,10 +37,21 @@ impl Cluster {
 
     /// Like `start`, with extra TOML appended to the frontend's config.
     pub fn start_with(nodes: usize, partitions: u32, frontend_extra: &str) -> Cluster {
+        Self::start_in(&["dc1"], nodes, partitions, frontend_extra)
+    }
+
+    /// Storage nodes dealt round-robin to `datacenters`, 3 replicas per partition in each, and one
+    /// frontend per datacenter (`frontend_addrs[i]` serves `datacenters[i]`).
+    pub fn start_in(
+        datacenters: &[&str],
+        nodes: usize,
+        partitions: u32,
+        frontend_extra: &str,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let addresses = free_addresses(nodes + 1);
+        let addresses = free_addresses(nodes + datacenters.len());
         let spec = LayoutSpec {
-            datacenters: vec!["dc1".into()],
+            datacenters: datacenters.iter().map(|d| d.to_string()).collect(),
             node_addresses: addresses[..nodes].to_vec(),
             partitions,
             replicas_per_datacenter: 3,
@@ -53,15 +65,12 @@ impl Cluster {
             );
             std::fs::write(dir.path().join(format!("{}.toml", node.id)), text).unwrap();
         }
-        let frontend_addr = addresses[nodes];
-        let frontend = format!(
-            "listen = \"{frontend_addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = \"dc1\"\n{frontend_extra}"
-        );
-        std::fs::write(dir.path().join("frontend.toml"), frontend).unwrap();
+        let frontend_addrs = addresses[nodes..].to_vec();
         let mut cluster = Cluster {
             dir,
             map,
-            frontend_addr,
+            frontend_addr: frontend_addrs[0],
+            frontend_addrs: frontend_addrs.clone(),
             nodes: Vec::new(),
             frontends: Vec::new(),
         };
@@ -72,10 +81,20 @@ impl Cluster {
         for i in 0..nodes {
             wait_for_port(cluster.node_addr(i));
         }
-        let frontend = spawn(&["frontend", "--config", &cluster.path("frontend.toml")]);
-        cluster.frontends.push(frontend);
-        wait_for_port(frontend_addr);
+        for (dc, addr) in datacenters.iter().zip(&frontend_addrs) {
+            let name = format!("frontend-{dc}.toml");
+            let text = format!("listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = \"{dc}\"\n{frontend_extra}");
+            std::fs::write(cluster.dir.path().join(&name), text).unwrap();
+            let frontend = spawn(&["frontend", "--config", &cluster.path(&name)]);
+            cluster.frontends.push(frontend);
+            wait_for_port(*addr);
+        }
         cluster
+    }
+
+    /// Sends `sig` to storage node `i` (e.g. SIGSTOP = 19, SIGCONT = 18).
+    pub fn signal_node(&self, i: usize, sig: i32) {
+        signal(self.nodes[i].as_ref().expect("node is running"), sig);
     }
 
     pub fn path(&self, name: &str) -> String {

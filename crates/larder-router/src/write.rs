@@ -1,0 +1,186 @@
+//! Writes: quorum PUT with one retry on another partition, and quorum DELETE.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use larder_cluster::{BlobId, BlobKind, PartitionId, PartitionState};
+use larder_proto::{blob_path, header as h, BlobProperties};
+use rand::seq::IndexedRandom;
+use tokio::time::Instant;
+
+use crate::order::replicas_in;
+use crate::router::{Quorum, ReplicaResult};
+use crate::{Router, RouterError};
+
+impl Router {
+    /// Stores `data` on a quorum of a random writable partition's local replicas (and, when
+    /// configured, on one remote replica); on failure, once more on another partition.
+    pub async fn put_blob(
+        self: &Arc<Self>,
+        props: &BlobProperties,
+        data: Bytes,
+    ) -> Result<BlobId, RouterError> {
+        let deadline = Instant::now() + self.config.operation_timeout;
+        let first = self.pick_partition(None)?;
+        let first_error = match self.put_on(first, props, data.clone(), deadline).await {
+            Ok(id) => return Ok(id),
+            Err(err) => err,
+        };
+        tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
+        let second = self.pick_partition(Some(first))?;
+        self.put_on(second, props, data, deadline).await.map_err(|second_error| {
+            RouterError::Unavailable(format!(
+                "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
+            ))
+        })
+    }
+
+    /// A random read-write partition, preferring those whose local replicas are all up.
+    fn pick_partition(&self, except: Option<PartitionId>) -> Result<PartitionId, RouterError> {
+        let writable: Vec<_> = self
+            .map
+            .partitions
+            .iter()
+            .filter(|p| p.state == PartitionState::ReadWrite && Some(p.id) != except)
+            .collect();
+        let healthy: Vec<_> = writable
+            .iter()
+            .filter(|p| {
+                replicas_in(&self.map, p, &self.datacenter)
+                    .iter()
+                    .all(|n| !self.health.is_marked_down(n))
+            })
+            .collect();
+        let rng = &mut rand::rng();
+        healthy
+            .choose(rng)
+            .map(|p| p.id)
+            .or_else(|| writable.choose(rng).map(|p| p.id))
+            .ok_or_else(|| RouterError::Unavailable("no writable partition".into()))
+    }
+
+    async fn put_on(
+        self: &Arc<Self>,
+        partition: PartitionId,
+        props: &BlobProperties,
+        data: Bytes,
+        deadline: Instant,
+    ) -> Result<BlobId, String> {
+        let id = BlobId::mint(BlobKind::Simple, self.datacenter_id, partition);
+        let p = self.map.partition(partition).expect("picked from the map");
+        let local = replicas_in(&self.map, p, &self.datacenter);
+        let remote: Vec<String> = p
+            .replicas
+            .iter()
+            .map(|r| r.node.clone())
+            .filter(|n| !local.contains(n))
+            .collect();
+        let rule = Quorum {
+            local: self.config.write_quorum.clamp(1, local.len().max(1)),
+            local_total: local.len(),
+            remote: usize::from(self.config.wait_for_remote_ack && !remote.is_empty()),
+            remote_total: remote.len(),
+        };
+        // Remote datacenters get the blob by replication, unless one remote acknowledgement is wanted.
+        let targets: Vec<String> = if rule.remote > 0 {
+            local.iter().chain(&remote).cloned().collect()
+        } else {
+            local
+        };
+        let crc = crc32c::crc32c(&data);
+        let results = self.fan_out(&targets, deadline, |router, node| {
+            let (props, data) = (props.clone(), data.clone());
+            async move {
+                router
+                    .put_one(&node, partition, &id, &props, data, crc)
+                    .await
+            }
+        });
+        let stored =
+            |r: &http::Response<_>| matches!(r.status(), StatusCode::CREATED | StatusCode::OK);
+        match self.await_quorum(results, rule, stored).await {
+            Ok(()) => Ok(id),
+            Err(err) => {
+                // The ID was never handed out, so nothing can read it; tombstone what did land.
+                self.spawn_cleanup(partition, id);
+                Err(err)
+            }
+        }
+    }
+
+    async fn put_one(
+        &self,
+        node: &str,
+        partition: PartitionId,
+        id: &BlobId,
+        props: &BlobProperties,
+        data: Bytes,
+        crc: u32,
+    ) -> ReplicaResult {
+        let mut request = Request::builder()
+            .method(Method::PUT)
+            .uri(blob_path(partition, &id.to_string()))
+            .header(header::CONTENT_LENGTH, data.len())
+            .header(h::BODY_CRC32C, crc)
+            .body(larder_pool::full(data))
+            .expect("valid request");
+        props.write_headers(request.headers_mut());
+        self.send(node, request).await
+    }
+
+    fn spawn_cleanup(self: &Arc<Self>, partition: PartitionId, id: BlobId) {
+        let router = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + router.config.operation_timeout;
+            let _ = router.delete_on_all(partition, &id, deadline).await;
+        });
+    }
+
+    /// Deletes at every replica; succeeds once a quorum of local replicas holds the tombstone.
+    pub async fn delete_blob(self: &Arc<Self>, id: &BlobId) -> Result<(), RouterError> {
+        if self.map.partition(id.partition).is_none() {
+            return Err(RouterError::UnknownPartition(id.partition));
+        }
+        let deadline = Instant::now() + self.config.operation_timeout;
+        self.delete_on_all(id.partition, id, deadline)
+            .await
+            .map_err(|err| {
+                RouterError::Unavailable(format!("delete not acknowledged by a quorum: {err}"))
+            })
+    }
+
+    async fn delete_on_all(
+        self: &Arc<Self>,
+        partition: PartitionId,
+        id: &BlobId,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let p = self
+            .map
+            .partition(partition)
+            .expect("checked by the caller");
+        let all: Vec<String> = p.replicas.iter().map(|r| r.node.clone()).collect();
+        let local = replicas_in(&self.map, p, &self.datacenter).len();
+        let rule = Quorum {
+            local: self.config.write_quorum.clamp(1, local.max(1)),
+            local_total: local,
+            remote: 0,
+            remote_total: all.len() - local,
+        };
+        let time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let path = blob_path(partition, &id.to_string());
+        let results = self.fan_out(&all, deadline, |router, node| {
+            let request = Request::delete(path.clone())
+                .header(h::TIME_MS, time_ms)
+                .body(larder_pool::empty())
+                .expect("valid request");
+            async move { router.send(&node, request).await }
+        });
+        self.await_quorum(results, rule, |r| r.status() == StatusCode::ACCEPTED)
+            .await
+    }
+}
