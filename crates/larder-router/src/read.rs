@@ -55,31 +55,41 @@ impl Router {
         let mut remaining = order.iter();
         let (mut not_found, mut errors) = (0, Vec::new());
         let mut last_asked = String::new();
+        let mut pending: Vec<String> = Vec::new();
         loop {
             if in_flight.is_empty() {
                 // Nothing pending: ask the next replica now (first try, or failover).
                 let Some(node) = remaining.next() else { break };
                 last_asked.clone_from(node);
+                pending.push(node.clone());
                 in_flight.push(attempt(node, false));
             }
             let hedge_delay = self.hedge_delay(&last_asked);
             let can_hedge = self.config.hedging && remaining.len() > 0;
             tokio::select! {
-                Some((node, hedged, result)) = in_flight.next() => match result {
+                Some((node, hedged, result)) = in_flight.next() => {
+                    pending.retain(|n| n != &node);
+                    match result {
                     Ok(response) if response.status() == StatusCode::NOT_FOUND => not_found += 1,
                     Ok(response) if response.status().is_server_error() => errors.push(format!("{node}: status {}", response.status())),
                     Ok(response) => {
                         if hedged {
                             self.metrics.hedges_won.inc();
+                            // Replicas still silent after losing a race count as failing, so a
+                            // stalled node is soon marked down and asked last, not first.
+                            for slow in &pending {
+                                self.health.record_failure(slow);
+                            }
                         }
                         return Ok(GetAnswer::Replica(response));
                     }
                     Err(err) => errors.push(err),
-                },
+                }},
                 _ = tokio::time::sleep(hedge_delay), if can_hedge => {
                     let node = remaining.next().expect("can_hedge checked");
                     last_asked.clone_from(node);
                     self.metrics.hedges_sent.inc();
+                    pending.push(node.clone());
                     in_flight.push(attempt(node, true));
                 }
                 _ = tokio::time::sleep_until(deadline) => {
