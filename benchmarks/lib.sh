@@ -30,3 +30,51 @@ h2load_rps() {
 h2load_2xx() {
   awk '/^status codes:/ {gsub(",","",$3); print $3}'
 }
+
+# start_cluster WORK NODES PARTITIONS: writes a cluster map and storage configs under WORK and
+# starts the storage nodes (release build), recording each pid in WORK/sN.pid.
+start_cluster() {
+  local work=$1 nodes=$2 partitions=$3 larder=${LARDER:-target/release/larder}
+  local base; base=$(free_port)
+  "$larder" cluster init --nodes "$nodes" --partitions "$partitions" --replicas 3 \
+    --base-port "$base" -o "$work/cluster.toml" >/dev/null
+  for i in $(seq 1 "$nodes"); do
+    printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n' "$i" "$i" "${STORAGE_EXTRA:-}" > "$work/s$i.toml"
+    start_node "$work" "$i"
+  done
+  for i in $(seq 1 "$nodes"); do wait_port $((base + i - 1)); done
+}
+
+start_node() { # WORK I
+  LARDER_LOG=warn "${LARDER:-target/release/larder}" storage --config "$1/s$2.toml" >>"$1/s$2.log" 2>&1 &
+  echo $! > "$1/s$2.pid"
+}
+
+# start_frontend WORK NAME PORT [extra TOML]: a frontend in dc1 with its own config file.
+start_frontend() {
+  printf 'listen = "127.0.0.1:%s"\ncluster_map = "cluster.toml"\ndatacenter = "dc1"\n%s\n' "$3" "${4:-}" > "$1/$2.toml"
+  LARDER_LOG=warn "${LARDER:-target/release/larder}" frontend --config "$1/$2.toml" >>"$1/$2.log" 2>&1 &
+  echo $! > "$1/$2.pid"
+  wait_port "$3"
+}
+
+# stop_all WORK: SIGCONT then SIGTERM every process recorded under WORK, and wait for them.
+stop_all() {
+  for f in "$1"/*.pid; do
+    [ -e "$f" ] || continue
+    kill -CONT "$(cat "$f")" 2>/dev/null || true
+    kill "$(cat "$f")" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+
+# upload COUNT SIZE URL IDS_FILE: uploads COUNT random blobs of SIZE bytes, appending IDs.
+upload() {
+  local f; f=$(mktemp)
+  head -c "$2" /dev/urandom > "$f"
+  for _ in $(seq 1 "$1"); do
+    curl -sS --http2-prior-knowledge --data-binary @"$f" "$3/v1/blobs" \
+      | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])' >> "$4"
+  done
+  rm -f "$f"
+}

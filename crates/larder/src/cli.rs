@@ -40,6 +40,15 @@ enum Command {
     /// Configuration commands.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Load generators for the benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// GET blobs by ID over one HTTP/2 connection; prints latency percentiles as JSON.
+    Get(crate::bench::BenchGetArgs),
 }
 
 #[derive(Subcommand)]
@@ -83,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Storage { config } => run_storage(&config),
         Command::Frontend { config } => run_frontend(&config),
         Command::Cluster(ClusterCommand::Init(args)) => cluster_init(args),
+        Command::Bench(BenchCommand::Get(args)) => crate::bench::run(args),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())

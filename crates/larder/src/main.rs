@@ -1,6 +1,7 @@
 //! `larder`: one binary for every role. Argument parsing and process wiring only; the work lives
 //! in the library crates.
 
+mod bench;
 mod cli;
 mod configs;
 mod dev;
