@@ -40,6 +40,9 @@ pub struct ReplicationConfig {
     /// After errors, wait up to this long before asking the peer again (doubling from `interval`).
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
+    /// Deadline for one request to a peer: a stalled peer must not hold up the others.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
 }
 
 impl Default for ReplicationConfig {
@@ -51,6 +54,7 @@ impl Default for ReplicationConfig {
             max_pages_per_round: 16,
             concurrency: 16,
             backoff_max: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -138,7 +142,9 @@ impl Worker {
         while !*stop.borrow() {
             let mut failed = false;
             for link in &mut links {
-                if let Err(err) = self.round(link).await {
+                let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
+                let outcome = tokio::time::timeout(limit, self.round(link)).await;
+                if let Err(err) = outcome.unwrap_or_else(|_| Err("round timed out".into())) {
                     failed = true;
                     tracing::debug!(partition = link.partition, peer = %link.peer, %err, "replication round failed");
                     self.node
@@ -209,6 +215,22 @@ impl Worker {
             .set(lag_seconds);
     }
 
+    /// One request to a peer, bounded by `request_timeout` until its response headers.
+    async fn send(
+        &self,
+        peer: &str,
+        request: Request<larder_pool::Body>,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        match tokio::time::timeout(self.config.request_timeout, self.pool.send(peer, request)).await
+        {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "{peer} did not answer within {:?}",
+                self.config.request_timeout
+            )),
+        }
+    }
+
     async fn fetch_page(&self, link: &Link) -> Result<ChangePage, String> {
         let path = changes_path(
             link.partition,
@@ -230,11 +252,7 @@ impl Worker {
         let request = Request::get(path)
             .body(larder_pool::empty())
             .expect("valid request");
-        let response = self
-            .pool
-            .send(peer, request)
-            .await
-            .map_err(|e| e.to_string())?;
+        let response = self.send(peer, request).await?;
         let status = response.status();
         Ok((status, read_all(response.into_body()).await?))
     }
@@ -267,11 +285,7 @@ impl Worker {
         let request = Request::get(path)
             .body(larder_pool::empty())
             .expect("valid request");
-        let response = self
-            .pool
-            .send(&link.peer, request)
-            .await
-            .map_err(|e| e.to_string())?;
+        let response = self.send(&link.peer, request).await?;
         let status = response.status();
         let (parts, body) = response.into_parts();
         match status {

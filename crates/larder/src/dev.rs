@@ -22,14 +22,15 @@ pub struct DevArgs {
     /// Address of the frontend (HTTP/1.1 and h2c).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Storage nodes, for a new cluster (an existing one keeps its map).
-    #[arg(long, default_value_t = 3)]
-    nodes: usize,
+    /// Storage nodes, for a new cluster (an existing one keeps its map); default 3 per datacenter.
+    #[arg(long)]
+    nodes: Option<usize>,
     #[arg(long, default_value_t = 32)]
     partitions: u32,
     #[arg(long, default_value_t = 3)]
     replicas: usize,
-    /// Comma-separated datacenter names, for a new cluster.
+    /// Comma-separated datacenter names, for a new cluster. Each datacenter gets a frontend:
+    /// the first on `--listen`, the next ones on the following ports.
     #[arg(long, default_value = "dc1", value_delimiter = ',')]
     datacenters: Vec<String>,
 }
@@ -40,12 +41,12 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.canonicalize()?;
     let map = load_or_init_map(&args, &data_dir)?;
     let storage_configs = write_storage_configs(&map, &data_dir)?;
-    let frontend_config = write_frontend_config(&map, &data_dir, args.listen)?;
+    let frontend_configs = write_frontend_configs(&map, &data_dir, args.listen)?;
     let mut children = Vec::new();
     for (node, config) in &storage_configs {
         children.push((node.clone(), spawn_storage(config)?));
     }
-    let result = serve_frontend(&frontend_config, &map);
+    let result = serve_frontends(&frontend_configs, &map);
     stop_children(&mut children);
     result
 }
@@ -61,7 +62,7 @@ fn load_or_init_map(args: &DevArgs, data_dir: &Path) -> anyhow::Result<ClusterMa
     }
     let spec = LayoutSpec {
         datacenters: args.datacenters.clone(),
-        node_addresses: free_loopback_addresses(args.nodes)?,
+        node_addresses: free_loopback_addresses(args.nodes.unwrap_or(3 * args.datacenters.len()))?,
         partitions: args.partitions,
         replicas_per_datacenter: args.replicas,
     };
@@ -100,18 +101,26 @@ fn write_storage_configs(
     Ok(out)
 }
 
-fn write_frontend_config(
+/// One frontend config per datacenter, on consecutive ports from `listen`.
+fn write_frontend_configs(
     map: &ClusterMap,
     data_dir: &Path,
     listen: SocketAddr,
-) -> anyhow::Result<PathBuf> {
-    let path = data_dir.join("frontend.toml");
-    let dc = &map.datacenters[0].name;
-    std::fs::write(
-        &path,
-        format!("listen = \"{listen}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n"),
-    )?;
-    Ok(path)
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for (i, dc) in map.datacenters.iter().enumerate() {
+        let addr = SocketAddr::new(listen.ip(), listen.port() + i as u16);
+        let path = data_dir.join(format!("frontend-{}.toml", dc.name));
+        std::fs::write(
+            &path,
+            format!(
+                "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\n",
+                dc.name
+            ),
+        )?;
+        out.push(path);
+    }
+    Ok(out)
 }
 
 fn spawn_storage(config: &Path) -> anyhow::Result<Child> {
@@ -132,17 +141,35 @@ fn spawn_storage(config: &Path) -> anyhow::Result<Child> {
         .with_context(|| format!("starting storage node {}", config.display()))
 }
 
-fn serve_frontend(config_path: &Path, map: &ClusterMap) -> anyhow::Result<()> {
-    let (config, map_loaded) = configs::frontend(config_path)?;
+/// Runs one frontend per datacenter in this process until SIGTERM/SIGINT stops them all.
+fn serve_frontends(config_paths: &[PathBuf], map: &ClusterMap) -> anyhow::Result<()> {
+    let configs = config_paths
+        .iter()
+        .map(|p| configs::frontend(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     wait_for_storage(map);
-    let listen = config.listen;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-        let url = format!("http://{}", listener.local_addr()?);
-        println!("Larder is running: {url}  (frontend: HTTP/1.1 and h2c; Ctrl-C stops everything)");
-        println!("  curl -sS --data-binary @README.md -H 'Content-Type: text/markdown' {url}/v1/blobs");
-        println!("  curl -sS {url}/v1/blobs/<id>");
-        larder_frontend::serve(config, map_loaded, listener, signals::terminate()).await.map_err(anyhow::Error::msg)
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut frontends = Vec::new();
+        for (config, map) in configs {
+            let listen = config.listen;
+            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+            let url = format!("http://{}", listener.local_addr()?);
+            println!("Larder is running: {url}  (datacenter {}; HTTP/1.1 and h2c; Ctrl-C stops everything)", config.datacenter);
+            println!("  curl -sS --data-binary @README.md -H 'Content-Type: text/markdown' {url}/v1/blobs");
+            println!("  curl -sS {url}/v1/blobs/<id>");
+            let mut stop = stop_rx.clone();
+            let shutdown = Box::pin(async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            });
+            frontends.push(tokio::spawn(larder_frontend::serve(config, map, listener, shutdown)));
+        }
+        signals::terminate().await;
+        let _ = stop_tx.send(true);
+        for frontend in frontends {
+            frontend.await?.map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
     })
 }
 
