@@ -12,7 +12,7 @@ use larder_cluster::BlobId;
 use larder_proto::{header as h, BlobProperties, ByteRange, PropertiesError};
 use larder_router::GetAnswer;
 
-use crate::body::{full, Body};
+use crate::body::{drain_in_background, full, Body};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -32,16 +32,16 @@ pub async fn upload(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let max = state.config.max_blob_size.as_u64();
-    let mut props = BlobProperties::from_headers(req.headers()).map_err(bad_properties)?;
-    props.created_ms = now_ms();
-    props.expires_ms = ttl(req.headers())?.map(|ttl| props.created_ms + ttl.as_millis() as u64);
-    if let Some(length) = content_length(req.headers())? {
-        if length > max {
-            discard(req.into_body(), max);
-            return Err(too_large(max));
+    let (parts, body) = req.into_parts();
+    let props = match upload_properties(&parts.headers, max) {
+        Ok(props) => props,
+        Err(err) => {
+            // Refused before reading: let the client finish sending so it sees the answer.
+            drain_in_background(body, max.saturating_mul(2));
+            return Err(err);
         }
-    }
-    let data = read_limited(req.into_body(), max).await?;
+    };
+    let data = read_limited(body, max).await?;
     state.metrics.bytes_received.inc_by(data.len() as u64);
     let size = data.len();
     let id = state.router.put_blob(&props, data).await?;
@@ -59,6 +59,17 @@ pub async fn upload(
         HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// Validates an upload's headers: properties, TTL and a declared length within `max`.
+fn upload_properties(headers: &HeaderMap, max: u64) -> Result<BlobProperties, ApiError> {
+    let mut props = BlobProperties::from_headers(headers).map_err(bad_properties)?;
+    props.created_ms = now_ms();
+    props.expires_ms = ttl(headers)?.map(|ttl| props.created_ms + ttl.as_millis() as u64);
+    if content_length(headers)?.is_some_and(|length| length > max) {
+        return Err(too_large(max));
+    }
+    Ok(props)
 }
 
 fn bad_properties(err: PropertiesError) -> ApiError {
@@ -112,7 +123,7 @@ async fn read_limited(mut body: Incoming, max: u64) -> Result<Bytes, ApiError> {
         })?;
         if let Ok(chunk) = frame.into_data() {
             if data.len() as u64 + chunk.len() as u64 > max {
-                discard(body, max);
+                drain_in_background(body, max.saturating_mul(2));
                 return Err(too_large(max));
             }
             data.extend_from_slice(&chunk);
@@ -121,32 +132,13 @@ async fn read_limited(mut body: Incoming, max: u64) -> Result<Bytes, ApiError> {
     Ok(data.freeze())
 }
 
-/// Reads and drops what is left of a refused upload, up to a bound, in the background. Answering
-/// early and resetting the stream makes many clients (curl among them) report a transport error
-/// instead of the 413; draining lets them read it. Past the bound, the stream is reset.
-fn discard(mut body: Incoming, max: u64) {
-    let budget = max.saturating_mul(2);
-    tokio::spawn(async move {
-        let drain = async {
-            let mut seen = 0u64;
-            while let Some(Ok(frame)) = body.frame().await {
-                seen += frame.data_ref().map_or(0, |d| d.len() as u64);
-                if seen > budget {
-                    break;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
-    });
-}
-
 /// `GET`, `HEAD` and `DELETE` of `/v1/blobs/<id>`.
 pub async fn by_id(
     state: &Arc<AppState>,
     id: &str,
-    req: Request<Incoming>,
+    req: &http::request::Parts,
 ) -> Result<Response<Body>, ApiError> {
-    let method = req.method().clone();
+    let method = req.method.clone();
     if !matches!(method, Method::GET | Method::HEAD | Method::DELETE) {
         return Err(ApiError::MethodNotAllowed {
             method: method.to_string(),
@@ -162,7 +154,7 @@ pub async fn by_id(
         *response.status_mut() = StatusCode::ACCEPTED;
         return Ok(response);
     }
-    download(state, &id, method, req.headers()).await
+    download(state, &id, method, &req.headers).await
 }
 
 async fn download(

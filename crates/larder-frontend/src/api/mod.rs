@@ -32,12 +32,22 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     response
 }
 
+/// Largest unread request body drained so that an early answer reaches the client (see
+/// `drain_in_background`); bigger ones are reset.
+const DRAIN_BUDGET: u64 = 1 << 20;
+
 async fn dispatch(
     state: &Arc<AppState>,
     req: Request<Incoming>,
 ) -> (&'static str, Result<Response<Body>, ApiError>) {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    if path == "/v1/blobs" && method == Method::POST {
+        return ("blobs", blobs::upload(state, req).await);
+    }
+    // No other route reads a body.
+    let (parts, body) = req.into_parts();
+    crate::body::drain_in_background(body, DRAIN_BUDGET);
     let read_only = |allow| {
         if method == Method::GET || method == Method::HEAD {
             Ok(())
@@ -46,14 +56,7 @@ async fn dispatch(
         }
     };
     match path.as_str() {
-        "/v1/blobs" => (
-            "blobs",
-            if method == Method::POST {
-                blobs::upload(state, req).await
-            } else {
-                Err(not_allowed(&method, "POST"))
-            },
-        ),
+        "/v1/blobs" => ("blobs", Err(not_allowed(&method, "POST"))),
         "/healthz" => ("healthz", read_only("GET, HEAD").map(|_| ops::healthz())),
         "/readyz" => (
             "readyz",
@@ -77,7 +80,7 @@ async fn dispatch(
             },
         ),
         _ => match path.strip_prefix("/v1/blobs/") {
-            Some(id) => ("blob", blobs::by_id(state, id, req).await),
+            Some(id) => ("blob", blobs::by_id(state, id, &parts).await),
             None => (
                 "other",
                 Err(ApiError::NotFound(format!("no API at {path}"))),
