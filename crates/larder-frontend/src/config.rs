@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytesize::ByteSize;
 use larder_pool::PoolConfig;
-use larder_router::RouterConfig;
+use larder_router::{ChunkingConfig, RouterConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -18,10 +18,14 @@ pub struct FrontendConfig {
     pub cluster_map: PathBuf,
     /// This frontend's datacenter (a name from the cluster map).
     pub datacenter: String,
-    /// Largest blob accepted in one upload. Chunking of larger blobs is a later milestone; until
-    /// then larger uploads get 413.
+    /// Largest blob accepted in one upload (413 above it). Blobs larger than
+    /// `chunking.chunk_size` are stored as chunks, so this bounds disk use per blob, not memory;
+    /// 64 GiB is a large video or disk image, and its manifest lists 16 Ki chunks (~440 KiB).
     #[serde(default = "default_max_blob")]
     pub max_blob_size: ByteSize,
+    /// How large blobs are cut into chunks and streamed back.
+    #[serde(default)]
+    pub chunking: ChunkingConfig,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
@@ -34,7 +38,7 @@ pub struct FrontendConfig {
 }
 
 fn default_max_blob() -> ByteSize {
-    ByteSize::mib(4)
+    ByteSize::gib(64)
 }
 
 fn default_grace() -> Duration {
@@ -65,6 +69,12 @@ impl Default for Limits {
 }
 
 impl FrontendConfig {
+    /// Checks settings that depend on each other, with a message naming the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        self.pool.validate()?;
+        self.chunking.validate(self.max_blob_size.as_u64())
+    }
+
     /// A config with every default, for `larder config defaults`.
     pub fn example() -> FrontendConfig {
         FrontendConfig {
@@ -72,6 +82,7 @@ impl FrontendConfig {
             cluster_map: "cluster.toml".into(),
             datacenter: "dc1".into(),
             max_blob_size: default_max_blob(),
+            chunking: ChunkingConfig::default(),
             limits: Limits::default(),
             pool: PoolConfig::default(),
             router: RouterConfig::default(),

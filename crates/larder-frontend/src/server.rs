@@ -29,7 +29,7 @@ pub async fn serve(
     listener: TcpListener,
     mut shutdown: ShutdownSignal,
 ) -> Result<(), String> {
-    config.pool.validate()?;
+    config.validate()?;
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
     let pool = StoragePool::new(nodes, config.pool.clone());
     let router = Arc::new(Router::new(

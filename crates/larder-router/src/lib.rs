@@ -2,14 +2,18 @@
 //! (which partition, which replicas, in which order), quorum, failover, timeouts and node health;
 //! the pool below it owns connections, the frontend above it owns the public API.
 
+mod chunked;
 mod config;
 mod health;
 mod latency;
+mod manifest;
 mod order;
 mod read;
 mod router;
 mod write;
 
+pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
 pub use health::{NodeHealth, NodeState};
+pub use manifest::{ChunkSlice, Manifest, ManifestError};
 pub use router::{GetAnswer, Router, RouterError, RouterMetrics};

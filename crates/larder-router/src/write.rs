@@ -21,15 +21,28 @@ impl Router {
         props: &BlobProperties,
         data: Bytes,
     ) -> Result<BlobId, RouterError> {
+        self.put_blob_kind(BlobKind::Simple, props, data).await
+    }
+
+    /// Like `put_blob`, minting an ID of `kind` (chunks and composites of large blobs).
+    pub async fn put_blob_kind(
+        self: &Arc<Self>,
+        kind: BlobKind,
+        props: &BlobProperties,
+        data: Bytes,
+    ) -> Result<BlobId, RouterError> {
         let deadline = Instant::now() + self.config.operation_timeout;
         let first = self.pick_partition(None)?;
-        let first_error = match self.put_on(first, props, data.clone(), deadline).await {
+        let first_error = match self
+            .put_on(kind, first, props, data.clone(), deadline)
+            .await
+        {
             Ok(id) => return Ok(id),
             Err(err) => err,
         };
         tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
         let second = self.pick_partition(Some(first))?;
-        self.put_on(second, props, data, deadline).await.map_err(|second_error| {
+        self.put_on(kind, second, props, data, deadline).await.map_err(|second_error| {
             RouterError::Unavailable(format!(
                 "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
             ))
@@ -62,12 +75,13 @@ impl Router {
 
     async fn put_on(
         self: &Arc<Self>,
+        kind: BlobKind,
         partition: PartitionId,
         props: &BlobProperties,
         data: Bytes,
         deadline: Instant,
     ) -> Result<BlobId, String> {
-        let id = BlobId::mint(BlobKind::Simple, self.datacenter_id, partition);
+        let id = BlobId::mint(kind, self.datacenter_id, partition);
         let p = self.map.partition(partition).expect("picked from the map");
         let local = replicas_in(&self.map, p, &self.datacenter);
         let remote: Vec<String> = p

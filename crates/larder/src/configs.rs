@@ -35,7 +35,7 @@ pub fn storage(path: &Path) -> anyhow::Result<(StorageConfig, ClusterMap)> {
 pub fn frontend(path: &Path) -> anyhow::Result<(FrontendConfig, ClusterMap)> {
     let mut config: FrontendConfig = load(path)?;
     config.cluster_map = relative_to(path, &config.cluster_map);
-    config.pool.validate().map_err(anyhow::Error::msg)?;
+    config.validate().map_err(anyhow::Error::msg)?;
     let map = ClusterMap::load(&config.cluster_map)?;
     Ok((config, map))
 }

@@ -110,7 +110,8 @@ fn put_get_head_ranges_and_metadata_over_both_protocols() {
 
 #[test]
 fn delete_unknown_malformed_methods_and_limits() {
-    let cluster = Cluster::start(3, 8);
+    // A limit equal to the chunk size, to test the 413 at a size the test can afford.
+    let cluster = Cluster::start_with(3, 8, "max_blob_size = \"4 MiB\"\n");
     let dir = cluster.dir.path();
     for protocol in PROTOCOLS {
         let id = upload(&cluster, protocol, b"short-lived", &[]);

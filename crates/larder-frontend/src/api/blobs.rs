@@ -3,12 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use larder_cluster::BlobId;
+use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{header as h, BlobProperties, ByteRange, PropertiesError};
 use larder_router::GetAnswer;
 
@@ -37,14 +36,12 @@ pub async fn upload(
         Ok(props) => props,
         Err(err) => {
             // Refused before reading: let the client finish sending so it sees the answer.
-            drain_in_background(body, max.saturating_mul(2));
+            drain_in_background(body, drain_budget(max));
             return Err(err);
         }
     };
-    let data = read_limited(body, max).await?;
-    state.metrics.bytes_received.inc_by(data.len() as u64);
-    let size = data.len();
-    let id = state.router.put_blob(&props, data).await?;
+    let length = content_length(&parts.headers)?;
+    let (id, size) = super::large::store_body(state, props, body, length).await?;
     let location = format!("/v1/blobs/{id}");
     let body = serde_json::json!({"id": id.to_string(), "size": size});
     let mut response = Response::new(full(body.to_string()));
@@ -76,9 +73,9 @@ fn bad_properties(err: PropertiesError) -> ApiError {
     ApiError::BadRequest("BadHeader", err.to_string())
 }
 
-fn too_large(max: u64) -> ApiError {
+pub(super) fn too_large(max: u64) -> ApiError {
     ApiError::TooLarge(format!(
-        "blob is larger than the limit of {max} bytes (uploads above the chunk size need chunking, not available yet)"
+        "blob is larger than the limit of {max} bytes (max_blob_size)"
     ))
 }
 
@@ -114,22 +111,10 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
 }
 
-/// Reads a whole body of at most `max` bytes (HTTP/1.1 fixed or chunked, HTTP/2 DATA frames).
-async fn read_limited(mut body: Incoming, max: u64) -> Result<Bytes, ApiError> {
-    let mut data = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|err| {
-            ApiError::BadRequest("BadBody", format!("cannot read request body: {err}"))
-        })?;
-        if let Ok(chunk) = frame.into_data() {
-            if data.len() as u64 + chunk.len() as u64 > max {
-                drain_in_background(body, max.saturating_mul(2));
-                return Err(too_large(max));
-            }
-            data.extend_from_slice(&chunk);
-        }
-    }
-    Ok(data.freeze())
+/// How much of a refused upload is read and dropped so the client sees the answer: bounded, so
+/// that a refused huge upload does not keep a connection busy for long.
+pub(super) fn drain_budget(max: u64) -> u64 {
+    max.saturating_mul(2).min(64 * 1024 * 1024)
 }
 
 /// `GET`, `HEAD` and `DELETE` of `/v1/blobs/<id>`.
@@ -148,8 +133,16 @@ pub async fn by_id(
     let id: BlobId = id
         .parse()
         .map_err(|e| ApiError::BadRequest("InvalidBlobId", format!("malformed blob id: {e}")))?;
+    if id.kind == BlobKind::Chunk {
+        // Chunks belong to their composite blob; their IDs are never handed out.
+        return Err(ApiError::NotFound(format!("no blob {id}")));
+    }
     if method == Method::DELETE {
-        state.router.delete_blob(&id).await?;
+        if id.kind == BlobKind::Composite {
+            super::large::delete(state, &id).await?;
+        } else {
+            state.router.delete_blob(&id).await?;
+        }
         let mut response = Response::new(crate::body::empty());
         *response.status_mut() = StatusCode::ACCEPTED;
         return Ok(response);
@@ -182,6 +175,10 @@ async fn download(
         ),
         _ => None,
     };
+    if id.kind == BlobKind::Composite {
+        let head = method == Method::HEAD;
+        return super::large::download(state, id, &etag, not_modified, range, head).await;
+    }
     let storage_method = if not_modified {
         Method::HEAD
     } else {
@@ -207,7 +204,7 @@ async fn download(
     }
 }
 
-fn gone(headers: &HeaderMap) -> ApiError {
+pub(super) fn gone(headers: &HeaderMap) -> ApiError {
     match headers.get(h::GONE_REASON).and_then(|v| v.to_str().ok()) {
         Some("expired") => ApiError::Gone("Expired", "blob has expired".into()),
         _ => ApiError::Gone("Deleted", "blob was deleted".into()),
@@ -234,18 +231,24 @@ fn relay(
         parts.status
     };
     let out = response.headers_mut();
-    for name in [
-        header::CONTENT_TYPE,
-        header::CONTENT_LENGTH,
-        header::CONTENT_RANGE,
-    ] {
+    for name in [header::CONTENT_LENGTH, header::CONTENT_RANGE] {
         if let Some(value) = parts.headers.get(&name) {
-            if !(not_modified && name != header::CONTENT_TYPE) {
+            if !not_modified {
                 out.insert(name, value.clone());
             }
         }
     }
-    for (name, value) in &parts.headers {
+    copy_public_headers(&parts.headers, out, etag);
+    response
+}
+
+/// The public headers every answer about a blob carries, from the storage node's headers of
+/// its record: content type, user metadata, ETag, Accept-Ranges, Last-Modified, expiry.
+pub(super) fn copy_public_headers(stored: &HeaderMap, out: &mut HeaderMap, etag: &str) {
+    if let Some(value) = stored.get(header::CONTENT_TYPE) {
+        out.insert(header::CONTENT_TYPE, value.clone());
+    }
+    for (name, value) in stored {
         if name.as_str().starts_with(h::META_PREFIX) {
             out.append(name.clone(), value.clone());
         }
@@ -255,13 +258,12 @@ fn relay(
         HeaderValue::from_str(etag).expect("base64url is a valid header"),
     );
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if let Some(date) = http_date(&parts.headers, h::TIME_MS) {
+    if let Some(date) = http_date(stored, h::TIME_MS) {
         out.insert(header::LAST_MODIFIED, date);
     }
-    if let Some(date) = http_date(&parts.headers, h::EXPIRES_MS) {
+    if let Some(date) = http_date(stored, h::EXPIRES_MS) {
         out.insert(EXPIRES_HEADER, date);
     }
-    response
 }
 
 fn http_date(headers: &HeaderMap, name: &str) -> Option<HeaderValue> {

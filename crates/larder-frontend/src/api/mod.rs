@@ -1,6 +1,7 @@
 //! Routing of public requests to handlers.
 
 mod blobs;
+mod large;
 mod ops;
 
 use std::sync::Arc;

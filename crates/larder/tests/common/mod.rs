@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod h2;
+pub mod stream;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -48,6 +49,27 @@ impl Cluster {
         partitions: u32,
         frontend_extra: &str,
     ) -> Cluster {
+        Self::start_in_with(datacenters, nodes, partitions, frontend_extra, "")
+    }
+
+    /// Like `start_with`, with extra TOML appended to every storage node's config too.
+    pub fn start_full(
+        nodes: usize,
+        partitions: u32,
+        frontend_extra: &str,
+        storage_extra: &str,
+    ) -> Cluster {
+        Self::start_in_with(&["dc1"], nodes, partitions, frontend_extra, storage_extra)
+    }
+
+    /// Like `start_in`, with extra TOML for the storage nodes' configs.
+    pub fn start_in_with(
+        datacenters: &[&str],
+        nodes: usize,
+        partitions: u32,
+        frontend_extra: &str,
+        storage_extra: &str,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addresses = free_addresses(nodes + datacenters.len());
         let spec = LayoutSpec {
@@ -60,7 +82,7 @@ impl Cluster {
         map.save(&dir.path().join("cluster.toml")).unwrap();
         for node in &map.nodes {
             let text = format!(
-                "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",
+                "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n{storage_extra}",
                 node.id, node.id
             );
             std::fs::write(dir.path().join(format!("{}.toml", node.id)), text).unwrap();
@@ -103,6 +125,16 @@ impl Cluster {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.frontend_addr)
+    }
+
+    /// Process id of the (first) frontend, to read its memory use from /proc.
+    pub fn frontend_pid(&self) -> u32 {
+        self.frontends[0].id()
+    }
+
+    /// Process id of storage node `i`, if it runs.
+    pub fn node_pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].as_ref().map(Child::id)
     }
 
     pub fn node_addr(&self, i: usize) -> SocketAddr {
