@@ -9,6 +9,8 @@ use larder_pool::PoolConfig;
 use larder_router::{ChunkingConfig, RouterConfig};
 use serde::{Deserialize, Serialize};
 
+pub use crate::api::DocumentsConfig;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FrontendConfig {
@@ -32,6 +34,9 @@ pub struct FrontendConfig {
     pub pool: PoolConfig,
     #[serde(default)]
     pub router: RouterConfig,
+    /// The `/document/v1` API.
+    #[serde(default)]
+    pub documents: DocumentsConfig,
     /// On SIGTERM, wait this long for in-flight requests (GOAWAY is sent first).
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -86,6 +91,7 @@ impl FrontendConfig {
             limits: Limits::default(),
             pool: PoolConfig::default(),
             router: RouterConfig::default(),
+            documents: DocumentsConfig::default(),
             shutdown_grace: default_grace(),
         }
     }

@@ -9,5 +9,5 @@ mod metrics;
 mod server;
 mod state;
 
-pub use config::{FrontendConfig, Limits};
+pub use config::{DocumentsConfig, FrontendConfig, Limits};
 pub use server::{serve, ShutdownSignal};

@@ -41,8 +41,10 @@ pub async fn serve(
     let builder = connection_builder(&config);
     let grace = config.shutdown_grace;
     let metrics = Metrics::new(router.metrics());
+    config.documents.validate()?;
     let state = Arc::new(AppState {
         config,
+        documents: larder_router::DocRouter::new(router.clone()),
         router,
         metrics,
     });

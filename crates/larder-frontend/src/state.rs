@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use larder_router::Router;
+use larder_router::{DocRouter, Router};
 
 use crate::metrics::Metrics;
 use crate::FrontendConfig;
@@ -9,5 +9,6 @@ use crate::FrontendConfig;
 pub struct AppState {
     pub config: FrontendConfig,
     pub router: Arc<Router>,
+    pub documents: DocRouter,
     pub metrics: Metrics,
 }

@@ -17,8 +17,18 @@ pub fn changes_path(partition: u32, after: &str, limit: usize) -> String {
 pub enum InternalPath<'a> {
     Health,
     Metrics,
-    Blob { partition: u32, key: &'a str },
-    Changes { partition: u32 },
+    Blob {
+        partition: u32,
+        key: &'a str,
+    },
+    Changes {
+        partition: u32,
+    },
+    /// A document record; `key` is still percent-encoded (see `decode_key`).
+    Doc {
+        partition: u32,
+        key: &'a str,
+    },
 }
 
 /// Parses an internal path; `None` for anything else (a 404).
@@ -34,6 +44,10 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     let partition: u32 = partition.parse().ok()?;
     if rest == "changes" {
         return Some(InternalPath::Changes { partition });
+    }
+    if let Some(key) = rest.strip_prefix("docs/") {
+        return (!key.is_empty() && !key.contains('/'))
+            .then_some(InternalPath::Doc { partition, key });
     }
     let key = rest.strip_prefix("blobs/")?;
     if key.is_empty() || key.contains('/') {

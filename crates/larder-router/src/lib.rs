@@ -4,7 +4,9 @@
 
 mod chunked;
 mod config;
+mod documents;
 mod health;
+mod hlc;
 mod latency;
 mod manifest;
 mod order;
@@ -14,6 +16,8 @@ mod write;
 
 pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
+pub use documents::{DocError, DocRouter, DocState, Written};
 pub use health::{NodeHealth, NodeState};
+pub use hlc::Hlc;
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
 pub use router::{GetAnswer, Router, RouterError, RouterMetrics};

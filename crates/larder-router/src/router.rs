@@ -97,6 +97,10 @@ impl Router {
         &self.pool
     }
 
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
     pub fn datacenter(&self) -> &str {
         &self.datacenter
     }

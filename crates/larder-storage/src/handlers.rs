@@ -26,7 +26,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// Runs blocking store work off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f)
         .await
         .expect("store tasks do not panic")
@@ -84,6 +84,10 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>, max_body: u64) ->
                 ),
             }
         }
+        Some(InternalPath::Doc { partition, key }) => match node.store(partition).cloned() {
+            Some(store) => crate::documents::handle(store, key, req, max_body).await,
+            None => not_hosted(&node, partition),
+        },
         Some(InternalPath::Changes { partition }) => match node.store(partition).cloned() {
             Some(store) => changes(store, req.uri().query().unwrap_or("")).await,
             None => not_hosted(&node, partition),
@@ -176,7 +180,7 @@ fn put_answer(code: StatusCode, outcome: &'static str) -> Response<Body> {
 }
 
 /// Collects a request body as the chunks that arrived (no copy into one buffer), at most `max` bytes.
-async fn read_body(body: Incoming, max: u64) -> Result<Vec<Bytes>, Response<Body>> {
+pub(crate) async fn read_body(body: Incoming, max: u64) -> Result<Vec<Bytes>, Response<Body>> {
     let mut body = Limited::new(body, max as usize);
     let mut chunks = Vec::new();
     while let Some(frame) = body.frame().await {

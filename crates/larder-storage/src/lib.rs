@@ -2,6 +2,7 @@
 //! partition replica it hosts. It never talks to clients directly and knows nothing of routing.
 
 mod config;
+mod documents;
 mod handlers;
 mod metrics;
 mod node;

@@ -1,6 +1,7 @@
 //! Routing of public requests to handlers.
 
 mod blobs;
+mod documents;
 mod large;
 mod ops;
 
@@ -45,6 +46,9 @@ async fn dispatch(
     let method = req.method().clone();
     if path == "/v1/blobs" && method == Method::POST {
         return ("blobs", blobs::upload(state, req).await);
+    }
+    if path.starts_with("/document/v1/") {
+        return ("document", Ok(documents::handle(state, req).await));
     }
     // No other route reads a body.
     let (parts, body) = req.into_parts();
@@ -96,3 +100,5 @@ fn not_allowed(method: &Method, allow: &'static str) -> ApiError {
         allow,
     }
 }
+
+pub use documents::DocumentsConfig;

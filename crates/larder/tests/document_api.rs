@@ -1,0 +1,390 @@
+//! `/document/v1` driven by curl over HTTP/1.1 and h2c against a real three-node cluster: every
+//! operation, the path forms, encoded IDs, gzip bodies, conditions, timeouts and Vespa's statuses.
+
+mod common;
+
+use common::{curl, file_with, Cluster, CurlResponse};
+use serde_json::{json, Value};
+
+const DOCS: &str = "[documents]\nmax_document_size = \"4 KiB\"\n";
+
+fn request(cluster: &Cluster, method: &str, path: &str, body: Option<&Value>) -> CurlResponse {
+    let dir = cluster.dir.path();
+    let url = cluster.url(path);
+    let mut args = vec!["--http2-prior-knowledge", "-X", method];
+    let file;
+    if let Some(body) = body {
+        file = format!("@{}", file_with(dir, body.to_string().as_bytes()));
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &file,
+        ]);
+    }
+    args.push(&url);
+    curl(dir, &args)
+}
+
+fn fields(cluster: &Cluster, path: &str) -> Option<Value> {
+    let r = request(cluster, "GET", path, None);
+    match r.status {
+        200 => Some(r.json()["fields"].clone()),
+        404 => None,
+        other => panic!("GET {path}: {other} {}", String::from_utf8_lossy(&r.body)),
+    }
+}
+
+/// Like `fields`, waiting out 503s while a restarted node's connections come back.
+fn fields_eventually(cluster: &Cluster, path: &str) -> Option<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = request(cluster, "GET", path, None);
+        if r.status != 503 || std::time::Instant::now() > deadline {
+            return match r.status {
+                200 => Some(r.json()["fields"].clone()),
+                404 => None,
+                other => panic!("GET {path}: {other} {}", String::from_utf8_lossy(&r.body)),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn handshake_put_get_update_remove_and_the_path_forms() {
+    let cluster = Cluster::start_with(3, 8, DOCS);
+    let dir = cluster.dir.path();
+
+    // The Java client's handshake: a dry-run put without a body, over h2c.
+    let url = cluster.url("/document/v1/feeder/handshake/docid/dummy?dryRun=true&timeout=29995ms");
+    let r = curl(dir, &["--http2-prior-knowledge", "-X", "POST", &url]);
+    assert_eq!((r.status, r.version.as_str()), (200, "HTTP/2"));
+    assert_eq!(r.json()["id"], "id:feeder:handshake::dummy");
+    assert_eq!(
+        fields(&cluster, "/document/v1/feeder/handshake/docid/dummy"),
+        None
+    );
+
+    let path = "/document/v1/music/song/docid/1";
+    let doc = json!({"fields": {"title": "Hello", "year": 2001, "tags": ["a"], "plays": 10}});
+    let r = request(&cluster, "POST", path, Some(&doc));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json(), json!({"pathId": path, "id": "id:music:song::1"}));
+    let got = request(&cluster, "GET", path, None);
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("content-type"), Some("application/json"));
+    assert_eq!(
+        got.json(),
+        json!({"pathId": path, "id": "id:music:song::1", "fields": doc["fields"]})
+    );
+
+    let update = json!({"fields": {
+        "title": {"assign": "Hi"}, "tags": {"add": ["b"]}, "plays": {"increment": 5},
+        "year": {"decrement": 1}, "score": {"increment": 2}}});
+    assert_eq!(request(&cluster, "PUT", path, Some(&update)).status, 200);
+    let update = json!({"fields": {"plays": {"multiply": 3}, "score": {"divide": 2}, "tags": {"remove": ["a"]}}});
+    assert_eq!(request(&cluster, "PUT", path, Some(&update)).status, 200);
+    assert_eq!(
+        fields(&cluster, path),
+        Some(json!({"title": "Hi", "year": 2000, "tags": ["b"], "plays": 45, "score": 1}))
+    );
+
+    let r = request(&cluster, "DELETE", path, None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["id"], "id:music:song::1");
+    let r = request(&cluster, "GET", path, None);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["id"], "id:music:song::1");
+    assert!(r.json()["message"].is_string());
+    // Removing again, or a document never written, is a 200 (a versioned tombstone).
+    assert_eq!(request(&cluster, "DELETE", path, None).status, 200);
+    assert_eq!(
+        request(
+            &cluster,
+            "DELETE",
+            "/document/v1/music/song/docid/never",
+            None
+        )
+        .status,
+        200
+    );
+
+    // Updates of a missing document: ignored without create, a new document with it.
+    let path = "/document/v1/music/song/docid/2";
+    let update = json!({"fields": {"n": {"increment": 1}}});
+    assert_eq!(request(&cluster, "PUT", path, Some(&update)).status, 200);
+    assert_eq!(fields(&cluster, path), None);
+    let created = request(
+        &cluster,
+        "PUT",
+        &format!("{path}?create=true"),
+        Some(&update),
+    );
+    assert_eq!(created.status, 200);
+    assert_eq!(fields(&cluster, path), Some(json!({"n": 1})));
+
+    // number and group forms, and IDs that need encoding (Java's URLEncoder writes ' ' as '+').
+    for (path, id) in [
+        (
+            "/document/v1/music/song/number/42/a",
+            "id:music:song:n=42:a",
+        ),
+        (
+            "/document/v1/music/song/group/g%20x/a",
+            "id:music:song:g=g x:a",
+        ),
+        (
+            "/document/v1/music/song/docid/a%2Fb+c%2Bd%3F%C3%A9",
+            "id:music:song::a/b c+d?é",
+        ),
+    ] {
+        let body = json!({"fields": {"id": id}});
+        let r = request(&cluster, "POST", path, Some(&body));
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.json()["id"], id);
+        assert_eq!(fields(&cluster, path), Some(json!({"id": id})), "{path}");
+    }
+    // The same ID spelled another way is the same document.
+    assert_eq!(
+        fields(
+            &cluster,
+            "/document/v1/music/song/docid/a%2Fb%20c%2Bd%3F%C3%A9"
+        ),
+        Some(json!({"id": "id:music:song::a/b c+d?é"}))
+    );
+    assert_eq!(
+        fields(&cluster, "/document/v1/music/song/group/g%20x/b"),
+        None
+    );
+}
+
+#[test]
+fn conditions_parameters_gzip_and_statuses() {
+    let cluster = Cluster::start_with(3, 8, DOCS);
+    let dir = cluster.dir.path();
+    let path = "/document/v1/music/song/docid/c";
+    let put = |fields: Value, query: &str| {
+        request(
+            &cluster,
+            "POST",
+            &format!("{path}{query}"),
+            Some(&json!({"fields": fields})),
+        )
+        .status
+    };
+    // Conditional put on a missing document: 412, unless create=true.
+    assert_eq!(put(json!({"year": 1990}), "?condition=song.year%3E1"), 412);
+    assert_eq!(
+        put(
+            json!({"year": 1990}),
+            "?condition=song.year%3E1&create=true"
+        ),
+        200
+    );
+    let q = |c: &str| {
+        format!(
+            "?condition={}",
+            c.replace(' ', "%20")
+                .replace('>', "%3E")
+                .replace('<', "%3C")
+                .replace('=', "%3D")
+        )
+    };
+    assert_eq!(put(json!({"year": 2000}), &q("song.year > 1995")), 412);
+    assert_eq!(
+        put(
+            json!({"year": 2000}),
+            &q("song.year < 1995 and not song.missing")
+        ),
+        200
+    );
+    let update = json!({"fields": {"year": {"increment": 1}}, "condition": "song.year == 1999"});
+    assert_eq!(request(&cluster, "PUT", path, Some(&update)).status, 412);
+    let update = json!({"fields": {"year": {"increment": 1}}, "condition": "song.year == 2000"});
+    assert_eq!(request(&cluster, "PUT", path, Some(&update)).status, 200);
+    assert_eq!(fields(&cluster, path), Some(json!({"year": 2001})));
+    let remove = |c: &str| request(&cluster, "DELETE", &format!("{path}{}", q(c)), None).status;
+    assert_eq!(remove("song.year == 1"), 412);
+    assert_eq!(remove("song.year == 2001"), 200);
+    assert_eq!(
+        remove("song.year == 2001"),
+        412,
+        "a conditional remove of nothing"
+    );
+    assert_eq!(
+        put(json!({}), "?condition=song.year%20%3E%3E%201"),
+        400,
+        "bad condition"
+    );
+
+    // dryRun parses and answers but stores nothing; route and tracelevel are accepted.
+    assert_eq!(put(json!({"x": 1}), "?dryRun=true"), 200);
+    assert_eq!(fields(&cluster, path), None);
+    assert_eq!(
+        put(
+            json!({"x": 1}),
+            "?route=default&tracelevel=5&timeout=899999ms"
+        ),
+        200
+    );
+    for timeout in ["5s", "2.5", "1m"] {
+        assert_eq!(
+            put(json!({"x": 1}), &format!("?timeout={timeout}")),
+            200,
+            "{timeout}"
+        );
+    }
+    assert_eq!(put(json!({"x": 1}), "?timeout=soon"), 400);
+    let r = request(&cluster, "GET", &format!("{path}?timeout=0.000001"), None);
+    assert_eq!(r.status, 504);
+    assert!(r.json()["message"].as_str().unwrap().contains("timed out"));
+
+    // A gzipped body, as the Java client sends for bodies over 512 bytes.
+    let doc = json!({"fields": {"text": "z".repeat(2000)}});
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, doc.to_string().as_bytes()).unwrap();
+    let file = format!("@{}", file_with(dir, &gz.finish().unwrap()));
+    let url = cluster.url("/document/v1/music/song/docid/gz");
+    let r = curl(
+        dir,
+        &[
+            "--http2-prior-knowledge",
+            "-H",
+            "Content-Encoding: gzip",
+            "--data-binary",
+            &file,
+            &url,
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        fields(&cluster, "/document/v1/music/song/docid/gz"),
+        Some(doc["fields"].clone())
+    );
+
+    // Vespa's error statuses, each with a JSON object body carrying a message.
+    let big = json!({"fields": {"text": "z".repeat(5000)}});
+    let cases: Vec<(u16, CurlResponse)> = vec![
+        (
+            413,
+            request(
+                &cluster,
+                "POST",
+                "/document/v1/music/song/docid/big",
+                Some(&big),
+            ),
+        ),
+        (
+            400,
+            curl(
+                dir,
+                &[
+                    "--http2-prior-knowledge",
+                    "--data-binary",
+                    "{not json",
+                    &cluster.url(path),
+                ],
+            ),
+        ),
+        (
+            400,
+            request(&cluster, "POST", path, Some(&json!({"nofields": 1}))),
+        ),
+        (
+            400,
+            request(
+                &cluster,
+                "PUT",
+                path,
+                Some(&json!({"fields": {"x": {"explode": 1}}})),
+            ),
+        ),
+        (
+            400,
+            request(
+                &cluster,
+                "POST",
+                "/document/v1/music/song/number/x/1",
+                Some(&json!({"fields": {}})),
+            ),
+        ),
+        (
+            400,
+            request(&cluster, "GET", "/document/v1/music/song/docid", None),
+        ),
+        (
+            404,
+            request(
+                &cluster,
+                "GET",
+                "/document/v1/music/song/docid/nothing",
+                None,
+            ),
+        ),
+        (405, request(&cluster, "PATCH", path, None)),
+    ];
+    for (expected, r) in cases {
+        assert_eq!(r.status, expected, "{}", String::from_utf8_lossy(&r.body));
+        let body = r.json();
+        assert!(body.is_object() && body["pathId"].is_string(), "{body}");
+        if expected != 404 {
+            assert!(body["message"].is_string(), "{body}");
+        }
+    }
+    // HTTP/1.1 works too.
+    let r = curl(
+        dir,
+        &[
+            "--http1.1",
+            &cluster.url("/document/v1/music/song/docid/gz"),
+        ],
+    );
+    assert_eq!((r.status, r.version.as_str()), (200, "HTTP/1.1"));
+}
+
+#[test]
+fn fault_injection_answers_429_and_503() {
+    let cluster = Cluster::start_with(3, 4, "[documents]\ntesting_reject_ratio = 1.0\n");
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let r = request(
+            &cluster,
+            "POST",
+            &format!("/document/v1/n/t/docid/{i}"),
+            Some(&json!({"fields": {}})),
+        );
+        assert!(r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("testing_reject_ratio"));
+        assert_eq!(r.header("retry-after"), Some("1"));
+        seen.insert(r.status);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![429, 503]);
+}
+
+#[test]
+fn reads_return_the_newest_version_a_quorum_holds() {
+    let mut cluster = Cluster::start_with(3, 1, DOCS);
+    let path = "/document/v1/n/t/docid/q";
+    let put = |cluster: &Cluster, v: u32| {
+        let r = request(cluster, "POST", path, Some(&json!({"fields": {"v": v}})));
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    };
+    put(&cluster, 1);
+    // Node 0 misses version 2; then node 1 goes away: the quorum {0, 2} must answer 2, not 1.
+    cluster.stop_node(0);
+    put(&cluster, 2);
+    cluster.restart_node(0);
+    cluster.stop_node(1);
+    assert_eq!(fields_eventually(&cluster, path), Some(json!({"v": 2})));
+    // Read repair wrote version 2 to node 0, so the pair {0, 1} also agrees on it now.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    cluster.restart_node(1);
+    cluster.stop_node(2);
+    assert_eq!(fields_eventually(&cluster, path), Some(json!({"v": 2})));
+    // Without a quorum the answer is 503, never a stale document.
+    cluster.stop_node(1);
+    assert_eq!(request(&cluster, "GET", path, None).status, 503);
+}
