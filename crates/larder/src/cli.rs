@@ -40,6 +40,12 @@ enum Command {
     /// Configuration commands.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Upload a file (or standard input) as a blob; prints its ID.
+    Put(crate::blob_cmd::PutArgs),
+    /// Download a blob to a file (or standard output).
+    Get(crate::blob_cmd::GetArgs),
+    /// Delete a blob (and, for a large one, its chunks).
+    Delete(crate::blob_cmd::DeleteArgs),
     /// Load generators for the benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -93,6 +99,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Frontend { config } => run_frontend(&config),
         Command::Cluster(ClusterCommand::Init(args)) => cluster_init(args),
         Command::Bench(BenchCommand::Get(args)) => crate::bench::run(args),
+        Command::Put(args) => crate::blob_cmd::put(args),
+        Command::Get(args) => crate::blob_cmd::get(args),
+        Command::Delete(args) => crate::blob_cmd::delete(args),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())

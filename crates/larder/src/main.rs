@@ -2,6 +2,7 @@
 //! in the library crates.
 
 mod bench;
+mod blob_cmd;
 mod cli;
 mod configs;
 mod dev;

@@ -1,0 +1,176 @@
+//! A client for Larder's public blob API: streaming uploads and downloads of any size over one
+//! HTTP/2 connection (h2c prior knowledge), so memory stays a few frames whatever the blob.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), larder_client::ClientError> {
+//! let client = larder_client::Client::connect("http://127.0.0.1:8080").await?;
+//! let stored = client.put(larder_client::bytes_body("hello"), Some(5)).await?;
+//! let response = client.get(&stored.id).await?;
+//! client.delete(&stored.id).await?;
+//! # Ok(()) }
+//! ```
+
+mod transfer;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+pub use transfer::{get_to, put_from, Progress};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A request body: a stream of bytes the client sends as it is produced.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("endpoint {0:?} is not an http://host:port URL")]
+    BadEndpoint(String),
+    #[error("cannot reach {endpoint}: {detail}")]
+    Connect { endpoint: String, detail: String },
+    #[error("request failed: {0}")]
+    Transport(#[from] hyper::Error),
+    /// The server answered with an error status and (usually) a stable code.
+    #[error("{status} {code}: {message}")]
+    Api {
+        status: StatusCode,
+        code: String,
+        message: String,
+    },
+    #[error("unexpected answer: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What an upload stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub id: String,
+    pub size: u64,
+}
+
+/// One HTTP/2 connection to a frontend; cheap to clone, many requests at once.
+#[derive(Clone)]
+pub struct Client {
+    authority: String,
+    sender: SendRequest<Body>,
+}
+
+pub fn bytes_body(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed()
+}
+
+impl Client {
+    /// Connects to `endpoint` (`http://host:port`) with HTTP/2 prior knowledge. Windows and
+    /// frames are sized for multi-MiB transfers, like the frontend's own storage pool.
+    pub async fn connect(endpoint: &str) -> Result<Client, ClientError> {
+        let uri: Uri = endpoint
+            .parse()
+            .map_err(|_| ClientError::BadEndpoint(endpoint.into()))?;
+        let authority = match (uri.scheme_str(), uri.authority()) {
+            (Some("http"), Some(a)) => a.to_string(),
+            _ => return Err(ClientError::BadEndpoint(endpoint.into())),
+        };
+        let target = if uri.port().is_some() {
+            authority.clone()
+        } else {
+            format!("{authority}:80")
+        };
+        let connect_error = |detail: String| ClientError::Connect {
+            endpoint: endpoint.into(),
+            detail,
+        };
+        let stream = tokio::net::TcpStream::connect(&target)
+            .await
+            .map_err(|e| connect_error(e.to_string()))?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(16 << 20)
+            .max_frame_size(1 << 20)
+            .max_send_buf_size(4 << 20)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| connect_error(e.to_string()))?;
+        tokio::spawn(connection);
+        Ok(Client { authority, sender })
+    }
+
+    fn uri(&self, path: &str) -> String {
+        format!("http://{}{path}", self.authority)
+    }
+
+    async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, ClientError> {
+        let response = self.sender.clone().send_request(request).await?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Err(api_error(response).await)
+    }
+
+    /// Uploads `body` (of `size` bytes, if known: sent as Content-Length). Returns the new ID.
+    pub async fn put(&self, body: Body, size: Option<u64>) -> Result<Stored, ClientError> {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri("/v1/blobs"));
+        if let Some(size) = size {
+            request = request.header(http::header::CONTENT_LENGTH, size);
+        }
+        let response = self
+            .send(request.body(body).expect("valid request"))
+            .await?;
+        let bytes = response.into_body().collect().await?.to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Protocol(format!("upload answer is not JSON: {e}")))?;
+        match (json["id"].as_str(), json["size"].as_u64()) {
+            (Some(id), Some(size)) => Ok(Stored {
+                id: id.to_owned(),
+                size,
+            }),
+            _ => Err(ClientError::Protocol(format!("upload answer {json}"))),
+        }
+    }
+
+    /// Starts a download; the body streams as the caller reads it.
+    pub async fn get(&self, id: &str) -> Result<Response<Incoming>, ClientError> {
+        let request = Request::get(self.uri(&format!("/v1/blobs/{id}")))
+            .body(empty())
+            .expect("valid request");
+        self.send(request).await
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
+        let request = Request::delete(self.uri(&format!("/v1/blobs/{id}")))
+            .body(empty())
+            .expect("valid request");
+        self.send(request).await.map(drop)
+    }
+}
+
+/// Turns an error answer (`{"error":{"code","message"}}`) into `ClientError::Api`.
+async fn api_error(response: Response<Incoming>) -> ClientError {
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    ClientError::Api {
+        status,
+        code: text(&json["error"]["code"]),
+        message: text(&json["error"]["message"]),
+    }
+}

@@ -1,0 +1,101 @@
+//! `larder put`, `larder get` and `larder delete`: argument parsing over `larder-client`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use larder_client::{Client, Progress};
+
+const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8080";
+
+#[derive(Args)]
+pub struct Endpoint {
+    /// The frontend to talk to (HTTP/2 prior knowledge).
+    #[arg(long, default_value = DEFAULT_ENDPOINT)]
+    endpoint: String,
+    /// Never draw a progress bar (it is only drawn on a terminal anyway).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+pub struct PutArgs {
+    /// The file to upload; `-` reads standard input.
+    file: PathBuf,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    /// The blob's ID, as `larder put` printed it.
+    id: String,
+    /// Where to write the blob; standard output when omitted.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+#[derive(Args)]
+pub struct DeleteArgs {
+    id: String,
+    #[command(flatten)]
+    endpoint: Endpoint,
+}
+
+impl Endpoint {
+    fn progress(&self) -> Progress {
+        if self.no_progress {
+            Progress::Hidden
+        } else {
+            Progress::Auto
+        }
+    }
+
+    async fn connect(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect(&self.endpoint).await?)
+    }
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(f)
+}
+
+/// Prints the new blob's ID on standard output (alone, for scripts).
+pub fn put(args: PutArgs) -> anyhow::Result<()> {
+    block_on(async {
+        let client = args.endpoint.connect().await?;
+        let stored = larder_client::put_from(&client, &args.file, args.endpoint.progress())
+            .await
+            .with_context(|| format!("uploading {}", args.file.display()))?;
+        println!("{}", stored.id);
+        Ok(())
+    })
+}
+
+pub fn get(args: GetArgs) -> anyhow::Result<()> {
+    block_on(async {
+        let client = args.endpoint.connect().await?;
+        let output = args.output.as_deref();
+        larder_client::get_to(&client, &args.id, output, args.endpoint.progress())
+            .await
+            .with_context(|| format!("downloading {}", args.id))?;
+        Ok(())
+    })
+}
+
+pub fn delete(args: DeleteArgs) -> anyhow::Result<()> {
+    block_on(async {
+        let client = args.endpoint.connect().await?;
+        client
+            .delete(&args.id)
+            .await
+            .with_context(|| format!("deleting {}", args.id))?;
+        Ok(())
+    })
+}
