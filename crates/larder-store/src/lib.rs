@@ -21,6 +21,7 @@ mod failpoint;
 mod feed;
 mod format;
 mod index;
+mod lock;
 mod reader;
 mod recovery;
 mod scan;

@@ -95,6 +95,7 @@ fn replay(segments: &mut [(Segment, u64)], from: Cursor, index: &mut Index) -> R
 
 pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
     std::fs::create_dir_all(dir)?;
+    let lock = crate::lock::lock_dir(dir)?;
     remove_stale_temp_files(dir);
     let mut corrupt = 0;
     let mut segments = open_segments(dir, &mut corrupt)?;
@@ -122,6 +123,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
     }
     Ok(Arc::new_cyclic(|me| Inner {
         dir: dir.to_path_buf(),
+        lock: parking_lot::Mutex::new(Some(lock)),
         log: Mutex::new(LogState::new(active, active_len, sealed)),
         synced: Condvar::new(),
         index: RwLock::new(index),

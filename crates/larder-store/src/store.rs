@@ -24,6 +24,8 @@ pub(crate) struct Counters {
 
 pub(crate) struct Inner {
     pub dir: PathBuf,
+    /// The directory's exclusive lock, held until `close` (after which this store never writes).
+    pub lock: parking_lot::Mutex<Option<std::fs::File>>,
     pub opts: Options,
     pub log: Mutex<LogState>,
     /// Signalled after every sync round.
@@ -243,6 +245,9 @@ impl Inner {
 
     pub(crate) fn close(&self) -> Result<()> {
         self.close_log()?;
-        self.write_checkpoint()
+        self.write_checkpoint()?;
+        // Closed stores only read: another store may now open the directory and write.
+        self.lock.lock().take();
+        Ok(())
     }
 }

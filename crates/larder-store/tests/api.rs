@@ -476,3 +476,59 @@ fn crc32c_of(b: &[u8]) -> u32 {
     }
     !crc
 }
+
+#[test]
+fn a_directory_is_opened_by_one_store_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Store::open(dir.path(), Options::default()).unwrap();
+    match Store::open(dir.path(), Options::default()) {
+        Err(larder_store::Error::Unavailable(message)) => {
+            assert!(message.contains("already open"), "{message}")
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("a second store opened the same directory"),
+    }
+    first.close().unwrap();
+    drop(first);
+    Store::open(dir.path(), Options::default()).expect("the lock goes with the store");
+}
+
+#[test]
+fn dropped_store_with_frequent_checkpoints_releases_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options {
+        checkpoint_every_records: 7,
+        segment_size: 48 << 10,
+        ..Options::default()
+    };
+    for round in 0..20 {
+        let started = std::time::Instant::now();
+        let store = loop {
+            match Store::open(dir.path(), opts.clone()) {
+                Ok(s) => break s,
+                Err(Error::Unavailable(_)) if started.elapsed().as_secs() < 5 => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(err) => panic!(
+                    "round {round}: reopening after drop: {err} after {:?}",
+                    started.elapsed()
+                ),
+            }
+        };
+        for i in 0..30u32 {
+            let meta = BlobMeta {
+                props: Bytes::new(),
+                time_ms: 1,
+                expires_ms: None,
+            };
+            store
+                .put_blob(
+                    format!("k{round}-{i}").as_bytes(),
+                    meta,
+                    &[Bytes::from(vec![1u8; 3000])],
+                )
+                .unwrap();
+        }
+        drop(store);
+    }
+}
