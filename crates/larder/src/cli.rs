@@ -49,6 +49,8 @@ enum Command {
     /// Load generators for the benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Feed Vespa feed-format operations (JSON array or JSON lines) to a /document/v1 endpoint.
+    Feed(crate::feed::FeedArgs),
 }
 
 #[derive(Subcommand)]
@@ -102,6 +104,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Put(args) => crate::blob_cmd::put(args),
         Command::Get(args) => crate::blob_cmd::get(args),
         Command::Delete(args) => crate::blob_cmd::delete(args),
+        Command::Feed(args) => std::process::exit(crate::feed::run(args)?),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())

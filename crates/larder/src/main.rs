@@ -6,6 +6,7 @@ mod blob_cmd;
 mod cli;
 mod configs;
 mod dev;
+mod feed;
 mod signals;
 
 use clap::Parser;
