@@ -88,13 +88,16 @@ impl Inner {
         data: &[Bytes],
         check: impl FnOnce(&LogState, &Index) -> Option<R>,
     ) -> Result<Option<R>> {
-        let head = encode_head(&info, &block_crcs(data));
+        // Data checksums, the expensive part, outside the lock; the head (which checksums the
+        // record's position) once the position is known.
+        let crcs = block_crcs(data);
         let mut st = self.log.lock();
         writable(&st)?;
         if let Some(early) = check(&st, &self.index.read()) {
             return Ok(Some(early));
         }
-        self.maybe_rotate(&mut st, head.len() as u64 + info.size)?;
+        self.maybe_rotate(&mut st, info.head_len() + info.size)?;
+        let head = encode_head(&info, &crcs, st.active.id, st.active_len);
         let start = self.write_record(&mut st, &head, data)?;
         let end = Cursor {
             segment: st.active.id,

@@ -49,7 +49,7 @@ fn scan_changes(
     limit: usize,
     batch: &mut ChangeBatch,
 ) -> Result<()> {
-    let mut scanner = Scanner::new(file, to);
+    let mut scanner = Scanner::new(file, segment, to);
     while pos < to && batch.changes.len() < limit {
         let rec = match scanner.read_at(pos, false)? {
             Found::Valid(rec) | Found::BadData(rec, _) => rec,

@@ -157,9 +157,16 @@ pub(crate) fn parse_fixed(b: &[u8]) -> Result<Fixed, HeadError> {
     })
 }
 
-/// The CRC covers the fixed header (minus the CRC field), key, props and block CRC table.
-fn head_crc(head: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&head[..CRC_AT]), &head[HEADER_LEN..])
+/// The CRC covers the fixed header (minus the CRC field), key, props, block CRC table and the
+/// record's own position (segment id, offset): a record is valid only where it was written, so
+/// a segment stored as a blob's data can never be mistaken for records when recovery scans past
+/// a corrupt header.
+fn head_crc(head: &[u8], segment: u32, offset: u64) -> u32 {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head[..CRC_AT]), &head[HEADER_LEN..]);
+    let mut position = [0u8; 12];
+    position[..4].copy_from_slice(&segment.to_le_bytes());
+    position[4..].copy_from_slice(&offset.to_le_bytes());
+    crc32c::crc32c_append(crc, &position)
 }
 
 /// A verified record head borrowing from the buffer it was read from.
@@ -189,14 +196,20 @@ impl Head<'_> {
     }
 }
 
-/// Verifies the head region `b` (at least `fixed.head_len()` bytes) against its CRC.
-pub(crate) fn verify_head(b: &[u8], fixed: Fixed) -> Result<Head<'_>, HeadError> {
+/// Verifies the head region `b` (at least `fixed.head_len()` bytes), read at `offset` of
+/// segment `segment`, against its CRC.
+pub(crate) fn verify_head(
+    b: &[u8],
+    fixed: Fixed,
+    segment: u32,
+    offset: u64,
+) -> Result<Head<'_>, HeadError> {
     let hl = fixed.head_len() as usize;
     if b.len() < hl {
         return Err(HeadError::Short);
     }
     let b = &b[..hl];
-    if head_crc(b) != fixed.crc {
+    if head_crc(b, segment, offset) != fixed.crc {
         return Err(HeadError::BadCrc);
     }
     let key_end = HEADER_LEN + fixed.key_len;
@@ -209,8 +222,9 @@ pub(crate) fn verify_head(b: &[u8], fixed: Fixed) -> Result<Head<'_>, HeadError>
     })
 }
 
-/// Encodes everything before the data; `crcs` from [`block_crcs`].
-pub(crate) fn encode_head(info: &RecordInfo, crcs: &[u32]) -> Vec<u8> {
+/// Encodes everything before the data of a record written at `offset` of segment `segment`;
+/// `crcs` from [`block_crcs`].
+pub(crate) fn encode_head(info: &RecordInfo, crcs: &[u32], segment: u32, offset: u64) -> Vec<u8> {
     let mut b = Vec::with_capacity(info.head_len() as usize);
     b.extend_from_slice(RECORD_MAGIC);
     b.push(FORMAT_VERSION);
@@ -234,7 +248,7 @@ pub(crate) fn encode_head(info: &RecordInfo, crcs: &[u32]) -> Vec<u8> {
     for c in crcs {
         b.extend_from_slice(&c.to_le_bytes());
     }
-    let crc = head_crc(&b);
+    let crc = head_crc(&b, segment, offset);
     b[CRC_AT..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
     b
 }
@@ -277,15 +291,20 @@ pub(crate) enum DecodeError {
     BadBlock(u64),
 }
 
-/// Decodes and verifies one record at the start of `b` (header, head CRC and every data block).
-pub(crate) fn decode_record(b: &[u8]) -> Result<Decoded<'_>, DecodeError> {
+/// Decodes and verifies one record at the start of `b`, which was read at `offset` of segment
+/// `segment` (header, head CRC and every data block).
+pub(crate) fn decode_record(
+    b: &[u8],
+    segment: u32,
+    offset: u64,
+) -> Result<Decoded<'_>, DecodeError> {
     let fixed = parse_fixed(b).map_err(DecodeError::Head)?;
     let hl = fixed.head_len();
     let total = hl.checked_add(fixed.size).ok_or(DecodeError::Truncated)?;
     if (b.len() as u64) < total {
         return Err(DecodeError::Truncated);
     }
-    let head = verify_head(b, fixed).map_err(DecodeError::Head)?;
+    let head = verify_head(b, fixed, segment, offset).map_err(DecodeError::Head)?;
     let data = &b[hl as usize..total as usize];
     for (i, block) in data.chunks(BLOCK_SIZE as usize).enumerate() {
         if crc32c::crc32c(block) != head.block_crc(i as u64) {
@@ -364,16 +383,27 @@ mod tests {
         let crcs = block_crcs(&chunks);
         assert_eq!(crcs.len(), 4);
         assert_eq!(crcs, block_crcs(&[Bytes::from(data.clone())]));
-        let mut rec = encode_head(&info(data.len() as u64), &crcs);
+        let mut rec = encode_head(&info(data.len() as u64), &crcs, 3, 16);
         rec.extend_from_slice(&data);
-        let d = decode_record(&rec).unwrap();
+        let d = decode_record(&rec, 3, 16).unwrap();
+        assert!(
+            decode_record(&rec, 3, 17).is_err(),
+            "a record is valid only at its position"
+        );
+        assert!(
+            decode_record(&rec, 4, 16).is_err(),
+            "and only in its segment"
+        );
         assert_eq!(d.info, info(data.len() as u64));
         assert_eq!(d.data, &data[..]);
         let last = rec.len() - 1;
         rec[last] ^= 1;
-        assert_eq!(decode_record(&rec).err(), Some(DecodeError::BadBlock(3)));
+        assert_eq!(
+            decode_record(&rec, 3, 16).err(),
+            Some(DecodeError::BadBlock(3))
+        );
         rec[10] ^= 1;
-        assert!(decode_record(&rec).is_err());
+        assert!(decode_record(&rec, 3, 16).is_err());
     }
 
     #[test]

@@ -1,15 +1,19 @@
 //! Entry points for fuzzers and robustness tests. Not part of the stable API.
 
+/// Where the fuzz entry points pretend a record sits (a record's CRC covers its position).
+const SEGMENT: u32 = 1;
+const OFFSET: u64 = crate::format::FILE_HEADER_LEN;
+
 /// Decodes `data` as a record (and as a segment header) exactly as recovery does. Must never
 /// panic; returns whether a record was accepted. On acceptance the decoded record re-encodes
 /// to the same bytes, which the fuzz target asserts.
 pub fn decode_record_for_fuzz(data: &[u8]) -> bool {
     let _ = crate::format::check_file_header(data, 1);
-    match crate::format::decode_record(data) {
+    match crate::format::decode_record(data, SEGMENT, OFFSET) {
         Ok(rec) => {
             let chunks = [bytes::Bytes::copy_from_slice(rec.data)];
             let crcs = crate::format::block_crcs(&chunks);
-            let mut again = crate::format::encode_head(&rec.info, &crcs);
+            let mut again = crate::format::encode_head(&rec.info, &crcs, SEGMENT, OFFSET);
             again.extend_from_slice(rec.data);
             assert_eq!(
                 &again[..],
@@ -42,6 +46,8 @@ pub fn encode_record_for_fuzz(
     let mut out = crate::format::encode_head(
         &info,
         &crate::format::block_crcs(&[bytes::Bytes::copy_from_slice(data)]),
+        SEGMENT,
+        OFFSET,
     );
     out.extend_from_slice(data);
     out

@@ -44,8 +44,8 @@ fn read_head(loc: &Location, key: &[u8], props_len: usize, size: u64) -> Result<
     let hl = head_len(key.len(), props_len, size) as usize;
     let buf = read_exact_at(&loc.file, loc.offset, hl).map_err(|e| read_error(loc, e))?;
     let fixed = parse_fixed(&buf).map_err(|e| corrupt(loc, format!("bad record header: {e:?}")))?;
-    let head =
-        verify_head(&buf, fixed).map_err(|e| corrupt(loc, format!("bad record head: {e:?}")))?;
+    let head = verify_head(&buf, fixed, loc.segment, loc.offset)
+        .map_err(|e| corrupt(loc, format!("bad record head: {e:?}")))?;
     if head.key != key || head.fixed.size != size || head.props.len() != props_len {
         return Err(corrupt(loc, "record does not match the index"));
     }

@@ -193,7 +193,7 @@ fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<Vec<(Segment, u64)>> {
 
 /// Replays `seg` from `from`; returns its valid length (shorter than `len` after a torn tail).
 fn replay_segment(seg: &Segment, len: u64, from: u64, is_last: bool, r: &mut Feed) -> Result<u64> {
-    let mut scanner = Scanner::new(&seg.file, len);
+    let mut scanner = Scanner::new(&seg.file, seg.id, len);
     let mut pos = from;
     while pos < len {
         match scanner.read_at(pos, true)? {

@@ -31,6 +31,8 @@ pub(crate) enum Found {
 
 pub(crate) struct Scanner<'a> {
     file: &'a File,
+    /// The segment's id: part of every record's head CRC.
+    segment: u32,
     len: u64,
     buf: Vec<u8>,
     at: u64,
@@ -38,9 +40,10 @@ pub(crate) struct Scanner<'a> {
 
 impl<'a> Scanner<'a> {
     /// Scans `file` up to `len` (the caller decides how much of the file counts).
-    pub fn new(file: &'a File, len: u64) -> Self {
+    pub fn new(file: &'a File, segment: u32, len: u64) -> Self {
         Scanner {
             file,
+            segment,
             len,
             buf: Vec::new(),
             at: 0,
@@ -78,8 +81,9 @@ impl<'a> Scanner<'a> {
         // records must not allocate for each one's CRC table.
         let in_place = verify_data && head_len + size <= WINDOW as u64;
         let span = if in_place { head_len + size } else { head_len };
+        let segment = self.segment;
         let buf = self.view(pos, span as usize)?;
-        let Ok(head) = verify_head(buf, fixed) else {
+        let Ok(head) = verify_head(buf, fixed, segment, pos) else {
             return Ok(Found::Invalid);
         };
         let rec = Scanned {
