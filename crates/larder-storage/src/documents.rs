@@ -137,3 +137,47 @@ fn get(store: &Store, key: &str, with_body: bool) -> Response<Body> {
         }
     }
 }
+
+/// True when this replica already holds `version` (or a newer one) of document `key`: replication
+/// can skip fetching it.
+pub(crate) fn holds_version(store: &Store, key: &str, version: u64) -> bool {
+    match store.get_doc(key.as_bytes()) {
+        Ok(DocLookup::Found { version: v, .. } | DocLookup::Removed { version: v, .. }) => {
+            v >= version
+        }
+        _ => false,
+    }
+}
+
+/// Applies a peer's answer to `GET .../docs/<key>` here with the peer's version (replication).
+/// The store keeps whichever version is newest, so repeats and reordering do no harm.
+pub(crate) async fn apply_peer_answer(
+    store: &Store,
+    key: &str,
+    response: Response<Incoming>,
+) -> Result<(), String> {
+    let (parts, body) = response.into_parts();
+    let number =
+        |name: &str| -> Option<u64> { parts.headers.get(name)?.to_str().ok()?.parse().ok() };
+    let (version, time_ms) = (
+        number(doc_header::VERSION),
+        number(h::TIME_MS).unwrap_or_else(now_ms),
+    );
+    let (store, key) = (store.clone(), key.to_owned());
+    let outcome = match (parts.status, version) {
+        // Compacted away at the peer, or never there: nothing to copy.
+        (StatusCode::NOT_FOUND, _) => return Ok(()),
+        (StatusCode::OK, Some(version)) => {
+            let json = http_body_util::BodyExt::collect(body)
+                .await
+                .map_err(|e| format!("reading document {key}: {e}"))?
+                .to_bytes();
+            blocking(move || store.put_doc(key.as_bytes(), version, time_ms, json)).await
+        }
+        (StatusCode::GONE, Some(version)) => {
+            blocking(move || store.remove_doc(key.as_bytes(), version, time_ms)).await
+        }
+        (status, _) => return Err(format!("fetching document {key} answered {status}")),
+    };
+    outcome.map(|_| ()).map_err(|e| e.to_string())
+}

@@ -261,10 +261,22 @@ impl Worker {
         match change.op.as_str() {
             "put-blob" => self.copy_blob(link, change).await,
             "delete-blob" => delete_locally(&link.store, &change.key, change.time_ms).await,
-            // Document records converge by version once the document API's internal endpoints
-            // exist; until then a document change is skipped, not half-applied.
+            "put-doc" | "remove-doc" => self.copy_doc(link, change).await,
             _ => Ok(()),
         }
+    }
+
+    /// Copies the peer's current version of a document unless this replica has it or a newer
+    /// one; the store's last-writer-wins check makes the result independent of order.
+    async fn copy_doc(&self, link: &Link, change: &ChangeEntry) -> Result<(), String> {
+        if crate::documents::holds_version(&link.store, &change.key, change.version) {
+            return Ok(());
+        }
+        let request = Request::get(larder_proto::doc_path(link.partition, &change.key))
+            .body(larder_pool::empty())
+            .expect("valid request");
+        let response = self.send(&link.peer, request).await?;
+        crate::documents::apply_peer_answer(&link.store, &change.key, response).await
     }
 
     /// Fetches a blob the peer has and we lack; a tombstone there becomes one here.

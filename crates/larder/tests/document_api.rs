@@ -388,3 +388,51 @@ fn reads_return_the_newest_version_a_quorum_holds() {
     cluster.stop_node(1);
     assert_eq!(request(&cluster, "GET", path, None).status, 503);
 }
+
+#[test]
+fn replication_brings_a_returning_node_the_newest_versions() {
+    let mut cluster = Cluster::start_with(3, 1, DOCS);
+    let (kept, removed) = ("/document/v1/n/t/docid/kept", "/document/v1/n/t/docid/gone");
+    let ok = |r: CurlResponse| assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    ok(request(
+        &cluster,
+        "POST",
+        removed,
+        Some(&json!({"fields": {"v": 0}})),
+    ));
+    cluster.stop_node(0);
+    ok(request(
+        &cluster,
+        "POST",
+        kept,
+        Some(&json!({"fields": {"v": 1}})),
+    ));
+    let update = json!({"fields": {"v": {"increment": 1}}});
+    ok(request(&cluster, "PUT", kept, Some(&update)));
+    ok(request(&cluster, "DELETE", removed, None));
+    cluster.restart_node(0);
+    // Node 0 missed all three writes; it pulls them from its peers' change feeds.
+    let internal = |key: &str| {
+        let url = format!(
+            "http://{}{}",
+            cluster.node_addr(0),
+            larder_proto::doc_path(0, key)
+        );
+        curl(cluster.dir.path(), &["--http2-prior-knowledge", &url])
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (k, g) = (internal("id:n:t::kept"), internal("id:n:t::gone"));
+        if k.status == 200 && g.status == 410 {
+            assert_eq!(k.json(), json!({"v": 2}));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 0 did not converge: {} {}",
+            k.status,
+            g.status
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
