@@ -23,7 +23,7 @@ fn interop_dir() -> PathBuf {
 
 fn fields(i: usize) -> Value {
     // Every 10th document is large enough for the client to gzip it.
-    let text = if i % 10 == 0 {
+    let text = if i.is_multiple_of(10) {
         "lorem ipsum ".repeat(80)
     } else {
         format!("doc {i}")
