@@ -16,6 +16,9 @@ pub use crate::api::DocumentsConfig;
 pub struct FrontendConfig {
     /// Cleartext listener: HTTP/1.1 and h2c (prior knowledge) on the same port.
     pub listen: SocketAddr,
+    /// Optional TLS listener on its own port: ALPN picks h2 or http/1.1. Absent: cleartext only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PublicTls>,
     /// Path of the cluster map (relative paths are relative to the config file).
     pub cluster_map: PathBuf,
     /// This frontend's datacenter (a name from the cluster map).
@@ -50,17 +53,50 @@ fn default_grace() -> Duration {
     Duration::from_secs(10)
 }
 
-/// Protections of the public listener.
+/// The public TLS listener (`[tls]`). The certificate and key are read again on SIGHUP; a
+/// failed reload keeps the old pair and logs why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublicTls {
+    /// Address of the TLS port (HTTP/1.1 and HTTP/2 by ALPN).
+    pub listen: SocketAddr,
+    /// PEM certificate chain, leaf first (relative paths are relative to the config file).
+    pub cert: PathBuf,
+    /// PEM private key of the leaf certificate.
+    pub key: PathBuf,
+}
+
+/// Protections of the public listeners (both ports), against clients that are slow, greedy or
+/// hostile. Request bodies are limited by `max_blob_size`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// HTTP/2 streams one client connection may have open at once.
+    /// HTTP/2 streams one client connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS).
+    /// 1024 leaves room for feed clients (vespa-feed-client uses 128, h2load benchmarks 256) while
+    /// bounding the memory one connection can pin.
     pub max_concurrent_streams: u32,
-    /// Largest request header block (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; HTTP/1.1 buffer).
+    /// Largest request header block: HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE (larger requests get
+    /// 431 or a reset; a CONTINUATION flood past it closes the connection), and the HTTP/1.1 read
+    /// buffer. 64 KiB is four times what browsers send with large cookies.
     pub max_header_list_size: ByteSize,
-    /// An HTTP/1.1 client must send its request headers within this time (slowloris defence).
+    /// A client must complete the TLS handshake, and an HTTP/1.1 client each request's headers,
+    /// within this time (slowloris defence). An idle HTTP/1.1 keep-alive connection is closed
+    /// after it too.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// A connection on which no byte moved either way for this long is closed (GOAWAY first on
+    /// HTTP/2; dropped if still silent after another period). Reaps abandoned streams too.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Connections one client IP address may hold open at once (0: no limit); more are closed
+    /// right after accept. Cheap insurance against one host exhausting file descriptors.
+    pub max_connections_per_ip: usize,
+    /// Streams a client may reset before the server accepted them, per connection, before it is
+    /// sent GOAWAY (ENHANCE_YOUR_CALM): the rapid-reset defence (CVE-2023-44487). h2's default.
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the server may reset because of the client's protocol errors, per connection,
+    /// before it is sent GOAWAY (RUSTSEC-2024-0003). hyper's default.
+    pub max_local_error_reset_streams: usize,
 }
 
 impl Default for Limits {
@@ -69,6 +105,10 @@ impl Default for Limits {
             max_concurrent_streams: 1024,
             max_header_list_size: ByteSize::kib(64),
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections_per_ip: 1024,
+            max_pending_accept_reset_streams: 20,
+            max_local_error_reset_streams: 1024,
         }
     }
 }
@@ -84,6 +124,7 @@ impl FrontendConfig {
     pub fn example() -> FrontendConfig {
         FrontendConfig {
             listen: "127.0.0.1:8080".parse().expect("valid address"),
+            tls: None,
             cluster_map: "cluster.toml".into(),
             datacenter: "dc1".into(),
             max_blob_size: default_max_blob(),

@@ -1,13 +1,17 @@
 //! The frontend: Larder's public API (`/v1/blobs`, operations endpoints) served as HTTP/1.1 and
-//! HTTP/2 (h2c prior knowledge) on one port. It reaches storage nodes only through the router.
+//! HTTP/2 on one cleartext port (h2c prior knowledge) and optionally one TLS port (ALPN). It
+//! reaches storage nodes only through the router.
 
+mod activity;
 mod api;
 mod body;
 mod config;
+mod connection;
 mod error;
 mod metrics;
+mod per_ip;
 mod server;
 mod state;
 
-pub use config::{DocumentsConfig, FrontendConfig, Limits};
-pub use server::{serve, ShutdownSignal};
+pub use config::{DocumentsConfig, FrontendConfig, Limits, PublicTls};
+pub use server::{serve, Listeners, ShutdownSignal, Signals};

@@ -1,44 +1,75 @@
-//! The public listener: HTTP/1.1 and h2c prior knowledge on one cleartext port, graceful shutdown.
+//! The public listeners: HTTP/1.1 and h2c prior knowledge on the cleartext port, HTTP/1.1 and
+//! HTTP/2 by ALPN on the optional TLS port; certificate reload; graceful shutdown.
 
-use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use larder_cluster::ClusterMap;
 use larder_pool::StoragePool;
 use larder_router::Router;
-use tokio::net::TcpListener;
+use larder_tls::{ReloadingCert, TlsAcceptor};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
 
+use crate::connection::{Edge, Port};
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use crate::{api, FrontendConfig};
+use crate::FrontendConfig;
 
 /// Resolves when the frontend should stop.
 pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Serves the public API on `listener` until `shutdown` resolves; then sends GOAWAY / closes
-/// idle HTTP/1.1 connections, and waits (up to the grace period) for in-flight requests.
+/// The sockets the frontend serves on, bound by the caller (so tests and `larder dev` can use
+/// port 0 and learn the address).
+pub struct Listeners {
+    pub cleartext: TcpListener,
+    /// Required when the config has a `[tls]` section.
+    pub tls: Option<TcpListener>,
+}
+
+/// What the process tells a running frontend.
+pub struct Signals {
+    /// Stop: GOAWAY / close idle HTTP/1.1 connections, finish in-flight requests, return.
+    pub shutdown: ShutdownSignal,
+    /// Each message re-reads the TLS certificate and key (SIGHUP in the binary).
+    pub reload: mpsc::Receiver<()>,
+}
+
+/// Serves the public API until `signals.shutdown` resolves; then stops accepting, sends GOAWAY /
+/// closes idle HTTP/1.1 connections, and waits (up to the grace period) for in-flight requests.
 pub async fn serve(
     config: FrontendConfig,
     map: ClusterMap,
-    listener: TcpListener,
-    mut shutdown: ShutdownSignal,
+    listeners: Listeners,
+    mut signals: Signals,
 ) -> Result<(), String> {
     config.validate()?;
+    let cert = match &config.tls {
+        Some(tls) => Some(Arc::new(
+            ReloadingCert::load(&tls.cert, &tls.key).map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
+    let acceptor = match &cert {
+        Some(cert) => Some(TlsAcceptor::from(Arc::new(
+            larder_tls::public_server_config(cert.clone()).map_err(|e| e.to_string())?,
+        ))),
+        None => None,
+    };
+    if acceptor.is_some() != listeners.tls.is_some() {
+        return Err("a TLS listener is needed exactly when the config has [tls]".into());
+    }
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
-    let pool = StoragePool::new(nodes, config.pool.clone());
+    let pool = StoragePool::new(nodes, config.pool.clone()).map_err(|e| e.to_string())?;
     let router = Arc::new(Router::new(
         Arc::new(map),
         pool,
         config.router.clone(),
         &config.datacenter,
     )?);
-    let builder = connection_builder(&config);
     let grace = config.shutdown_grace;
     let metrics = Metrics::new(router.metrics());
     config.documents.validate()?;
@@ -48,52 +79,78 @@ pub async fn serve(
         router,
         metrics,
     });
-    let graceful = GracefulShutdown::new();
-    tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "frontend serving");
+    let edge = Arc::new(Edge::new(state, acceptor));
+    let (stop_tx, stop_rx) = watch::channel(());
+    log_addresses(&listeners)?;
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _peer)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let service = service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(api::handle(state, req).await) }
-                });
-                let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
-                tokio::spawn(async move {
-                    if let Err(err) = connection.await {
-                        tracing::debug!(%err, "client connection ended");
-                    }
-                });
+            accepted = listeners.cleartext.accept() => {
+                spawn_connection(&edge, accepted, Port::Cleartext, &stop_rx).await;
             }
-            _ = &mut shutdown => break,
+            accepted = accept_optional(&listeners.tls) => {
+                spawn_connection(&edge, accepted, Port::Tls, &stop_rx).await;
+            }
+            Some(()) = signals.reload.recv() => reload(cert.as_deref()),
+            _ = &mut signals.shutdown => break,
         }
     }
-    drop(listener);
+    drop(listeners);
+    // Every connection task holds a receiver: tell them, then wait until all have let go.
+    drop(stop_rx);
+    let _ = stop_tx.send(());
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        _ = stop_tx.closed() => {}
         _ = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing anyway"),
     }
     Ok(())
 }
 
-fn connection_builder(config: &FrontendConfig) -> auto::Builder<TokioExecutor> {
-    let limits = &config.limits;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_list_size.as_u64().max(8192) as usize);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .max_header_list_size(limits.max_header_list_size.as_u64() as u32)
-        .max_frame_size(config.pool.max_frame_size.as_u64() as u32)
-        .initial_stream_window_size(config.pool.stream_window.as_u64() as u32)
-        .initial_connection_window_size(config.pool.connection_window.as_u64() as u32)
-        .max_send_buf_size(config.pool.max_send_buffer.as_u64() as usize);
-    builder
+async fn accept_optional(
+    listener: &Option<TcpListener>,
+) -> io::Result<(TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn spawn_connection(
+    edge: &Arc<Edge>,
+    accepted: io::Result<(TcpStream, std::net::SocketAddr)>,
+    port: Port,
+    stop: &watch::Receiver<()>,
+) {
+    match accepted {
+        Ok((stream, peer)) => {
+            tokio::spawn(edge.clone().run(stream, peer, port, stop.clone()));
+        }
+        Err(err) => {
+            // Out of file descriptors and the like: back off briefly instead of spinning.
+            tracing::warn!(%err, ?port, "accept failed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn reload(cert: Option<&ReloadingCert>) {
+    match cert.map(ReloadingCert::reload) {
+        Some(Ok(())) => tracing::info!("TLS certificate reloaded"),
+        Some(Err(err)) => {
+            tracing::error!(%err, "TLS certificate reload failed; keeping the old one")
+        }
+        None => tracing::info!("reload requested; no TLS listener configured"),
+    }
+}
+
+fn log_addresses(listeners: &Listeners) -> Result<(), String> {
+    let cleartext = listeners
+        .cleartext
+        .local_addr()
+        .map_err(|e| e.to_string())?;
+    tracing::info!(addr = %cleartext, "frontend serving HTTP/1.1 and h2c");
+    if let Some(tls) = &listeners.tls {
+        let addr = tls.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%addr, "frontend serving HTTPS (ALPN h2, http/1.1)");
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use larder_tls::MutualTls;
 use serde::{Deserialize, Serialize};
 
 /// Tuning of the frontend → storage HTTP/2 pool.
@@ -39,6 +40,11 @@ pub struct PoolConfig {
     pub reconnect_backoff_min: Duration,
     #[serde(with = "humantime_serde")]
     pub reconnect_backoff_max: Duration,
+    /// Mutual TLS to the storage nodes (`[pool.tls]`: `ca`, `cert`, `key`): storage nodes must
+    /// present a certificate from the cluster CA for their address, and this frontend presents
+    /// its own. Absent: cleartext h2c (a trusted network only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<MutualTls>,
 }
 
 impl Default for PoolConfig {
@@ -56,6 +62,7 @@ impl Default for PoolConfig {
             keepalive_timeout: Duration::from_secs(5),
             reconnect_backoff_min: Duration::from_millis(50),
             reconnect_backoff_max: Duration::from_secs(2),
+            tls: None,
         }
     }
 }

@@ -5,13 +5,21 @@ use std::net::SocketAddr;
 
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use larder_tls::rustls::pki_types::ServerName;
+use larder_tls::TlsConnector;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpSocket;
 
 use crate::{Body, PoolConfig};
 
-/// Connects, applies the socket and HTTP/2 settings and spawns the connection's driver task.
-/// The returned sender multiplexes any number of concurrent requests (up to the peer's limit).
-pub(crate) async fn connect(addr: SocketAddr, cfg: &PoolConfig) -> io::Result<SendRequest<Body>> {
+/// Connects (TLS when `tls` is set), applies the socket and HTTP/2 settings and spawns the
+/// connection's driver task. The returned sender multiplexes any number of concurrent requests
+/// (up to the peer's limit).
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    cfg: &PoolConfig,
+    tls: Option<&TlsConnector>,
+) -> io::Result<SendRequest<Body>> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -32,6 +40,33 @@ pub(crate) async fn connect(addr: SocketAddr, cfg: &PoolConfig) -> io::Result<Se
             )
         })??;
     stream.set_nodelay(true)?;
+    match tls {
+        None => handshake(stream, addr, cfg).await,
+        Some(connector) => {
+            // Storage nodes are addressed by IP in the cluster map, so their certificates name
+            // that IP address.
+            let name = ServerName::IpAddress(addr.ip().into());
+            let stream = tokio::time::timeout(cfg.connect_timeout, connector.connect(name, stream))
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("TLS handshake with {addr} timed out"),
+                    )
+                })??;
+            handshake(stream, addr, cfg).await
+        }
+    }
+}
+
+async fn handshake<T>(
+    stream: T,
+    addr: SocketAddr,
+    cfg: &PoolConfig,
+) -> io::Result<SendRequest<Body>>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, connection) = Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .initial_stream_window_size(cfg.stream_window.as_u64() as u32)

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
+use larder_tls::TlsConnector;
 use tokio::sync::Mutex;
 
 use crate::connection::connect;
@@ -16,6 +17,8 @@ use crate::{Body, PoolConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
+    #[error("pool TLS configuration: {0}")]
+    Tls(#[from] larder_tls::TlsError),
     #[error("unknown storage node {0:?}")]
     UnknownNode(String),
     #[error("cannot connect to {addr}: {detail}")]
@@ -39,18 +42,25 @@ pub struct StoragePool {
 }
 
 impl StoragePool {
+    /// Fails only when `cfg.tls` names unreadable or mismatched certificate files.
     pub fn new(
         nodes: impl IntoIterator<Item = (String, SocketAddr)>,
         cfg: PoolConfig,
-    ) -> StoragePool {
+    ) -> Result<StoragePool, PoolError> {
+        let tls = match &cfg.tls {
+            Some(files) => Some(TlsConnector::from(Arc::new(larder_tls::client_config(
+                files,
+            )?))),
+            None => None,
+        };
         let cfg = Arc::new(cfg);
         let nodes = nodes
             .into_iter()
-            .map(|(id, addr)| (id, Arc::new(NodePool::new(addr, cfg.clone()))))
+            .map(|(id, addr)| (id, Arc::new(NodePool::new(addr, cfg.clone(), tls.clone()))))
             .collect();
-        StoragePool {
+        Ok(StoragePool {
             nodes: Arc::new(nodes),
-        }
+        })
     }
 
     pub fn node(&self, id: &str) -> Option<&Arc<NodePool>> {
@@ -83,6 +93,7 @@ impl StoragePool {
 pub struct NodePool {
     addr: SocketAddr,
     cfg: Arc<PoolConfig>,
+    tls: Option<TlsConnector>,
     slots: Vec<Mutex<Slot>>,
     next: AtomicUsize,
 }
@@ -96,13 +107,14 @@ struct Slot {
 }
 
 impl NodePool {
-    fn new(addr: SocketAddr, cfg: Arc<PoolConfig>) -> NodePool {
+    fn new(addr: SocketAddr, cfg: Arc<PoolConfig>, tls: Option<TlsConnector>) -> NodePool {
         let slots = (0..cfg.connections_per_node)
             .map(|_| Mutex::new(Slot::default()))
             .collect();
         NodePool {
             addr,
             cfg,
+            tls,
             slots,
             next: AtomicUsize::new(0),
         }
@@ -134,7 +146,7 @@ impl NodePool {
     fn absolute(&self, uri: &Uri) -> Uri {
         let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         Uri::builder()
-            .scheme("http")
+            .scheme(if self.tls.is_some() { "https" } else { "http" })
             .authority(self.addr.to_string())
             .path_and_query(path)
             .build()
@@ -160,7 +172,7 @@ impl NodePool {
                 });
             }
         }
-        match connect(self.addr, &self.cfg).await {
+        match connect(self.addr, &self.cfg, self.tls.as_ref()).await {
             Ok(sender) => {
                 slot.failures = 0;
                 slot.retry_at = None;

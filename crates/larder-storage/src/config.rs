@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use larder_tls::MutualTls;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -19,6 +20,11 @@ pub struct StorageConfig {
     /// Listen address; defaults to the node's address in the cluster map.
     #[serde(default)]
     pub listen: Option<SocketAddr>,
+    /// Mutual TLS (`[tls]`: `ca`, `cert`, `key`): only clients whose certificate chains to the
+    /// cluster CA are served, and this node presents a certificate for its address. Absent:
+    /// cleartext h2c (a trusted network only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<MutualTls>,
     #[serde(default)]
     pub http2: Http2Settings,
     #[serde(default)]
@@ -117,6 +123,7 @@ impl StorageConfig {
             cluster_map: "cluster.toml".into(),
             data_dir: "larder-data/s1".into(),
             listen: None,
+            tls: None,
             http2: Http2Settings::default(),
             store: StoreSettings::default(),
             replication: crate::ReplicationConfig::default(),

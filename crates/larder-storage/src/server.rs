@@ -3,9 +3,11 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
@@ -14,7 +16,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use larder_cluster::ClusterMap;
-use tokio::net::TcpListener;
+use larder_tls::{ReloadingCert, TlsAcceptor, TlsStream};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Http2Settings;
 use crate::reply::{Body, BoxError};
@@ -32,6 +35,7 @@ pub async fn serve(
     listener: TcpListener,
     mut shutdown: ShutdownSignal,
 ) -> Result<(), String> {
+    let tls = tls_acceptor(&config)?;
     let open_config = config.clone();
     let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
@@ -39,7 +43,7 @@ pub async fn serve(
         .map_err(|e| e.to_string())??;
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
-    let replicators = start_replication(&node, &map_for_replication, &config, stop);
+    let replicators = start_replication(&node, &map_for_replication, &config, stop)?;
     let max_body = config.store.max_record_size.as_u64();
     let builder = http2_builder(&config.http2);
     let graceful = GracefulShutdown::new();
@@ -47,16 +51,28 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _peer)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else {
+                    // Out of file descriptors and the like: back off briefly instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let node = node.clone();
                 let service = service_fn(move |req| {
                     let node = node.clone();
                     async move { Ok::<_, Infallible>(handlers::handle(node, req, max_body).await) }
                 });
-                let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+                let (builder, tls, watcher) = (builder.clone(), tls.clone(), graceful.watcher());
                 tokio::spawn(async move {
-                    if let Err(err) = connection.await {
+                    let result = match tls {
+                        None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                        Some(acceptor) => {
+                            // A client without a certificate from the cluster CA fails here.
+                            let Some(stream) = handshake(&acceptor, stream, peer).await else { return };
+                            watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+                        }
+                    };
+                    if let Err(err) = result {
                         tracing::debug!(%err, "internal connection ended");
                     }
                 });
@@ -86,26 +102,64 @@ fn start_replication(
     map: &ClusterMap,
     config: &StorageConfig,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
     let peers = map
         .nodes
         .iter()
         .filter(|n| n.id != config.node_id)
         .map(|n| (n.id.clone(), n.address));
-    let pool = larder_pool::StoragePool::new(peers, config.pool.clone());
+    // With `[pool.tls]` peers are reached over mutual TLS like the frontend reaches them.
+    let pool =
+        larder_pool::StoragePool::new(peers, config.pool.clone()).map_err(|e| e.to_string())?;
     let dir = config.data_dir.join("replication");
     if let Err(err) = std::fs::create_dir_all(&dir) {
         tracing::error!(%err, "cannot create the replication directory; replication is off");
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    crate::replication::start(
+    Ok(crate::replication::start(
         node.clone(),
         map,
         pool,
         config.replication.clone(),
         &dir,
         stop,
-    )
+    ))
+}
+
+/// A peer that has not finished its handshake by then is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn tls_acceptor(config: &StorageConfig) -> Result<Option<TlsAcceptor>, String> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let cert = ReloadingCert::load(&files.cert, &files.key).map_err(|e| e.to_string())?;
+    let server =
+        larder_tls::mutual_server_config(files, Arc::new(cert)).map_err(|e| e.to_string())?;
+    Ok(Some(TlsAcceptor::from(Arc::new(server))))
+}
+
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        // A bare TCP probe (a readiness check) ends with EOF: not worth a warning.
+        Ok(Err(err)) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(%peer, %err, "internal TLS handshake abandoned");
+            None
+        }
+        Ok(Err(err)) => {
+            tracing::warn!(%peer, %err, "internal TLS handshake refused");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "internal TLS handshake timed out");
+            None
+        }
+    }
 }
 
 fn http2_builder(s: &Http2Settings) -> http2::Builder<TokioExecutor> {

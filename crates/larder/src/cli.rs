@@ -126,9 +126,7 @@ fn run_storage(path: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("node {:?} is not in the cluster map", config.node_id))?;
     let addr = config.listen.unwrap_or(node.address);
     runtime()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = bind(addr).await?;
         larder_storage::serve(config, map, listener, signals::terminate())
             .await
             .map_err(anyhow::Error::msg)
@@ -137,14 +135,31 @@ fn run_storage(path: &std::path::Path) -> anyhow::Result<()> {
 
 fn run_frontend(path: &std::path::Path) -> anyhow::Result<()> {
     let (config, map) = configs::frontend(path)?;
-    let addr: SocketAddr = config.listen;
     runtime()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        larder_frontend::serve(config, map, listener, signals::terminate())
+        let listeners = bind_frontend(&config).await?;
+        larder_frontend::serve(config, map, listeners, signals::frontend())
             .await
             .map_err(anyhow::Error::msg)
+    })
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
+}
+
+/// The cleartext listener, and the TLS one when the config has `[tls]`.
+pub async fn bind_frontend(
+    config: &larder_frontend::FrontendConfig,
+) -> anyhow::Result<larder_frontend::Listeners> {
+    let tls = match &config.tls {
+        Some(tls) => Some(bind(tls.listen).await?),
+        None => None,
+    };
+    Ok(larder_frontend::Listeners {
+        cleartext: bind(config.listen).await?,
+        tls,
     })
 }
 
@@ -168,6 +183,25 @@ fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sections without defaults (absent means off), shown so that `config defaults` lists every key.
+const OPTIONAL_SECTIONS: &str = "\
+# Optional sections (absent: off). Paths are relative to the config file.
+# Frontend: a TLS port next to the cleartext one (ALPN h2 and http/1.1); SIGHUP re-reads cert/key.
+#   [tls]
+#   listen = \"0.0.0.0:8443\"
+#   cert = \"tls/frontend.pem\"
+#   key = \"tls/frontend-key.pem\"
+# Frontend: mutual TLS to the storage nodes.
+#   [pool.tls]
+#   ca = \"tls/ca.pem\"
+#   cert = \"tls/frontend-client.pem\"
+#   key = \"tls/frontend-client-key.pem\"
+# Storage node: mutual TLS (only clients with a certificate from the CA are served).
+#   [tls]
+#   ca = \"tls/ca.pem\"
+#   cert = \"tls/storage.pem\"
+#   key = \"tls/storage-key.pem\"";
+
 fn print_defaults() {
     let frontend =
         toml::to_string_pretty(&larder_frontend::FrontendConfig::example()).expect("serialisable");
@@ -179,4 +213,5 @@ fn print_defaults() {
     println!(
         "# Storage node (`larder storage --config F`): every setting with its default.\n{storage}"
     );
+    println!("{OPTIONAL_SECTIONS}");
 }

@@ -19,14 +19,21 @@ pub fn relative_to(config_file: &Path, path: &Path) -> PathBuf {
     if path.is_absolute() {
         path.to_path_buf()
     } else {
-        config_file.parent().unwrap_or(Path::new(".")).join(path)
+        base(config_file).join(path)
     }
+}
+
+fn base(config_file: &Path) -> &Path {
+    config_file.parent().unwrap_or(Path::new("."))
 }
 
 pub fn storage(path: &Path) -> anyhow::Result<(StorageConfig, ClusterMap)> {
     let mut config: StorageConfig = load(path)?;
     config.cluster_map = relative_to(path, &config.cluster_map);
     config.data_dir = relative_to(path, &config.data_dir);
+    if let Some(tls) = &mut config.tls {
+        tls.relative_to(base(path));
+    }
     config.store.to_options().map_err(anyhow::Error::msg)?;
     let map = ClusterMap::load(&config.cluster_map)?;
     Ok((config, map))
@@ -35,6 +42,13 @@ pub fn storage(path: &Path) -> anyhow::Result<(StorageConfig, ClusterMap)> {
 pub fn frontend(path: &Path) -> anyhow::Result<(FrontendConfig, ClusterMap)> {
     let mut config: FrontendConfig = load(path)?;
     config.cluster_map = relative_to(path, &config.cluster_map);
+    if let Some(tls) = &mut config.tls {
+        tls.cert = relative_to(path, &tls.cert);
+        tls.key = relative_to(path, &tls.key);
+    }
+    if let Some(tls) = &mut config.pool.tls {
+        tls.relative_to(base(path));
+    }
     config.validate().map_err(anyhow::Error::msg)?;
     let map = ClusterMap::load(&config.cluster_map)?;
     Ok((config, map))

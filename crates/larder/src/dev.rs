@@ -12,7 +12,8 @@ use anyhow::Context;
 use clap::Args;
 use larder_cluster::{init_map, ClusterMap, LayoutSpec};
 
-use crate::{configs, signals};
+use crate::dev_certs::{self, DevCerts};
+use crate::{cli, configs, signals};
 
 #[derive(Args)]
 pub struct DevArgs {
@@ -33,6 +34,13 @@ pub struct DevArgs {
     /// the first on `--listen`, the next ones on the following ports.
     #[arg(long, default_value = "dc1", value_delimiter = ',')]
     datacenters: Vec<String>,
+    /// Run with TLS: a throwaway CA in <data-dir>/tls, mutual TLS between frontends and storage
+    /// nodes (and between storage nodes), and an HTTPS port (ALPN h2, http/1.1) on each frontend.
+    #[arg(long)]
+    tls: bool,
+    /// Address of the first frontend's HTTPS port (with --tls); the next ones follow.
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    tls_listen: SocketAddr,
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -40,8 +48,15 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize()?;
     let map = load_or_init_map(&args, &data_dir)?;
-    let storage_configs = write_storage_configs(&map, &data_dir)?;
-    let frontend_configs = write_frontend_configs(&map, &data_dir, args.listen)?;
+    let certs = match args.tls {
+        true => {
+            let ips: Vec<_> = map.nodes.iter().map(|n| n.address.ip()).collect();
+            Some(dev_certs::ensure(&data_dir, &ips)?)
+        }
+        false => None,
+    };
+    let storage_configs = write_storage_configs(&map, &data_dir, certs.as_ref())?;
+    let frontend_configs = write_frontend_configs(&map, &data_dir, &args, certs.as_ref())?;
     let mut children = Vec::new();
     for (node, config) in &storage_configs {
         children.push((node.clone(), spawn_storage(config)?));
@@ -82,42 +97,65 @@ fn free_loopback_addresses(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
         .collect::<Result<_, _>>()?)
 }
 
+/// A `[tls]`-style section naming a CA, a certificate and a key.
+fn mutual_tls_section(header: &str, ca: &Path, (cert, key): &(PathBuf, PathBuf)) -> String {
+    format!("\n[{header}]\nca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n")
+}
+
+/// Storage configs are rewritten on every start (`larder dev` owns them), so that `--tls` can be
+/// switched on and off for the same cluster.
 fn write_storage_configs(
     map: &ClusterMap,
     data_dir: &Path,
+    certs: Option<&DevCerts>,
 ) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     for node in &map.nodes {
         let path = data_dir.join(format!("{}.toml", node.id));
-        if !path.exists() {
-            let text = format!(
-                "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",
-                node.id, node.id
-            );
-            std::fs::write(&path, text)?;
+        let mut text = format!(
+            "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",
+            node.id, node.id
+        );
+        if let Some(certs) = certs {
+            // Served over mutual TLS, and replicating from peers over mutual TLS.
+            text.push_str(&mutual_tls_section("tls", &certs.ca, &certs.storage));
+            text.push_str(&mutual_tls_section("pool.tls", &certs.ca, &certs.storage));
         }
+        std::fs::write(&path, text)?;
         out.push((node.id.clone(), path));
     }
     Ok(out)
 }
 
-/// One frontend config per datacenter, on consecutive ports from `listen`.
+/// One frontend config per datacenter, on consecutive ports from `--listen` (and `--tls-listen`).
 fn write_frontend_configs(
     map: &ClusterMap,
     data_dir: &Path,
-    listen: SocketAddr,
+    args: &DevArgs,
+    certs: Option<&DevCerts>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for (i, dc) in map.datacenters.iter().enumerate() {
-        let addr = SocketAddr::new(listen.ip(), listen.port() + i as u16);
+        let next = |addr: SocketAddr| SocketAddr::new(addr.ip(), addr.port() + i as u16);
         let path = data_dir.join(format!("frontend-{}.toml", dc.name));
-        std::fs::write(
-            &path,
-            format!(
-                "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\n",
-                dc.name
-            ),
-        )?;
+        let mut text = format!(
+            "listen = \"{}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\n",
+            next(args.listen),
+            dc.name
+        );
+        if let Some(certs) = certs {
+            let (cert, key) = &certs.frontend;
+            text.push_str(&format!(
+                "\n[tls]\nlisten = \"{}\"\ncert = {cert:?}\nkey = {key:?}\n",
+                next(args.tls_listen)
+            ));
+            text.push_str(&mutual_tls_section(
+                "pool.tls",
+                &certs.ca,
+                &certs.frontend_client,
+            ));
+        }
+        std::fs::write(&path, text)?;
         out.push(path);
     }
     Ok(out)
@@ -148,29 +186,52 @@ fn serve_frontends(config_paths: &[PathBuf], map: &ClusterMap) -> anyhow::Result
         .map(|p| configs::frontend(p))
         .collect::<anyhow::Result<Vec<_>>>()?;
     wait_for_storage(map);
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut frontends = Vec::new();
-        for (config, map) in configs {
-            let listen = config.listen;
-            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-            let url = format!("http://{}", listener.local_addr()?);
-            println!("Larder is running: {url}  (datacenter {}; HTTP/1.1 and h2c; Ctrl-C stops everything)", config.datacenter);
-            println!("  curl -sS --data-binary @README.md -H 'Content-Type: text/markdown' {url}/v1/blobs");
-            println!("  curl -sS {url}/v1/blobs/<id>");
-            let mut stop = stop_rx.clone();
-            let shutdown = Box::pin(async move {
-                let _ = stop.wait_for(|stopped| *stopped).await;
-            });
-            frontends.push(tokio::spawn(larder_frontend::serve(config, map, listener, shutdown)));
-        }
-        signals::terminate().await;
-        let _ = stop_tx.send(true);
-        for frontend in frontends {
-            frontend.await?.map_err(anyhow::Error::msg)?;
-        }
-        Ok(())
-    })
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let mut frontends = Vec::new();
+            for ((config, map), path) in configs.into_iter().zip(config_paths) {
+                let listeners = cli::bind_frontend(&config).await?;
+                print_urls(&listeners, &config.datacenter, path)?;
+                let mut stop = stop_rx.clone();
+                let shutdown = Box::pin(async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                });
+                let signals = larder_frontend::Signals {
+                    shutdown,
+                    reload: signals::reload(),
+                };
+                frontends.push(tokio::spawn(larder_frontend::serve(
+                    config, map, listeners, signals,
+                )));
+            }
+            signals::terminate().await;
+            let _ = stop_tx.send(true);
+            for frontend in frontends {
+                frontend.await?.map_err(anyhow::Error::msg)?;
+            }
+            Ok(())
+        })
+}
+
+fn print_urls(
+    listeners: &larder_frontend::Listeners,
+    datacenter: &str,
+    config_path: &Path,
+) -> anyhow::Result<()> {
+    let url = format!("http://{}", listeners.cleartext.local_addr()?);
+    println!("Larder is running: {url}  (datacenter {datacenter}; HTTP/1.1 and h2c; Ctrl-C stops everything)");
+    if let Some(tls) = &listeners.tls {
+        let ca = config_path.with_file_name("tls").join("ca.pem");
+        let https = format!("https://localhost:{}", tls.local_addr()?.port());
+        println!("                   {https}  (HTTP/1.1 and HTTP/2 by ALPN; storage hops are mutual TLS)");
+        println!("  curl -sS --cacert {} {https}/healthz", ca.display());
+    }
+    println!("  curl -sS --data-binary @README.md -H 'Content-Type: text/markdown' {url}/v1/blobs");
+    println!("  curl -sS {url}/v1/blobs/<id>");
+    Ok(())
 }
 
 /// Waits (up to 30 s) until every storage node accepts connections, so the first requests succeed.

@@ -6,6 +6,7 @@ mod blob_cmd;
 mod cli;
 mod configs;
 mod dev;
+mod dev_certs;
 mod feed;
 mod signals;
 

@@ -1,6 +1,8 @@
-//! Turning SIGTERM and SIGINT into a shutdown future.
+//! Turning signals into what the servers understand: SIGTERM/SIGINT into a shutdown future,
+//! SIGHUP into certificate reloads.
 
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
 
 /// Resolves on the first SIGTERM or SIGINT.
 pub fn terminate() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
@@ -12,4 +14,26 @@ pub fn terminate() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + S
             _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
     })
+}
+
+/// One message per SIGHUP (must be called inside the runtime).
+pub fn reload() -> mpsc::Receiver<()> {
+    let mut hup = signal(SignalKind::hangup()).expect("installing a SIGHUP handler");
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading certificates");
+            // A reload already queued covers this one too.
+            let _ = tx.try_send(());
+        }
+    });
+    rx
+}
+
+/// What a frontend listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificate.
+pub fn frontend() -> larder_frontend::Signals {
+    larder_frontend::Signals {
+        shutdown: terminate(),
+        reload: reload(),
+    }
 }

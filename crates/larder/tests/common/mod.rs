@@ -2,6 +2,7 @@
 //! Every process is SIGKILLed and reaped when the harness is dropped, so no test leaves one behind.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod h2;
 pub mod stream;
 
@@ -26,6 +27,9 @@ pub struct Cluster {
     pub map: ClusterMap,
     pub frontend_addr: SocketAddr,
     pub frontend_addrs: Vec<SocketAddr>,
+    /// The (first) frontend's HTTPS port, when started with TLS.
+    pub tls_addr: Option<SocketAddr>,
+    pub certs: Option<certs::ClusterCerts>,
     nodes: Vec<Option<Child>>,
     frontends: Vec<Child>,
 }
@@ -70,8 +74,41 @@ impl Cluster {
         frontend_extra: &str,
         storage_extra: &str,
     ) -> Cluster {
+        Self::launch(
+            datacenters,
+            nodes,
+            partitions,
+            frontend_extra,
+            storage_extra,
+            false,
+        )
+    }
+
+    /// TLS everywhere: an HTTPS port on the frontend, mutual TLS from the frontend to the storage
+    /// nodes and between storage nodes, with certificates from a fresh test CA (`cluster.certs`).
+    pub fn start_tls(nodes: usize, partitions: u32, frontend_extra: &str) -> Cluster {
+        Self::launch(&["dc1"], nodes, partitions, frontend_extra, "", true)
+    }
+
+    fn launch(
+        datacenters: &[&str],
+        nodes: usize,
+        partitions: u32,
+        frontend_extra: &str,
+        storage_extra: &str,
+        tls: bool,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let addresses = free_addresses(nodes + datacenters.len());
+        let addresses = free_addresses(nodes + 2 * datacenters.len());
+        let certs = tls.then(|| certs::ClusterCerts::write(dir.path()));
+        let storage_extra = match tls {
+            true => format!(
+                "{storage_extra}{}{}",
+                certs::STORAGE_TLS,
+                certs::STORAGE_POOL_TLS
+            ),
+            false => storage_extra.to_owned(),
+        };
         let spec = LayoutSpec {
             datacenters: datacenters.iter().map(|d| d.to_string()).collect(),
             node_addresses: addresses[..nodes].to_vec(),
@@ -87,12 +124,15 @@ impl Cluster {
             );
             std::fs::write(dir.path().join(format!("{}.toml", node.id)), text).unwrap();
         }
-        let frontend_addrs = addresses[nodes..].to_vec();
+        let frontend_addrs = addresses[nodes..nodes + datacenters.len()].to_vec();
+        let tls_addrs = addresses[nodes + datacenters.len()..].to_vec();
         let mut cluster = Cluster {
             dir,
             map,
             frontend_addr: frontend_addrs[0],
             frontend_addrs: frontend_addrs.clone(),
+            tls_addr: tls.then_some(tls_addrs[0]),
+            certs,
             nodes: Vec::new(),
             frontends: Vec::new(),
         };
@@ -103,15 +143,32 @@ impl Cluster {
         for i in 0..nodes {
             wait_for_port(cluster.node_addr(i));
         }
-        for (dc, addr) in datacenters.iter().zip(&frontend_addrs) {
+        for ((dc, addr), tls_addr) in datacenters.iter().zip(&frontend_addrs).zip(&tls_addrs) {
             let name = format!("frontend-{dc}.toml");
-            let text = format!("listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = \"{dc}\"\n{frontend_extra}");
+            let mut text = format!("listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = \"{dc}\"\n{frontend_extra}");
+            if tls {
+                text.push_str(&certs::frontend_tls(*tls_addr));
+                text.push_str(certs::POOL_TLS);
+            }
             std::fs::write(cluster.dir.path().join(&name), text).unwrap();
             let frontend = spawn(&["frontend", "--config", &cluster.path(&name)]);
             cluster.frontends.push(frontend);
             wait_for_port(*addr);
+            if tls {
+                wait_for_port(*tls_addr);
+            }
         }
         cluster
+    }
+
+    /// `https://localhost:<port><path>` on the TLS port (the test certificate names localhost).
+    pub fn https_url(&self, path: &str) -> String {
+        let port = self.tls_addr.expect("started with TLS").port();
+        format!("https://localhost:{port}{path}")
+    }
+
+    pub fn frontend_mut(&mut self) -> &mut Child {
+        &mut self.frontends[0]
     }
 
     /// Sends `sig` to storage node `i` (e.g. SIGSTOP = 19, SIGCONT = 18).

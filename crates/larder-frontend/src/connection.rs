@@ -1,0 +1,159 @@
+//! One client connection from accept to close: per-address limit, TLS handshake and ALPN,
+//! protocol choice, idle timeout and graceful close.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use larder_tls::{TlsAcceptor, ALPN_H1, ALPN_H2};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::activity::{Activity, Tracked};
+use crate::per_ip::PerIpLimit;
+use crate::state::AppState;
+use crate::{api, FrontendConfig, Limits};
+
+/// Which listener a connection came from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Port {
+    Cleartext,
+    Tls,
+}
+
+/// Everything connections share: the app, the protocol builders and the limits.
+pub(crate) struct Edge {
+    state: Arc<AppState>,
+    /// Reads the client preface: HTTP/2 prior knowledge or HTTP/1.1 (the cleartext port, and TLS
+    /// clients that negotiated no protocol).
+    sniffing: auto::Builder<TokioExecutor>,
+    /// TLS clients that chose a protocol by ALPN get exactly that protocol.
+    h1_only: auto::Builder<TokioExecutor>,
+    h2_only: auto::Builder<TokioExecutor>,
+    tls: Option<TlsAcceptor>,
+    per_ip: Arc<PerIpLimit>,
+    limits: Limits,
+}
+
+impl Edge {
+    pub(crate) fn new(state: Arc<AppState>, tls: Option<TlsAcceptor>) -> Edge {
+        let sniffing = builder(&state.config);
+        Edge {
+            h1_only: sniffing.clone().http1_only(),
+            h2_only: sniffing.clone().http2_only(),
+            sniffing,
+            tls,
+            per_ip: PerIpLimit::new(state.config.limits.max_connections_per_ip),
+            limits: state.config.limits.clone(),
+            state,
+        }
+    }
+
+    /// Serves one accepted connection until it ends, the server stops (`stop` changes or its
+    /// sender is dropped), or it stays idle. Holding `stop` keeps the server's shutdown waiting.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        port: Port,
+        stop: watch::Receiver<()>,
+    ) {
+        let Some(_permit) = self.per_ip.acquire(peer.ip()) else {
+            tracing::debug!(%peer, "too many connections from this address; closing");
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let activity = Activity::new();
+        let io = Tracked::new(stream, activity.clone());
+        match (port, &self.tls) {
+            (Port::Tls, Some(acceptor)) => {
+                let handshake = acceptor.accept(io);
+                let tls =
+                    match tokio::time::timeout(self.limits.header_read_timeout, handshake).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(err)) => return tracing::debug!(%peer, %err, "TLS handshake failed"),
+                        Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                    };
+                let builder = match tls.get_ref().1.alpn_protocol() {
+                    Some(ALPN_H2) => &self.h2_only,
+                    Some(ALPN_H1) => &self.h1_only,
+                    _ => &self.sniffing,
+                };
+                self.drive(builder, tls, activity, stop).await
+            }
+            _ => self.drive(&self.sniffing, io, activity, stop).await,
+        }
+    }
+
+    async fn drive<I>(
+        &self,
+        builder: &auto::Builder<TokioExecutor>,
+        io: I,
+        activity: Activity,
+        mut stop: watch::Receiver<()>,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let state = self.state.clone();
+        let service = service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(api::handle(state, req).await) }
+        });
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(%err, "client connection ended");
+                    }
+                    return;
+                }
+                // Server shutdown: GOAWAY (HTTP/2) or close after the current response (HTTP/1.1);
+                // in-flight requests finish.
+                _ = stop.changed(), if !closing => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                // Idle: close gracefully; if still silent a period later (a client that holds
+                // streams open and sends nothing), drop the connection and its streams.
+                _ = activity.idle_for(self.limits.idle_timeout) => {
+                    if closing {
+                        tracing::debug!("idle connection did not close; dropping it");
+                        return;
+                    }
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// The protocol settings of both public ports.
+fn builder(config: &FrontendConfig) -> auto::Builder<TokioExecutor> {
+    let limits = &config.limits;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_list_size.as_u64().max(8192) as usize);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(limits.max_header_list_size.as_u64() as u32)
+        .max_pending_accept_reset_streams(limits.max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(limits.max_local_error_reset_streams)
+        .max_frame_size(config.pool.max_frame_size.as_u64() as u32)
+        .initial_stream_window_size(config.pool.stream_window.as_u64() as u32)
+        .initial_connection_window_size(config.pool.connection_window.as_u64() as u32)
+        .max_send_buf_size(config.pool.max_send_buffer.as_u64() as usize);
+    builder
+}

@@ -1,0 +1,90 @@
+//! Protocol versions, cipher suites, ALPN and client authentication for every Larder TLS config.
+
+use std::sync::Arc;
+
+use rustls::client::ClientConfig;
+use rustls::crypto::{aws_lc_rs, CryptoProvider};
+use rustls::server::{ResolvesServerCert, ServerConfig, WebPkiClientVerifier};
+use rustls::version::{TLS12, TLS13};
+use rustls::{CipherSuite, SupportedCipherSuite};
+
+use crate::{load_certs, load_key, load_roots, MutualTls, ReloadingCert, TlsError};
+
+/// ALPN protocol ids.
+pub const ALPN_H2: &[u8] = b"h2";
+pub const ALPN_H1: &[u8] = b"http/1.1";
+
+/// TLS 1.2 suites HTTP/2 accepts: ephemeral key exchange with an AEAD cipher (RFC 9113 §9.2.2
+/// and the RFC 7540 Appendix A block list). TLS 1.3 suites all qualify.
+const HTTP2_TLS12_SUITES: [CipherSuite; 6] = [
+    CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+];
+
+fn http2_compliant(suite: &SupportedCipherSuite) -> bool {
+    suite.version() == &TLS13 || HTTP2_TLS12_SUITES.contains(&suite.suite())
+}
+
+/// The aws-lc-rs provider restricted to HTTP/2-compliant suites. Every config is built from this
+/// explicitly, so the process-wide default provider (ambiguous if a dependency enables ring too)
+/// is never consulted.
+pub fn provider() -> CryptoProvider {
+    let mut provider = aws_lc_rs::default_provider();
+    provider.cipher_suites.retain(http2_compliant);
+    provider
+}
+
+fn server_builder() -> Result<rustls::ConfigBuilder<ServerConfig, rustls::WantsVerifier>, TlsError>
+{
+    Ok(ServerConfig::builder_with_provider(Arc::new(provider()))
+        .with_protocol_versions(&[&TLS13, &TLS12])?)
+}
+
+/// The public listener: no client certificates; ALPN offers h2 first, then http/1.1, so one port
+/// serves both and each client gets the best it speaks.
+pub fn public_server_config(cert: Arc<ReloadingCert>) -> Result<ServerConfig, TlsError> {
+    let mut config = server_builder()?
+        .with_no_client_auth()
+        .with_cert_resolver(cert as Arc<dyn ResolvesServerCert>);
+    config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_H1.to_vec()];
+    Ok(config)
+}
+
+/// The storage node: HTTP/2 only, and only clients whose certificate chains to the cluster CA.
+pub fn mutual_server_config(
+    files: &MutualTls,
+    cert: Arc<ReloadingCert>,
+) -> Result<ServerConfig, TlsError> {
+    let roots = Arc::new(load_roots(&files.ca)?);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, Arc::new(provider()))
+        .build()
+        .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    let mut config = server_builder()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(cert as Arc<dyn ResolvesServerCert>);
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
+
+/// The storage client (frontend → storage): trusts only the cluster CA, presents its own
+/// certificate, and speaks only h2.
+pub fn client_config(files: &MutualTls) -> Result<ClientConfig, TlsError> {
+    let roots = load_roots(&files.ca)?;
+    let chain = load_certs(&files.cert)?;
+    let key = load_key(&files.key)?;
+    let mut config = ClientConfig::builder_with_provider(Arc::new(provider()))
+        .with_protocol_versions(&[&TLS13, &TLS12])?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| TlsError::KeyMismatch {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            detail: e.to_string(),
+        })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
