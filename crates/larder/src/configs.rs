@@ -34,6 +34,9 @@ pub fn storage(path: &Path) -> anyhow::Result<(StorageConfig, ClusterMap)> {
     if let Some(tls) = &mut config.tls {
         tls.relative_to(base(path));
     }
+    if let Some(tls) = &mut config.pool.tls {
+        tls.relative_to(base(path));
+    }
     config.store.to_options().map_err(anyhow::Error::msg)?;
     let map = ClusterMap::load(&config.cluster_map)?;
     Ok((config, map))
