@@ -79,6 +79,10 @@ pub struct Limits {
     /// 431 or a reset; a CONTINUATION flood past it closes the connection), and the HTTP/1.1 read
     /// buffer. 64 KiB is four times what browsers send with large cookies.
     pub max_header_list_size: ByteSize,
+    /// Largest HTTP/2 frame a client may send (SETTINGS_MAX_FRAME_SIZE). The protocol's 16 KiB:
+    /// common clients send DATA in 16 KiB frames anyway, and it bounds what one frame can make
+    /// the server buffer. (Downloads use the frame size the client advertises.)
+    pub max_frame_size: ByteSize,
     /// A client must complete the TLS handshake, and an HTTP/1.1 client each request's headers,
     /// within this time (slowloris defence). An idle HTTP/1.1 keep-alive connection is closed
     /// after it too.
@@ -99,11 +103,30 @@ pub struct Limits {
     pub max_local_error_reset_streams: usize,
 }
 
+impl Limits {
+    /// Checks the ranges HTTP/2 imposes, with a message naming the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(16_384..=16_777_215).contains(&self.max_frame_size.as_u64()) {
+            return Err("limits.max_frame_size must be between 16KiB and 16MiB-1".into());
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err("limits.max_concurrent_streams must be at least 1".into());
+        }
+        if self.idle_timeout.is_zero() || self.header_read_timeout.is_zero() {
+            return Err(
+                "limits.idle_timeout and limits.header_read_timeout must be above 0".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_concurrent_streams: 1024,
             max_header_list_size: ByteSize::kib(64),
+            max_frame_size: ByteSize::kib(16),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections_per_ip: 1024,
@@ -117,6 +140,7 @@ impl FrontendConfig {
     /// Checks settings that depend on each other, with a message naming the setting.
     pub fn validate(&self) -> Result<(), String> {
         self.pool.validate()?;
+        self.limits.validate()?;
         self.chunking.validate(self.max_blob_size.as_u64())
     }
 

@@ -364,3 +364,49 @@ pub fn file_with(dir: &Path, bytes: &[u8]) -> String {
 pub fn random_bytes(len: usize) -> Vec<u8> {
     (0..len).map(|_| rand::random::<u8>()).collect()
 }
+
+/// A test tool by name: on PATH, or where `go install` puts it. `scripts/test` installs them.
+pub fn tool(name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(gopath) = std::env::var_os("GOPATH") {
+        dirs.push(PathBuf::from(gopath).join("bin"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(home).join("go/bin"));
+    }
+    dirs.into_iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not installed; scripts/test installs it"))
+}
+
+/// The Python that has `h2` and `httpx[http2]`: `$LARDER_TEST_PYTHON`, else the venv that
+/// `scripts/test` makes under the target directory.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("LARDER_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let venv = target.join("test-venv/bin/python");
+    assert!(
+        venv.is_file(),
+        "{} is missing; scripts/test creates it (or set LARDER_TEST_PYTHON)",
+        venv.display()
+    );
+    venv
+}
+
+/// Resident memory of a process in KiB (VmRSS from /proc).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
