@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod frames;
 pub mod h2;
 pub mod stream;
 
