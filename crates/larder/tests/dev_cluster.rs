@@ -82,3 +82,50 @@ fn dev_cluster_survives_restart_and_leaves_no_process() {
     dev.wait().unwrap();
     wait_until_gone(&data_dir);
 }
+
+#[test]
+fn dev_tls_prints_both_urls_and_serves_https_with_its_own_ca() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("larder-data").display().to_string();
+    let [listen, tls_listen] = free_addresses(2)[..] else {
+        unreachable!()
+    };
+    let mut dev = Command::new(LARDER)
+        .args(["dev", "--tls", "--data-dir", &data_dir, "--partitions", "8"])
+        .args(["--listen", &listen.to_string()])
+        .args(["--tls-listen", &tls_listen.to_string()])
+        .env("LARDER_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
+    let banner: Vec<String> = (0..3).map(|_| lines.next().unwrap().unwrap()).collect();
+    let text = banner.join("\n");
+    assert!(text.contains(&format!("http://{listen}")), "{text}");
+    let https = format!("https://localhost:{}", tls_listen.port());
+    assert!(text.contains(&https), "{text}");
+    let ca = format!("{data_dir}/tls/ca.pem");
+    // A blob stored over HTTPS (and written over mutual TLS to the storage nodes) reads back over
+    // the cleartext port.
+    let file = format!("@{}", file_with(tmp.path(), b"over tls"));
+    let put = curl(
+        tmp.path(),
+        &[
+            "--cacert",
+            &ca,
+            "--data-binary",
+            &file,
+            &format!("{https}/v1/blobs"),
+        ],
+    );
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
+    assert_eq!(put.version, "HTTP/2");
+    let id = put.json()["id"].as_str().unwrap().to_owned();
+    let get = curl(tmp.path(), &[&format!("http://{listen}/v1/blobs/{id}")]);
+    assert_eq!(get.body, b"over tls");
+    signal(&dev, 15);
+    let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("stops on SIGTERM");
+    assert!(status.success(), "{status}");
+    wait_until_gone(&data_dir);
+}
