@@ -133,19 +133,23 @@ impl Engine {
     /// Sends one operation until it has a final outcome: an answer that is not 429 or 503, or
     /// retries exhausted, or its deadline passed.
     async fn execute(&self, op: &Operation) {
-        let started = Instant::now();
-        let deadline = started + self.config.timeout;
+        // Latency and the deadline count from the first request, not from the wait for a slot.
+        let mut first_sent = None;
         let mut attempt = 0u32;
         loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
             let outcome = {
                 let _slot = self.throttle.acquire().await;
+                let started = *first_sent.get_or_insert_with(Instant::now);
+                let deadline = started + self.config.timeout;
+                let remaining = deadline.saturating_duration_since(Instant::now());
                 let request = self.request(op, remaining);
                 self.stats
                     .bytes_sent
                     .fetch_add(op.body.len() as u64, Relaxed);
-                tokio::time::timeout(remaining, self.transport.send(request)).await
+                let answer = tokio::time::timeout(remaining, self.transport.send(request)).await;
+                (started, deadline, answer)
             };
+            let (started, deadline, outcome) = outcome;
             let retry_reason = match outcome {
                 Ok(Ok((status, body))) => {
                     self.stats

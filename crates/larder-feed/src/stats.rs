@@ -79,7 +79,14 @@ impl Stats {
         } else {
             self.failed.fetch_add(1, Relaxed);
         }
-        *self.statuses.lock().entry(outcome.to_owned()).or_default() += 1;
+        let mut statuses = self.statuses.lock();
+        match statuses.get_mut(outcome) {
+            Some(count) => *count += 1,
+            None => {
+                statuses.insert(outcome.to_owned(), 1);
+            }
+        }
+        drop(statuses);
         self.latency.lock().record(latency.as_micros() as u64);
     }
 

@@ -3,8 +3,9 @@
 //! Too few requests in flight leave the server idle between round trips; too many only add
 //! queueing (latency) and, past the server's capacity, overload answers. The throttle measures
 //! throughput over windows of completions and climbs: it keeps moving the limit in the direction
-//! that improved throughput and turns around when throughput drops. Overload answers (429, 503)
-//! cut the limit at once. The limit stays within `[min, max]`, where `max` is connections times
+//! that improved throughput and turns around when throughput drops, preferring the smaller limit
+//! when throughput is flat (more in flight would only queue). Overload answers (429, 503) cut the
+//! limit at once. The limit stays within `[min, max]`, where `max` is connections times
 //! streams per connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +16,10 @@ use tokio::sync::Notify;
 
 /// Step of one climb, as a fraction of the limit.
 const STEP: f64 = 0.1;
-/// A window lasts at least this long…
+/// Throughput gain that justifies more in flight, and loss that forbids fewer.
+const GAIN: f64 = 0.03;
+const LOSS: f64 = 0.05;
+/// A window lasts at least this long (and at least as many completions as the limit).
 const MIN_WINDOW: Duration = Duration::from_millis(100);
 
 pub struct Throttle {
@@ -106,7 +110,16 @@ impl Throttle {
             climb.direction = -1.0;
             climb.target *= 1.0 - 2.0 * STEP;
         } else {
-            if throughput < climb.previous_throughput {
+            // Prefer fewer operations in flight when throughput does not care: more would only
+            // queue at the server (latency, memory). Going up must pay off clearly; going down
+            // continues until throughput clearly suffers.
+            let previous = climb.previous_throughput;
+            let turn = if climb.direction > 0.0 {
+                throughput < previous * (1.0 + GAIN)
+            } else {
+                throughput < previous * (1.0 - LOSS)
+            };
+            if turn {
                 climb.direction = -climb.direction;
             }
             climb.target *= 1.0 + STEP * climb.direction;

@@ -11,7 +11,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::sync::Mutex;
+use parking_lot::Mutex;
 
 /// An answer: status and body.
 pub type Answer = (http::StatusCode, Bytes);
@@ -46,7 +46,7 @@ impl Transport {
         };
         for connection in &transport.connections {
             let sender = transport.open().await?;
-            *connection.sender.lock().await = Some(sender);
+            *connection.sender.lock() = Some(sender);
         }
         Ok(transport)
     }
@@ -87,15 +87,20 @@ impl Transport {
         connection: &Connection,
         request: Request<Full<Bytes>>,
     ) -> Result<Answer, String> {
-        let mut sender = {
-            let mut slot = connection.sender.lock().await;
-            match slot.as_ref() {
-                Some(sender) if !sender.is_closed() => sender.clone(),
-                _ => {
-                    let sender = self.open().await?;
-                    *slot = Some(sender.clone());
-                    sender
-                }
+        let current = connection
+            .sender
+            .lock()
+            .as_ref()
+            .filter(|s| !s.is_closed())
+            .cloned();
+        let mut sender = match current {
+            Some(sender) => sender,
+            None => {
+                // Requests that find the connection broken at the same moment may each open one;
+                // the last stays, the others close when their requests finish.
+                let sender = self.open().await?;
+                *connection.sender.lock() = Some(sender.clone());
+                sender
             }
         };
         let response: Response<_> = sender
