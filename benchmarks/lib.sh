@@ -8,6 +8,22 @@ machine_description() {
   echo "- tools: $(h2load --version 2>/dev/null | head -1); $(nginx -v 2>&1); $(rustc --version)"
 }
 
+# The cargo profile benchmarks build with: release for real runs; the smoke runs in the test
+# command set BENCH_PROFILE=dev to reuse the tests' build instead of compiling everything twice.
+bench_profile() {
+  echo "${BENCH_PROFILE:-release}"
+}
+
+# bench_build: builds the larder binary with the benchmark profile and sets LARDER to its path.
+bench_build() {
+  local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  local profile; profile=$(bench_profile)
+  cargo build -q --profile "$profile" -p larder --manifest-path "$root/Cargo.toml"
+  local dir; dir=$([ "$profile" = dev ] && echo debug || echo release)
+  LARDER="${CARGO_TARGET_DIR:-$root/target}/$dir/larder"
+  export LARDER
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }

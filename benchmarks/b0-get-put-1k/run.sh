@@ -11,14 +11,14 @@ requests=${REQUESTS:-200000}
 out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then requests=2000; out=$(mktemp); fi
 
-cargo build --release -q -p larder --manifest-path "$root/Cargo.toml"
+bench_build
 work=$(mktemp -d "$root/target/bench-b0.XXXX")
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
 port=$(free_port)
-LARDER_LOG=warn "$root/target/release/larder" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 32 >/dev/null &
+LARDER_LOG=warn "$LARDER" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 32 >/dev/null &
 pids+=($!)
 wait_port "$port"
 head -c 1024 /dev/urandom > "$work/blob"

@@ -14,7 +14,7 @@ load=(-D "$seconds" --warm-up-time 1)
 if [ "${1:-}" = "--smoke" ]; then load=(-n 300); out=$(mktemp); fi
 
 target=${CARGO_TARGET_DIR:-$root/target}
-cargo build --release -q -p larder --manifest-path "$root/Cargo.toml"
+bench_build
 mkdir -p "$target"
 work=$(mktemp -d "$target/bench-b1.XXXX")
 pids=()
@@ -22,7 +22,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 port=$(free_port); tls_port=$(free_port)
-LARDER_LOG=warn "$target/release/larder" dev --tls --data-dir "$work/data" --listen "127.0.0.1:$port" \
+LARDER_LOG=warn "$LARDER" dev --tls --data-dir "$work/data" --listen "127.0.0.1:$port" \
   --tls-listen "127.0.0.1:$tls_port" --partitions 32 >/dev/null &
 pids+=($!)
 wait_port "$port"; wait_port "$tls_port"

@@ -14,7 +14,7 @@ out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then requests=50; out=$(mktemp); fi
 
 target=${CARGO_TARGET_DIR:-$root/target}
-cargo build --release -q -p larder --manifest-path "$root/Cargo.toml"
+bench_build
 mkdir -p "$target"
 work=$(mktemp -d "$target/bench-b5.XXXX")
 pids=()
@@ -22,7 +22,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 port=$(free_port)
-LARDER_LOG=warn "$target/release/larder" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 8 >/dev/null &
+LARDER_LOG=warn "$LARDER" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 8 >/dev/null &
 pids+=($!)
 wait_port "$port"
 head -c 1024 /dev/urandom > "$work/blob"

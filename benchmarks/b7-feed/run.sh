@@ -14,8 +14,8 @@ out="$here/RESULTS.md"; plot="$here/b7-feed.png"
 if [ "${1:-}" = "--smoke" ]; then docs=300; out=$(mktemp); plot=$(mktemp --suffix .png); fi
 target=${CARGO_TARGET_DIR:-$root/target}
 
-cargo build --release -q -p larder
-larder="$target/release/larder"
+bench_build
+larder="$LARDER"
 interop=interop/vespa-feed-client
 java_ok=1
 if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then

@@ -11,7 +11,7 @@ source benchmarks/lib.sh
 requests=${REQUESTS:-2000}; big_requests=${BIG_REQUESTS:-400}; out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then requests=60; big_requests=20; out=$(mktemp); fi
 
-cargo build --release -q -p larder
+bench_build
 work=$(mktemp -d "$root/target/bench-hedge.XXXX")
 trap 'stop_all "$work"; rm -rf "$work"' EXIT
 start_cluster "$work" 3 12
@@ -22,7 +22,7 @@ upload 50 1024 "http://127.0.0.1:$on" "$work/small"
 upload 20 1048576 "http://127.0.0.1:$on" "$work/big"
 
 measure() { # label port ids requests
-  target/release/larder bench get --endpoint "http://127.0.0.1:$2" --ids "$3" --concurrency 16 --requests "$4" \
+  "$LARDER" bench get --endpoint "http://127.0.0.1:$2" --ids "$3" --concurrency 16 --requests "$4" \
     | python3 -c "import sys,json; r=json.load(sys.stdin); print(f\"| $1 | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | {r['ok']} | {r['errors']} |\")"
 }
 

@@ -12,7 +12,7 @@ source benchmarks/lib.sh
 mib=${MIB:-512}; out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then mib=8; out=$(mktemp); fi
 
-cargo build --release -q -p larder
+bench_build
 work=$(mktemp -d "$root/target/bench-repl.XXXX")
 trap 'stop_all "$work"; rm -rf "$work"' EXIT
 start_cluster "$work" 3 12

@@ -17,6 +17,20 @@ const SIZES: [(usize, &str); 3] = [(1 << 10, "1 KiB"), (64 << 10, "64 KiB"), (4 
 const WRITERS: [usize; 3] = [1, 16, 256];
 const RECOVERY_RECORDS: u64 = 1_000_000;
 
+/// Records in the recovery replica: 1 million unless `LARDER_BENCH_RECOVERY_RECORDS` says
+/// otherwise (the smoke run uses a few thousand).
+fn recovery_records() -> u64 {
+    std::env::var("LARDER_BENCH_RECOVERY_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RECOVERY_RECORDS)
+}
+
+/// 4 MiB blocks dd writes: 256 (1 GiB) unless `LARDER_BENCH_DD_COUNT` says otherwise.
+fn dd_count() -> String {
+    std::env::var("LARDER_BENCH_DD_COUNT").unwrap_or_else(|_| "256".into())
+}
+
 struct Cell {
     size: usize,
     writers: usize,
@@ -146,7 +160,7 @@ fn dd_mb_per_s(root: &Path) -> f64 {
     let out = Command::new("dd")
         .arg("if=/dev/zero")
         .arg(format!("of={}", file.display()))
-        .args(["bs=4M", "count=256", "conv=fdatasync"])
+        .args(["bs=4M", &format!("count={}", dd_count()), "conv=fdatasync"])
         .output()
         .expect("run dd");
     let _ = std::fs::remove_file(&file);
@@ -182,7 +196,7 @@ fn recovery(dir: &Path) -> ((f64, f64), (f64, f64)) {
         .map(|t| {
             let (store, data) = (store.clone(), data.clone());
             std::thread::spawn(move || {
-                for i in (t..RECOVERY_RECORDS).step_by(2) {
+                for i in (t..recovery_records()).step_by(2) {
                     let meta = BlobMeta {
                         props: Bytes::new(),
                         time_ms: i,
@@ -202,7 +216,7 @@ fn recovery(dir: &Path) -> ((f64, f64), (f64, f64)) {
         let (start, cpu) = (Instant::now(), cpu_seconds());
         let store = Store::open(dir, store_options()).unwrap();
         let took = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu);
-        assert_eq!(store.stats().live_keys, RECOVERY_RECORDS);
+        assert_eq!(store.stats().live_keys, recovery_records());
         took
     };
     // Median of three opens each (no writes happen, so no new checkpoint appears in between).
