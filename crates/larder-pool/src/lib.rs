@@ -7,8 +7,9 @@
 mod body;
 mod config;
 mod connection;
+mod http1;
 mod pool;
 
 pub use body::{empty, full, Body, BoxError};
-pub use config::PoolConfig;
+pub use config::{PoolConfig, PoolProtocol};
 pub use pool::{NodePool, PoolError, StoragePool};

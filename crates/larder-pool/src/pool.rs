@@ -13,7 +13,8 @@ use larder_tls::TlsConnector;
 use tokio::sync::Mutex;
 
 use crate::connection::connect;
-use crate::{Body, PoolConfig};
+use crate::http1::Http1Pool;
+use crate::{Body, PoolConfig, PoolProtocol};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -96,6 +97,8 @@ pub struct NodePool {
     tls: Option<TlsConnector>,
     slots: Vec<Mutex<Slot>>,
     next: AtomicUsize,
+    /// Set in `http1-for-comparison` mode, which then carries every request.
+    http1: Option<Http1Pool>,
 }
 
 #[derive(Default)]
@@ -111,12 +114,15 @@ impl NodePool {
         let slots = (0..cfg.connections_per_node)
             .map(|_| Mutex::new(Slot::default()))
             .collect();
+        let http1 = (cfg.protocol == PoolProtocol::Http1ForComparison)
+            .then(|| Http1Pool::new(addr, cfg.clone()));
         NodePool {
             addr,
             cfg,
             tls,
             slots,
             next: AtomicUsize::new(0),
+            http1,
         }
     }
 
@@ -125,6 +131,9 @@ impl NodePool {
     }
 
     pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, PoolError> {
+        if let Some(http1) = &self.http1 {
+            return http1.send(req).await;
+        }
         *req.uri_mut() = self.absolute(req.uri());
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut sender = self.sender(index).await?;
@@ -199,6 +208,9 @@ impl NodePool {
     }
 
     pub async fn open_connections(&self) -> usize {
+        if let Some(http1) = &self.http1 {
+            return http1.open_connections();
+        }
         let mut open = 0;
         for slot in &self.slots {
             if slot

@@ -110,6 +110,12 @@ impl StoreSettings {
             segment_size: self.segment_size.as_u64(),
             max_record_size: self.max_record_size.as_u64(),
             durability,
+            // Each verified piece the store returns becomes its own HTTP/2 DATA frame (h2 splits
+            // pieces larger than the peer's max frame size but never joins smaller ones), so
+            // 256 KiB pieces capped downloads at 256 KiB frames whatever the frontend advertised
+            // (tests/wire_frames.rs caught it). A whole chunk per piece lets the negotiated frame
+            // size decide; the node holds the whole range before answering anyway.
+            read_chunk_size: 4 << 20,
             ..larder_store::Options::default()
         })
     }

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use larder_cluster::ClusterMap;
 use larder_tls::{ReloadingCert, TlsAcceptor, TlsStream};
@@ -45,7 +45,7 @@ pub async fn serve(
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
     let replicators = start_replication(&node, &map_for_replication, &config, stop)?;
     let max_body = config.store.max_record_size.as_u64();
-    let builder = http2_builder(&config.http2);
+    let builder = connection_builder(&config.http2);
     let graceful = GracefulShutdown::new();
     tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "storage node serving");
     loop {
@@ -162,9 +162,18 @@ async fn handshake(
     }
 }
 
-fn http2_builder(s: &Http2Settings) -> http2::Builder<TokioExecutor> {
-    let mut builder = http2::Builder::new(TokioExecutor::new());
+/// HTTP/2 (prior knowledge) with the tuned settings, and HTTP/1.1 on the same port: the internal
+/// API is HTTP/2, and HTTP/1.1 is accepted only so that the frontend's
+/// `pool.protocol = "http1-for-comparison"` mode can measure what HTTP/2 buys.
+fn connection_builder(s: &Http2Settings) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(10))
+        .max_buf_size(s.max_header_list_size.as_u64().max(8192) as usize);
+    builder
+        .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(s.max_concurrent_streams)
         .initial_stream_window_size(s.stream_window.as_u64() as u32)
