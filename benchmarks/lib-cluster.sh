@@ -1,0 +1,41 @@
+# A cluster written by hand for the pool benchmarks (sourced after lib.sh and bench_build):
+# `cluster_up DIR NODES PARTITIONS "FRONTEND_TOML" "STORAGE_TOML" [HOST]` starts NODES storage
+# nodes and one frontend; sets FRONTEND (host:port) and FRONTEND_PID; `cluster_down` stops all.
+CLUSTER_PIDS=()
+
+cluster_up() {
+  local dir=$1 nodes=$2 partitions=$3 frontend_extra=$4 storage_extra=$5 host=${6:-127.0.0.1}
+  mkdir -p "$dir"
+  local base; base=$(free_port)
+  "$LARDER" cluster init --nodes "$nodes" --partitions "$partitions" --host "$host" \
+    --base-port "$base" -o "$dir/cluster.toml" >/dev/null
+  for i in $(seq 1 "$nodes"); do
+    printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n' "$i" "$i" "$storage_extra" > "$dir/s$i.toml"
+    ${STORAGE_WRAPPER:-} env LARDER_LOG=warn "$LARDER" storage --config "$dir/s$i.toml" >/dev/null 2>"$dir/s$i.log" &
+    CLUSTER_PIDS+=($!)
+  done
+  local port; port=$(free_port)
+  FRONTEND="127.0.0.1:$port"
+  printf 'listen = "%s"\ncluster_map = "cluster.toml"\ndatacenter = "dc1"\n%s\n' "$FRONTEND" "$frontend_extra" > "$dir/frontend.toml"
+  sleep 0.5
+  ${FRONTEND_WRAPPER:-} env LARDER_LOG=warn "$LARDER" frontend --config "$dir/frontend.toml" >/dev/null 2>"$dir/frontend.log" &
+  FRONTEND_PID=$!
+  CLUSTER_PIDS+=("$FRONTEND_PID")
+  wait_port "$port"
+}
+
+cluster_down() {
+  for p in "${CLUSTER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${CLUSTER_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  CLUSTER_PIDS=()
+}
+
+# CPU seconds (user + system) a process has used so far.
+cpu_seconds() {
+  awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"
+}
+
+# Peak RSS (VmHWM) of a process in MiB.
+peak_rss_mib() {
+  awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"
+}
