@@ -165,6 +165,9 @@ impl DocRouter {
                 break;
             }
         }
+        if Instant::now() >= deadline {
+            return Err(DocError::Timeout);
+        }
         Err(write_failure(acks, quorum, &failures))
     }
 
@@ -213,6 +216,10 @@ impl DocRouter {
                 break;
             }
             if failures.len() > replicas.len() - quorum {
+                // Replicas that failed because the deadline passed make this a timeout.
+                if Instant::now() >= deadline {
+                    return Err(DocError::Timeout);
+                }
                 return Err(DocError::Unavailable(format!(
                     "{} of {quorum} replicas answered ({})",
                     states.len(),
