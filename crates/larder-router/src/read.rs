@@ -75,10 +75,9 @@ impl Router {
                     Ok(response) => {
                         if hedged {
                             self.metrics.hedges_won.inc();
-                            // Replicas still silent after losing a race count as failing, so a
-                            // stalled node is soon marked down and asked last, not first.
+                            // Replicas still silent after losing the race get a health check.
                             for slow in &pending {
-                                self.health.record_failure(slow);
+                                self.check_slow_replica(slow);
                             }
                         }
                         return Ok(GetAnswer::Replica(response));

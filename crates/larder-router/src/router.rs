@@ -50,7 +50,7 @@ pub struct Router {
     pub(crate) config: RouterConfig,
     pub(crate) datacenter: String,
     pub(crate) datacenter_id: u8,
-    pub(crate) health: NodeHealth,
+    pub(crate) health: Arc<NodeHealth>,
     pub(crate) latency: LatencyTracker,
     pub(crate) metrics: RouterMetrics,
 }
@@ -70,7 +70,11 @@ impl Router {
             .ok_or_else(|| format!("datacenter {datacenter:?} is not in the cluster map"))?;
         let datacenter_id = dc.id;
         let nodes = map.nodes.iter().map(|n| n.id.clone());
-        let health = NodeHealth::new(nodes, config.failures_to_mark_down, config.down_backoff);
+        let health = Arc::new(NodeHealth::new(
+            nodes,
+            config.failures_to_mark_down,
+            config.down_backoff,
+        ));
         let dcs = map.datacenters.iter().map(|d| d.name.clone());
         let latency = LatencyTracker::new(dcs, config.hedge_percentile, config.hedge_min_samples);
         Ok(Router {
@@ -138,6 +142,25 @@ impl Router {
                 ))
             }
         }
+    }
+
+    /// Asks a replica that just lost a hedge race whether it is alive: a health check it does not
+    /// answer within a tenth of the request timeout (0.1-1 s) counts as a failure. A node that is
+    /// merely busier than its peers answers and keeps its standing; a stalled one is soon marked
+    /// down and asked last.
+    pub(crate) fn check_slow_replica(&self, node: &str) {
+        let (pool, health, node) = (self.pool.clone(), self.health.clone(), node.to_owned());
+        let limit = (self.config.request_timeout / 10)
+            .clamp(Duration::from_millis(100), Duration::from_secs(1));
+        tokio::spawn(async move {
+            let request = Request::get(larder_proto::HEALTH_PATH)
+                .body(larder_pool::empty())
+                .expect("valid request");
+            match timeout(limit, pool.send(&node, request)).await {
+                Ok(Ok(response)) if response.status().is_success() => health.record_success(&node),
+                _ => health.record_failure(&node),
+            }
+        });
     }
 
     /// Starts `op` against every node in its own task (so stragglers finish after a quorum
