@@ -92,6 +92,11 @@ pub struct Limits {
     /// HTTP/2; dropped if still silent after another period). Reaps abandoned streams too.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// A request body from which nothing arrives for this long is abandoned (408 for blob
+    /// uploads). Per stream, so one stalled upload on a busy HTTP/2 connection is caught; time
+    /// the server itself spends not reading (backpressure while chunks are stored) does not count.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
     /// Connections one client IP address may hold open at once (0: no limit); more are closed
     /// right after accept. Cheap insurance against one host exhausting file descriptors.
     pub max_connections_per_ip: usize,
@@ -112,10 +117,13 @@ impl Limits {
         if self.max_concurrent_streams == 0 {
             return Err("limits.max_concurrent_streams must be at least 1".into());
         }
-        if self.idle_timeout.is_zero() || self.header_read_timeout.is_zero() {
-            return Err(
-                "limits.idle_timeout and limits.header_read_timeout must be above 0".into(),
-            );
+        if self.idle_timeout.is_zero()
+            || self.header_read_timeout.is_zero()
+            || self.body_read_timeout.is_zero()
+        {
+            return Err("limits.idle_timeout, limits.header_read_timeout and \
+                 limits.body_read_timeout must be above 0"
+                .into());
         }
         Ok(())
     }
@@ -129,6 +137,7 @@ impl Default for Limits {
             max_frame_size: ByteSize::kib(16),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(30),
             max_connections_per_ip: 1024,
             max_pending_accept_reset_streams: 20,
             max_local_error_reset_streams: 1024,

@@ -16,6 +16,9 @@ pub enum ApiError {
     Gone(&'static str, String),
     #[error("{0}")]
     TooLarge(String),
+    /// The client stopped sending its request body.
+    #[error("{0}")]
+    BodyTimeout(String),
     #[error("range not satisfiable")]
     RangeNotSatisfiable { content_range: Option<HeaderValue> },
     #[error("{0}")]
@@ -39,6 +42,7 @@ impl ApiError {
             }
             ApiError::Gone(code, _) => (StatusCode::GONE, code),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "TooLarge"),
+            ApiError::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "BodyTimeout"),
             ApiError::RangeNotSatisfiable { .. } => {
                 (StatusCode::RANGE_NOT_SATISFIABLE, "RangeNotSatisfiable")
             }
@@ -74,6 +78,17 @@ impl ApiError {
             _ => {}
         }
         response
+    }
+}
+
+impl From<crate::body::ReadError> for ApiError {
+    fn from(err: crate::body::ReadError) -> ApiError {
+        match err {
+            crate::body::ReadError::Transport(_) => {
+                ApiError::BadRequest("BadBody", err.to_string())
+            }
+            crate::body::ReadError::Stalled(_) => ApiError::BodyTimeout(err.to_string()),
+        }
     }
 }
 

@@ -354,3 +354,72 @@ fn slowloris_http1_connections_are_closed() {
         );
     });
 }
+
+/// An upload whose body stops arriving is answered 408 after `limits.body_read_timeout`, on
+/// HTTP/2 while the same connection stays busy with other requests (so the idle timeout cannot
+/// be what ends it), and on HTTP/1.1; the connection goes on serving.
+#[test]
+fn stalled_upload_bodies_get_408() {
+    let cluster = Cluster::start_with(3, 4, "[limits]\nbody_read_timeout = \"1s\"\n");
+    let addr = cluster.frontend_addr;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use http_body_util::{channel::Channel, BodyExt};
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let (mut body_tx, body) = Channel::<bytes::Bytes, std::convert::Infallible>::new(1);
+        let upload = http::Request::post(format!("http://{addr}/v1/blobs"))
+            .header("content-length", "1000000")
+            .body(body)
+            .unwrap();
+        let started = Instant::now();
+        let response = tokio::spawn(sender.clone().send_request(upload));
+        body_tx.send_data(vec![7u8; 1000].into()).await.unwrap();
+        // Keep the connection busy while the upload stalls. (A dropped sender ends a body.)
+        let healthz = || {
+            let request = http::Request::get(format!("http://{addr}/healthz"))
+                .body(Channel::<bytes::Bytes, std::convert::Infallible>::new(1).1)
+                .unwrap();
+            sender.clone().send_request(request)
+        };
+        while !response.is_finished() && started.elapsed() < Duration::from_secs(10) {
+            assert_eq!(healthz().await.unwrap().status(), 200);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            response.is_finished(),
+            "stalled HTTP/2 upload never answered"
+        );
+        let response = response.await.unwrap().unwrap();
+        assert_eq!(response.status(), 408, "stalled HTTP/2 upload");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
+            "answered after {waited:?} with a 1 s body-read timeout"
+        );
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&text).contains("BodyTimeout"));
+        drop(body_tx);
+        assert_eq!(
+            healthz().await.unwrap().status(),
+            200,
+            "connection still serves"
+        );
+    });
+
+    let mut http1 = std::net::TcpStream::connect(addr).unwrap();
+    http1
+        .write_all(b"POST /v1/blobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .unwrap();
+    http1
+        .set_read_timeout(Some(Duration::from_secs(8)))
+        .unwrap();
+    let mut answer = [0u8; 12];
+    std::io::Read::read_exact(&mut http1, &mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 408", "stalled HTTP/1.1 upload");
+}

@@ -36,7 +36,8 @@ pub async fn upload(
         Ok(props) => props,
         Err(err) => {
             // Refused before reading: let the client finish sending so it sees the answer.
-            drain_in_background(body, drain_budget(max));
+            let timeout = state.config.limits.body_read_timeout;
+            drain_in_background(body, drain_budget(max), timeout);
             return Err(err);
         }
     };

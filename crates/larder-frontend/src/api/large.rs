@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -17,7 +18,7 @@ use larder_proto::{BlobProperties, ByteRange, RangeError};
 use larder_router::{GetAnswer, Manifest};
 
 use super::blobs::{copy_public_headers, drain_budget, gone, too_large};
-use crate::body::{drain_in_background, empty, Body};
+use crate::body::{drain_in_background, empty, next_frame, Body};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -35,7 +36,8 @@ pub async fn store_body(
 ) -> Result<(BlobId, u64), ApiError> {
     let max = state.config.max_blob_size.as_u64();
     let chunk_size = state.config.chunking.chunk_size.as_u64() as usize;
-    let mut reader = ChunkReader::new(body, chunk_size, length, max);
+    let timeout = state.config.limits.body_read_timeout;
+    let mut reader = ChunkReader::new(body, chunk_size, length, max, timeout);
     let first = reader.next_chunk().await?;
     state.metrics.bytes_received.inc_by(first.len() as u64);
     if !reader.has_more().await? {
@@ -69,10 +71,18 @@ struct ChunkReader {
     length_hint: Option<u64>,
     max: u64,
     total: u64,
+    /// The body-read timeout: how long the client may send nothing.
+    stall: Duration,
 }
 
 impl ChunkReader {
-    fn new(body: Incoming, chunk_size: usize, length: Option<u64>, max: u64) -> ChunkReader {
+    fn new(
+        body: Incoming,
+        chunk_size: usize,
+        length: Option<u64>,
+        max: u64,
+        stall: Duration,
+    ) -> ChunkReader {
         ChunkReader {
             body: Some(body),
             leftover: Bytes::new(),
@@ -80,6 +90,7 @@ impl ChunkReader {
             length_hint: length,
             max,
             total: 0,
+            stall,
         }
     }
 
@@ -88,10 +99,8 @@ impl ChunkReader {
         let Some(body) = self.body.as_mut() else {
             return Ok(None);
         };
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|err| {
-                ApiError::BadRequest("BadBody", format!("cannot read request body: {err}"))
-            })?;
+        while let Some(frame) = next_frame(body, self.stall).await {
+            let frame = frame?;
             if let Ok(data) = frame.into_data() {
                 if data.is_empty() {
                     continue;
@@ -99,7 +108,7 @@ impl ChunkReader {
                 self.total += data.len() as u64;
                 if self.total > self.max {
                     if let Some(body) = self.body.take() {
-                        drain_in_background(body, drain_budget(self.max));
+                        drain_in_background(body, drain_budget(self.max), self.stall);
                     }
                     return Err(too_large(self.max));
                 }

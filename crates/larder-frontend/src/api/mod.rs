@@ -34,8 +34,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     response
 }
 
-/// Largest unread request body drained so that an early answer reaches the client (see
-/// `drain_in_background`); bigger ones are reset.
+/// Largest request body read and dropped before answering a route that needs none (see
+/// `body::drain`); bigger ones are reset.
 const DRAIN_BUDGET: u64 = 1 << 20;
 
 async fn dispatch(
@@ -51,8 +51,9 @@ async fn dispatch(
         return ("document", Ok(documents::handle(state, req).await));
     }
     // No other route reads a body.
-    let (parts, body) = req.into_parts();
-    crate::body::drain_in_background(body, DRAIN_BUDGET);
+    let (parts, mut body) = req.into_parts();
+    let timeout = state.config.limits.body_read_timeout;
+    crate::body::drain(&mut body, DRAIN_BUDGET, timeout).await;
     let read_only = |allow| {
         if method == Method::GET || method == Method::HEAD {
             Ok(())

@@ -2,19 +2,26 @@
 //! feed client compresses bodies over 512 bytes), and parsed into put and update operations.
 
 use std::io::Read;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::reply::Failure;
 use super::update::Fields;
+use crate::body::{drain_in_background, next_frame};
 
-/// Reads the whole body (at most `max` bytes after decoding).
-pub async fn read(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, Failure> {
+/// Reads the whole body (at most `max` bytes after decoding); a client that sends nothing for
+/// `stall` gets a 400.
+pub async fn read(
+    mut body: Incoming,
+    headers: &HeaderMap,
+    max: u64,
+    stall: Duration,
+) -> Result<Bytes, Failure> {
     let too_large =
         || Failure::TooLarge(format!("document is larger than the limit of {max} bytes"));
     let gzip = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str()) {
@@ -27,12 +34,12 @@ pub async fn read(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<B
         }
     };
     let mut data = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| Failure::BadRequest(format!("cannot read request body: {e}")))?;
+    while let Some(frame) = next_frame(&mut body, stall).await {
+        let frame = frame.map_err(|e| Failure::BadRequest(e.to_string()))?;
         if let Ok(chunk) = frame.into_data() {
             if data.len() as u64 + chunk.len() as u64 > max {
-                drain(body);
+                // Let the client finish sending so that it reads the 413, not a reset.
+                drain_in_background(body, REFUSED_DRAIN_BUDGET, stall);
                 return Err(too_large());
             }
             data.extend_from_slice(&chunk);
@@ -52,22 +59,8 @@ pub async fn read(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<B
     Ok(decoded.into())
 }
 
-/// Reads and drops the rest of a refused body in the background (bounded), so that clients read
-/// the 413 instead of a reset stream.
-fn drain(mut body: Incoming) {
-    tokio::spawn(async move {
-        let drain = async {
-            let mut seen = 0usize;
-            while let Some(Ok(frame)) = body.frame().await {
-                seen += frame.data_ref().map_or(0, |d| d.len());
-                if seen > 64 << 20 {
-                    break;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain).await;
-    });
-}
+/// How much of a refused (too large) body is read and dropped so the client sees the 413.
+const REFUSED_DRAIN_BUDGET: u64 = 64 << 20;
 
 #[derive(Deserialize)]
 struct PutBody<'a> {

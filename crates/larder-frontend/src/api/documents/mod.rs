@@ -38,7 +38,8 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
     // The body is read before anything can fail, so that every answer (even a 400 for the path)
     // reaches clients that are still sending: an unread HTTP/2 body ends in a reset stream.
     let max = state.config.documents.max_document_size.as_u64();
-    let body = body::read(incoming, &parts.headers, max).await;
+    let stall = state.config.limits.body_read_timeout;
+    let body = body::read(incoming, &parts.headers, max, stall).await;
     let doc = match path::parse(&path_id) {
         Ok(Target::Document(doc)) => doc,
         Ok(Target::Collection) => {
