@@ -8,8 +8,9 @@ root=$(cd "$here/../.." && pwd)
 cd "$root"
 source benchmarks/lib.sh
 
-requests=${REQUESTS:-2000}; big_requests=${BIG_REQUESTS:-400}; out="$here/RESULTS.md"
-if [ "${1:-}" = "--smoke" ]; then requests=60; big_requests=20; out=$(mktemp); fi
+requests=${REQUESTS:-10000}; big_requests=${BIG_REQUESTS:-1000}; first=${FIRST_REQUESTS:-2000}
+out="$here/RESULTS.md"
+if [ "${1:-}" = "--smoke" ]; then requests=60; big_requests=20; first=30; out=$(mktemp); fi
 
 bench_build
 work=$(mktemp -d "$root/target/bench-hedge.XXXX")
@@ -28,7 +29,13 @@ measure() { # label port ids requests
 
 rows=()
 for state in healthy stopped; do
-  if [ "$state" = stopped ]; then kill -STOP "$(cat "$work/s1.pid")"; fi
+  if [ "$state" = stopped ]; then
+    kill -STOP "$(cat "$work/s1.pid")"
+    # Right after the stop neither frontend knows yet: reads wait for a hedge (or a timeout)
+    # until the node is marked down. Measured apart from the steady state that follows.
+    rows+=("$(measure "1 KiB, first $first reads after the stop, hedging on" "$on" "$work/small" "$first")")
+    rows+=("$(measure "1 KiB, first $first reads after the stop, hedging off" "$off" "$work/small" "$first")")
+  fi
   for size in small big; do
     n=$requests; [ "$size" = big ] && n=$big_requests
     label_size=$([ "$size" = small ] && echo "1 KiB" || echo "1 MiB")
@@ -43,8 +50,8 @@ kill -CONT "$(cat "$work/s1.pid")"
   echo
   echo "Three storage nodes, 12 partitions x 3 replicas, two frontends in the same run against the same"
   echo "nodes: one with hedging (default: hedge at p95 of recent latency), one with \`hedging = false\`."
-  echo "Router defaults otherwise (request timeout 5 s, 3 failures mark a node down for 2 s, then one"
-  echo "probe). Load: \`larder bench get\`, 16 streams on one HTTP/2 connection, cycling over 50 x 1 KiB"
+  echo "Router defaults otherwise (request timeout 5 s; a replica that loses a hedge race gets a health"
+  echo "check, and 3 checks unanswered within 200 ms mark it down for 2 s, then one probe). Load: \`larder bench get\`, 16 streams on one HTTP/2 connection, cycling over 50 x 1 KiB"
   echo "or 20 x 1 MiB blobs. Target: with hedging, p99 with a stopped replica <= 2x the healthy p99."
   echo
   echo "## Machine"
@@ -52,7 +59,7 @@ kill -CONT "$(cat "$work/s1.pid")"
   echo
   echo "## Command"
   echo '```'
-  echo "REQUESTS=$requests BIG_REQUESTS=$big_requests benchmarks/hedged-reads/run.sh"
+  echo "REQUESTS=$requests BIG_REQUESTS=$big_requests FIRST_REQUESTS=$first benchmarks/hedged-reads/run.sh"
   echo '```'
   echo
   echo "## Results"

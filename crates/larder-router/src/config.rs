@@ -19,6 +19,12 @@ pub struct RouterConfig {
     /// How long a down node is tried last; after it, one probe request tests it again.
     #[serde(with = "humantime_serde")]
     pub down_backoff: Duration,
+    /// How long the background health check of a replica still silent after losing a hedge race
+    /// may take before it counts as a failure. Short, because a health check costs the node
+    /// nothing and a stalled node (`failures_to_mark_down` of these) should be asked last soon:
+    /// until then a third of its partitions' reads wait for the hedge delay.
+    #[serde(with = "humantime_serde")]
+    pub health_check_timeout: Duration,
     /// Hedged reads: ask the next replica too when the first is slower than usual.
     pub hedging: bool,
     /// "Slower than usual": this percentile of recent latency in the replica's datacenter.
@@ -43,6 +49,7 @@ impl Default for RouterConfig {
             request_timeout: Duration::from_secs(5),
             failures_to_mark_down: 3,
             down_backoff: Duration::from_secs(2),
+            health_check_timeout: Duration::from_millis(200),
             hedging: true,
             hedge_percentile: 0.95,
             hedge_min_samples: 100,

@@ -145,13 +145,12 @@ impl Router {
     }
 
     /// Asks a replica that just lost a hedge race whether it is alive: a health check it does not
-    /// answer within a tenth of the request timeout (0.1-1 s) counts as a failure. A node that is
+    /// answer within `health_check_timeout` counts as a failure. A node that is
     /// merely busier than its peers answers and keeps its standing; a stalled one is soon marked
     /// down and asked last.
     pub(crate) fn check_slow_replica(&self, node: &str) {
         let (pool, health, node) = (self.pool.clone(), self.health.clone(), node.to_owned());
-        let limit = (self.config.request_timeout / 10)
-            .clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let limit = self.config.health_check_timeout;
         tokio::spawn(async move {
             let request = Request::get(larder_proto::HEALTH_PATH)
                 .body(larder_pool::empty())
