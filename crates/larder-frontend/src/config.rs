@@ -31,6 +31,11 @@ pub struct FrontendConfig {
     /// How large blobs are cut into chunks and streamed back.
     #[serde(default)]
     pub chunking: ChunkingConfig,
+    /// A directory of this frontend's own (relative to the config file) where chunked uploads
+    /// in progress are journalled, so that the chunks of uploads cut short by a crash are
+    /// tombstoned when it starts again. Unset: such chunks stay on disk, invisible but unreclaimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_journal_dir: Option<PathBuf>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
@@ -162,6 +167,7 @@ impl FrontendConfig {
             datacenter: "dc1".into(),
             max_blob_size: default_max_blob(),
             chunking: ChunkingConfig::default(),
+            upload_journal_dir: Some("frontend-uploads".into()),
             limits: Limits::default(),
             pool: PoolConfig::default(),
             router: RouterConfig::default(),

@@ -64,12 +64,19 @@ pub async fn serve(
     }
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
     let pool = StoragePool::new(nodes, config.pool.clone()).map_err(|e| e.to_string())?;
-    let router = Arc::new(Router::new(
+    let mut router = Router::new(
         Arc::new(map),
         pool,
         config.router.clone(),
         &config.datacenter,
-    )?);
+    )?;
+    if let Some(dir) = &config.upload_journal_dir {
+        let journal = larder_router::UploadJournal::open(dir)
+            .map_err(|e| format!("upload journal {}: {e}", dir.display()))?;
+        router = router.with_upload_journal(journal);
+    }
+    let router = Arc::new(router);
+    tokio::spawn(router.clone().clean_up_unfinished_uploads());
     let grace = config.shutdown_grace;
     let metrics = Metrics::new(router.metrics());
     config.documents.validate()?;

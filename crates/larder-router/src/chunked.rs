@@ -5,7 +5,8 @@
 //! as its own blob (kind chunk, on a partition of its own) with a few in flight at once. When every
 //! chunk is stored, a composite blob whose record is the `Manifest` is written, and its ID is what
 //! the client gets. Until then nothing is visible; an upload that fails or is abandoned tombstones
-//! the chunks it stored (see `UploadState`'s `Drop`).
+//! the chunks it stored (see `UploadState`'s `Drop`), and one cut short by a crash is cleaned up
+//! at the next start from the upload journal (see `journal`).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,6 +25,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
+use crate::journal::JournalEntry;
 use crate::manifest::{ChunkSlice, Manifest};
 use crate::{GetAnswer, Router, RouterError};
 
@@ -90,10 +92,13 @@ pub struct Upload {
 }
 
 /// What the chunk tasks of one upload share. When the last reference goes (the upload and every
-/// chunk task are done) and the upload was not committed, its stored chunks are tombstoned.
+/// chunk task are done) and the upload was not committed, its blobs are tombstoned: every ID in
+/// its journal entry when there is one (chunks whose write failed half-way included), else the
+/// chunks known to be stored.
 struct UploadState {
     router: Arc<Router>,
     stored: Mutex<Vec<BlobId>>,
+    journal: Option<JournalEntry>,
     committed: std::sync::atomic::AtomicBool,
 }
 
@@ -102,30 +107,49 @@ impl Drop for UploadState {
         if self.committed.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
-        let orphans = std::mem::take(&mut *self.stored.lock());
-        if orphans.is_empty() {
+        let orphans = match &self.journal {
+            Some(journal) => journal.ids(),
+            None => std::mem::take(&mut *self.stored.lock()),
+        };
+        let journal = self.journal.take();
+        if orphans.is_empty() && journal.is_none() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 chunks = orphans.len(),
-                "abandoned upload outside a runtime: chunks left behind"
+                "abandoned upload outside a runtime: left to the journal or behind"
             );
             return;
         };
         let router = self.router.clone();
-        runtime.spawn(async move { router.delete_chunks(orphans, "abandoned upload").await });
+        runtime.spawn(async move {
+            let failed = router.delete_chunks(orphans, "abandoned upload").await;
+            // Kept when some deletes failed, so the next start tries again.
+            if let (0, Some(journal)) = (failed, journal) {
+                if let Err(err) = journal.remove().await {
+                    tracing::warn!(error = %err, "cannot remove an upload journal entry");
+                }
+            }
+        });
     }
 }
 
 impl Router {
-    /// Starts a chunked upload of a blob with `props`, cut at `chunk_size`.
+    /// Starts a chunked upload of a blob with `props`, cut at `chunk_size`; fails only when the
+    /// upload journal cannot record it.
     pub fn start_upload(
         self: &Arc<Self>,
         props: BlobProperties,
         config: &ChunkingConfig,
-    ) -> Upload {
-        Upload {
+    ) -> Result<Upload, RouterError> {
+        let journal = match &self.journal {
+            Some(journal) => Some(journal.begin().map_err(|e| {
+                RouterError::Unavailable(format!("cannot start an upload journal entry: {e}"))
+            })?),
+            None => None,
+        };
+        Ok(Upload {
             router: self.clone(),
             props,
             chunk_size: config.chunk_size.as_u64(),
@@ -133,17 +157,51 @@ impl Router {
             state: Arc::new(UploadState {
                 router: self.clone(),
                 stored: Mutex::new(Vec::new()),
+                journal,
                 committed: false.into(),
             }),
             in_flight: VecDeque::new(),
             chunks: Vec::new(),
             size: 0,
+        })
+    }
+
+    /// Tombstones the blobs of uploads that a previous run of this frontend left unfinished (it
+    /// crashed mid-upload), retrying every few seconds until storage nodes have taken every
+    /// delete. Runs in the background from start-up.
+    pub async fn clean_up_unfinished_uploads(self: Arc<Self>) {
+        let Some(journal) = &self.journal else { return };
+        loop {
+            let leftovers = match journal.leftovers() {
+                Ok(leftovers) => leftovers,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot read the upload journal");
+                    return;
+                }
+            };
+            let mut unfinished = 0;
+            for (path, ids) in leftovers {
+                tracing::info!(blobs = ids.len(), file = %path.display(), "cleaning up an upload cut short by a crash");
+                if self.delete_chunks(ids, "upload cut short by a crash").await > 0 {
+                    unfinished += 1;
+                    continue;
+                }
+                let dir = path.parent().unwrap_or(std::path::Path::new("."));
+                if let Err(err) = crate::journal::remove_durably(&path, dir) {
+                    tracing::warn!(error = %err, "cannot remove an upload journal entry");
+                }
+            }
+            if unfinished == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         }
     }
 
     /// Tombstones `chunks` a few at a time (deleting a composite, or cleaning up after a failed
-    /// upload). Failures are logged: an orphaned chunk wastes space but is never visible.
-    pub async fn delete_chunks(self: &Arc<Self>, chunks: Vec<BlobId>, why: &'static str) {
+    /// upload); returns how many deletes failed. Failures are logged: an orphaned chunk wastes
+    /// space but is never visible.
+    pub async fn delete_chunks(self: &Arc<Self>, chunks: Vec<BlobId>, why: &'static str) -> usize {
         use futures_util::StreamExt;
         let total = chunks.len();
         let failed = futures_util::stream::iter(chunks)
@@ -159,6 +217,7 @@ impl Router {
             tracing::warn!(chunk = %id, error = %err, why, "could not tombstone a chunk");
         }
         tracing::debug!(total, failed = failed.len(), why, "chunks tombstoned");
+        failed.len()
     }
 
     /// Reads `slices` of a composite blob in order, fetching up to `read_ahead` chunks ahead.
@@ -260,7 +319,10 @@ impl Upload {
         // A task per chunk, so that a chunk's write finishes (and is recorded for cleanup) even
         // when the upload is dropped half-way; dropping a JoinHandle does not cancel the task.
         self.in_flight.push_back(tokio::spawn(async move {
-            let id = router.put_blob_kind(BlobKind::Chunk, &props, data).await?;
+            let journal = state.journal.as_ref();
+            let id = router
+                .put_blob_kind(BlobKind::Chunk, &props, data, journal)
+                .await?;
             state.stored.lock().push(id);
             Ok(id)
         }));
@@ -291,10 +353,23 @@ impl Upload {
             size: self.size,
             chunks: std::mem::take(&mut self.chunks),
         };
+        let journal = self.state.journal.as_ref();
         let id = self
             .router
-            .put_blob_kind(BlobKind::Composite, &self.props, manifest.encode().into())
+            .put_blob_kind(
+                BlobKind::Composite,
+                &self.props,
+                manifest.encode().into(),
+                journal,
+            )
             .await?;
+        // The entry goes before the answer: a crash after it must not clean up a blob the client
+        // was told about. If it cannot go, the upload fails and is cleaned up (composite too).
+        if let Some(journal) = journal {
+            journal.remove().await.map_err(|e| {
+                RouterError::Unavailable(format!("cannot close the upload's journal entry: {e}"))
+            })?;
+        }
         self.state
             .committed
             .store(true, std::sync::atomic::Ordering::Release);

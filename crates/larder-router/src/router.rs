@@ -11,6 +11,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
+use crate::journal::UploadJournal;
 use crate::latency::LatencyTracker;
 use crate::{NodeHealth, RouterConfig};
 
@@ -53,6 +54,8 @@ pub struct Router {
     pub(crate) health: Arc<NodeHealth>,
     pub(crate) latency: LatencyTracker,
     pub(crate) metrics: RouterMetrics,
+    /// Where chunked uploads in progress are recorded, if anywhere (see `journal`).
+    pub(crate) journal: Option<UploadJournal>,
 }
 
 /// The outcome of one request to one replica.
@@ -86,7 +89,15 @@ impl Router {
             health,
             latency,
             metrics: RouterMetrics::default(),
+            journal: None,
         })
+    }
+
+    /// Records chunked uploads in `journal`, so that a crash mid-upload leaves no chunks behind
+    /// once `clean_up_unfinished_uploads` has run at the next start.
+    pub fn with_upload_journal(mut self, journal: UploadJournal) -> Router {
+        self.journal = Some(journal);
+        self
     }
 
     pub fn map(&self) -> &ClusterMap {

@@ -9,6 +9,7 @@ use larder_proto::{blob_path, header as h, BlobProperties};
 use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 
+use crate::journal::JournalEntry;
 use crate::order::replicas_in;
 use crate::router::{Quorum, ReplicaResult};
 use crate::{Router, RouterError};
@@ -21,20 +22,23 @@ impl Router {
         props: &BlobProperties,
         data: Bytes,
     ) -> Result<BlobId, RouterError> {
-        self.put_blob_kind(BlobKind::Simple, props, data).await
+        self.put_blob_kind(BlobKind::Simple, props, data, None)
+            .await
     }
 
-    /// Like `put_blob`, minting an ID of `kind` (chunks and composites of large blobs).
+    /// Like `put_blob`, minting an ID of `kind` (chunks and composites of large blobs), and
+    /// recording each ID minted in `journal` before anything is sent under it.
     pub async fn put_blob_kind(
         self: &Arc<Self>,
         kind: BlobKind,
         props: &BlobProperties,
         data: Bytes,
+        journal: Option<&JournalEntry>,
     ) -> Result<BlobId, RouterError> {
         let deadline = Instant::now() + self.config.operation_timeout;
         let first = self.pick_partition(None)?;
         let first_error = match self
-            .put_on(kind, first, props, data.clone(), deadline)
+            .put_on(kind, first, props, data.clone(), deadline, journal)
             .await
         {
             Ok(id) => return Ok(id),
@@ -42,7 +46,7 @@ impl Router {
         };
         tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
         let second = self.pick_partition(Some(first))?;
-        self.put_on(kind, second, props, data, deadline).await.map_err(|second_error| {
+        self.put_on(kind, second, props, data, deadline, journal).await.map_err(|second_error| {
             RouterError::Unavailable(format!(
                 "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
             ))
@@ -80,8 +84,15 @@ impl Router {
         props: &BlobProperties,
         data: Bytes,
         deadline: Instant,
+        journal: Option<&JournalEntry>,
     ) -> Result<BlobId, String> {
         let id = BlobId::mint(kind, self.datacenter_id, partition);
+        if let Some(journal) = journal {
+            journal
+                .record(&id)
+                .await
+                .map_err(|e| format!("cannot record the upload in its journal: {e}"))?;
+        }
         let p = self.map.partition(partition).expect("picked from the map");
         let local = replicas_in(&self.map, p, &self.datacenter);
         let remote: Vec<String> = p

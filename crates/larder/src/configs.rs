@@ -45,6 +45,9 @@ pub fn storage(path: &Path) -> anyhow::Result<(StorageConfig, ClusterMap)> {
 pub fn frontend(path: &Path) -> anyhow::Result<(FrontendConfig, ClusterMap)> {
     let mut config: FrontendConfig = load(path)?;
     config.cluster_map = relative_to(path, &config.cluster_map);
+    if let Some(dir) = &mut config.upload_journal_dir {
+        *dir = relative_to(path, dir);
+    }
     if let Some(tls) = &mut config.tls {
         tls.cert = relative_to(path, &tls.cert);
         tls.key = relative_to(path, &tls.key);

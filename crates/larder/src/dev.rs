@@ -139,8 +139,9 @@ fn write_frontend_configs(
         let next = |addr: SocketAddr| SocketAddr::new(addr.ip(), addr.port() + i as u16);
         let path = data_dir.join(format!("frontend-{}.toml", dc.name));
         let mut text = format!(
-            "listen = \"{}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\n",
+            "listen = \"{}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\nupload_journal_dir = \"frontend-{}-uploads\"\n",
             next(args.listen),
+            dc.name,
             dc.name
         );
         if let Some(certs) = certs {

@@ -370,3 +370,83 @@ fn failed_uploads_leave_no_blob_and_tombstone_their_chunks() {
         assert!(stored_after > stored, "later failures stored chunks too");
     });
 }
+
+/// IDs listed in the upload journal files under `dir`.
+fn journalled_ids(dir: &std::path::Path) -> (usize, usize) {
+    let (mut files, mut ids) = (0, 0);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.path().extension().is_some_and(|e| e == "upload") {
+            files += 1;
+            ids += std::fs::read_to_string(entry.path())
+                .unwrap_or_default()
+                .lines()
+                .count();
+        }
+    }
+    (files, ids)
+}
+
+/// A frontend SIGKILLed mid-upload cannot clean up after itself; its upload journal lists the
+/// upload's chunks, and the restarted frontend tombstones them on every replica.
+#[test]
+fn chunks_of_an_upload_cut_short_by_a_frontend_crash_are_tombstoned_after_restart() {
+    let config = format!("upload_journal_dir = \"uploads\"\n{SMALL_CHUNKS}");
+    let mut cluster = Cluster::start_with(3, 4, &config);
+    let journal = cluster.dir.path().join("uploads");
+    let addr = cluster.frontend_addr;
+    let rt = runtime();
+    // An HTTP/1.1 client promises 4 MiB, sends 1 MiB (16 chunks) and waits.
+    let socket = rt.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v1/blobs HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n",
+            4 * MIB
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(&vec![9u8; MIB as usize]).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while journalled_ids(&journal).1 < 8 {
+            assert!(Instant::now() < deadline, "the upload was never journalled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (put, _, _) = chunk_records(&cluster).await;
+        assert!(
+            put.len() >= 4,
+            "only {} chunks stored before the crash",
+            put.len()
+        );
+        socket
+    });
+    cluster.kill_and_restart_frontend();
+    drop(socket);
+    rt.block_on(async {
+        let stored = assert_chunks_all_tombstoned(&cluster, "upload cut short by a crash").await;
+        assert!(stored >= 4);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while journalled_ids(&journal).0 > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the journal entry was never removed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    // The restarted frontend serves uploads (and journals them) as before.
+    let data = vec![3u8; 200 * 1024];
+    let put = curl(
+        cluster.dir.path(),
+        &[
+            "--data-binary",
+            &format!("@{}", file_with(cluster.dir.path(), &data)),
+            &cluster.url("/v1/blobs"),
+        ],
+    );
+    assert_eq!(put.status, 201);
+    assert_eq!(
+        journalled_ids(&journal),
+        (0, 0),
+        "a committed upload leaves no entry"
+    );
+}

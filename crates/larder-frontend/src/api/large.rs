@@ -45,7 +45,7 @@ pub async fn store_body(
         let id = state.router.put_blob(&props, first).await?;
         return Ok((id, size));
     }
-    let mut upload = state.router.start_upload(props, &state.config.chunking);
+    let mut upload = state.router.start_upload(props, &state.config.chunking)?;
     upload.push(first).await?;
     loop {
         let chunk = reader.next_chunk().await?;

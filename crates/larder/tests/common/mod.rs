@@ -33,6 +33,7 @@ pub struct Cluster {
     pub certs: Option<certs::ClusterCerts>,
     nodes: Vec<Option<Child>>,
     frontends: Vec<Child>,
+    frontend_configs: Vec<String>,
 }
 
 impl Cluster {
@@ -136,6 +137,7 @@ impl Cluster {
             certs,
             nodes: Vec::new(),
             frontends: Vec::new(),
+            frontend_configs: Vec::new(),
         };
         for i in 0..nodes {
             let child = cluster.spawn_node(i);
@@ -154,6 +156,7 @@ impl Cluster {
             std::fs::write(cluster.dir.path().join(&name), text).unwrap();
             let frontend = spawn(&["frontend", "--config", &cluster.path(&name)]);
             cluster.frontends.push(frontend);
+            cluster.frontend_configs.push(cluster.path(&name));
             wait_for_port(*addr);
             if tls {
                 wait_for_port(*tls_addr);
@@ -170,6 +173,15 @@ impl Cluster {
 
     pub fn frontend_mut(&mut self) -> &mut Child {
         &mut self.frontends[0]
+    }
+
+    /// SIGKILLs the (first) frontend, then starts it again with the same config.
+    pub fn kill_and_restart_frontend(&mut self) {
+        let frontend = &mut self.frontends[0];
+        frontend.kill().unwrap();
+        frontend.wait().unwrap();
+        *frontend = spawn(&["frontend", "--config", &self.frontend_configs[0]]);
+        wait_for_port(self.frontend_addr);
     }
 
     /// Sends `sig` to storage node `i` (e.g. SIGSTOP = 19, SIGCONT = 18).
