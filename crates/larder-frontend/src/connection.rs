@@ -8,7 +8,8 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use larder_tls::{TlsAcceptor, ALPN_H1, ALPN_H2};
+use larder_tls::rustls::ServerConfig;
+use larder_tls::{Reloading, ALPN_H1, ALPN_H2};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -34,13 +35,13 @@ pub(crate) struct Edge {
     /// TLS clients that chose a protocol by ALPN get exactly that protocol.
     h1_only: auto::Builder<TokioExecutor>,
     h2_only: auto::Builder<TokioExecutor>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<Reloading<ServerConfig>>>,
     per_ip: Arc<PerIpLimit>,
     limits: Limits,
 }
 
 impl Edge {
-    pub(crate) fn new(state: Arc<AppState>, tls: Option<TlsAcceptor>) -> Edge {
+    pub(crate) fn new(state: Arc<AppState>, tls: Option<Arc<Reloading<ServerConfig>>>) -> Edge {
         let sniffing = builder(&state.config);
         Edge {
             h1_only: sniffing.clone().http1_only(),
@@ -70,8 +71,9 @@ impl Edge {
         let activity = Activity::new();
         let io = Tracked::new(stream, activity.clone());
         match (port, &self.tls) {
-            (Port::Tls, Some(acceptor)) => {
-                let handshake = acceptor.accept(io);
+            (Port::Tls, Some(tls)) => {
+                // The config current now: a certificate reload affects the next handshake.
+                let handshake = tls.acceptor().accept(io);
                 let tls =
                     match tokio::time::timeout(self.limits.header_read_timeout, handshake).await {
                         Ok(Ok(tls)) => tls,

@@ -10,7 +10,8 @@ use std::time::Duration;
 use larder_cluster::ClusterMap;
 use larder_pool::StoragePool;
 use larder_router::Router;
-use larder_tls::{ReloadingCert, TlsAcceptor};
+use larder_tls::rustls::ServerConfig;
+use larder_tls::Reloading;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -34,7 +35,8 @@ pub struct Listeners {
 pub struct Signals {
     /// Stop: GOAWAY / close idle HTTP/1.1 connections, finish in-flight requests, return.
     pub shutdown: ShutdownSignal,
-    /// Each message re-reads the TLS certificate and key (SIGHUP in the binary).
+    /// Each message re-reads the TLS port's certificate and key and the storage pool's
+    /// certificate, key and CA (SIGHUP in the binary).
     pub reload: mpsc::Receiver<()>,
 }
 
@@ -47,19 +49,13 @@ pub async fn serve(
     mut signals: Signals,
 ) -> Result<(), String> {
     config.validate()?;
-    let cert = match &config.tls {
+    let tls = match &config.tls {
         Some(tls) => Some(Arc::new(
-            ReloadingCert::load(&tls.cert, &tls.key).map_err(|e| e.to_string())?,
+            larder_tls::public_server(&tls.cert, &tls.key).map_err(|e| e.to_string())?,
         )),
         None => None,
     };
-    let acceptor = match &cert {
-        Some(cert) => Some(TlsAcceptor::from(Arc::new(
-            larder_tls::public_server_config(cert.clone()).map_err(|e| e.to_string())?,
-        ))),
-        None => None,
-    };
-    if acceptor.is_some() != listeners.tls.is_some() {
+    if tls.is_some() != listeners.tls.is_some() {
         return Err("a TLS listener is needed exactly when the config has [tls]".into());
     }
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
@@ -86,7 +82,7 @@ pub async fn serve(
         router,
         metrics,
     });
-    let edge = Arc::new(Edge::new(state, acceptor));
+    let edge = Arc::new(Edge::new(state.clone(), tls.clone()));
     let (stop_tx, stop_rx) = watch::channel(());
     log_addresses(&listeners)?;
     loop {
@@ -97,7 +93,7 @@ pub async fn serve(
             accepted = accept_optional(&listeners.tls) => {
                 spawn_connection(&edge, accepted, Port::Tls, &stop_rx).await;
             }
-            Some(()) = signals.reload.recv() => reload(cert.as_deref()),
+            Some(()) = signals.reload.recv() => reload(&state, tls.as_deref()),
             _ = &mut signals.shutdown => break,
         }
     }
@@ -139,13 +135,18 @@ async fn spawn_connection(
     }
 }
 
-fn reload(cert: Option<&ReloadingCert>) {
-    match cert.map(ReloadingCert::reload) {
-        Some(Ok(())) => tracing::info!("TLS certificate reloaded"),
-        Some(Err(err)) => {
-            tracing::error!(%err, "TLS certificate reload failed; keeping the old one")
+/// Re-reads the TLS port's certificate and the storage pool's; each keeps its old files when
+/// the new ones are broken (and logs why).
+fn reload(state: &AppState, public: Option<&Reloading<ServerConfig>>) {
+    let pool = state.router.pool().reload_tls();
+    for (certificate, result) in [("public", public.map(Reloading::reload)), ("pool", pool)] {
+        match result {
+            Some(Ok(())) => tracing::info!(certificate, "TLS certificate reloaded"),
+            Some(Err(err)) => {
+                tracing::error!(certificate, %err, "TLS certificate reload failed; keeping the old one")
+            }
+            None => {}
         }
-        None => tracing::info!("reload requested; no TLS listener configured"),
     }
 }
 

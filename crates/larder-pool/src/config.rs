@@ -60,7 +60,9 @@ pub struct PoolConfig {
     pub reconnect_backoff_max: Duration,
     /// Mutual TLS to the storage nodes (`[pool.tls]`: `ca`, `cert`, `key`): storage nodes must
     /// present a certificate from the cluster CA for their address, and this frontend presents
-    /// its own. Absent: cleartext h2c (a trusted network only).
+    /// its own. Absent: cleartext h2c (a trusted network only). The files are re-read on SIGHUP
+    /// (a broken one keeps the old files in use); connections opened after it use the new ones,
+    /// open connections keep theirs until they close.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<MutualTls>,
     /// `http2` (the design), or `http1-for-comparison`: a pool of HTTP/1.1 connections that

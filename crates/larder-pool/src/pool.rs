@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
-use larder_tls::TlsConnector;
+use larder_tls::rustls::ClientConfig;
+use larder_tls::Reloading;
 use tokio::sync::Mutex;
 
 use crate::connection::connect;
@@ -36,10 +37,14 @@ pub enum PoolError {
     },
 }
 
+/// The pool's mutual-TLS config, shared by every node's pool so that one reload reaches all.
+type ClientTls = Arc<Reloading<ClientConfig>>;
+
 /// Pools for every storage node, by node id.
 #[derive(Clone)]
 pub struct StoragePool {
     nodes: Arc<HashMap<String, Arc<NodePool>>>,
+    tls: Option<ClientTls>,
 }
 
 impl StoragePool {
@@ -49,9 +54,7 @@ impl StoragePool {
         cfg: PoolConfig,
     ) -> Result<StoragePool, PoolError> {
         let tls = match &cfg.tls {
-            Some(files) => Some(TlsConnector::from(Arc::new(larder_tls::client_config(
-                files,
-            )?))),
+            Some(files) => Some(Arc::new(larder_tls::mutual_client(files)?)),
             None => None,
         };
         let cfg = Arc::new(cfg);
@@ -61,7 +64,15 @@ impl StoragePool {
             .collect();
         Ok(StoragePool {
             nodes: Arc::new(nodes),
+            tls,
         })
+    }
+
+    /// Re-reads `[pool.tls]` (certificate, key and CA); `None` without TLS. Connections opened
+    /// from now on present the new certificate; open ones keep the one they were opened with
+    /// until they close. On error the old files stay in use.
+    pub fn reload_tls(&self) -> Option<Result<(), larder_tls::TlsError>> {
+        self.tls.as_ref().map(|tls| tls.reload())
     }
 
     pub fn node(&self, id: &str) -> Option<&Arc<NodePool>> {
@@ -94,7 +105,7 @@ impl StoragePool {
 pub struct NodePool {
     addr: SocketAddr,
     cfg: Arc<PoolConfig>,
-    tls: Option<TlsConnector>,
+    tls: Option<ClientTls>,
     slots: Vec<Mutex<Slot>>,
     next: AtomicUsize,
     /// Set in `http1-for-comparison` mode, which then carries every request.
@@ -110,7 +121,7 @@ struct Slot {
 }
 
 impl NodePool {
-    fn new(addr: SocketAddr, cfg: Arc<PoolConfig>, tls: Option<TlsConnector>) -> NodePool {
+    fn new(addr: SocketAddr, cfg: Arc<PoolConfig>, tls: Option<ClientTls>) -> NodePool {
         let slots = (0..cfg.connections_per_node)
             .map(|_| Mutex::new(Slot::default()))
             .collect();
@@ -181,7 +192,8 @@ impl NodePool {
                 });
             }
         }
-        match connect(self.addr, &self.cfg, self.tls.as_ref()).await {
+        let connector = self.tls.as_ref().map(|tls| tls.connector());
+        match connect(self.addr, &self.cfg, connector.as_ref()).await {
             Ok(sender) => {
                 slot.failures = 0;
                 slot.retry_at = None;

@@ -22,7 +22,8 @@ pub struct StorageConfig {
     pub listen: Option<SocketAddr>,
     /// Mutual TLS (`[tls]`: `ca`, `cert`, `key`): only clients whose certificate chains to the
     /// cluster CA are served, and this node presents a certificate for its address. Absent:
-    /// cleartext h2c (a trusted network only).
+    /// cleartext h2c (a trusted network only). All three files are re-read on SIGHUP (a broken
+    /// one keeps the old files in use); new handshakes use them, open connections keep theirs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<MutualTls>,
     #[serde(default)]

@@ -14,4 +14,4 @@ mod server;
 pub use config::{StorageConfig, StoreSettings};
 pub use node::StorageNode;
 pub use replication::ReplicationConfig;
-pub use server::{serve, ShutdownSignal};
+pub use server::{serve, ShutdownSignal, Signals};

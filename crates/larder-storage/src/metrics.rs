@@ -19,6 +19,15 @@ pub struct PartitionLabels {
     pub partition: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `server` (`[tls]`: served certificate and the CA clients must chain to) or `pool`
+    /// (`[pool.tls]`: what this node presents to its peers).
+    pub certificate: &'static str,
+    /// `ok` or `failed` (the old files stay in use).
+    pub result: &'static str,
+}
+
 pub struct StorageMetrics {
     registry: Registry,
     /// Records the last replication round found after our cursor on the peer (0 = caught up).
@@ -30,6 +39,7 @@ pub struct StorageMetrics {
     live_keys: Family<PartitionLabels, Gauge>,
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
+    certificate_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl StorageMetrics {
@@ -43,8 +53,19 @@ impl StorageMetrics {
             live_keys: Family::default(),
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
+            certificate_reloads: Family::default(),
             registry: Registry::default(),
         };
+        // Zeros up front, so a failed reload is an increase, not a new series.
+        for certificate in ["server", "pool"] {
+            for result in ["ok", "failed"] {
+                let labels = ReloadLabels {
+                    certificate,
+                    result,
+                };
+                let _ = m.certificate_reloads.get_or_create(&labels);
+            }
+        }
         registry.register(
             "replication_lag_records",
             "Records found behind a peer replica in the last round",
@@ -76,7 +97,22 @@ impl StorageMetrics {
             "Records that failed their checksum per replica",
             m.corrupt_records.clone(),
         );
+        registry.register(
+            "certificate_reloads",
+            "Certificate reloads (SIGHUP) of [tls] and [pool.tls], by result",
+            m.certificate_reloads.clone(),
+        );
         StorageMetrics { registry, ..m }
+    }
+
+    pub fn certificate_reloaded(&self, certificate: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.certificate_reloads
+            .get_or_create(&ReloadLabels {
+                certificate,
+                result,
+            })
+            .inc();
     }
 
     /// Refreshes the store gauges and renders the text exposition.

@@ -16,8 +16,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use larder_cluster::ClusterMap;
-use larder_tls::{ReloadingCert, TlsAcceptor, TlsStream};
+use larder_pool::StoragePool;
+use larder_tls::rustls::ServerConfig;
+use larder_tls::{Reloading, TlsStream};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
 use crate::config::Http2Settings;
 use crate::reply::{Body, BoxError};
@@ -26,16 +29,38 @@ use crate::{handlers, StorageConfig, StorageNode};
 /// Resolves when the node should stop (SIGTERM in the binary; a channel in tests).
 pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Opens the replicas and serves the internal API on `listener` until `shutdown` resolves; then
-/// stops accepting, lets in-flight requests finish (up to the grace period), syncs and
-/// checkpoints every store.
+/// What the process tells a running storage node.
+pub struct Signals {
+    /// Stop: finish in-flight requests, sync and checkpoint, return.
+    pub shutdown: ShutdownSignal,
+    /// Each message re-reads the certificate, key and CA files of `[tls]` and `[pool.tls]`
+    /// (SIGHUP in the binary).
+    pub reload: mpsc::Receiver<()>,
+}
+
+impl Signals {
+    /// Stop when `shutdown` resolves; never reload.
+    pub fn shutdown_only(shutdown: ShutdownSignal) -> Signals {
+        let (_, reload) = mpsc::channel(1);
+        Signals { shutdown, reload }
+    }
+}
+
+/// Opens the replicas and serves the internal API on `listener` until `signals.shutdown`
+/// resolves; then stops accepting, lets in-flight requests finish (up to the grace period), syncs
+/// and checkpoints every store.
 pub async fn serve(
     config: StorageConfig,
     map: ClusterMap,
     listener: TcpListener,
-    mut shutdown: ShutdownSignal,
+    mut signals: Signals,
 ) -> Result<(), String> {
-    let tls = tls_acceptor(&config)?;
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(
+            larder_tls::mutual_server(files).map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
     let open_config = config.clone();
     let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
@@ -43,7 +68,8 @@ pub async fn serve(
         .map_err(|e| e.to_string())??;
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
-    let replicators = start_replication(&node, &map_for_replication, &config, stop)?;
+    let peers = peer_pool(&map_for_replication, &config)?;
+    let replicators = start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
     let max_body = config.store.max_record_size.as_u64();
     let builder = connection_builder(&config.http2);
     let graceful = GracefulShutdown::new();
@@ -62,9 +88,11 @@ pub async fn serve(
                     let node = node.clone();
                     async move { Ok::<_, Infallible>(handlers::handle(node, req, max_body).await) }
                 });
-                let (builder, tls, watcher) = (builder.clone(), tls.clone(), graceful.watcher());
+                // The config current now: a reload affects the next handshake.
+                let acceptor = tls.as_ref().map(|tls| tls.acceptor());
+                let (builder, watcher) = (builder.clone(), graceful.watcher());
                 tokio::spawn(async move {
-                    let result = match tls {
+                    let result = match acceptor {
                         None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
                         Some(acceptor) => {
                             // A client without a certificate from the cluster CA fails here.
@@ -77,7 +105,8 @@ pub async fn serve(
                     }
                 });
             }
-            _ = &mut shutdown => break,
+            Some(()) = signals.reload.recv() => reload(&node, tls.as_deref(), &peers),
+            _ = &mut signals.shutdown => break,
         }
     }
     drop(listener);
@@ -97,50 +126,67 @@ pub async fn serve(
     Ok(())
 }
 
-fn start_replication(
-    node: &Arc<StorageNode>,
-    map: &ClusterMap,
-    config: &StorageConfig,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
+/// Connections to the peer storage nodes, for replication. With `[pool.tls]` peers are reached
+/// over mutual TLS like the frontend reaches them.
+fn peer_pool(map: &ClusterMap, config: &StorageConfig) -> Result<StoragePool, String> {
     let peers = map
         .nodes
         .iter()
         .filter(|n| n.id != config.node_id)
         .map(|n| (n.id.clone(), n.address));
-    // With `[pool.tls]` peers are reached over mutual TLS like the frontend reaches them.
-    let pool =
-        larder_pool::StoragePool::new(peers, config.pool.clone()).map_err(|e| e.to_string())?;
+    StoragePool::new(peers, config.pool.clone()).map_err(|e| e.to_string())
+}
+
+fn start_replication(
+    node: &Arc<StorageNode>,
+    map: &ClusterMap,
+    pool: StoragePool,
+    config: &StorageConfig,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let dir = config.data_dir.join("replication");
     if let Err(err) = std::fs::create_dir_all(&dir) {
         tracing::error!(%err, "cannot create the replication directory; replication is off");
-        return Ok(Vec::new());
+        return Vec::new();
     }
-    Ok(crate::replication::start(
+    crate::replication::start(
         node.clone(),
         map,
         pool,
         config.replication.clone(),
         &dir,
         stop,
-    ))
+    )
+}
+
+/// Re-reads `[tls]` (what this node serves and which clients it admits) and `[pool.tls]` (what
+/// it presents to peers); each keeps its old files when the new ones are broken (logged and
+/// counted in `larder_storage_certificate_reloads`).
+fn reload(node: &StorageNode, server: Option<&Reloading<ServerConfig>>, peers: &StoragePool) {
+    let results = [
+        ("server", server.map(Reloading::reload)),
+        ("pool", peers.reload_tls()),
+    ];
+    for (certificate, result) in results {
+        match result {
+            Some(Ok(())) => {
+                tracing::info!(certificate, "TLS certificate reloaded");
+                node.metrics.certificate_reloaded(certificate, true);
+            }
+            Some(Err(err)) => {
+                tracing::error!(certificate, %err, "TLS certificate reload failed; keeping the old one");
+                node.metrics.certificate_reloaded(certificate, false);
+            }
+            None => {}
+        }
+    }
 }
 
 /// A peer that has not finished its handshake by then is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn tls_acceptor(config: &StorageConfig) -> Result<Option<TlsAcceptor>, String> {
-    let Some(files) = &config.tls else {
-        return Ok(None);
-    };
-    let cert = ReloadingCert::load(&files.cert, &files.key).map_err(|e| e.to_string())?;
-    let server =
-        larder_tls::mutual_server_config(files, Arc::new(cert)).map_err(|e| e.to_string())?;
-    Ok(Some(TlsAcceptor::from(Arc::new(server))))
-}
-
 async fn handshake(
-    acceptor: &TlsAcceptor,
+    acceptor: &larder_tls::TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
 ) -> Option<TlsStream<TcpStream>> {

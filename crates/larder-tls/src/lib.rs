@@ -3,7 +3,8 @@
 //!
 //! - one crypto provider (aws-lc-rs), passed explicitly to every config (DESIGN.md §11);
 //! - TLS 1.3 and 1.2 only, and in 1.2 only the ECDHE + AEAD suites HTTP/2 allows (RFC 9113 §9.2);
-//! - certificates and keys read from PEM files, swappable at run time without a restart;
+//! - certificates, keys and CAs read from PEM files, reloadable at run time without a restart
+//!   (every config is a [`Reloading`] one; the binary decides when: SIGHUP);
 //! - mutual TLS for the internal hop: both sides present certificates from the cluster CA.
 
 mod files;
@@ -13,10 +14,8 @@ mod reload;
 
 pub use files::MutualTls;
 pub use pem::{load_certs, load_key, load_roots};
-pub use policy::{
-    client_config, mutual_server_config, provider, public_server_config, ALPN_H1, ALPN_H2,
-};
-pub use reload::ReloadingCert;
+pub use policy::{mutual_client, mutual_server, provider, public_server, ALPN_H1, ALPN_H2};
+pub use reload::Reloading;
 pub use rustls;
 pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};

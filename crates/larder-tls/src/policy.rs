@@ -1,14 +1,15 @@
 //! Protocol versions, cipher suites, ALPN and client authentication for every Larder TLS config.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::client::ClientConfig;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
-use rustls::server::{ResolvesServerCert, ServerConfig, WebPkiClientVerifier};
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls::version::{TLS12, TLS13};
 use rustls::{CipherSuite, SupportedCipherSuite};
 
-use crate::{load_certs, load_key, load_roots, MutualTls, ReloadingCert, TlsError};
+use crate::{load_certs, load_key, load_roots, MutualTls, Reloading, TlsError};
 
 /// ALPN protocol ids.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -44,47 +45,60 @@ fn server_builder() -> Result<rustls::ConfigBuilder<ServerConfig, rustls::WantsV
         .with_protocol_versions(&[&TLS13, &TLS12])?)
 }
 
-/// The public listener: no client certificates; ALPN offers h2 first, then http/1.1, so one port
-/// serves both and each client gets the best it speaks.
-pub fn public_server_config(cert: Arc<ReloadingCert>) -> Result<ServerConfig, TlsError> {
-    let mut config = server_builder()?
-        .with_no_client_auth()
-        .with_cert_resolver(cert as Arc<dyn ResolvesServerCert>);
-    config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_H1.to_vec()];
-    Ok(config)
+/// The public listener, reloadable: no client certificates; ALPN offers h2 first, then
+/// http/1.1, so one port serves both and each client gets the best it speaks.
+pub fn public_server(cert: &Path, key: &Path) -> Result<Reloading<ServerConfig>, TlsError> {
+    let (cert, key) = (cert.to_path_buf(), key.to_path_buf());
+    Reloading::new(move || {
+        let mut config = server_builder()?
+            .with_no_client_auth()
+            .with_single_cert(load_certs(&cert)?, load_key(&key)?)
+            .map_err(|e| key_mismatch(&cert, &key, e))?;
+        config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_H1.to_vec()];
+        Ok(config)
+    })
 }
 
-/// The storage node: HTTP/2 only, and only clients whose certificate chains to the cluster CA.
-pub fn mutual_server_config(
-    files: &MutualTls,
-    cert: Arc<ReloadingCert>,
-) -> Result<ServerConfig, TlsError> {
-    let roots = Arc::new(load_roots(&files.ca)?);
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, Arc::new(provider()))
-        .build()
-        .map_err(|e| TlsError::Verifier(e.to_string()))?;
-    let mut config = server_builder()?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(cert as Arc<dyn ResolvesServerCert>);
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(config)
+/// The storage node, reloadable (certificate, key and CA): HTTP/2 only, and only clients whose
+/// certificate chains to the cluster CA.
+pub fn mutual_server(files: &MutualTls) -> Result<Reloading<ServerConfig>, TlsError> {
+    let files = files.clone();
+    Reloading::new(move || {
+        let roots = Arc::new(load_roots(&files.ca)?);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots, Arc::new(provider()))
+            .build()
+            .map_err(|e| TlsError::Verifier(e.to_string()))?;
+        let mut config = server_builder()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(load_certs(&files.cert)?, load_key(&files.key)?)
+            .map_err(|e| key_mismatch(&files.cert, &files.key, e))?;
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        Ok(config)
+    })
 }
 
-/// The storage client (frontend → storage): trusts only the cluster CA, presents its own
-/// certificate, and speaks only h2.
-pub fn client_config(files: &MutualTls) -> Result<ClientConfig, TlsError> {
-    let roots = load_roots(&files.ca)?;
-    let chain = load_certs(&files.cert)?;
-    let key = load_key(&files.key)?;
-    let mut config = ClientConfig::builder_with_provider(Arc::new(provider()))
-        .with_protocol_versions(&[&TLS13, &TLS12])?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| TlsError::KeyMismatch {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            detail: e.to_string(),
-        })?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(config)
+/// The storage client (frontend → storage, and storage → storage for replication), reloadable
+/// (certificate, key and CA): trusts only the cluster CA, presents its own certificate, and
+/// speaks only h2.
+pub fn mutual_client(files: &MutualTls) -> Result<Reloading<ClientConfig>, TlsError> {
+    let files = files.clone();
+    Reloading::new(move || {
+        let roots = load_roots(&files.ca)?;
+        let mut config = ClientConfig::builder_with_provider(Arc::new(provider()))
+            .with_protocol_versions(&[&TLS13, &TLS12])?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(load_certs(&files.cert)?, load_key(&files.key)?)
+            .map_err(|e| key_mismatch(&files.cert, &files.key, e))?;
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        Ok(config)
+    })
+}
+
+/// rustls checks that the key belongs to the leaf certificate when a config takes them.
+fn key_mismatch(cert: &Path, key: &Path, err: rustls::Error) -> TlsError {
+    TlsError::KeyMismatch {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        detail: err.to_string(),
+    }
 }

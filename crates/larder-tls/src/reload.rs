@@ -1,42 +1,50 @@
-//! A server certificate that can be replaced while the server runs (SIGHUP in the binary).
+//! TLS configs that are rebuilt from their files while the process runs (SIGHUP in the binary).
 
-use std::path::{Path, PathBuf};
+use std::fmt;
 use std::sync::{Arc, RwLock};
 
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::{load_certs, load_key, provider, TlsError};
+use crate::TlsError;
 
-/// Serves the certificate and key last read from two PEM files. Handshakes in progress keep the
-/// key they started with; new handshakes see a reload at once.
-#[derive(Debug)]
-pub struct ReloadingCert {
-    cert_path: PathBuf,
-    key_path: PathBuf,
-    current: RwLock<Arc<CertifiedKey>>,
+type Build<C> = Box<dyn Fn() -> Result<C, TlsError> + Send + Sync>;
+
+/// A rustls config built from PEM files, rebuilt from them by [`Reloading::reload`]. Each
+/// handshake uses the config current when it starts; established connections keep theirs.
+///
+/// The whole config is rebuilt, not only the certificate, for two reasons. The CA files can
+/// change too (a CA rotation). And a config owns its TLS session cache: a resumed TLS 1.3 session
+/// presents no certificate and keeps the identity it was first established with, so with the old
+/// cache a client would go on presenting its old certificate on "new" connections, and a server
+/// would go on admitting a client whose CA it no longer trusts. A fresh config resumes nothing.
+pub struct Reloading<C> {
+    build: Build<C>,
+    current: RwLock<Arc<C>>,
 }
 
-impl ReloadingCert {
-    /// Reads both files now; fails if they are unreadable or the key does not match.
-    pub fn load(cert_path: &Path, key_path: &Path) -> Result<ReloadingCert, TlsError> {
-        let current = read(cert_path, key_path)?;
-        Ok(ReloadingCert {
-            cert_path: cert_path.to_path_buf(),
-            key_path: key_path.to_path_buf(),
-            current: RwLock::new(current),
+impl<C> Reloading<C> {
+    /// Builds the config now; fails if a file is unreadable or a key does not match.
+    pub(crate) fn new(
+        build: impl Fn() -> Result<C, TlsError> + Send + Sync + 'static,
+    ) -> Result<Reloading<C>, TlsError> {
+        let current = RwLock::new(Arc::new(build()?));
+        Ok(Reloading {
+            build: Box::new(build),
+            current,
         })
     }
 
-    /// Reads the files again. On any error the previous certificate stays in use, so a
-    /// half-written file during a rotation never takes the listener down.
+    /// Reads the files again. On any error the previous config stays in use, so a half-written
+    /// file during a rotation never takes a listener or a pool down.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let fresh = read(&self.cert_path, &self.key_path)?;
+        let fresh = Arc::new((self.build)()?);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(())
     }
 
-    fn current(&self) -> Arc<CertifiedKey> {
+    /// The config new handshakes use.
+    pub fn current(&self) -> Arc<C> {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -44,21 +52,22 @@ impl ReloadingCert {
     }
 }
 
-impl ResolvesServerCert for ReloadingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current())
+impl Reloading<ServerConfig> {
+    /// An acceptor for one new connection (cheap: the config is shared).
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.current())
     }
 }
 
-fn read(cert_path: &Path, key_path: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
-    let chain = load_certs(cert_path)?;
-    let key = load_key(key_path)?;
-    // from_der also checks that the key belongs to the leaf certificate.
-    let certified =
-        CertifiedKey::from_der(chain, key, &provider()).map_err(|e| TlsError::KeyMismatch {
-            cert: cert_path.to_path_buf(),
-            key: key_path.to_path_buf(),
-            detail: e.to_string(),
-        })?;
-    Ok(Arc::new(certified))
+impl Reloading<ClientConfig> {
+    /// A connector for one new connection (cheap: the config is shared).
+    pub fn connector(&self) -> TlsConnector {
+        TlsConnector::from(self.current())
+    }
+}
+
+impl<C> fmt::Debug for Reloading<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloading").finish_non_exhaustive()
+    }
 }

@@ -126,8 +126,10 @@ fn run_storage(path: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("node {:?} is not in the cluster map", config.node_id))?;
     let addr = config.listen.unwrap_or(node.address);
     runtime()?.block_on(async move {
+        // Handlers first: once the port answers, SIGHUP must reload, not kill (its default).
+        let signals = signals::storage();
         let listener = bind(addr).await?;
-        larder_storage::serve(config, map, listener, signals::terminate())
+        larder_storage::serve(config, map, listener, signals)
             .await
             .map_err(anyhow::Error::msg)
     })
@@ -136,8 +138,9 @@ fn run_storage(path: &std::path::Path) -> anyhow::Result<()> {
 fn run_frontend(path: &std::path::Path) -> anyhow::Result<()> {
     let (config, map) = configs::frontend(path)?;
     runtime()?.block_on(async move {
+        let signals = signals::frontend();
         let listeners = bind_frontend(&config).await?;
-        larder_frontend::serve(config, map, listeners, signals::frontend())
+        larder_frontend::serve(config, map, listeners, signals)
             .await
             .map_err(anyhow::Error::msg)
     })
@@ -191,12 +194,13 @@ const OPTIONAL_SECTIONS: &str = "\
 #   listen = \"0.0.0.0:8443\"
 #   cert = \"tls/frontend.pem\"
 #   key = \"tls/frontend-key.pem\"
-# Frontend: mutual TLS to the storage nodes.
+# Frontend: mutual TLS to the storage nodes; SIGHUP re-reads ca/cert/key for new connections.
 #   [pool.tls]
 #   ca = \"tls/ca.pem\"
 #   cert = \"tls/frontend-client.pem\"
 #   key = \"tls/frontend-client-key.pem\"
-# Storage node: mutual TLS (only clients with a certificate from the CA are served).
+# Storage node: mutual TLS (only clients with a certificate from the CA are served); SIGHUP
+# re-reads ca/cert/key here and in the storage node's [pool.tls] (replication from peers).
 #   [tls]
 #   ca = \"tls/ca.pem\"
 #   cert = \"tls/storage.pem\"

@@ -30,9 +30,17 @@ pub fn reload() -> mpsc::Receiver<()> {
     rx
 }
 
-/// What a frontend listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificate.
+/// What a frontend listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificates.
 pub fn frontend() -> larder_frontend::Signals {
     larder_frontend::Signals {
+        shutdown: terminate(),
+        reload: reload(),
+    }
+}
+
+/// What a storage node listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificates.
+pub fn storage() -> larder_storage::Signals {
+    larder_storage::Signals {
         shutdown: terminate(),
         reload: reload(),
     }

@@ -95,7 +95,7 @@ async fn storage_behind_proxy(dir: &std::path::Path) -> (SocketAddr, Arc<Mutex<F
         config,
         map,
         storage_listener,
-        Box::pin(std::future::pending()),
+        larder_storage::Signals::shutdown_only(Box::pin(std::future::pending())),
     ));
     let log = Arc::new(Mutex::new(FrameLog::default()));
     tokio::spawn(proxy(proxy_listener, target, log.clone()));
