@@ -88,8 +88,8 @@ pub struct Limits {
     /// common clients send DATA in 16 KiB frames anyway, and it bounds what one frame can make
     /// the server buffer. (Downloads use the frame size the client advertises.)
     pub max_frame_size: ByteSize,
-    /// A client must complete the TLS handshake, and an HTTP/1.1 client each request's headers,
-    /// within this time (slowloris defence). An idle HTTP/1.1 keep-alive connection is closed
+    /// A client must complete the TLS handshake, send its first bytes (which tell HTTP/1.1 from
+    /// h2c), and, over HTTP/1.1, each request's headers within this time (slowloris defence). An idle HTTP/1.1 keep-alive connection is closed
     /// after it too.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,

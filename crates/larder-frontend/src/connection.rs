@@ -15,7 +15,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::activity::{Activity, Tracked};
+use crate::metrics::EdgeMetrics;
 use crate::per_ip::PerIpLimit;
+use crate::sniff::{sniff, Protocol};
 use crate::state::AppState;
 use crate::{api, FrontendConfig, Limits};
 
@@ -26,15 +28,22 @@ pub(crate) enum Port {
     Tls,
 }
 
+impl Port {
+    fn transport(self) -> &'static str {
+        match self {
+            Port::Cleartext => "cleartext",
+            Port::Tls => "tls",
+        }
+    }
+}
+
 /// Everything connections share: the app, the protocol builders and the limits.
 pub(crate) struct Edge {
     state: Arc<AppState>,
-    /// Reads the client preface: HTTP/2 prior knowledge or HTTP/1.1 (the cleartext port, and TLS
-    /// clients that negotiated no protocol).
-    sniffing: auto::Builder<TokioExecutor>,
-    /// TLS clients that chose a protocol by ALPN get exactly that protocol.
-    h1_only: auto::Builder<TokioExecutor>,
-    h2_only: auto::Builder<TokioExecutor>,
+    /// One builder per protocol: the protocol is known before serving starts (ALPN, or the
+    /// first bytes on the cleartext port and from TLS clients that negotiated none).
+    h1: auto::Builder<TokioExecutor>,
+    h2: auto::Builder<TokioExecutor>,
     tls: Option<Arc<Reloading<ServerConfig>>>,
     per_ip: Arc<PerIpLimit>,
     limits: Limits,
@@ -42,16 +51,26 @@ pub(crate) struct Edge {
 
 impl Edge {
     pub(crate) fn new(state: Arc<AppState>, tls: Option<Arc<Reloading<ServerConfig>>>) -> Edge {
-        let sniffing = builder(&state.config);
+        let both = builder(&state.config);
         Edge {
-            h1_only: sniffing.clone().http1_only(),
-            h2_only: sniffing.clone().http2_only(),
-            sniffing,
+            h1: both.clone().http1_only(),
+            h2: both.http2_only(),
             tls,
             per_ip: PerIpLimit::new(state.config.limits.max_connections_per_ip),
             limits: state.config.limits.clone(),
             state,
         }
+    }
+
+    fn metrics(&self) -> &EdgeMetrics {
+        &self.state.metrics.edge
+    }
+
+    /// Counts a connection the listener just accepted. Called in the accept loop, so the count
+    /// follows the listener's order (a scrape that sees a later connection counted sees every
+    /// earlier one too).
+    pub(crate) fn accepted(&self, port: Port) {
+        self.metrics().accepted(port.transport());
     }
 
     /// Serves one accepted connection until it ends, the server stops (`stop` changes or its
@@ -64,6 +83,7 @@ impl Edge {
         stop: watch::Receiver<()>,
     ) {
         let Some(_permit) = self.per_ip.acquire(peer.ip()) else {
+            self.metrics().refused("per_ip_limit");
             tracing::debug!(%peer, "too many connections from this address; closing");
             return;
         };
@@ -77,29 +97,72 @@ impl Edge {
                 let tls =
                     match tokio::time::timeout(self.limits.header_read_timeout, handshake).await {
                         Ok(Ok(tls)) => tls,
-                        Ok(Err(err)) => return tracing::debug!(%peer, %err, "TLS handshake failed"),
-                        Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                        // A TCP probe (a load balancer's health check) closes before saying
+                        // anything: not a failure worth counting.
+                        Ok(Err(err)) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+                            return tracing::debug!(%peer, %err, "TLS handshake abandoned");
+                        }
+                        Ok(Err(err)) => {
+                            self.metrics().tls_handshake_failed("error");
+                            return tracing::debug!(%peer, %err, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            self.metrics().tls_handshake_failed("timeout");
+                            return tracing::debug!(%peer, "TLS handshake timed out");
+                        }
                     };
-                let builder = match tls.get_ref().1.alpn_protocol() {
-                    Some(ALPN_H2) => &self.h2_only,
-                    Some(ALPN_H1) => &self.h1_only,
-                    _ => &self.sniffing,
-                };
-                self.drive(builder, tls, activity, stop).await
+                match tls.get_ref().1.alpn_protocol() {
+                    Some(ALPN_H2) => self.drive(Protocol::H2, port, tls, activity, stop).await,
+                    Some(ALPN_H1) => self.drive(Protocol::H1, port, tls, activity, stop).await,
+                    _ => self.sniff_and_drive(port, tls, activity, stop).await,
+                }
             }
-            _ => self.drive(&self.sniffing, io, activity, stop).await,
+            _ => self.sniff_and_drive(port, io, activity, stop).await,
         }
     }
 
-    async fn drive<I>(
+    /// Learns the protocol from the first bytes, which must come within the header-read
+    /// timeout (a client that connects and stays silent is a slowloris too).
+    async fn sniff_and_drive<I>(
         &self,
-        builder: &auto::Builder<TokioExecutor>,
+        port: Port,
         io: I,
         activity: Activity,
         mut stop: watch::Receiver<()>,
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let first_bytes = tokio::time::timeout(self.limits.header_read_timeout, sniff(io));
+        let sniffed = tokio::select! {
+            sniffed = first_bytes => sniffed,
+            _ = stop.changed() => return,
+        };
+        match sniffed {
+            Ok(Ok(Some((protocol, io)))) => self.drive(protocol, port, io, activity, stop).await,
+            // Closed (or broken) before saying anything.
+            Ok(Ok(None)) | Ok(Err(_)) => {}
+            Err(_) => {
+                self.metrics().timed_out("header_read");
+                tracing::debug!(?port, "no request bytes within the header-read timeout");
+            }
+        }
+    }
+
+    async fn drive<I>(
+        &self,
+        protocol: Protocol,
+        port: Port,
+        io: I,
+        activity: Activity,
+        mut stop: watch::Receiver<()>,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let _open = self.metrics().open(protocol.label(), port.transport());
+        let builder = match protocol {
+            Protocol::H1 => &self.h1,
+            Protocol::H2 => &self.h2,
+        };
         let state = self.state.clone();
         let service = service_fn(move |req| {
             let state = state.clone();
@@ -112,6 +175,9 @@ impl Edge {
             tokio::select! {
                 result = connection.as_mut() => {
                     if let Err(err) = result {
+                        if is_header_timeout(&*err) {
+                            self.metrics().timed_out("header_read");
+                        }
                         tracing::debug!(%err, "client connection ended");
                     }
                     return;
@@ -129,12 +195,19 @@ impl Edge {
                         tracing::debug!("idle connection did not close; dropping it");
                         return;
                     }
+                    self.metrics().timed_out("idle");
                     connection.as_mut().graceful_shutdown();
                     closing = true;
                 }
             }
         }
     }
+}
+
+/// hyper's HTTP/1.1 header-read timeout (a request head that did not arrive in time).
+fn is_header_timeout(err: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    err.downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout)
 }
 
 /// The protocol settings of both public ports.

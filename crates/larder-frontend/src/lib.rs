@@ -11,6 +11,7 @@ mod error;
 mod metrics;
 mod per_ip;
 mod server;
+mod sniff;
 mod state;
 
 pub use config::{DocumentsConfig, FrontendConfig, Limits, PublicTls};

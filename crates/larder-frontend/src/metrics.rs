@@ -27,8 +27,184 @@ pub struct NodeLabels {
     pub node: String,
 }
 
+/// A client connection's protocol and transport, for the edge's gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// `h1` or `h2`.
+    pub protocol: &'static str,
+    /// `tls` or `cleartext`: which port it came to.
+    pub transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabels {
+    pub transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabels {
+    pub timeout: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `public` (the TLS port's) or `pool` (what this frontend presents to storage nodes).
+    pub certificate: &'static str,
+    /// `ok` or `failed` (the old certificate stays in use).
+    pub result: &'static str,
+}
+
+/// What happens to client connections at the edge (`connection.rs`). Every label combination is
+/// created up front, so dashboards and alerts see zeros instead of missing series.
+pub struct EdgeMetrics {
+    pub open: Family<ConnectionLabels, Gauge>,
+    pub accepted: Family<TransportLabels, Counter>,
+    pub refused: Family<ReasonLabels, Counter>,
+    pub tls_handshake_failures: Family<ReasonLabels, Counter>,
+    pub timed_out: Family<TimeoutLabels, Counter>,
+    pub certificate_reloads: Family<ReloadLabels, Counter>,
+}
+
+/// Decrements its gauge when the connection it counts ends, however it ends.
+pub struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl EdgeMetrics {
+    fn register(registry: &mut Registry) -> EdgeMetrics {
+        let m = EdgeMetrics {
+            open: Family::default(),
+            accepted: Family::default(),
+            refused: Family::default(),
+            tls_handshake_failures: Family::default(),
+            timed_out: Family::default(),
+            certificate_reloads: Family::default(),
+        };
+        for transport in ["tls", "cleartext"] {
+            let _ = m.accepted.get_or_create(&TransportLabels { transport });
+            for protocol in ["h1", "h2"] {
+                let _ = m.open.get_or_create(&ConnectionLabels {
+                    protocol,
+                    transport,
+                });
+            }
+        }
+        let _ = m.refused.get_or_create(&ReasonLabels {
+            reason: "per_ip_limit",
+        });
+        for reason in ["error", "timeout"] {
+            let _ = m
+                .tls_handshake_failures
+                .get_or_create(&ReasonLabels { reason });
+        }
+        for timeout in ["idle", "header_read"] {
+            let _ = m.timed_out.get_or_create(&TimeoutLabels { timeout });
+        }
+        for certificate in ["public", "pool"] {
+            for result in ["ok", "failed"] {
+                let labels = ReloadLabels {
+                    certificate,
+                    result,
+                };
+                let _ = m.certificate_reloads.get_or_create(&labels);
+            }
+        }
+        registry.register(
+            "client_connections",
+            "Client connections being served (TLS handshake done, protocol known), by protocol \
+             (h1, h2) and transport (tls, cleartext)",
+            m.open.clone(),
+        );
+        registry.register(
+            "client_connections_accepted",
+            "Client connections accepted, by transport (including those refused right after)",
+            m.accepted.clone(),
+        );
+        registry.register(
+            "client_connections_refused",
+            "Client connections closed right after accept (per_ip_limit: \
+             limits.max_connections_per_ip)",
+            m.refused.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes on the public port that failed (error; a client that closes before \
+             finishing, like a TCP health check, is not counted) or did not finish within \
+             limits.header_read_timeout (timeout)",
+            m.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "client_connections_timed_out",
+            "Client connections closed by limits.idle_timeout (idle) or \
+             limits.header_read_timeout (header_read: request head or HTTP/2 preface too slow)",
+            m.timed_out.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Certificate reloads (SIGHUP) of the public port and of the storage pool, by result",
+            m.certificate_reloads.clone(),
+        );
+        m
+    }
+
+    /// Counts a connection as open under `protocol` and `transport` until the guard is dropped.
+    pub fn open(&self, protocol: &'static str, transport: &'static str) -> OpenConnection {
+        let gauge = self
+            .open
+            .get_or_create(&ConnectionLabels {
+                protocol,
+                transport,
+            })
+            .clone();
+        gauge.inc();
+        OpenConnection(gauge)
+    }
+
+    pub fn accepted(&self, transport: &'static str) {
+        self.accepted
+            .get_or_create(&TransportLabels { transport })
+            .inc();
+    }
+
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn tls_handshake_failed(&self, reason: &'static str) {
+        self.tls_handshake_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn timed_out(&self, timeout: &'static str) {
+        self.timed_out
+            .get_or_create(&TimeoutLabels { timeout })
+            .inc();
+    }
+
+    pub fn certificate_reloaded(&self, certificate: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.certificate_reloads
+            .get_or_create(&ReloadLabels {
+                certificate,
+                result,
+            })
+            .inc();
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub edge: EdgeMetrics,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub bytes_received: Counter,
@@ -92,8 +268,10 @@ impl Metrics {
             "Hedged requests whose answer was used",
             router.hedges_won.clone(),
         );
+        let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,
+            edge,
             requests,
             latency,
             bytes_received,

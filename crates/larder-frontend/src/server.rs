@@ -125,6 +125,7 @@ async fn spawn_connection(
 ) {
     match accepted {
         Ok((stream, peer)) => {
+            edge.accepted(port);
             tokio::spawn(edge.clone().run(stream, peer, port, stop.clone()));
         }
         Err(err) => {
@@ -136,14 +137,19 @@ async fn spawn_connection(
 }
 
 /// Re-reads the TLS port's certificate and the storage pool's; each keeps its old files when
-/// the new ones are broken (and logs why).
+/// the new ones are broken (logged and counted in `larder_frontend_certificate_reloads`).
 fn reload(state: &AppState, public: Option<&Reloading<ServerConfig>>) {
+    let edge = &state.metrics.edge;
     let pool = state.router.pool().reload_tls();
     for (certificate, result) in [("public", public.map(Reloading::reload)), ("pool", pool)] {
         match result {
-            Some(Ok(())) => tracing::info!(certificate, "TLS certificate reloaded"),
+            Some(Ok(())) => {
+                tracing::info!(certificate, "TLS certificate reloaded");
+                edge.certificate_reloaded(certificate, true);
+            }
             Some(Err(err)) => {
-                tracing::error!(certificate, %err, "TLS certificate reload failed; keeping the old one")
+                tracing::error!(certificate, %err, "TLS certificate reload failed; keeping the old one");
+                edge.certificate_reloaded(certificate, false);
             }
             None => {}
         }
