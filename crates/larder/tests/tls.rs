@@ -5,16 +5,14 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::certs::Ca;
+use common::metrics::{scrape_frontend, wait_for};
+use common::tls::{client_config, connect, internal_get, member_identity, served_certificate};
 use common::{curl, file_with, random_bytes, Cluster};
-use larder_tls::rustls::pki_types::{CertificateDer, ServerName};
-use larder_tls::rustls::{ClientConfig, RootCertStore};
-use larder_tls::{load_certs, load_key, TlsConnector};
+use larder_tls::load_certs;
 
 #[test]
 fn https_port_serves_both_protocols_by_alpn_over_mutual_tls_storage() {
@@ -166,24 +164,17 @@ fn sighup_reloads_the_certificate_without_dropping_the_port() {
     let certs = cluster.certs.as_ref().unwrap();
     let ca = certs.ca_path();
     let addr = cluster.tls_addr.unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let served = |rt: &tokio::runtime::Runtime| -> CertificateDer<'static> {
-        rt.block_on(async {
-            let tls = connect(client_config(&ca, vec![b"h2".to_vec()], None), addr)
-                .await
-                .unwrap();
-            tls.get_ref().1.peer_certificates().unwrap()[0]
-                .clone()
-                .into_owned()
-        })
-    };
-    let before = served(&rt);
+    let served = || served_certificate(client_config(&ca, vec![b"h2".to_vec()], None), addr);
+    let before = served();
     // A broken file first: the reload fails and the old certificate stays.
     std::fs::write(certs.dir.join("frontend.pem"), "not a certificate").unwrap();
     signal_frontend(&cluster, 1);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_frontend(
+        &cluster,
+        &[(PUBLIC_RELOADS_FAILED, 1.0), (PUBLIC_RELOADS_OK, 0.0)],
+    );
     assert_eq!(
-        served(&rt),
+        served(),
         before,
         "a failed reload keeps the old certificate"
     );
@@ -193,13 +184,95 @@ fn sighup_reloads_the_certificate_without_dropping_the_port() {
         .leaf(&["localhost", "127.0.0.1"], "frontend, rotated");
     rotated.write(&certs.dir, "frontend");
     signal_frontend(&cluster, 1);
+    wait_for_frontend(&cluster, &[(PUBLIC_RELOADS_OK, 1.0)]);
     let fresh = load_certs(&certs.dir.join("frontend.pem")).unwrap()[0].clone();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while served(&rt) != fresh {
-        assert!(Instant::now() < deadline, "certificate never reloaded");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert_eq!(served(), fresh);
     assert_ne!(fresh, before);
+}
+
+#[test]
+fn storage_node_sighup_reloads_its_certificate_and_keeps_the_old_one_when_broken() {
+    let cluster = Cluster::start_tls(3, 4, "");
+    let certs = cluster.certs.as_ref().unwrap();
+    let ca = certs.ca_path();
+    let node = cluster.node_addr(0);
+    let member = || client_config(&ca, vec![b"h2".to_vec()], Some(member_identity(certs)));
+    let before = served_certificate(member(), node);
+    // Every node serves storage.pem; only node 0 is told to reload it.
+    std::fs::write(certs.dir.join("storage.pem"), "not a certificate").unwrap();
+    cluster.signal_node(0, 1);
+    wait_for_storage(&cluster, 0, &member, &[(SERVER_RELOADS_FAILED, 1.0)]);
+    assert_eq!(
+        served_certificate(member(), node),
+        before,
+        "a failed reload keeps the old certificate"
+    );
+    let rotated = certs.ca.leaf(&["127.0.0.1"], "storage, rotated");
+    rotated.write(&certs.dir, "storage");
+    cluster.signal_node(0, 1);
+    wait_for_storage(&cluster, 0, &member, &[(SERVER_RELOADS_OK, 1.0)]);
+    let fresh = load_certs(&certs.dir.join("storage.pem")).unwrap()[0].clone();
+    // served_certificate verified it against the cluster CA for the node's IP address, as the
+    // frontend's pool does.
+    assert_eq!(served_certificate(member(), node), fresh);
+    assert_ne!(fresh, before);
+}
+
+#[test]
+fn after_sighup_new_pool_connections_present_the_frontends_new_client_certificate() {
+    let mut cluster = Cluster::start_tls(3, 4, "");
+    let dir = cluster.dir.path().to_path_buf();
+    let tls_dir = cluster.certs.as_ref().unwrap().dir.clone();
+    let ca_path = cluster.certs.as_ref().unwrap().ca_path();
+    let old_ca = std::fs::read_to_string(&ca_path).unwrap();
+    // Reading the storage nodes' metrics as a storage node (whose certificate does not change).
+    let peer = || {
+        let identity = (tls_dir.join("storage.pem"), tls_dir.join("storage-key.pem"));
+        client_config(&ca_path, vec![b"h2".to_vec()], Some(identity))
+    };
+    let put = |cluster: &Cluster| {
+        let file = format!("@{}", file_with(&dir, &random_bytes(1000)));
+        curl(&dir, &["--data-binary", &file, &cluster.url("/v1/blobs")]).status
+    };
+    assert_eq!(put(&cluster), 201);
+    // Rotate the frontend's client certificate to one from a new CA, and reload the frontend.
+    let new_ca = Ca::new("Larder test CA, next");
+    new_ca
+        .leaf(&["larder-frontend"], "frontend-client, next")
+        .write(&tls_dir, "frontend-client");
+    signal_frontend(&cluster, 1);
+    wait_for_frontend(&cluster, &[(POOL_RELOADS_OK, 1.0)]);
+    // Restarted storage nodes (which trust only the old CA) force new pool connections: they
+    // present the new certificate, so they are refused.
+    for i in 0..3 {
+        cluster.kill_node(i);
+        cluster.restart_node(i);
+    }
+    // Longer than the pool's reconnect backoff and the router's down period, so that the
+    // frontend has opened fresh connections to every node by the end.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let refused = put(&cluster);
+        assert!(
+            refused >= 500,
+            "storage nodes that do not trust the new CA must refuse the frontend, got {refused}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The rotation's middle step: storage nodes trust both CAs, by SIGHUP, without a restart.
+    std::fs::write(&ca_path, format!("{old_ca}{}", new_ca.pem)).unwrap();
+    for i in 0..3 {
+        cluster.signal_node(i, 1);
+        wait_for_storage(&cluster, i, &peer, &[(SERVER_RELOADS_OK, 1.0)]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while put(&cluster) != 201 {
+        assert!(
+            Instant::now() < deadline,
+            "the frontend never wrote again with its new certificate"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]
@@ -210,15 +283,16 @@ fn storage_nodes_serve_only_clients_with_a_cluster_certificate() {
     let node = cluster.node_addr(0);
     let stranger = Ca::new("Some other CA").leaf(&["larder-frontend"], "intruder");
     let (stranger_cert, stranger_key) = stranger.write(cluster.dir.path(), "stranger");
-    let member = (
-        certs.dir.join("frontend-client.pem"),
-        certs.dir.join("frontend-client-key.pem"),
-    );
+    let member = member_identity(certs);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let health = |identity| {
             let config = client_config(&ca, vec![b"h2".to_vec()], identity);
-            async move { internal_health(config, node).await }
+            async move {
+                internal_get(config, node, "/internal/v1/health")
+                    .await
+                    .map(|(status, _)| status)
+            }
         };
         assert_eq!(
             health(Some(member)).await,
@@ -259,59 +333,37 @@ fn signal_frontend(cluster: &Cluster, sig: i32) {
     assert!(status.success());
 }
 
-fn client_config(
-    ca: &str,
-    alpn: Vec<Vec<u8>>,
-    identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
-) -> ClientConfig {
-    let mut roots = RootCertStore::empty();
-    for cert in load_certs(std::path::Path::new(ca)).unwrap() {
-        roots.add(cert).unwrap();
-    }
-    let builder = ClientConfig::builder_with_provider(Arc::new(larder_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut config = match identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(load_certs(&cert).unwrap(), load_key(&key).unwrap())
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = alpn;
-    config
+const PUBLIC_RELOADS_OK: &str =
+    r#"larder_frontend_certificate_reloads_total{certificate="public",result="ok"}"#;
+const PUBLIC_RELOADS_FAILED: &str =
+    r#"larder_frontend_certificate_reloads_total{certificate="public",result="failed"}"#;
+const POOL_RELOADS_OK: &str =
+    r#"larder_frontend_certificate_reloads_total{certificate="pool",result="ok"}"#;
+const SERVER_RELOADS_OK: &str =
+    r#"larder_storage_certificate_reloads_total{certificate="server",result="ok"}"#;
+const SERVER_RELOADS_FAILED: &str =
+    r#"larder_storage_certificate_reloads_total{certificate="server",result="failed"}"#;
+
+/// Waits until the frontend's /metrics shows `expected` (a reload has been handled).
+fn wait_for_frontend(cluster: &Cluster, expected: &[(&str, f64)]) {
+    wait_for(|| scrape_frontend(cluster.frontend_addr), expected);
 }
 
-async fn connect(
-    config: ClientConfig,
-    addr: SocketAddr,
-) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = ServerName::IpAddress(addr.ip().into());
-    TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-}
-
-/// GET /internal/v1/health over h2 on a fresh mutual-TLS connection: the status, or why not.
-async fn internal_health(config: ClientConfig, addr: SocketAddr) -> Result<u16, String> {
-    use http_body_util::Empty;
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    let tls = connect(config, addr).await.map_err(|e| e.to_string())?;
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake::<_, _, Empty<bytes::Bytes>>(
-            TokioExecutor::new(),
-            TokioIo::new(tls),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let request = http::Request::get(format!("https://{addr}/internal/v1/health"))
-        .body(Empty::new())
-        .unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    Ok(response.status().as_u16())
+/// Waits until storage node `i`'s /internal/v1/metrics, read over mutual TLS with `config()`,
+/// shows `expected`.
+fn wait_for_storage(
+    cluster: &Cluster,
+    i: usize,
+    config: &dyn Fn() -> larder_tls::rustls::ClientConfig,
+    expected: &[(&str, f64)],
+) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr = cluster.node_addr(i);
+    wait_for(
+        || {
+            let answer = rt.block_on(internal_get(config(), addr, "/internal/v1/metrics"));
+            answer.ok().map(|(_, body)| body)
+        },
+        expected,
+    );
 }

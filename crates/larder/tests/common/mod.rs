@@ -5,7 +5,9 @@
 pub mod certs;
 pub mod frames;
 pub mod h2;
+pub mod metrics;
 pub mod stream;
+pub mod tls;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
