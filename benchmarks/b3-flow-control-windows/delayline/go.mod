@@ -1,0 +1,3 @@
+module larder.invalid/benchmarks/delayline
+
+go 1.22
