@@ -182,7 +182,10 @@ for rtt in $rtts; do
     # Both ends of the hop: the frontend's pool receives GET bodies, the storage nodes' server
     # receives PUT bodies. Hedging off: at 20 ms a hedge would fire on nearly every early read
     # and send the blob twice.
-    STORAGE_NETNS=$ns_s FRONTEND_NETNS=$ns_f cluster_up "$data" 3 12 "[pool]
+    STORAGE_NETNS=$ns_s FRONTEND_NETNS=$ns_f cluster_up "$data" 3 12 "[limits]
+stream_window = \"$w KiB\"
+connection_window = \"$w KiB\"
+[pool]
 stream_window = \"$w KiB\"
 connection_window = \"$w KiB\"
 [router]
@@ -242,8 +245,8 @@ label() { [ "$1" -ge 1024 ] && echo "$(($1 / 1024)) MiB" || echo "$1 KiB"; }
   echo "data on $medium with relaxed durability (the network is measured, not the disk: all three"
   echo "replicas would share this machine's one disk) and hedged reads off (at"
   echo "20 ms a hedge would fire on most early reads and send the blob twice). The frontend's public"
-  echo "port takes its HTTP/2 windows from \`[pool]\` too (crates/larder-frontend/src/connection.rs),"
-  echo "so at 64 KiB h2load's uploads to the frontend also run at 64 KiB windows, over the frontend"
+  echo "port is given the same windows (\`[limits] stream_window\`, \`connection_window\`), so at"
+  echo "64 KiB h2load's uploads to the frontend also run at 64 KiB windows, over the frontend"
   echo "namespace's loopback (no added delay)."
   echo
   echo "h2load sends 4 MiB GETs (8 blobs, round-robin) or 4 MiB PUTs for ${duration} s each on one"

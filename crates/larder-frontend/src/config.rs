@@ -88,6 +88,17 @@ pub struct Limits {
     /// common clients send DATA in 16 KiB frames anyway, and it bounds what one frame can make
     /// the server buffer. (Downloads use the frame size the client advertises.)
     pub max_frame_size: ByteSize,
+    /// Per-stream receive window advertised to clients (SETTINGS_INITIAL_WINDOW_SIZE): how much
+    /// of an upload may arrive before the client waits for our WINDOW_UPDATE. 4 MiB, one chunk,
+    /// so a distant client is not held to 64 KiB per round trip (benchmarks/b3-flow-control-windows
+    /// shows what that costs at 5-20 ms).
+    pub stream_window: ByteSize,
+    /// Per-connection receive window to clients: bounds what one connection's unread uploads can
+    /// make the server buffer, whatever its number of streams.
+    pub connection_window: ByteSize,
+    /// How much h2 buffers per download stream before the body producer waits (the client reads
+    /// slowly): memory per stream, like Netty's write-buffer high-water mark.
+    pub max_send_buffer: ByteSize,
     /// A client must complete the TLS handshake, send its first bytes (which tell HTTP/1.1 from
     /// h2c), and, over HTTP/1.1, each request's headers within this time (slowloris defence). An idle HTTP/1.1 keep-alive connection is closed
     /// after it too.
@@ -119,6 +130,17 @@ impl Limits {
         if !(16_384..=16_777_215).contains(&self.max_frame_size.as_u64()) {
             return Err("limits.max_frame_size must be between 16KiB and 16MiB-1".into());
         }
+        for (name, v) in [
+            ("stream_window", self.stream_window),
+            ("connection_window", self.connection_window),
+        ] {
+            if v.as_u64() < 65_535 || v.as_u64() > i32::MAX as u64 {
+                return Err(format!("limits.{name} must be between 64KiB-1 and 2GiB-1"));
+            }
+        }
+        if self.max_send_buffer.as_u64() == 0 {
+            return Err("limits.max_send_buffer must be above 0".into());
+        }
         if self.max_concurrent_streams == 0 {
             return Err("limits.max_concurrent_streams must be at least 1".into());
         }
@@ -140,6 +162,9 @@ impl Default for Limits {
             max_concurrent_streams: 1024,
             max_header_list_size: ByteSize::kib(64),
             max_frame_size: ByteSize::kib(16),
+            stream_window: ByteSize::mib(4),
+            connection_window: ByteSize::mib(16),
+            max_send_buffer: ByteSize::mib(4),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(30),

@@ -227,8 +227,8 @@ fn builder(config: &FrontendConfig) -> auto::Builder<TokioExecutor> {
         .max_pending_accept_reset_streams(limits.max_pending_accept_reset_streams)
         .max_local_error_reset_streams(limits.max_local_error_reset_streams)
         .max_frame_size(limits.max_frame_size.as_u64() as u32)
-        .initial_stream_window_size(config.pool.stream_window.as_u64() as u32)
-        .initial_connection_window_size(config.pool.connection_window.as_u64() as u32)
-        .max_send_buf_size(config.pool.max_send_buffer.as_u64() as usize);
+        .initial_stream_window_size(limits.stream_window.as_u64() as u32)
+        .initial_connection_window_size(limits.connection_window.as_u64() as u32)
+        .max_send_buf_size(limits.max_send_buffer.as_u64() as usize);
     builder
 }

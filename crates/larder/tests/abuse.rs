@@ -423,3 +423,36 @@ fn stalled_upload_bodies_get_408() {
     std::io::Read::read_exact(&mut http1, &mut answer).unwrap();
     assert_eq!(&answer, b"HTTP/1.1 408", "stalled HTTP/1.1 upload");
 }
+
+/// The windows the frontend advertises to clients are `[limits]`'s, not the storage pool's: a
+/// pool tuned for storage nodes must not change what the public port lets clients send.
+#[test]
+fn public_flow_control_windows_come_from_limits() {
+    let config = "[limits]\nstream_window = \"1 MiB\"\nconnection_window = \"2 MiB\"\n\
+                  [pool]\nstream_window = \"8 MiB\"\nconnection_window = \"32 MiB\"\n";
+    let cluster = Cluster::start_with(3, 4, config);
+    let client = RawH2::connect(cluster.frontend_addr, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (mut stream_window, mut connection_increment) = (None, None);
+    while (stream_window.is_none() || connection_increment.is_none()) && Instant::now() < deadline {
+        for settings in client.frames_of(SETTINGS) {
+            for pair in settings.payload.chunks_exact(6) {
+                if u16::from_be_bytes([pair[0], pair[1]]) == 0x4 {
+                    stream_window = Some(u32::from_be_bytes(pair[2..6].try_into().unwrap()));
+                }
+            }
+        }
+        connection_increment = client
+            .frames_of(8) // WINDOW_UPDATE
+            .iter()
+            .find(|f| f.stream == 0)
+            .map(|f| u32::from_be_bytes(f.payload[..4].try_into().unwrap()) & 0x7fff_ffff);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stream_window, Some(1 << 20), "SETTINGS_INITIAL_WINDOW_SIZE");
+    assert_eq!(
+        connection_increment,
+        Some((2 << 20) - 65_535),
+        "connection window raised to 2 MiB"
+    );
+}
