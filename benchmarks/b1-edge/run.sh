@@ -9,9 +9,13 @@ root=$(cd "$here/../.." && pwd)
 source "$here/../lib.sh"
 
 seconds=${SECONDS_PER_ROW:-5}
+# Every cell is measured ROUNDS times, the rounds interleaved, and the median reported: on this
+# shared machine one 5 s sample of a latency-bound cell (HTTP/1.1, 1 connection) moved by 2x
+# between runs.
+rounds=${ROUNDS:-3}
 out="$here/RESULTS.md"
 load=(-D "$seconds" --warm-up-time 1)
-if [ "${1:-}" = "--smoke" ]; then load=(-n 300); out=$(mktemp); fi
+if [ "${1:-}" = "--smoke" ]; then load=(-n 300); rounds=1; out=$(mktemp); fi
 
 target=${CARGO_TARGET_DIR:-$root/target}
 bench_build
@@ -84,23 +88,36 @@ rps() { # h2load args... -> req/s (0 if h2load failed)
   local r; r=$(echo "$output" | h2load_rps); echo "${r:-0}"
 }
 
-declare -A result
+declare -A samples result
 modes=("HTTP/1.1, 1 connection|--h1 -c 1 -m 1" "HTTP/1.1, 128 connections|--h1 -c 128 -m 1"
        "HTTP/2, 1 connection x 256 streams|-c 1 -m 256" "HTTP/2, 4 connections x 256 streams|-c 4 -t 2 -m 256")
-for spec in "${modes[@]}"; do
-  label=${spec%%|*}; args=${spec#*|}
-  h1=false; [[ $args == --h1* ]] && h1=true
-  # shellcheck disable=SC2086
-  {
-    result["$label|larder|clear"]=$(rps $args "http://127.0.0.1:$port/v1/blobs/$id")
-    result["$label|larder|tls"]=$(rps $args "https://127.0.0.1:$tls_port/v1/blobs/$id")
-    if $h1; then result["$label|nginx|clear"]=$(rps $args "http://127.0.0.1:$n_h1/blob")
-    else result["$label|nginx|clear"]=$(rps $args "http://127.0.0.1:$n_h2/blob"); fi
-    result["$label|nginx|tls"]=$(rps $args "https://127.0.0.1:$n_tls/blob")
-    result["$label|h2o|clear"]=$(rps $args "http://127.0.0.1:$o_clear/blob")
-    result["$label|h2o|tls"]=$(rps $args "https://127.0.0.1:$o_tls/blob")
-  }
+sample() { samples["$1"]="${samples[$1]:-} $2"; }
+for _ in $(seq "$rounds"); do
+  for spec in "${modes[@]}"; do
+    label=${spec%%|*}; args=${spec#*|}
+    h1=false; [[ $args == --h1* ]] && h1=true
+    # shellcheck disable=SC2086
+    {
+      sample "$label|larder|clear" "$(rps $args "http://127.0.0.1:$port/v1/blobs/$id")"
+      sample "$label|larder|tls" "$(rps $args "https://127.0.0.1:$tls_port/v1/blobs/$id")"
+      if $h1; then sample "$label|nginx|clear" "$(rps $args "http://127.0.0.1:$n_h1/blob")"
+      else sample "$label|nginx|clear" "$(rps $args "http://127.0.0.1:$n_h2/blob")"; fi
+      sample "$label|nginx|tls" "$(rps $args "https://127.0.0.1:$n_tls/blob")"
+      sample "$label|h2o|clear" "$(rps $args "http://127.0.0.1:$o_clear/blob")"
+      sample "$label|h2o|tls" "$(rps $args "https://127.0.0.1:$o_tls/blob")"
+    }
+  done
 done
+for key in "${!samples[@]}"; do
+  result["$key"]=$(python3 -c "import statistics,sys; print(f'{statistics.median(map(float, sys.argv[1:])):.0f}')" ${samples[$key]})
+done
+# Larder's HTTP/2 1-connection / HTTP/1.1 1-connection ratio in each round, to show its spread.
+round_ratios=$(python3 - "${samples[HTTP/2, 1 connection x 256 streams|larder|clear]}" "${samples[HTTP/1.1, 1 connection|larder|clear]}" <<'PY'
+import sys
+h2, h1 = (list(map(float, a.split())) for a in sys.argv[1:3])
+print(", ".join(f"{a / b:.1f}x" if b else "n/a" for a, b in zip(h2, h1)))
+PY
+)
 
 ratio() { python3 -c "a,b=float('$1'),float('$2'); print(f'{a/b:.2f}' if b else 'n/a')"; }
 cost() { python3 -c "a,b=float('$1'),float('$2'); print(f'{(1-a/b)*100:.0f} %' if b else 'n/a')"; }
@@ -119,10 +136,10 @@ h1one="HTTP/1.1, 1 connection"; h2one="HTTP/2, 1 connection x 256 streams"
   echo
   echo "## Command"
   echo '```'
-  echo "SECONDS_PER_ROW=$seconds benchmarks/b1-edge/run.sh    # each cell: h2load ${load[*]} <mode args> <url>"
+  echo "SECONDS_PER_ROW=$seconds ROUNDS=$rounds benchmarks/b1-edge/run.sh    # each cell: h2load ${load[*]} <mode args> <url>, median of $rounds"
   echo '```'
   echo
-  echo "## Requests per second"
+  echo "## Requests per second (median of $rounds rounds)"
   echo
   echo "| client setting | Larder h2c/h1 | Larder TLS | nginx | nginx TLS | h2o | h2o TLS |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -140,6 +157,9 @@ h1one="HTTP/1.1, 1 connection"; h2one="HTTP/2, 1 connection x 256 streams"
   echo "| target | cleartext | TLS |"
   echo "| --- | ---: | ---: |"
   echo "| Larder HTTP/2 1 connection ÷ HTTP/1.1 1 connection (target ≥ 10×) | $(ratio "${result[$h2one|larder|clear]}" "${result[$h1one|larder|clear]}")× | $(ratio "${result[$h2one|larder|tls]}" "${result[$h1one|larder|tls]}")× |"
+  echo
+  echo "The same ratio (cleartext) in each round: $round_ratios. For comparison, on this machine:"
+  echo "nginx $(ratio "${result[$h2one|nginx|clear]}" "${result[$h1one|nginx|clear]}")×, h2o $(ratio "${result[$h2one|h2o|clear]}" "${result[$h1one|h2o|clear]}")×."
   echo
   echo "| Larder's TLS cost (1 − TLS ÷ cleartext; target ≤ 20 %) | |"
   echo "| --- | ---: |"
