@@ -20,9 +20,10 @@ pub struct RouterConfig {
     #[serde(with = "humantime_serde")]
     pub down_backoff: Duration,
     /// How long the background health check of a replica still silent after losing a hedge race
-    /// may take before it counts as a failure. Short, because a health check costs the node
-    /// nothing and a stalled node (`failures_to_mark_down` of these) should be asked last soon:
-    /// until then a third of its partitions' reads wait for the hedge delay.
+    /// may take before it counts as a failure (or ten hedge delays, if longer: under saturation
+    /// everything is slow). Short, because a health check costs the node nothing and a stalled
+    /// node (`failures_to_mark_down` of these) should be asked last soon: until then a third of
+    /// its partitions' reads wait for the hedge delay.
     #[serde(with = "humantime_serde")]
     pub health_check_timeout: Duration,
     /// Hedged reads: ask the next replica too when the first is slower than usual.

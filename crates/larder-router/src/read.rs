@@ -110,7 +110,7 @@ impl Router {
 
     /// How long to wait for `node` before asking the next replica too: the configured percentile
     /// of recent latency in its datacenter, or a fixed delay until there are enough samples.
-    fn hedge_delay(&self, node: &str) -> Duration {
+    pub(crate) fn hedge_delay(&self, node: &str) -> Duration {
         let observed = self.latency.percentile(self.datacenter_of(node));
         observed
             .unwrap_or(self.config.hedge_fallback_delay)

@@ -156,12 +156,17 @@ impl Router {
     }
 
     /// Asks a replica that just lost a hedge race whether it is alive: a health check it does not
-    /// answer within `health_check_timeout` counts as a failure. A node that is
+    /// answer in time counts as a failure: within `health_check_timeout`, or ten hedge delays
+    /// when that is longer (a saturated cluster answers everything slowly; that is not a stall,
+    /// and marking its nodes down would only pile the load onto the others). A node that is
     /// merely busier than its peers answers and keeps its standing; a stalled one is soon marked
     /// down and asked last.
     pub(crate) fn check_slow_replica(&self, node: &str) {
+        let limit = self
+            .config
+            .health_check_timeout
+            .max(self.hedge_delay(node) * 10);
         let (pool, health, node) = (self.pool.clone(), self.health.clone(), node.to_owned());
-        let limit = self.config.health_check_timeout;
         tokio::spawn(async move {
             let request = Request::get(larder_proto::HEALTH_PATH)
                 .body(larder_pool::empty())
