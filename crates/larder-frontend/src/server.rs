@@ -72,7 +72,11 @@ pub async fn serve(
         router = router.with_upload_journal(journal);
     }
     let router = Arc::new(router);
-    tokio::spawn(router.clone().clean_up_unfinished_uploads());
+    // Listed now, before serving: later entries are this run's own uploads.
+    let unfinished = router
+        .unfinished_uploads()
+        .map_err(|e| format!("cannot read the upload journal: {e}"))?;
+    tokio::spawn(router.clone().clean_up_uploads(unfinished));
     let grace = config.shutdown_grace;
     let metrics = Metrics::new(router.metrics());
     config.documents.validate()?;

@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -166,35 +167,41 @@ impl Router {
         })
     }
 
-    /// Tombstones the blobs of uploads that a previous run of this frontend left unfinished (it
-    /// crashed mid-upload), retrying every few seconds until storage nodes have taken every
-    /// delete. Runs in the background from start-up.
-    pub async fn clean_up_unfinished_uploads(self: Arc<Self>) {
-        let Some(journal) = &self.journal else { return };
-        loop {
-            let leftovers = match journal.leftovers() {
-                Ok(leftovers) => leftovers,
-                Err(err) => {
-                    tracing::error!(error = %err, "cannot read the upload journal");
-                    return;
-                }
-            };
-            let mut unfinished = 0;
-            for (path, ids) in leftovers {
+    /// The uploads a previous run of this frontend left unfinished (it crashed mid-upload), from
+    /// the journal. Call before serving: entries made after that are this run's own uploads in
+    /// progress, and must never be taken for leftovers.
+    pub fn unfinished_uploads(&self) -> std::io::Result<Vec<(PathBuf, Vec<BlobId>)>> {
+        match &self.journal {
+            Some(journal) => journal.leftovers(),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Tombstones the blobs of `uploads` (from `unfinished_uploads`) and forgets each entry once
+    /// storage nodes have taken every delete, retrying the rest every few seconds. Runs in the
+    /// background from start-up.
+    pub async fn clean_up_uploads(self: Arc<Self>, mut uploads: Vec<(PathBuf, Vec<BlobId>)>) {
+        while !uploads.is_empty() {
+            let mut unfinished = Vec::new();
+            for (path, ids) in uploads {
                 tracing::info!(blobs = ids.len(), file = %path.display(), "cleaning up an upload cut short by a crash");
-                if self.delete_chunks(ids, "upload cut short by a crash").await > 0 {
-                    unfinished += 1;
+                if self
+                    .delete_chunks(ids.clone(), "upload cut short by a crash")
+                    .await
+                    > 0
+                {
+                    unfinished.push((path, ids));
                     continue;
                 }
-                let dir = path.parent().unwrap_or(std::path::Path::new("."));
+                let dir = path.parent().unwrap_or(Path::new("."));
                 if let Err(err) = crate::journal::remove_durably(&path, dir) {
                     tracing::warn!(error = %err, "cannot remove an upload journal entry");
                 }
             }
-            if unfinished == 0 {
-                return;
+            uploads = unfinished;
+            if !uploads.is_empty() {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
             }
-            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         }
     }
 
