@@ -209,7 +209,7 @@ impl Router {
     /// Waits until `rule` is met by answers satisfying `ok`, or until it cannot be met any more.
     pub(crate) async fn await_quorum(
         &self,
-        mut results: mpsc::Receiver<(String, ReplicaResult)>,
+        results: &mut mpsc::Receiver<(String, ReplicaResult)>,
         rule: Quorum,
         ok: impl Fn(&Response<Incoming>) -> bool,
     ) -> Result<(), String> {

@@ -14,6 +14,9 @@ use crate::order::replicas_in;
 use crate::router::{Quorum, ReplicaResult};
 use crate::{Router, RouterError};
 
+/// How long a DELETE that reached its quorum waits for the other replicas' answers.
+const DELETE_SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Router {
     /// Stores `data` on a quorum of a random writable partition's local replicas (and, when
     /// configured, on one remote replica); on failure, once more on another partition.
@@ -124,7 +127,8 @@ impl Router {
         });
         let stored =
             |r: &http::Response<_>| matches!(r.status(), StatusCode::CREATED | StatusCode::OK);
-        match self.await_quorum(results, rule, stored).await {
+        let mut results = results;
+        match self.await_quorum(&mut results, rule, stored).await {
             Ok(()) => Ok(id),
             Err(err) => {
                 // The ID was never handed out, so nothing can read it; tombstone what did land.
@@ -198,14 +202,22 @@ impl Router {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         let path = blob_path(partition, &id.to_string());
-        let results = self.fan_out(&all, deadline, |router, node| {
+        let mut results = self.fan_out(&all, deadline, |router, node| {
             let request = Request::delete(path.clone())
                 .header(h::TIME_MS, time_ms)
                 .body(larder_pool::empty())
                 .expect("valid request");
             async move { router.send(&node, request).await }
         });
-        self.await_quorum(results, rule, |r| r.status() == StatusCode::ACCEPTED)
-            .await
+        self.await_quorum(&mut results, rule, |r| r.status() == StatusCode::ACCEPTED)
+            .await?;
+        // Later GETs answer 410, and a GET asks one replica at a time: give the replicas still
+        // writing the tombstone a moment, so that a healthy one does not serve the blob after we
+        // answered. A slow or dead one gets it by replication; the answer does not wait for it.
+        let _ = tokio::time::timeout(DELETE_SETTLE, async {
+            while results.recv().await.is_some() {}
+        })
+        .await;
+        Ok(())
     }
 }
