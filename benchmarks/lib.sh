@@ -94,3 +94,34 @@ upload() {
   done
   rm -f "$f"
 }
+
+# bench_workdir NAME: a scratch folder $work under the target dir, and an EXIT trap that stops
+# every process whose pid the script adds to `pids` and removes $work.
+bench_workdir() {
+  local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  local target=${CARGO_TARGET_DIR:-$root/target}
+  mkdir -p "$target"
+  work=$(mktemp -d "$target/bench-$1.XXXX")
+  pids=()
+  trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+
+# dev_up PORT [ARGS...]: `larder dev` listening on 127.0.0.1:PORT, data in $work/data, started
+# in the background (added to `pids`) and waited for.
+dev_up() {
+  local port=$1; shift
+  LARDER_LOG=warn "$LARDER" dev --data-dir "$work/data" --listen "127.0.0.1:$port" "$@" >/dev/null &
+  pids+=($!)
+  wait_port "$port"
+}
+
+# upload_blob FILE URL: POSTs FILE to URL (a frontend's /v1/blobs) and prints the new blob's ID.
+upload_blob() {
+  curl -sS --data-binary @"$1" "$2" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])'
+}

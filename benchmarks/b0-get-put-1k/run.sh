@@ -4,7 +4,6 @@
 # Usage: run.sh [--smoke]   (--smoke: tiny request counts, results to a temp file)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
 source "$here/../lib.sh"
 
 requests=${REQUESTS:-200000}
@@ -12,17 +11,12 @@ out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then requests=2000; out=$(mktemp); fi
 
 bench_build
-work=$(mktemp -d "$root/target/bench-b0.XXXX")
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir b0
 
 port=$(free_port)
-LARDER_LOG=warn "$LARDER" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 32 >/dev/null &
-pids+=($!)
-wait_port "$port"
+dev_up "$port" --partitions 32
 head -c 1024 /dev/urandom > "$work/blob"
-id=$(curl -sS --data-binary @"$work/blob" "http://127.0.0.1:$port/v1/blobs" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
+id=$(upload_blob "$work/blob" "http://127.0.0.1:$port/v1/blobs")
 larder_url="http://127.0.0.1:$port/v1/blobs/$id"
 
 # nginx: HTTP/1.1 on one port, h2c (prior knowledge) on another (nginx cannot do both on one

@@ -5,7 +5,6 @@
 # Usage: run.sh [--smoke]   (--smoke: a few hundred requests per row, results to a temp file)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
 source "$here/../lib.sh"
 
 seconds=${SECONDS_PER_ROW:-5}
@@ -17,22 +16,15 @@ out="$here/RESULTS.md"
 load=(-D "$seconds" --warm-up-time 1)
 if [ "${1:-}" = "--smoke" ]; then load=(-n 300); rounds=1; out=$(mktemp); fi
 
-target=${CARGO_TARGET_DIR:-$root/target}
 bench_build
-mkdir -p "$target"
-work=$(mktemp -d "$target/bench-b1.XXXX")
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir b1
 
 port=$(free_port); tls_port=$(free_port)
-LARDER_LOG=warn "$LARDER" dev --tls --data-dir "$work/data" --listen "127.0.0.1:$port" \
-  --tls-listen "127.0.0.1:$tls_port" --partitions 32 >/dev/null &
-pids+=($!)
-wait_port "$port"; wait_port "$tls_port"
+dev_up "$port" --tls --tls-listen "127.0.0.1:$tls_port" --partitions 32
+wait_port "$tls_port"
 tls="$work/data/tls"
 head -c 1024 /dev/urandom > "$work/blob"
-id=$(curl -sS --data-binary @"$work/blob" "http://127.0.0.1:$port/v1/blobs" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
+id=$(upload_blob "$work/blob" "http://127.0.0.1:$port/v1/blobs")
 
 # nginx cannot serve HTTP/1.1 and h2c on one cleartext port: one port each, plus one TLS port.
 mkdir -p "$work/www" "$work/nginx" "$work/h2o"

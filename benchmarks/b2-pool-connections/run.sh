@@ -40,7 +40,7 @@ durability = "relaxed-no-sync-for-benchmarks"'
   url="http://$FRONTEND/v1/blobs"
   : > "$work/uris"
   for _ in 1 2 3 4 5 6 7 8; do
-    id=$(curl -sS --data-binary @"$work/blob" "$url" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
+    id=$(upload_blob "$work/blob" "$url")
     echo "$url/$id" >> "$work/uris"
   done
   # One client connection, 8 streams, 4 MiB stream windows (h2load's own 64 KiB default

@@ -31,7 +31,7 @@ durability = "relaxed-no-sync-for-benchmarks"'
   : > "$work/uris"
   for size in "${sizes[@]}"; do
     head -c "$size" /dev/urandom > "$work/blob"
-    id=$(curl -sS --data-binary @"$work/blob" "$url" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
+    id=$(upload_blob "$work/blob" "$url")
     echo "$url/$id" >> "$work/uris"
   done
   cpu_before=$(cpu_seconds "$FRONTEND_PID")

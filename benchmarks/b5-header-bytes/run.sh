@@ -6,27 +6,19 @@
 # Usage: run.sh [--smoke]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
 source "$here/../lib.sh"
 
 requests=${REQUESTS:-2000}
 out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then requests=50; out=$(mktemp); fi
 
-target=${CARGO_TARGET_DIR:-$root/target}
 bench_build
-mkdir -p "$target"
-work=$(mktemp -d "$target/bench-b5.XXXX")
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir b5
 
 port=$(free_port)
-LARDER_LOG=warn "$LARDER" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 8 >/dev/null &
-pids+=($!)
-wait_port "$port"
+dev_up "$port" --partitions 8
 head -c 1024 /dev/urandom > "$work/blob"
-id=$(curl -sS --data-binary @"$work/blob" "http://127.0.0.1:$port/v1/blobs" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])')
+id=$(upload_blob "$work/blob" "http://127.0.0.1:$port/v1/blobs")
 
 headers=(
   -H 'user-agent: Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36 LarderBench/1.0'

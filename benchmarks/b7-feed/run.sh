@@ -12,7 +12,6 @@ source benchmarks/lib.sh
 docs=${DOCS:-40000}
 out="$here/RESULTS.md"; plot="$here/b7-feed.png"
 if [ "${1:-}" = "--smoke" ]; then docs=300; out=$(mktemp); plot=$(mktemp --suffix .png); fi
-target=${CARGO_TARGET_DIR:-$root/target}
 
 bench_build
 larder="$LARDER"
@@ -23,16 +22,10 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
 elif [ ! -d "$interop/target/lib" ]; then
   mvn -B -q -f "$interop/pom.xml" package -DskipTests
 fi
-mkdir -p "$root/target"
-work=$(mktemp -d "$root/target/bench-b7.XXXX")
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_workdir b7
 
 port=$(free_port)
-LARDER_LOG=warn "$larder" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 32 >/dev/null &
-pids+=($!)
-wait_port "$port"
+dev_up "$port" --partitions 32
 endpoint="http://127.0.0.1:$port/"
 
 # Feed files: JSON lines of puts, one field of the given size; each client gets its own IDs.
