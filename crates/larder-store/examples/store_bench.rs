@@ -31,6 +31,15 @@ fn dd_count() -> String {
     std::env::var("LARDER_BENCH_DD_COUNT").unwrap_or_else(|_| "256".into())
 }
 
+/// Writer counts per record size: 1, 16 and 256 unless `LARDER_BENCH_WRITERS=256,...` says
+/// otherwise (for experiments).
+fn writer_counts() -> Vec<usize> {
+    std::env::var("LARDER_BENCH_WRITERS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or_else(|| WRITERS.to_vec())
+}
+
 struct Cell {
     size: usize,
     writers: usize,
@@ -61,7 +70,7 @@ fn main() {
         .into_iter()
         .filter(|(s, _)| only.as_ref().is_none_or(|o| o.contains(s)))
     {
-        for writers in WRITERS {
+        for writers in writer_counts() {
             let mut runs: Vec<Cell> = (0..reps)
                 .map(|r| {
                     put_cell(

@@ -2,10 +2,11 @@
 //!
 //! Writers encode and checksum their record outside any lock, then append it under the log mutex
 //! (so records never interleave and the "already exists / stale" decision is atomic with the
-//! append). They then wait until a sync covers their record: whichever waiter finds no sync in
+//! append). They then wait until a sync covers their record: a writer that finds no sync in
 //! progress becomes the leader, releases the mutex, `fdatasync`s for everyone appended so far,
-//! publishes those records to the index and wakes the others. Records are published only after
-//! they are durable, so readers and the change feed never see a write that could be lost.
+//! publishes those records to the index and wakes the others (see `waiters`), handing the lead
+//! of the next round to one of those still waiting. Records are published only after they are
+//! durable, so readers and the change feed never see a write that could be lost.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -21,6 +22,7 @@ use crate::format::{block_crcs, encode_head, RecordInfo, FILE_HEADER_LEN};
 use crate::index::Index;
 use crate::segment::{create_segment, fdatasync, io_error, Segment};
 use crate::store::Inner;
+use crate::waiters::{self, Waiter, Wake};
 
 /// What a not-yet-durable blob record will do once published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub(crate) struct LogState {
     /// Sealed segments whose tail still needs a sync before anything after it counts as durable.
     unsynced: Vec<Arc<File>>,
     syncing: bool,
+    /// Writers parked until a sync covers their record.
+    waiting: Vec<Arc<Waiter>>,
     queue: VecDeque<Queued>,
     /// Effects of queued records, consulted with the index so decisions see pending writes.
     pub pending_blobs: HashMap<Bytes, (Cursor, PendingBlob)>,
@@ -70,6 +74,7 @@ impl LogState {
             durable: end,
             unsynced: Vec::new(),
             syncing: false,
+            waiting: Vec::new(),
             queue: VecDeque::new(),
             pending_blobs: HashMap::new(),
             pending_docs: HashMap::new(),
@@ -116,7 +121,7 @@ impl Inner {
         Ok(None)
     }
 
-    fn wait_durable(&self, mut st: MutexGuard<'_, LogState>, target: Cursor) -> Result<()> {
+    fn wait_durable<'a>(&'a self, mut st: MutexGuard<'a, LogState>, target: Cursor) -> Result<()> {
         if self.opts.durability == Durability::RelaxedNoSyncForBenchmarks {
             self.publish(&mut st, target);
             return Ok(());
@@ -128,10 +133,16 @@ impl Inner {
             if let Some(why) = &st.failed {
                 return Err(Error::Unavailable(why.clone()));
             }
-            if st.syncing {
-                self.synced.wait(&mut st);
-            } else {
+            if !st.syncing {
                 self.sync_round(&mut st)?;
+                continue;
+            }
+            let waiter = Waiter::new(target);
+            st.waiting.push(waiter.clone());
+            drop(st);
+            match waiter.wait() {
+                Wake::Durable => return Ok(()),
+                Wake::Recheck => st = self.log.lock(),
             }
         }
     }
@@ -142,7 +153,7 @@ impl Inner {
         let goal = st.written;
         let mut files = std::mem::take(&mut st.unsynced);
         files.push(st.active.file.clone());
-        let res = MutexGuard::unlocked(st, || files.iter().try_for_each(|f| fdatasync(f)));
+        let res = MutexGuard::unlocked(st, || self.sync_files(&files));
         st.syncing = false;
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         match &res {
@@ -151,7 +162,11 @@ impl Inner {
             // the dirty pages), so retrying could acknowledge lost data: refuse writes instead.
             Err(e) => st.failed = Some(format!("fdatasync failed: {e}")),
         }
+        let everyone = st.failed.is_some();
+        let durable = st.durable;
+        let woken = waiters::to_wake(&mut st.waiting, durable, everyone);
         self.synced.notify_all();
+        MutexGuard::unlocked(st, || waiters::wake(woken));
         res.map_err(io_error)
     }
 
@@ -215,6 +230,14 @@ impl Inner {
             return Err(e);
         }
         crate::segment::write_all_vectored_at(file, offset, bufs)
+    }
+
+    fn sync_files(&self, files: &[Arc<File>]) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(e) = self.fail.sync() {
+            return Err(e);
+        }
+        files.iter().try_for_each(|f| fdatasync(f))
     }
 
     fn truncate(&self, file: &File, len: u64) -> io::Result<()> {

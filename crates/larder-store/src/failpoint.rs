@@ -1,4 +1,4 @@
-//! Test-only fault injection in the write path (full disk, failing truncate), so the undo logic
+//! Test-only fault injection in the write path (full disk, failing truncate, failing fdatasync), so the undo logic
 //! that no real disk failure would reliably trigger in a test can be exercised.
 
 use std::fs::File;
@@ -12,6 +12,8 @@ pub(crate) struct FailPoints {
     /// The next record write stores only this many bytes, then fails with ENOSPC.
     write_fails_after: Mutex<Option<usize>>,
     truncate_fails: AtomicBool,
+    /// Every fdatasync waits this long, then fails with EIO (so writers pile up behind it).
+    sync_fails_after: Mutex<Option<std::time::Duration>>,
 }
 
 impl FailPoints {
@@ -36,6 +38,17 @@ impl FailPoints {
             return Some(e);
         }
         Some(io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+
+    pub fn fail_syncs_after(&self, delay: std::time::Duration) {
+        *self.sync_fails_after.lock() = Some(delay);
+    }
+
+    /// EIO after the armed delay, like a disk that fails a flush.
+    pub fn sync(&self) -> Option<io::Error> {
+        let delay = (*self.sync_fails_after.lock())?;
+        std::thread::sleep(delay);
+        Some(io::Error::from_raw_os_error(libc::EIO))
     }
 
     pub fn truncate_fails(&self) -> bool {

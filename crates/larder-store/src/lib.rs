@@ -10,6 +10,7 @@
 //!
 //! Layout of the implementation: `format` (record encoding), `segment` (files and I/O), `scan`
 //! (sequential reading), `index`, `checkpoint`, `commit` (write path and group commit),
+//! `waiters` (writers parked on a group commit),
 //! `recovery` (open), `reader` (verified reads), `feed` (change feed), `store` (operations).
 
 mod api;
@@ -29,6 +30,7 @@ mod segment;
 mod store;
 #[cfg(test)]
 mod tests;
+mod waiters;
 
 #[doc(hidden)]
 pub mod fuzzing;

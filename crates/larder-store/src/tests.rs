@@ -133,3 +133,62 @@ fn enospc_on_segment_rotation_writes_nothing() {
     let store = Store::open(dir.path(), opts).unwrap();
     assert_eq!(read(&store, b"b").unwrap(), data(3000, 2));
 }
+
+#[test]
+fn a_failed_fdatasync_fails_every_writer_waiting_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    store.put_blob(b"kept", meta(), &[data(100, 1)]).unwrap();
+    // A slow, failing sync: writers arriving meanwhile park behind it and must all hear of it.
+    store
+        .inner
+        .fail
+        .fail_syncs_after(std::time::Duration::from_millis(200));
+    let writers: Vec<_> = (0..64u8)
+        .map(|i| {
+            let store = store.clone();
+            std::thread::spawn(move || store.put_blob(&[b'k', i], meta(), &[data(100, i)]))
+        })
+        .collect();
+    for (i, writer) in writers.into_iter().enumerate() {
+        let res = writer.join().unwrap();
+        assert!(
+            matches!(res, Err(Error::Io(_) | Error::Unavailable(_))),
+            "writer {i} was acknowledged after a failed sync: {:?}",
+            res.map(|_| ())
+        );
+        assert!(matches!(
+            store.get_blob(&[b'k', i as u8], 0).unwrap(),
+            BlobLookup::NotFound
+        ));
+    }
+    assert!(matches!(
+        store.put_blob(b"after", meta(), &[data(10, 3)]),
+        Err(Error::Unavailable(_))
+    ));
+    assert_eq!(read(&store, b"kept").unwrap(), data(100, 1));
+}
+
+#[test]
+fn many_writers_are_each_woken_once_their_record_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    let writers: Vec<_> = (0..256u32)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..20u32 {
+                    let key = format!("w{t}-{i}");
+                    let put = store.put_blob(key.as_bytes(), meta(), &[data(64, t as u8)]);
+                    assert_eq!(put.unwrap(), PutOutcome::Stored);
+                    // Acknowledged means published: readable at once.
+                    assert_eq!(read(&store, key.as_bytes()).unwrap(), data(64, t as u8));
+                }
+            })
+        })
+        .collect();
+    writers.into_iter().for_each(|w| w.join().unwrap());
+    let stats = store.stats();
+    assert_eq!(stats.records_appended, 256 * 20);
+    assert!(stats.syncs < stats.records_appended / 4, "{stats:?}");
+}
