@@ -64,8 +64,8 @@ impl Waiter {
 }
 
 /// Sorts `waiting` after a sync round that made everything up to `durable` durable: those it
-/// covered are returned to be told so; of the rest, one is returned to be told to recheck (it
-/// leads the next round), and the others keep waiting. When `all` is set (the log failed or
+/// covered are returned to be told so; of the rest, one is returned first, to be told to recheck
+/// (it leads the next round), and the others keep waiting. When `all` is set (the log failed or
 /// closed) every waiter is returned to recheck.
 pub(crate) fn to_wake(
     waiting: &mut Vec<Arc<Waiter>>,
@@ -75,17 +75,17 @@ pub(crate) fn to_wake(
     if all {
         return waiting.drain(..).map(|w| (w, Wake::Recheck)).collect();
     }
-    let mut wake = Vec::with_capacity(waiting.len());
+    let mut covered = Vec::with_capacity(waiting.len());
     waiting.retain(|w| {
-        let covered = w.target <= durable;
-        if covered {
-            wake.push((w.clone(), Wake::Durable));
+        let done = w.target <= durable;
+        if done {
+            covered.push((w.clone(), Wake::Durable));
         }
-        !covered
+        !done
     });
-    if let Some(next_leader) = waiting.pop() {
-        wake.push((next_leader, Wake::Recheck));
-    }
+    // The next leader is woken first, so its sync overlaps with waking the others.
+    let mut wake: Vec<_> = waiting.pop().map(|w| (w, Wake::Recheck)).into_iter().collect();
+    wake.extend(covered);
     wake
 }
 
