@@ -2,7 +2,9 @@
 //!
 //! Writers encode and checksum their record outside any lock, then append it under the log mutex
 //! (so records never interleave and the "already exists / stale" decision is atomic with the
-//! append). They then wait until a sync covers their record: a writer that finds no sync in
+//! append). A small record is only copied into a batch under the mutex; the next sync round
+//! writes the batch with one `pwrite` before its `fdatasync` (one system call per batch instead
+//! of per record, and a far shorter hold of the mutex). Writers then wait until a sync covers their record: a writer that finds no sync in
 //! progress becomes the leader, releases the mutex, `fdatasync`s for everyone appended so far,
 //! publishes those records to the index and wakes the others (see `waiters`), handing the lead
 //! of the next round to one of those still waiting. Records are published only after they are
@@ -23,6 +25,11 @@ use crate::index::Index;
 use crate::segment::{create_segment, fdatasync, io_error, Segment};
 use crate::store::Inner;
 use crate::waiters::{self, Waiter, Wake};
+
+/// Records up to this size (head included) are batched; larger ones are written at once.
+const BATCH_RECORD_MAX: u64 = 64 << 10;
+/// A batch is written out once it would grow past this, without waiting for the sync round.
+const BATCH_MAX: usize = 1 << 20;
 
 /// What a not-yet-durable blob record will do once published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +52,9 @@ pub(crate) struct LogState {
     pub sealed_bytes: u64,
     /// End of the last appended record.
     written: Cursor,
+    /// Small records appended to the active segment but not yet written to it: the bytes just
+    /// before `active_len`.
+    batch: Vec<u8>,
     /// End of the last record known durable and published.
     durable: Cursor,
     /// Sealed segments whose tail still needs a sync before anything after it counts as durable.
@@ -71,6 +81,7 @@ impl LogState {
             active_len,
             sealed_bytes,
             written: end,
+            batch: Vec::new(),
             durable: end,
             unsynced: Vec::new(),
             syncing: false,
@@ -103,7 +114,7 @@ impl Inner {
         }
         self.maybe_rotate(&mut st, info.head_len() + info.size)?;
         let head = encode_head(&info, &crcs, st.active.id, st.active_len);
-        let start = self.write_record(&mut st, &head, data)?;
+        let start = self.add_record(&mut st, &head, data)?;
         let end = Cursor {
             segment: st.active.id,
             offset: st.active_len,
@@ -126,9 +137,16 @@ impl Inner {
             self.publish(&mut st, target);
             return Ok(());
         }
+        // Registered even while leading: the round that covers the record, or cuts it off after a
+        // failed batch write, says so through it like to any other writer.
+        let me = Waiter::new(target);
+        st.waiting.push(me.clone());
         loop {
-            if st.durable >= target {
-                return Ok(());
+            match me.take() {
+                Some(Wake::Durable) => return Ok(()),
+                Some(Wake::Lost(e)) => return Err(io_error(e)),
+                Some(Wake::Recheck) => st.waiting.push(me.clone()),
+                None => {}
             }
             if let Some(why) = &st.failed {
                 return Err(Error::Unavailable(why.clone()));
@@ -137,18 +155,23 @@ impl Inner {
                 self.sync_round(&mut st)?;
                 continue;
             }
-            let waiter = Waiter::new(target);
-            st.waiting.push(waiter.clone());
             drop(st);
-            match waiter.wait() {
+            match me.wait() {
                 Wake::Durable => return Ok(()),
-                Wake::Recheck => st = self.log.lock(),
+                Wake::Lost(e) => return Err(io_error(e)),
+                Wake::Recheck => {
+                    st = self.log.lock();
+                    st.waiting.push(me.clone());
+                }
             }
         }
     }
 
     /// One group commit: sync everything appended so far, outside the lock, then publish it.
     fn sync_round(&self, st: &mut MutexGuard<'_, LogState>) -> Result<()> {
+        // A failed batch write cuts off (and fails) only the batched records; the rest still
+        // needs its sync.
+        let _ = self.write_batch(st);
         st.syncing = true;
         let goal = st.written;
         let mut files = std::mem::take(&mut st.unsynced);
@@ -194,6 +217,7 @@ impl Inner {
         {
             return Ok(());
         }
+        self.write_batch(st)?;
         let durable = self.opts.durability == Durability::Durable;
         let seg = create_segment(&self.dir, st.active.id + 1, durable)?;
         let old = std::mem::replace(&mut st.active, seg.clone());
@@ -204,6 +228,70 @@ impl Inner {
         st.active_len = FILE_HEADER_LEN;
         self.segments.write().push(seg);
         Ok(())
+    }
+
+    /// Adds a record at the end of the active segment: into the batch when it is small (and
+    /// syncs are real: relaxed mode publishes at once, so its records must be in the file),
+    /// otherwise straight to the file, after the batch.
+    fn add_record(&self, st: &mut LogState, head: &[u8], data: &[Bytes]) -> Result<u64> {
+        let len = head.len() + data.iter().map(|d| d.len()).sum::<usize>();
+        let durable = self.opts.durability == Durability::Durable;
+        if !durable || len as u64 > BATCH_RECORD_MAX {
+            self.write_batch(st)?;
+            return self.write_record(st, head, data);
+        }
+        if st.batch.len() + len > BATCH_MAX {
+            self.write_batch(st)?;
+        }
+        let start = st.active_len;
+        st.batch.extend_from_slice(head);
+        data.iter().for_each(|d| st.batch.extend_from_slice(d));
+        st.active_len += len as u64;
+        Ok(start)
+    }
+
+    /// Writes the batch to the active segment. On failure the file is cut back to where the
+    /// batch starts and its records are taken out of the log: their writers are told they are
+    /// lost, and nothing after them exists, so the log goes on from there.
+    fn write_batch(&self, st: &mut LogState) -> Result<()> {
+        if st.batch.is_empty() {
+            return Ok(());
+        }
+        let start = st.active_len - st.batch.len() as u64;
+        let res = self.write_at(&st.active.file, start, &[&st.batch]);
+        st.batch.clear();
+        let Err(e) = res else { return Ok(()) };
+        if let Err(te) = self.truncate(&st.active.file, start) {
+            tracing::error!(error = %te, "cannot truncate after a failed write; refusing writes");
+            st.failed = Some(format!("truncate after failed write failed: {te}"));
+        }
+        let from = Cursor {
+            segment: st.active.id,
+            offset: start,
+        };
+        self.cut_back(st, from, &e);
+        Err(io_error(e))
+    }
+
+    /// Forgets every record after `from` (none of them was written or published).
+    fn cut_back(&self, st: &mut LogState, from: Cursor, why: &io::Error) {
+        st.active_len = from.offset;
+        st.written = from;
+        let mut dropped = 0;
+        while st.queue.back().is_some_and(|q| q.end > from) {
+            st.queue.pop_back();
+            dropped += 1;
+        }
+        self.counters.appended.fetch_sub(dropped, Ordering::Relaxed);
+        // A dropped record may have replaced an earlier pending one of its key: rebuild.
+        st.pending_blobs.clear();
+        st.pending_docs.clear();
+        let queued: Vec<(RecordInfo, Cursor)> =
+            st.queue.iter().map(|q| (q.info.clone(), q.end)).collect();
+        for (info, end) in &queued {
+            remember_pending(st, info, *end);
+        }
+        waiters::lose_after(&mut st.waiting, from, why);
     }
 
     /// Writes one record at the end of the active segment. On failure the file is cut back to

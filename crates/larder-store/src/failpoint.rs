@@ -14,6 +14,8 @@ pub(crate) struct FailPoints {
     truncate_fails: AtomicBool,
     /// Every fdatasync waits this long, then fails with EIO (so writers pile up behind it).
     sync_fails_after: Mutex<Option<std::time::Duration>>,
+    /// Every fdatasync waits this long first, then does its job.
+    sync_delay: Mutex<Option<std::time::Duration>>,
 }
 
 impl FailPoints {
@@ -44,8 +46,15 @@ impl FailPoints {
         *self.sync_fails_after.lock() = Some(delay);
     }
 
+    pub fn slow_syncs(&self, delay: Option<std::time::Duration>) {
+        *self.sync_delay.lock() = delay;
+    }
+
     /// EIO after the armed delay, like a disk that fails a flush.
     pub fn sync(&self) -> Option<io::Error> {
+        if let Some(delay) = *self.sync_delay.lock() {
+            std::thread::sleep(delay);
+        }
         let delay = (*self.sync_fails_after.lock())?;
         std::thread::sleep(delay);
         Some(io::Error::from_raw_os_error(libc::EIO))

@@ -192,3 +192,64 @@ fn many_writers_are_each_woken_once_their_record_is_durable() {
     assert_eq!(stats.records_appended, 256 * 20);
     assert!(stats.syncs < stats.records_appended / 4, "{stats:?}");
 }
+
+#[test]
+fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    store.put_blob(b"kept", meta(), &[data(100, 1)]).unwrap();
+    let len = segment_len(dir.path());
+    // A slow sync leads; small records arriving meanwhile are batched for the next round, whose
+    // batch write then runs out of space half-way.
+    store
+        .inner
+        .fail
+        .slow_syncs(Some(std::time::Duration::from_millis(1000)));
+    let leader = {
+        let store = store.clone();
+        std::thread::spawn(move || store.put_blob(b"leader", meta(), &[data(100, 2)]))
+    };
+    while store.stats().records_appended < 2 {
+        std::thread::yield_now();
+    }
+    let batched: Vec<_> = (0..32u8)
+        .map(|i| {
+            let store = store.clone();
+            std::thread::spawn(move || store.put_blob(&[b'b', i], meta(), &[data(200, i)]))
+        })
+        .collect();
+    while store.stats().records_appended < 34 {
+        std::thread::yield_now();
+    }
+    store.inner.fail.fail_next_write_after(1000);
+    assert_eq!(leader.join().unwrap().unwrap(), PutOutcome::Stored);
+    for (i, writer) in batched.into_iter().enumerate() {
+        let res = writer.join().unwrap();
+        assert!(
+            matches!(res, Err(Error::OutOfSpace)),
+            "batched writer {i}: {:?}",
+            res.map(|_| ())
+        );
+    }
+    store.inner.fail.slow_syncs(None);
+    let leader_len = segment_len(dir.path());
+    assert!(leader_len > len, "the leader's record was written");
+    for i in 0..32u8 {
+        assert!(matches!(
+            store.get_blob(&[b'b', i], 0).unwrap(),
+            BlobLookup::NotFound
+        ));
+    }
+    // The log goes on where the lost batch began, and a retry of a lost key lands.
+    assert_eq!(
+        store.put_blob(&[b'b', 7], meta(), &[data(200, 7)]).unwrap(),
+        PutOutcome::Stored
+    );
+    assert_eq!(read(&store, &[b'b', 7]).unwrap(), data(200, 7));
+    drop(store);
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(store.stats().corrupt_records_found, 0);
+    assert_eq!(store.changes(Cursor::START, 100).unwrap().changes.len(), 3);
+    assert_eq!(read(&store, b"leader").unwrap(), data(100, 2));
+    assert_eq!(read(&store, &[b'b', 7]).unwrap(), data(200, 7));
+}

@@ -6,7 +6,8 @@
 //! of a sync round tells each waiter its answer and wakes it directly; a waiter whose record the
 //! round covered returns without touching the mutex.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::{self, Thread};
 
@@ -15,20 +16,25 @@ use crate::api::Cursor;
 const PENDING: u8 = 0;
 const DURABLE: u8 = 1;
 const RECHECK: u8 = 2;
+const LOST: u8 = 3;
 
-/// What a woken writer learns.
-#[derive(Debug, PartialEq, Eq)]
+/// What a writer learns about its record.
+#[derive(Debug)]
 pub(crate) enum Wake {
-    /// A sync covered its record.
+    /// A sync covered it.
     Durable,
-    /// Its record is not covered yet, or the log failed: look at the log state again (and lead
-    /// the next round if nobody does).
+    /// It is not covered yet, or the log failed: look at the log state again (and lead the next
+    /// round if nobody does).
     Recheck,
+    /// Writing it out failed; it was cut from the log and will never be durable.
+    Lost(io::Error),
 }
 
 pub(crate) struct Waiter {
     target: Cursor,
     state: AtomicU8,
+    /// The OS error that lost the record, when `state` is `LOST`.
+    errno: AtomicI32,
     thread: Thread,
 }
 
@@ -38,43 +44,61 @@ impl Waiter {
         Arc::new(Waiter {
             target,
             state: AtomicU8::new(PENDING),
+            errno: AtomicI32::new(0),
             thread: thread::current(),
         })
     }
 
-    /// Parks until woken (park may return spuriously, hence the loop).
+    /// The answer given so far, if any; an answer is taken (the waiter is pending again after).
+    pub fn take(&self) -> Option<Wake> {
+        let wake = match self.state.swap(PENDING, Ordering::Acquire) {
+            PENDING => return None,
+            DURABLE => Wake::Durable,
+            RECHECK => Wake::Recheck,
+            _ => Wake::Lost(io::Error::from_raw_os_error(
+                self.errno.load(Ordering::Relaxed),
+            )),
+        };
+        Some(wake)
+    }
+
+    /// Parks until told something (park may return spuriously, hence the loop).
     pub fn wait(&self) -> Wake {
         loop {
-            match self.state.load(Ordering::Acquire) {
-                PENDING => thread::park(),
-                DURABLE => return Wake::Durable,
-                _ => return Wake::Recheck,
+            if let Some(wake) = self.take() {
+                return wake;
             }
+            thread::park();
         }
     }
 
-    fn wake(&self, how: Wake) {
+    fn tell(&self, how: &Wake) {
         let state = match how {
             Wake::Durable => DURABLE,
             Wake::Recheck => RECHECK,
+            Wake::Lost(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                self.errno.store(errno, Ordering::Relaxed);
+                LOST
+            }
         };
         self.state.store(state, Ordering::Release);
-        self.thread.unpark();
+        // A leader tells itself too, while not parked: no wake-up needed, nor a stray unpark token.
+        if self.thread.id() != thread::current().id() {
+            self.thread.unpark();
+        }
     }
 }
 
 /// Sorts `waiting` after a sync round that made everything up to `durable` durable: those it
 /// covered are returned to be told so; of the rest, one is returned first, to be told to recheck
-/// (it leads the next round), and the others keep waiting. When `all` is set (the log failed or
-/// closed) every waiter is returned to recheck.
+/// (it leads the next round), and the others keep waiting. When `all` is set (the log failed)
+/// every one not covered is returned to recheck, and will find out.
 pub(crate) fn to_wake(
     waiting: &mut Vec<Arc<Waiter>>,
     durable: Cursor,
     all: bool,
 ) -> Vec<(Arc<Waiter>, Wake)> {
-    if all {
-        return waiting.drain(..).map(|w| (w, Wake::Recheck)).collect();
-    }
     let mut covered = Vec::with_capacity(waiting.len());
     waiting.retain(|w| {
         let done = w.target <= durable;
@@ -83,15 +107,32 @@ pub(crate) fn to_wake(
         }
         !done
     });
+    let recheck = if all { waiting.len() } else { 1 };
     // The next leader is woken first, so its sync overlaps with waking the others.
-    let mut wake: Vec<_> = waiting.pop().map(|w| (w, Wake::Recheck)).into_iter().collect();
+    let mut wake: Vec<_> = waiting
+        .drain(waiting.len().saturating_sub(recheck)..)
+        .map(|w| (w, Wake::Recheck))
+        .collect();
     wake.extend(covered);
     wake
+}
+
+/// Tells every waiter whose record ends after `from` that the record is lost (it was cut from the
+/// log), and stops waiting for them.
+pub(crate) fn lose_after(waiting: &mut Vec<Arc<Waiter>>, from: Cursor, why: &io::Error) {
+    waiting.retain(|w| {
+        let lost = w.target > from;
+        if lost {
+            let errno = why.raw_os_error().unwrap_or(libc::EIO);
+            w.tell(&Wake::Lost(io::Error::from_raw_os_error(errno)));
+        }
+        !lost
+    });
 }
 
 /// Wakes the waiters `to_wake` chose (call without holding the log mutex).
 pub(crate) fn wake(waiters: Vec<(Arc<Waiter>, Wake)>) {
     for (waiter, how) in waiters {
-        waiter.wake(how);
+        waiter.tell(&how);
     }
 }
