@@ -1,5 +1,6 @@
 //! A client for Larder's public blob API: streaming uploads and downloads of any size over one
-//! HTTP/2 connection (h2c prior knowledge), so memory stays a few frames whatever the blob.
+//! HTTP/2 connection (TLS with ALPN h2, or h2c prior knowledge), so memory stays a few frames
+//! whatever the blob.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), larder_client::ClientError> {
@@ -27,7 +28,7 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("endpoint {0:?} is not an http://host:port URL")]
+    #[error("endpoint {0:?} is not an https:// or http://host:port URL")]
     BadEndpoint(String),
     #[error("cannot reach {endpoint}: {detail}")]
     Connect { endpoint: String, detail: String },
@@ -44,6 +45,8 @@ pub enum ClientError {
     Protocol(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] larder_tls::TlsError),
 }
 
 /// What an upload stored.
@@ -56,6 +59,7 @@ pub struct Stored {
 /// One HTTP/2 connection to a frontend; cheap to clone, many requests at once.
 #[derive(Clone)]
 pub struct Client {
+    scheme: &'static str,
     authority: String,
     sender: SendRequest<Body>,
 }
@@ -74,18 +78,27 @@ impl Client {
     /// Connects to `endpoint` (`http://host:port`) with HTTP/2 prior knowledge. Windows and
     /// frames are sized for multi-MiB transfers, like the frontend's own storage pool.
     pub async fn connect(endpoint: &str) -> Result<Client, ClientError> {
+        Client::connect_with(endpoint, &larder_tls::ClientTls::default()).await
+    }
+
+    /// Connects to `endpoint`: `https://host[:port]` (TLS with `tls`'s trust and identity,
+    /// HTTP/2 by ALPN) or `http://host:port` (HTTP/2 prior knowledge).
+    pub async fn connect_with(
+        endpoint: &str,
+        tls: &larder_tls::ClientTls,
+    ) -> Result<Client, ClientError> {
         let uri: Uri = endpoint
             .parse()
             .map_err(|_| ClientError::BadEndpoint(endpoint.into()))?;
-        let authority = match (uri.scheme_str(), uri.authority()) {
-            (Some("http"), Some(a)) => a.to_string(),
+        let (scheme, default_port) = match uri.scheme_str() {
+            Some("https") => ("https", 443),
+            Some("http") => ("http", 80),
             _ => return Err(ClientError::BadEndpoint(endpoint.into())),
         };
-        let target = if uri.port().is_some() {
-            authority.clone()
-        } else {
-            format!("{authority}:80")
+        let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else {
+            return Err(ClientError::BadEndpoint(endpoint.into()));
         };
+        let target = format!("{host}:{}", uri.port_u16().unwrap_or(default_port));
         let connect_error = |detail: String| ClientError::Connect {
             endpoint: endpoint.into(),
             detail,
@@ -94,20 +107,24 @@ impl Client {
             .await
             .map_err(|e| connect_error(e.to_string()))?;
         stream.set_nodelay(true)?;
-        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .initial_stream_window_size(4 << 20)
-            .initial_connection_window_size(16 << 20)
-            .max_frame_size(1 << 20)
-            .max_send_buf_size(4 << 20)
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| connect_error(e.to_string()))?;
-        tokio::spawn(connection);
-        Ok(Client { authority, sender })
+        let sender = if scheme == "https" {
+            let stream = larder_tls::connect_h2(tls.config()?, host, stream)
+                .await
+                .map_err(|e| connect_error(format!("TLS: {e}")))?;
+            handshake(stream).await
+        } else {
+            handshake(stream).await
+        }
+        .map_err(|e| connect_error(e.to_string()))?;
+        Ok(Client {
+            scheme,
+            authority: authority.to_string(),
+            sender,
+        })
     }
 
     fn uri(&self, path: &str) -> String {
-        format!("http://{}{path}", self.authority)
+        format!("{}://{}{path}", self.scheme, self.authority)
     }
 
     async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, ClientError> {
@@ -155,6 +172,22 @@ impl Client {
             .expect("valid request");
         self.send(request).await.map(drop)
     }
+}
+
+/// The HTTP/2 handshake over `stream`, with windows and frames sized for multi-MiB transfers.
+async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(16 << 20)
+        .max_frame_size(1 << 20)
+        .max_send_buf_size(4 << 20)
+        .handshake(TokioIo::new(stream))
+        .await?;
+    tokio::spawn(connection);
+    Ok(sender)
 }
 
 /// Turns an error answer (`{"error":{"code","message"}}`) into `ClientError::Api`.

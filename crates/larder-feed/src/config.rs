@@ -23,8 +23,14 @@ pub enum FeedError {
 /// Settings of one feed. Build with [`FeedConfig::new`], then adjust the public fields.
 #[derive(Clone)]
 pub struct FeedConfig {
-    pub(crate) addr: SocketAddr,
+    /// The endpoint's addresses, tried in order when a connection opens (`localhost` may be
+    /// `::1` and `127.0.0.1`, with the server on only one).
+    pub(crate) addrs: Vec<SocketAddr>,
     pub(crate) authority: String,
+    /// `https` or `http`: TLS with ALPN h2, or HTTP/2 with prior knowledge.
+    pub(crate) scheme: &'static str,
+    /// The host part of the authority, which a TLS server's certificate must name.
+    pub(crate) host: String,
     /// The endpoint's path prefix without a trailing `/` (usually empty).
     pub(crate) base_path: String,
     /// HTTP/2 connections to open (vespa-feed-client: `--connections`).
@@ -43,16 +49,22 @@ pub struct FeedConfig {
     pub progress: bool,
     /// Called with every error as it happens: malformed input (with its line) and failed operations.
     pub on_error: Option<ErrorSink>,
+    /// Whom to trust and what to present on an `https://` endpoint.
+    pub tls: larder_tls::ClientTls,
 }
 
 impl FeedConfig {
-    /// A config with defaults for `endpoint`, an `http://host:port[/path]` URL (HTTP/2 with prior
-    /// knowledge; TLS is not supported yet).
+    /// A config with defaults for `endpoint`, an `https://host[:port][/path]` URL (TLS, HTTP/2 by
+    /// ALPN) or an `http://` one (HTTP/2 with prior knowledge).
     pub fn new(endpoint: &str) -> Result<FeedConfig, FeedError> {
         let bad = |why: &str| FeedError::BadEndpoint(format!("{endpoint:?}: {why}"));
-        let rest = endpoint
-            .strip_prefix("http://")
-            .ok_or_else(|| bad("only http:// endpoints (h2c) are supported"))?;
+        let (scheme, default_port, rest) = if let Some(rest) = endpoint.strip_prefix("https://") {
+            ("https", 443, rest)
+        } else if let Some(rest) = endpoint.strip_prefix("http://") {
+            ("http", 80, rest)
+        } else {
+            return Err(bad("expected an https:// or http:// URL"));
+        };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         if authority.is_empty() {
             return Err(bad("no host"));
@@ -63,16 +75,24 @@ impl FeedConfig {
         {
             authority.to_string()
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{default_port}")
         };
-        let addr = with_port
+        let host = match with_port.rsplit_once(':') {
+            Some((host, _)) => host.to_string(),
+            None => authority.to_string(),
+        };
+        let addrs: Vec<SocketAddr> = with_port
             .to_socket_addrs()
             .map_err(|e| bad(&format!("cannot resolve: {e}")))?
-            .next()
-            .ok_or_else(|| bad("resolves to no address"))?;
+            .collect();
+        if addrs.is_empty() {
+            return Err(bad("resolves to no address"));
+        }
         Ok(FeedConfig {
-            addr,
+            addrs,
             authority: authority.to_string(),
+            scheme,
+            host,
             base_path: format!("/{}", path.trim_matches('/'))
                 .trim_end_matches('/')
                 .to_string(),
@@ -83,6 +103,7 @@ impl FeedConfig {
             headers: HeaderMap::new(),
             progress: false,
             on_error: None,
+            tls: larder_tls::ClientTls::default(),
         })
     }
 
@@ -105,12 +126,23 @@ mod tests {
     fn endpoints_and_headers() {
         let c = FeedConfig::new("http://127.0.0.1:8080/").unwrap();
         assert_eq!(
-            (c.addr.port(), c.authority.as_str(), c.base_path.as_str()),
+            (
+                c.addrs[0].port(),
+                c.authority.as_str(),
+                c.base_path.as_str()
+            ),
             (8080, "127.0.0.1:8080", "")
         );
         let c = FeedConfig::new("http://127.0.0.1:9/prefix/").unwrap();
         assert_eq!(c.base_path, "/prefix");
-        assert!(FeedConfig::new("https://127.0.0.1:8080/").is_err());
+        let c = FeedConfig::new("https://localhost/").unwrap();
+        assert_eq!(
+            (c.scheme, c.host.as_str(), c.addrs[0].port()),
+            ("https", "localhost", 443)
+        );
+        let c = FeedConfig::new("https://[::1]:8443").unwrap();
+        assert_eq!((c.host.as_str(), c.addrs[0].port()), ("[::1]", 8443));
+        assert!(FeedConfig::new("ftp://127.0.0.1:8080/").is_err());
         assert!(FeedConfig::new("http:///").is_err());
         let mut c = FeedConfig::new("http://127.0.0.1:1").unwrap();
         c.add_header("Authorization: Bearer x").unwrap();

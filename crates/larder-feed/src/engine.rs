@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::stats::{Progress, Stats};
-use crate::transport::Transport;
+use crate::transport::{Target, Transport};
 use crate::{FeedConfig, FeedError, FeedReader, Operation, Summary, Throttle};
 
 /// Operations read ahead of those in flight, per possible in-flight slot: bounds memory while
@@ -40,8 +40,22 @@ pub async fn feed<R: BufRead + Send + 'static>(
     input: R,
 ) -> Result<Summary, FeedError> {
     let max_inflight = config.connections.max(1) * config.max_streams_per_connection.max(1);
+    let tls = match config.scheme {
+        "https" => Some(
+            config
+                .tls
+                .config()
+                .map_err(|e| FeedError::Connect(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    let target = Target {
+        addrs: config.addrs.clone(),
+        host: config.host.clone(),
+        tls,
+    };
     let transport = Transport::connect(
-        config.addr,
+        target,
         config.connections,
         config.max_streams_per_connection as u32,
     )
@@ -214,7 +228,8 @@ impl Engine {
             '?'
         };
         let uri = format!(
-            "http://{}{}{}{separator}timeout={}ms",
+            "{}://{}{}{}{separator}timeout={}ms",
+            self.config.scheme,
             self.config.authority,
             self.config.base_path,
             op.path_and_query,

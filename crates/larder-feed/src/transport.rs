@@ -1,9 +1,11 @@
-//! A few HTTP/2 (prior knowledge) connections to one endpoint, each carrying many streams.
+//! A few HTTP/2 connections (TLS with ALPN h2, or prior knowledge) to one endpoint, each carrying
+//! many streams.
 //! Requests go to the connection with the fewest in flight; a broken connection is replaced on
 //! its next use.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,21 +23,31 @@ struct Connection {
     inflight: AtomicUsize,
 }
 
+/// Where the connections go.
+pub struct Target {
+    /// Tried in order.
+    pub addrs: Vec<SocketAddr>,
+    /// The name the server's certificate must carry (with TLS).
+    pub host: String,
+    /// TLS settings for an `https` endpoint; `None` for HTTP/2 with prior knowledge.
+    pub tls: Option<Arc<larder_tls::rustls::ClientConfig>>,
+}
+
 pub struct Transport {
-    addr: SocketAddr,
+    target: Target,
     connections: Vec<Connection>,
     max_streams: u32,
 }
 
 impl Transport {
-    /// Opens `connections` connections to `addr`; fails if the first cannot be opened.
+    /// Opens `connections` connections to `target`; fails if the first cannot be opened.
     pub async fn connect(
-        addr: SocketAddr,
+        target: Target,
         connections: usize,
         max_streams: u32,
     ) -> Result<Transport, String> {
         let transport = Transport {
-            addr,
+            target,
             connections: (0..connections.max(1))
                 .map(|_| Connection {
                     sender: Mutex::new(None),
@@ -52,10 +64,27 @@ impl Transport {
     }
 
     async fn open(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let stream = tokio::net::TcpStream::connect(self.addr)
+        let addrs = &self.target.addrs[..];
+        let stream = tokio::net::TcpStream::connect(addrs)
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.addr))?;
+            .map_err(|e| format!("cannot connect to {addrs:?}: {e}"))?;
+        let addr = stream.peer_addr().map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
+        match &self.target.tls {
+            None => self.handshake(stream).await,
+            Some(tls) => {
+                let stream = larder_tls::connect_h2(tls.clone(), &self.target.host, stream)
+                    .await
+                    .map_err(|e| format!("TLS with {} ({addr}) failed: {e}", self.target.host))?;
+                self.handshake(stream).await
+            }
+        }
+    }
+
+    async fn handshake<S>(&self, stream: S) -> Result<SendRequest<Full<Bytes>>, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .initial_stream_window_size(1 << 20)
@@ -64,7 +93,7 @@ impl Transport {
             .keep_alive_interval(Duration::from_secs(10))
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| format!("HTTP/2 handshake with {} failed: {e}", self.addr))?;
+            .map_err(|e| format!("HTTP/2 handshake with {} failed: {e}", self.target.host))?;
         tokio::spawn(connection);
         Ok(sender)
     }

@@ -5,13 +5,16 @@
 //! - TLS 1.3 and 1.2 only, and in 1.2 only the ECDHE + AEAD suites HTTP/2 allows (RFC 9113 §9.2);
 //! - certificates, keys and CAs read from PEM files, reloadable at run time without a restart
 //!   (every config is a [`Reloading`] one; the binary decides when: SIGHUP);
-//! - mutual TLS for the internal hop: both sides present certificates from the cluster CA.
+//! - mutual TLS for the internal hop: both sides present certificates from the cluster CA;
+//! - the same policy for Larder's own command-line clients ([`ClientTls`]).
 
+mod client;
 mod files;
 mod pem;
 mod policy;
 mod reload;
 
+pub use client::{connect_h2, ClientTls};
 pub use files::MutualTls;
 pub use pem::{load_certs, load_key, load_roots};
 pub use policy::{mutual_client, mutual_server, provider, public_server, ALPN_H1, ALPN_H2};

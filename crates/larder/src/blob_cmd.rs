@@ -10,9 +10,12 @@ const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8080";
 
 #[derive(Args)]
 pub struct Endpoint {
-    /// The frontend to talk to (HTTP/2 prior knowledge).
+    /// The frontend to talk to: https://host:port (TLS, HTTP/2 by ALPN) or http://host:port
+    /// (HTTP/2 prior knowledge).
     #[arg(long, default_value = DEFAULT_ENDPOINT)]
     endpoint: String,
+    #[command(flatten)]
+    tls: crate::client_tls::ClientTlsArgs,
     /// Never draw a progress bar (it is only drawn on a terminal anyway).
     #[arg(long)]
     no_progress: bool,
@@ -54,7 +57,7 @@ impl Endpoint {
     }
 
     async fn connect(&self) -> anyhow::Result<Client> {
-        Ok(Client::connect(&self.endpoint).await?)
+        Ok(Client::connect_with(&self.endpoint, &self.tls.settings()).await?)
     }
 }
 

@@ -12,9 +12,12 @@ use clap::Args;
 #[derive(Args)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["file", "stdin"]))]
 pub struct FeedArgs {
-    /// The /document/v1 endpoint, e.g. http://127.0.0.1:8080/ (HTTP/2 with prior knowledge).
+    /// The /document/v1 endpoint: https://host:port/ (TLS, HTTP/2 by ALPN) or
+    /// http://127.0.0.1:8080/ (HTTP/2 with prior knowledge).
     #[arg(long)]
     endpoint: String,
+    #[command(flatten)]
+    tls: crate::client_tls::ClientTlsArgs,
     /// A feed file: a JSON array of operations or JSON lines.
     #[arg(long)]
     file: Option<PathBuf>,
@@ -61,6 +64,7 @@ pub fn run(args: FeedArgs) -> anyhow::Result<i32> {
     );
     config.timeout = Duration::from_secs_f64(args.timeout);
     config.max_retries = args.max_retries;
+    config.tls = args.tls.settings();
     config.progress = args.progress || std::io::stderr().is_terminal();
     for header in &args.headers {
         config.add_header(header)?;

@@ -4,6 +4,7 @@
 mod bench;
 mod blob_cmd;
 mod cli;
+mod client_tls;
 mod configs;
 mod dev;
 mod dev_certs;

@@ -367,3 +367,101 @@ fn wait_for_storage(
         expected,
     );
 }
+
+#[test]
+fn larder_feed_put_get_and_delete_speak_https_with_the_given_ca() {
+    let cluster = Cluster::start_tls(3, 4, "");
+    let dir = cluster.dir.path();
+    let ca = cluster.certs.as_ref().unwrap().ca_path();
+    let larder = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(common::LARDER)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let endpoint = cluster.https_url("/");
+    let docs: String = (0..20)
+        .map(|i| format!("{{\"put\":\"id:t:doc::{i}\",\"fields\":{{\"n\":{i}}}}}\n"))
+        .collect();
+    let fed = larder(
+        &[
+            "feed",
+            "--endpoint",
+            &endpoint,
+            "--ca-certificates",
+            &ca,
+            "--stdin",
+            "--json",
+        ],
+        &docs,
+    );
+    assert!(
+        fed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fed.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&fed.stdout).unwrap();
+    assert_eq!(summary["succeeded"], 20, "{summary}");
+    let got = curl(
+        dir,
+        &[
+            "--cacert",
+            &ca,
+            &cluster.https_url("/document/v1/t/doc/docid/7"),
+        ],
+    );
+    assert_eq!(got.status, 200, "{}", String::from_utf8_lossy(&got.body));
+    assert_eq!(got.json()["fields"]["n"], 7);
+
+    // Without the CA, the throwaway certificate is not trusted: a clear failure, nothing fed.
+    let refused = larder(&["feed", "--endpoint", &endpoint, "--stdin"], &docs);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("certificate"), "{stderr}");
+
+    // larder put / get / delete over the same port.
+    let data = random_bytes(300_000);
+    let input = file_with(dir, &data);
+    let base = endpoint.trim_end_matches('/');
+    let tls_args = ["--endpoint", base, "--ca-certificates", &ca];
+    let put = larder(
+        &[&["put", &input, "--no-progress"], &tls_args[..]].concat(),
+        "",
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let id = String::from_utf8(put.stdout).unwrap().trim().to_owned();
+    let output = dir.join("fetched.bin");
+    let output = output.to_str().unwrap();
+    let get = larder(&[&["get", &id, "-o", output], &tls_args[..]].concat(), "");
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert_eq!(std::fs::read(output).unwrap(), data);
+    let delete = larder(&[&["delete", &id], &tls_args[..]].concat(), "");
+    assert!(delete.status.success());
+    let gone = curl(
+        dir,
+        &[
+            "--cacert",
+            &ca,
+            &cluster.https_url(&format!("/v1/blobs/{id}")),
+        ],
+    );
+    assert_eq!(gone.status, 410);
+}
