@@ -99,6 +99,7 @@ impl From<larder_router::RouterError> for ApiError {
             R::Unavailable(message) => ApiError::Unavailable(message),
             R::Timeout(_) => ApiError::Timeout(err.to_string()),
             R::UnknownPartition(_) => ApiError::NotFound(format!("no such blob ({err})")),
+            R::OutOfSpace(message) => ApiError::OutOfSpace(message),
         }
     }
 }

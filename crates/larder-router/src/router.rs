@@ -26,6 +26,32 @@ pub enum RouterError {
     /// The blob ID names a partition this cluster does not have (404).
     #[error("no partition {0} in this cluster")]
     UnknownPartition(u32),
+    /// Replicas refused the write because their disks are full (507).
+    #[error("{0}")]
+    OutOfSpace(String),
+}
+
+/// Why a write did not reach its quorum.
+#[derive(Debug)]
+pub(crate) struct QuorumError {
+    pub message: String,
+    /// A replica answered 507: its disk is full (or below its free-space reserve).
+    pub out_of_space: bool,
+}
+
+impl QuorumError {
+    pub fn other(message: String) -> Self {
+        QuorumError {
+            message,
+            out_of_space: false,
+        }
+    }
+}
+
+impl std::fmt::Display for QuorumError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// What a GET or HEAD found.
@@ -212,10 +238,11 @@ impl Router {
         results: &mut mpsc::Receiver<(String, ReplicaResult)>,
         rule: Quorum,
         ok: impl Fn(&Response<Incoming>) -> bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), QuorumError> {
         let (mut good_local, mut good_remote) = (0, 0);
         let (mut bad_local, mut bad_remote) = (0, 0);
         let mut failures = Vec::new();
+        let mut out_of_space = false;
         while let Some((node, result)) = results.recv().await {
             let local = self.datacenter_of(&node) == self.datacenter;
             match result {
@@ -233,7 +260,11 @@ impl Router {
                         &mut bad_remote
                     }) += 1;
                     failures.push(match other {
-                        Ok(response) => format!("{node}: status {}", response.status()),
+                        Ok(response) => {
+                            out_of_space |=
+                                response.status() == http::StatusCode::INSUFFICIENT_STORAGE;
+                            format!("{node}: status {}", response.status())
+                        }
                         Err(err) => format!("{node}: {err}"),
                     });
                 }
@@ -247,7 +278,7 @@ impl Router {
                 break;
             }
         }
-        Err(format!(
+        let message = format!(
             "{good_local} of {} required local acknowledgements{} ({})",
             rule.local,
             if rule.remote > 0 {
@@ -256,7 +287,11 @@ impl Router {
                 String::new()
             },
             failures.join("; ")
-        ))
+        );
+        Err(QuorumError {
+            message,
+            out_of_space,
+        })
     }
 }
 

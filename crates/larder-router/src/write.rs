@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
 use crate::order::replicas_in;
-use crate::router::{Quorum, ReplicaResult};
+use crate::router::{Quorum, QuorumError, ReplicaResult};
 use crate::{Router, RouterError};
 
 /// How long a DELETE that reached its quorum waits for the other replicas' answers.
@@ -50,9 +50,14 @@ impl Router {
         tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
         let second = self.pick_partition(Some(first))?;
         self.put_on(kind, second, props, data, deadline, journal).await.map_err(|second_error| {
-            RouterError::Unavailable(format!(
+            let message = format!(
                 "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
-            ))
+            );
+            if first_error.out_of_space && second_error.out_of_space {
+                RouterError::OutOfSpace(format!("storage is out of space: {message}"))
+            } else {
+                RouterError::Unavailable(message)
+            }
         })
     }
 
@@ -88,13 +93,12 @@ impl Router {
         data: Bytes,
         deadline: Instant,
         journal: Option<&JournalEntry>,
-    ) -> Result<BlobId, String> {
+    ) -> Result<BlobId, QuorumError> {
         let id = BlobId::mint(kind, self.datacenter_id, partition);
         if let Some(journal) = journal {
-            journal
-                .record(&id)
-                .await
-                .map_err(|e| format!("cannot record the upload in its journal: {e}"))?;
+            journal.record(&id).await.map_err(|e| {
+                QuorumError::other(format!("cannot record the upload in its journal: {e}"))
+            })?;
         }
         let p = self.map.partition(partition).expect("picked from the map");
         let local = replicas_in(&self.map, p, &self.datacenter);
@@ -210,7 +214,8 @@ impl Router {
             async move { router.send(&node, request).await }
         });
         self.await_quorum(&mut results, rule, |r| r.status() == StatusCode::ACCEPTED)
-            .await?;
+            .await
+            .map_err(|e| e.message)?;
         // Later GETs answer 410, and a GET asks one replica at a time: give the replicas still
         // writing the tombstone a moment, so that a healthy one does not serve the blob after we
         // answered. A slow or dead one gets it by replication; the answer does not wait for it.

@@ -82,6 +82,11 @@ pub struct StoreSettings {
     pub max_record_size: ByteSize,
     /// `durable` (default: fdatasync before acknowledging) or `relaxed-no-sync-for-benchmarks`.
     pub durability: String,
+    /// Blob and document writes get 507 while the data disk has less than this free; deletes
+    /// still land. A disk filled to the last byte fails writes half-way and has no room left
+    /// for what frees space; this keeps some (more than the writes of a tenth of a second,
+    /// when free space is counted between checks).
+    pub min_free_space: ByteSize,
 }
 
 impl Default for StoreSettings {
@@ -90,6 +95,7 @@ impl Default for StoreSettings {
             segment_size: ByteSize::mib(256),
             max_record_size: ByteSize::mib(16),
             durability: "durable".into(),
+            min_free_space: ByteSize::mib(256),
         }
     }
 }
@@ -111,6 +117,7 @@ impl StoreSettings {
             segment_size: self.segment_size.as_u64(),
             max_record_size: self.max_record_size.as_u64(),
             durability,
+            min_free_space: self.min_free_space.as_u64(),
             // Each verified piece the store returns becomes its own HTTP/2 DATA frame (h2 splits
             // pieces larger than the peer's max frame size but never joins smaller ones), so
             // 256 KiB pieces capped downloads at 256 KiB frames whatever the frontend advertised

@@ -33,6 +33,9 @@ pub struct Options {
     /// Write an index checkpoint after this many records were appended since the last one.
     pub checkpoint_every_records: u64,
     pub durability: Durability,
+    /// Blob and document puts are refused with [`Error::OutOfSpace`] while the filesystem has
+    /// less than this many bytes free (deletes and removes are not). 0: no reserve.
+    pub min_free_space: u64,
 }
 
 impl Default for Options {
@@ -43,6 +46,7 @@ impl Default for Options {
             read_chunk_size: 256 << 10,
             checkpoint_every_records: 100_000,
             durability: Durability::Durable,
+            min_free_space: 0,
         }
     }
 }

@@ -11,7 +11,7 @@
 //! Layout of the implementation: `format` (record encoding), `segment` (files and I/O), `scan`
 //! (sequential reading), `index`, `checkpoint`, `commit` (write path and group commit),
 //! `waiters` (writers parked on a group commit),
-//! `recovery` (open), `reader` (verified reads), `feed` (change feed), `store` (operations).
+//! `recovery` (open), `reader` (verified reads), `space` (the free-space reserve), `feed` (change feed), `store` (operations).
 
 mod api;
 mod checkpoint;
@@ -27,6 +27,7 @@ mod reader;
 mod recovery;
 mod scan;
 mod segment;
+mod space;
 mod store;
 #[cfg(test)]
 mod tests;

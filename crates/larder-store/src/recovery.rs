@@ -134,6 +134,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
         },
         // A long replay is worth a checkpoint soon, so the next open is quick.
         ckpt: CheckpointState::with_since(replayed),
+        space: crate::space::SpaceGuard::new(dir, opts.min_free_space),
         me: me.clone(),
         opts,
         #[cfg(test)]

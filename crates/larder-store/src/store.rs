@@ -34,6 +34,7 @@ pub(crate) struct Inner {
     /// Every segment, ascending by id; the last one is the active segment.
     pub segments: RwLock<Vec<Segment>>,
     pub counters: Counters,
+    pub space: crate::space::SpaceGuard,
     pub ckpt: CheckpointState,
     /// Lets `&self` methods hand an owning reference to the background checkpoint thread.
     pub me: Weak<Inner>,
@@ -110,6 +111,7 @@ impl Inner {
             version: 0,
             size,
         };
+        self.space.admit(info.head_len() + size)?;
         let early = self.append(info, data, |st, idx| blob_state(st, idx, key).map(outcome))?;
         Ok(early.unwrap_or(PutOutcome::Stored))
     }
@@ -174,6 +176,9 @@ impl Inner {
             version,
             size: json.len() as u64,
         };
+        if op == Op::PutDoc {
+            self.space.admit(info.head_len() + info.size)?;
+        }
         let data: &[Bytes] = if json.is_empty() {
             &[]
         } else {

@@ -532,3 +532,40 @@ fn dropped_store_with_frequent_checkpoints_releases_its_directory() {
         drop(store);
     }
 }
+
+#[test]
+fn below_the_free_space_reserve_puts_are_refused_and_deletes_still_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    store
+        .put_blob(b"old", meta(1, None), &[Bytes::from_static(b"data")])
+        .unwrap();
+    store
+        .put_doc(b"doc", 1, 1, Bytes::from_static(b"{}"))
+        .unwrap();
+    store.close().unwrap();
+    drop(store);
+    // More free space asked for than any test machine has: the disk counts as full.
+    let full = Options {
+        min_free_space: u64::MAX / 2,
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), full).unwrap();
+    assert!(matches!(
+        store.put_blob(b"new", meta(2, None), &[Bytes::from_static(b"x")]),
+        Err(Error::OutOfSpace)
+    ));
+    assert!(matches!(
+        store.put_doc(b"doc", 2, 2, Bytes::from_static(b"{}")),
+        Err(Error::OutOfSpace)
+    ));
+    assert_eq!(
+        store.delete_blob(b"old", 3).unwrap(),
+        DeleteOutcome::Deleted
+    );
+    assert_eq!(store.remove_doc(b"doc", 3, 3).unwrap(), DocOutcome::Applied);
+    assert!(matches!(
+        store.get_blob(b"new", 0).unwrap(),
+        BlobLookup::NotFound
+    ));
+}

@@ -127,6 +127,7 @@ fn opts() -> Options {
         read_chunk_size: 7000,
         checkpoint_every_records: 7,
         durability: Durability::Durable,
+        min_free_space: 0,
     }
 }
 
