@@ -128,6 +128,17 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
     let id = id.unwrap();
     let parsed: larder_cluster::BlobId = id.parse().unwrap();
     let victim = &cluster.map.nodes[0].id;
+    let node = H2Client::connect(cluster.node_addr(0)).await;
+    let path = larder_proto::blob_path(parsed.partition, &id);
+    // The PUT was answered at a quorum of two: wait until the victim has the blob too.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while node.request(http::Method::GET, &path, Bytes::new()).await.0 != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third replica never stored the blob"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let segment = cluster
         .dir
         .path()
@@ -143,8 +154,6 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
     bytes[at + 10] ^= 0xff;
     std::fs::write(&segment, bytes).unwrap();
 
-    let node = H2Client::connect(cluster.node_addr(0)).await;
-    let path = larder_proto::blob_path(parsed.partition, &id);
     let (status, _) = node.request(http::Method::GET, &path, Bytes::new()).await;
     assert_eq!(
         status,
