@@ -20,20 +20,22 @@ import java.util.concurrent.atomic.AtomicLong;
  * vespa-feed-client library, the way its CLI does (JsonFeeder over FeedClient), and prints one
  * JSON line of results: {"ok":N,"failed":N,"seconds":S,"ops_per_sec":R,"errors":{...}}.
  *
- * Usage: Feed ENDPOINT FILE [CONNECTIONS [STREAMS_PER_CONNECTION]]
+ * Usage: Feed ENDPOINT FILE [CONNECTIONS [STREAMS_PER_CONNECTION [CA_CERTIFICATES]]]
+ * (CA_CERTIFICATES: a PEM file of CAs to trust for an https:// endpoint, as the CLI's --ca-certificates).
  * Exit status 0 when every operation succeeded, 1 otherwise, 2 on a failed handshake.
  */
 public class Feed {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 2) {
-            System.err.println("usage: Feed ENDPOINT FILE [CONNECTIONS [STREAMS_PER_CONNECTION]]");
+            System.err.println("usage: Feed ENDPOINT FILE [CONNECTIONS [STREAMS_PER_CONNECTION [CA_CERTIFICATES]]]");
             System.exit(64);
         }
         URI endpoint = URI.create(args[0]);
         Path file = Path.of(args[1]);
         int connections = args.length > 2 ? Integer.parseInt(args[2]) : 8;
         int streams = args.length > 3 ? Integer.parseInt(args[3]) : 128;
+        Path caCertificates = args.length > 4 ? Path.of(args[4]) : null;
 
         AtomicLong ok = new AtomicLong();
         AtomicLong failed = new AtomicLong();
@@ -42,10 +44,11 @@ public class Feed {
         FeedClient client;
         try {
             // build() performs the client's handshake (POST .../feeder/handshake/docid/dummy?dryRun=true).
-            client = FeedClientBuilder.create(endpoint)
-                                      .setConnectionsPerEndpoint(connections)
-                                      .setMaxStreamPerConnection(streams)
-                                      .build();
+            FeedClientBuilder builder = FeedClientBuilder.create(endpoint)
+                                                         .setConnectionsPerEndpoint(connections)
+                                                         .setMaxStreamPerConnection(streams);
+            if (caCertificates != null) builder.setCaCertificatesFile(caCertificates);
+            client = builder.build();
         } catch (FeedException e) {
             System.err.println("handshake failed: " + e.getMessage());
             System.exit(2);
