@@ -28,7 +28,8 @@ pub(crate) struct Inner {
     pub lock: parking_lot::Mutex<Option<std::fs::File>>,
     pub opts: Options,
     pub log: Mutex<LogState>,
-    /// Signalled after every sync round.
+    /// Signalled after every sync round, for `close`, which waits out a round in progress
+    /// (writers are woken one by one through `commit::LogState::waiting`).
     pub synced: Condvar,
     pub index: RwLock<Index>,
     /// Every segment, ascending by id; the last one is the active segment.
