@@ -83,6 +83,7 @@ pub async fn serve(
     let state = Arc::new(AppState {
         config,
         documents: larder_router::DocRouter::new(router.clone()),
+        document_locks: Default::default(),
         router,
         metrics,
     });

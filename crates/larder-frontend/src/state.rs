@@ -10,5 +10,7 @@ pub struct AppState {
     pub config: FrontendConfig,
     pub router: Arc<Router>,
     pub documents: DocRouter,
+    /// Updates and conditional writes of one document run one at a time.
+    pub document_locks: crate::api::DocLocks,
     pub metrics: Metrics,
 }

@@ -436,3 +436,38 @@ fn replication_brings_a_returning_node_the_newest_versions() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Updates are read-modify-write at the frontend: concurrent increments of one document through
+/// one frontend must all count (none may read the same version as another and overwrite it).
+#[test]
+fn concurrent_updates_of_one_document_all_apply() {
+    let cluster = Cluster::start(3, 2);
+    let path = "/document/v1/n/t/docid/counter";
+    assert_eq!(
+        request(&cluster, "POST", path, Some(&json!({"fields": {"n": 0}}))).status,
+        200
+    );
+    let (clients, each) = (16, 10);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = common::h2::H2Client::connect(cluster.frontend_addr).await;
+        let increment = bytes::Bytes::from(json!({"fields": {"n": {"increment": 1}}}).to_string());
+        let tasks: Vec<_> = (0..clients)
+            .map(|_| {
+                let (client, body) = (client.clone(), increment.clone());
+                tokio::spawn(async move {
+                    for _ in 0..each {
+                        let (status, answer) =
+                            client.request(http::Method::PUT, path, body.clone()).await;
+                        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    let got = request(&cluster, "GET", path, None);
+    assert_eq!(got.json()["fields"]["n"], clients * each, "lost updates");
+}

@@ -1,11 +1,13 @@
 //! `/document/v1`: Vespa's document API, compatible enough that the real `vespa-feed-client`
-//! feeds Larder unchanged. POST puts, PUT updates (read-modify-write here, at the frontend),
+//! feeds Larder unchanged. POST puts, PUT updates (read-modify-write here, at the frontend, one
+//! at a time per document: `locks`),
 //! DELETE removes (a versioned tombstone), GET gets. Every write carries a version from the
 //! router's hybrid logical clock; replicas keep the newest (see `larder_router::DocRouter`).
 
 mod body;
 mod condition;
 mod config;
+mod locks;
 mod params;
 mod path;
 mod reply;
@@ -20,6 +22,7 @@ use larder_router::{DocState, Written};
 use tokio::time::Instant;
 
 pub use config::DocumentsConfig;
+pub use locks::DocLocks;
 
 use crate::body::Body;
 use crate::state::AppState;
@@ -165,6 +168,11 @@ impl Operation<'_> {
         }
         let parsed = body::put(&body)?;
         let condition = self.condition(parsed.condition.as_deref())?;
+        // A conditional put is a read-check-write: no other one may write in between.
+        let _serialised = match condition {
+            Some(_) => Some(self.state.document_locks.lock(&self.doc.id).await),
+            None => None,
+        };
         let docs = &self.state.documents;
         let mut seen = 0;
         for _ in 0..WRITE_ATTEMPTS {
@@ -190,6 +198,7 @@ impl Operation<'_> {
         if self.params.dry_run {
             return Ok(reply::ok(path_id, &self.doc.id, None));
         }
+        let _serialised = self.state.document_locks.lock(&self.doc.id).await;
         let docs = &self.state.documents;
         for _ in 0..WRITE_ATTEMPTS {
             let current = match &condition {
@@ -221,6 +230,10 @@ impl Operation<'_> {
         if self.params.dry_run {
             return Ok(reply::ok(path_id, &self.doc.id, None));
         }
+        let _serialised = match condition {
+            Some(_) => Some(self.state.document_locks.lock(&self.doc.id).await),
+            None => None,
+        };
         let docs = &self.state.documents;
         let mut seen = 0;
         for _ in 0..WRITE_ATTEMPTS {
