@@ -2,7 +2,7 @@
 //! the head of each queue under the throttle, retry what is retryable, count what finished.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -150,16 +150,18 @@ impl Engine {
         // Latency and the deadline count from the first request, not from the wait for a slot.
         let mut first_sent = None;
         let mut attempt = 0u32;
+        // Compressed once, however often it is sent.
+        let body = self.encode(&op.body);
         loop {
             let outcome = {
                 let _slot = self.throttle.acquire().await;
                 let started = *first_sent.get_or_insert_with(Instant::now);
                 let deadline = started + self.config.timeout;
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                let request = self.request(op, remaining);
+                let request = self.request(op, &body, remaining);
                 self.stats
                     .bytes_sent
-                    .fetch_add(op.body.len() as u64, Relaxed);
+                    .fetch_add(body.bytes.len() as u64, Relaxed);
                 let answer = tokio::time::timeout(remaining, self.transport.send(request)).await;
                 (started, deadline, answer)
             };
@@ -221,7 +223,26 @@ impl Engine {
         }
     }
 
-    fn request(&self, op: &Operation, remaining: Duration) -> Request<Full<Bytes>> {
+    /// The body as it goes on the wire: gzipped when `compression` says so.
+    fn encode(&self, json: &Bytes) -> Encoded {
+        if !self.config.compression.applies_to(json.len()) {
+            return Encoded {
+                bytes: json.clone(),
+                gzipped: false,
+            };
+        }
+        let mut gz = flate2::write::GzEncoder::new(
+            Vec::with_capacity(json.len() / 2),
+            flate2::Compression::fast(),
+        );
+        gz.write_all(json).expect("writing to a Vec does not fail");
+        Encoded {
+            bytes: gz.finish().expect("writing to a Vec does not fail").into(),
+            gzipped: true,
+        }
+    }
+
+    fn request(&self, op: &Operation, body: &Encoded, remaining: Duration) -> Request<Full<Bytes>> {
         let separator = if op.path_and_query.contains('?') {
             '&'
         } else {
@@ -238,9 +259,12 @@ impl Engine {
         let mut request = Request::builder()
             .method(op.method())
             .uri(uri)
-            .body(Full::new(op.body.clone()))
+            .body(Full::new(body.bytes.clone()))
             .expect("operations make valid requests");
         let headers = request.headers_mut();
+        if body.gzipped {
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
         if !op.body.is_empty() {
             headers.insert(
                 header::CONTENT_TYPE,
@@ -261,6 +285,12 @@ fn backoff(attempt: u32) -> Duration {
         .saturating_mul(1 << attempt.saturating_sub(1).min(16))
         .min(BACKOFF_MAX);
     ceiling.mul_f64(rand::random_range(0.5..=1.0))
+}
+
+/// A request body as sent.
+struct Encoded {
+    bytes: Bytes,
+    gzipped: bool,
 }
 
 #[cfg(test)]

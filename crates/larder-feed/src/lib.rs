@@ -27,7 +27,7 @@ mod stats;
 mod throttle;
 mod transport;
 
-pub use config::{ErrorSink, FeedConfig, FeedError};
+pub use config::{Compression, ErrorSink, FeedConfig, FeedError};
 pub use engine::feed;
 pub use operation::{document_path, Kind, Operation};
 pub use reader::{FeedReader, Malformed};
