@@ -4,11 +4,12 @@
 //! (so records never interleave and the "already exists / stale" decision is atomic with the
 //! append). A small record is only copied into a batch under the mutex; the next sync round
 //! writes the batch with one `pwrite` before its `fdatasync` (one system call per batch instead
-//! of per record, and a far shorter hold of the mutex). Writers then wait until a sync covers their record: a writer that finds no sync in
-//! progress becomes the leader, releases the mutex, `fdatasync`s for everyone appended so far,
-//! publishes those records to the index and wakes the others (see `waiters`), handing the lead
-//! of the next round to one of those still waiting. Records are published only after they are
-//! durable, so readers and the change feed never see a write that could be lost.
+//! of per record, and a far shorter hold of the mutex). Writers then wait until a sync covers
+//! their record: a writer that finds no sync in progress becomes the leader, releases the mutex,
+//! `fdatasync`s for everyone appended so far, publishes those records to the index and wakes the
+//! others (see `waiters`), handing the lead of the next round to one of those still waiting.
+//! Records are published only after they are durable, so readers and the change feed never see
+//! a write that could be lost.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;

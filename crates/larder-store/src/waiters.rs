@@ -77,8 +77,7 @@ impl Waiter {
             Wake::Durable => DURABLE,
             Wake::Recheck => RECHECK,
             Wake::Lost(e) => {
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                self.errno.store(errno, Ordering::Relaxed);
+                self.errno.store(errno_of(e), Ordering::Relaxed);
                 LOST
             }
         };
@@ -120,14 +119,19 @@ pub(crate) fn to_wake(
 /// Tells every waiter whose record ends after `from` that the record is lost (it was cut from the
 /// log), and stops waiting for them.
 pub(crate) fn lose_after(waiting: &mut Vec<Arc<Waiter>>, from: Cursor, why: &io::Error) {
+    let lost = Wake::Lost(io::Error::from_raw_os_error(errno_of(why)));
     waiting.retain(|w| {
-        let lost = w.target > from;
-        if lost {
-            let errno = why.raw_os_error().unwrap_or(libc::EIO);
-            w.tell(&Wake::Lost(io::Error::from_raw_os_error(errno)));
+        let cut = w.target > from;
+        if cut {
+            w.tell(&lost);
         }
-        !lost
+        !cut
     });
+}
+
+/// The OS error a waiter is told (an error without one counts as EIO).
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// Wakes the waiters `to_wake` chose (call without holding the log mutex).

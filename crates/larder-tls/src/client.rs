@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use rustls::client::ClientConfig;
 use rustls::pki_types::ServerName;
-use rustls::version::{TLS12, TLS13};
 use rustls::RootCertStore;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::{load_certs, load_key, load_roots, provider, TlsError, ALPN_H2};
+use crate::policy::{client_builder, key_mismatch};
+use crate::{load_certs, load_key, load_roots, TlsError, ALPN_H2};
 
 /// Whom a client trusts and how it proves who it is.
 #[derive(Clone, Debug, Default)]
@@ -33,17 +33,11 @@ impl ClientTls {
             Some(ca) => load_roots(ca)?,
             None => system_roots()?,
         };
-        let builder = ClientConfig::builder_with_provider(Arc::new(provider()))
-            .with_protocol_versions(&[&TLS13, &TLS12])?
-            .with_root_certificates(roots);
+        let builder = client_builder()?.with_root_certificates(roots);
         let mut config = match &self.identity {
             Some((cert, key)) => builder
                 .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-                .map_err(|e| TlsError::KeyMismatch {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    detail: e.to_string(),
-                })?,
+                .map_err(|e| key_mismatch(cert, key, e))?,
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![ALPN_H2.to_vec()];

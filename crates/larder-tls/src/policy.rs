@@ -45,6 +45,13 @@ fn server_builder() -> Result<rustls::ConfigBuilder<ServerConfig, rustls::WantsV
         .with_protocol_versions(&[&TLS13, &TLS12])?)
 }
 
+/// Every client config starts here: the provider and protocol versions of the servers.
+pub(crate) fn client_builder(
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, TlsError> {
+    Ok(ClientConfig::builder_with_provider(Arc::new(provider()))
+        .with_protocol_versions(&[&TLS13, &TLS12])?)
+}
+
 /// The public listener, reloadable: no client certificates; ALPN offers h2 first, then
 /// http/1.1, so one port serves both and each client gets the best it speaks.
 pub fn public_server(cert: &Path, key: &Path) -> Result<Reloading<ServerConfig>, TlsError> {
@@ -84,8 +91,7 @@ pub fn mutual_client(files: &MutualTls) -> Result<Reloading<ClientConfig>, TlsEr
     let files = files.clone();
     Reloading::new(move || {
         let roots = load_roots(&files.ca)?;
-        let mut config = ClientConfig::builder_with_provider(Arc::new(provider()))
-            .with_protocol_versions(&[&TLS13, &TLS12])?
+        let mut config = client_builder()?
             .with_root_certificates(roots)
             .with_client_auth_cert(load_certs(&files.cert)?, load_key(&files.key)?)
             .map_err(|e| key_mismatch(&files.cert, &files.key, e))?;
@@ -95,7 +101,7 @@ pub fn mutual_client(files: &MutualTls) -> Result<Reloading<ClientConfig>, TlsEr
 }
 
 /// rustls checks that the key belongs to the leaf certificate when a config takes them.
-fn key_mismatch(cert: &Path, key: &Path, err: rustls::Error) -> TlsError {
+pub(crate) fn key_mismatch(cert: &Path, key: &Path, err: rustls::Error) -> TlsError {
     TlsError::KeyMismatch {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),

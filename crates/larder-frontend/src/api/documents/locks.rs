@@ -7,9 +7,8 @@
 //! Frontends do not share locks: the same race across two frontends remains (see the README).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
-use std::sync::Mutex;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 /// Entries are dropped once nobody holds or waits for them, swept when the map has doubled.

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use larder_router::{DocState, Written};
+use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 pub use config::DocumentsConfig;
@@ -146,6 +147,14 @@ impl Operation<'_> {
         Ok(current)
     }
 
+    /// Holds this document's lock (see `locks`) when the operation reads before it writes.
+    async fn serialise_if(&self, reads_first: bool) -> Option<OwnedMutexGuard<()>> {
+        match reads_first {
+            true => Some(self.state.document_locks.lock(&self.doc.id).await),
+            false => None,
+        }
+    }
+
     async fn read(&self) -> Result<DocState, Failure> {
         Ok(self
             .state
@@ -169,10 +178,7 @@ impl Operation<'_> {
         let parsed = body::put(&body)?;
         let condition = self.condition(parsed.condition.as_deref())?;
         // A conditional put is a read-check-write: no other one may write in between.
-        let _serialised = match condition {
-            Some(_) => Some(self.state.document_locks.lock(&self.doc.id).await),
-            None => None,
-        };
+        let _serialised = self.serialise_if(condition.is_some()).await;
         let docs = &self.state.documents;
         let mut seen = 0;
         for _ in 0..WRITE_ATTEMPTS {
@@ -230,10 +236,7 @@ impl Operation<'_> {
         if self.params.dry_run {
             return Ok(reply::ok(path_id, &self.doc.id, None));
         }
-        let _serialised = match condition {
-            Some(_) => Some(self.state.document_locks.lock(&self.doc.id).await),
-            None => None,
-        };
+        let _serialised = self.serialise_if(condition.is_some()).await;
         let docs = &self.state.documents;
         let mut seen = 0;
         for _ in 0..WRITE_ATTEMPTS {
