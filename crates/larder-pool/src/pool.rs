@@ -30,6 +30,12 @@ pub enum PoolError {
         addr: SocketAddr,
         retry_in: Duration,
     },
+    /// The connection the request used was closed under it (GOAWAY, reset, I/O error).
+    #[error("connection to {addr} lost: {source}")]
+    ConnectionLost {
+        addr: SocketAddr,
+        source: hyper::Error,
+    },
     #[error("request to {addr} failed: {source}")]
     Request {
         addr: SocketAddr,
@@ -146,19 +152,60 @@ impl NodePool {
             return http1.send(req).await;
         }
         *req.uri_mut() = self.absolute(req.uri());
+        // A request that never left this process (its connection had just closed: a GOAWAY, a
+        // reset) is handed back by hyper and goes out on the next connection in turn, so one
+        // lost connection costs no request.
+        for _ in 1..self.slots.len() {
+            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+            let mut sender = self.sender(index).await?;
+            match sender.try_send_request(req).await {
+                Ok(response) => return Ok(response),
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) => {
+                        self.forget_if_closed(index, &sender).await;
+                        req = unsent;
+                    }
+                    None => {
+                        return Err(self
+                            .request_error(index, &sender, failed.into_error())
+                            .await)
+                    }
+                },
+            }
+        }
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut sender = self.sender(index).await?;
         match sender.send_request(req).await {
             Ok(response) => Ok(response),
-            Err(source) => {
-                // The connection may be gone (GOAWAY, reset): the next request on this slot reconnects.
-                if sender.is_closed() {
-                    self.slots[index].lock().await.sender = None;
-                }
-                Err(PoolError::Request {
-                    addr: self.addr,
-                    source,
-                })
+            Err(source) => Err(self.request_error(index, &sender, source).await),
+        }
+    }
+
+    /// Classifies a failed request: when its connection is gone (closed by the peer, GOAWAY,
+    /// I/O error) the slot reconnects on next use and the error says the connection was lost,
+    /// which is not by itself a verdict on the node (its other connections may be fine).
+    async fn request_error(
+        &self,
+        index: usize,
+        sender: &SendRequest<Body>,
+        source: hyper::Error,
+    ) -> PoolError {
+        let lost = sender.is_closed() || connection_level(&source);
+        self.forget_if_closed(index, sender).await;
+        let addr = self.addr;
+        if lost {
+            PoolError::ConnectionLost { addr, source }
+        } else {
+            PoolError::Request { addr, source }
+        }
+    }
+
+    async fn forget_if_closed(&self, index: usize, sender: &SendRequest<Body>) {
+        if sender.is_closed() {
+            let mut slot = self.slots[index].lock().await;
+            // Only if the slot still holds this connection: another request may have reconnected.
+            if slot.sender.as_ref().is_some_and(|s| s.is_closed()) {
+                slot.sender = None;
             }
         }
     }
@@ -240,8 +287,33 @@ impl NodePool {
 }
 
 impl PoolError {
-    /// True when the node could not be reached at all (counts against its health).
+    /// True when the node could not be reached at all.
     pub fn is_unreachable(&self) -> bool {
         matches!(self, PoolError::Connect { .. } | PoolError::Backoff { .. })
     }
+
+    /// Whether this error counts against the node's health. A connection lost under a request
+    /// does not: the node may have closed that one connection on purpose (GOAWAY), and if the
+    /// node is really gone the reconnect that follows fails and counts.
+    pub fn counts_against_node(&self) -> bool {
+        !matches!(self, PoolError::ConnectionLost { .. })
+    }
+}
+
+/// An error of the whole connection rather than of this one stream: a GOAWAY, or the
+/// connection's I/O failing.
+fn connection_level(error: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                || h2.is_io()
+                || h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        if err.is::<std::io::Error>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }

@@ -287,23 +287,10 @@ fn write_request(path: &str, version: u64, json: Option<Bytes>, _node: &str) -> 
     .expect("valid request")
 }
 
-/// One request with the per-request timeout, recording the node's health.
+/// One request with the per-request timeout, recording the node's health (the blob path's
+/// `Router::send`, so both paths judge nodes alike).
 async fn send(router: &Router, node: &str, request: Request<Body>) -> Answer {
-    let limit = router.config().request_timeout;
-    match tokio::time::timeout(limit, router.pool().send(node, request)).await {
-        Ok(Ok(response)) => {
-            router.health().record_success(node);
-            Ok(response)
-        }
-        Ok(Err(err)) => {
-            router.health().record_failure(node);
-            Err(err.to_string())
-        }
-        Err(_) => {
-            router.health().record_failure(node);
-            Err(format!("{node} did not answer within {limit:?}"))
-        }
-    }
+    router.send(node, request).await
 }
 
 async fn recv_by<T>(rx: &mut mpsc::Receiver<T>, deadline: Instant) -> Result<Option<T>, DocError> {

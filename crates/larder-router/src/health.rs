@@ -24,6 +24,8 @@ struct Entry {
     /// in case the prober never reported (its request was cancelled by a hedge).
     probe_started: Option<Instant>,
     state_changes: u64,
+    /// When the node last answered anything: a node that answers is alive, however slowly.
+    last_answer: Option<Instant>,
 }
 
 pub struct NodeHealth {
@@ -91,7 +93,15 @@ impl NodeHealth {
             }
             e.probe_started = None;
             e.consecutive_failures = 0;
+            e.last_answer = Some(Instant::now());
         }
+    }
+
+    /// Whether the node answered any request after `since`.
+    pub fn answered_since(&self, node: &str, since: Instant) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|e| e.lock().last_answer.is_some_and(|at| at >= since))
     }
 
     pub fn record_failure(&self, node: &str) {
@@ -159,5 +169,17 @@ mod tests {
         assert!(!health.is_down("a") && !health.is_down("a"));
         assert_eq!(health.snapshot()[0].1, NodeState::Up);
         assert_eq!(health.snapshot()[0].3, 2);
+    }
+
+    #[test]
+    fn an_answer_after_a_moment_shows_the_node_alive_since_then() {
+        let health = NodeHealth::new(["a".to_string()], 2, Duration::from_millis(50));
+        let before = Instant::now();
+        assert!(!health.answered_since("a", before), "no answer yet");
+        health.record_success("a");
+        assert!(health.answered_since("a", before));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!health.answered_since("a", Instant::now()), "nothing since now");
+        assert!(!health.answered_since("unknown", before));
     }
 }

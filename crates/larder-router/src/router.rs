@@ -168,11 +168,18 @@ impl Router {
                 Ok(response)
             }
             Ok(Err(err)) => {
-                self.health.record_failure(node);
+                if err.counts_against_node() {
+                    self.health.record_failure(node);
+                }
                 Err(err.to_string())
             }
             Err(_) => {
-                self.health.record_failure(node);
+                // Only silence is a verdict: a node that answered other requests while this one
+                // waited is alive, and the wait was a queue (a saturated machine, streams waiting
+                // for a slot on the connection), which marking it down would only move elsewhere.
+                if !self.health.answered_since(node, started.into_std()) {
+                    self.health.record_failure(node);
+                }
                 Err(format!(
                     "{node} did not answer within {:?}",
                     self.config.request_timeout
@@ -186,7 +193,8 @@ impl Router {
     /// when that is longer (a saturated cluster answers everything slowly; that is not a stall,
     /// and marking its nodes down would only pile the load onto the others). A node that is
     /// merely busier than its peers answers and keeps its standing; a stalled one is soon marked
-    /// down and asked last.
+    /// down and asked last. A check that times out while the node answered other requests does
+    /// not count either: the node is alive, only queued.
     pub(crate) fn check_slow_replica(&self, node: &str) {
         let limit = self
             .config
@@ -197,8 +205,13 @@ impl Router {
             let request = Request::get(larder_proto::HEALTH_PATH)
                 .body(larder_pool::empty())
                 .expect("valid request");
+            let started = Instant::now();
             match timeout(limit, pool.send(&node, request)).await {
                 Ok(Ok(response)) if response.status().is_success() => health.record_success(&node),
+                // A node that answered other requests meanwhile is busy, not stalled: on a
+                // saturated machine a check can queue behind them for longer than `limit`.
+                Ok(Err(err)) if !err.counts_against_node() => {}
+                _ if health.answered_since(&node, started.into_std()) => {}
                 _ => health.record_failure(&node),
             }
         });
