@@ -67,7 +67,7 @@ impl Transport {
         let addrs = &self.target.addrs[..];
         let stream = tokio::net::TcpStream::connect(addrs)
             .await
-            .map_err(|e| format!("cannot connect to {addrs:?}: {e}"))?;
+            .map_err(|e| format!("cannot connect to {}: {e}", list(addrs)))?;
         let addr = stream.peer_addr().map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         match &self.target.tls {
@@ -145,4 +145,10 @@ impl Transport {
             .to_bytes();
         Ok((status, body))
     }
+}
+
+/// `a`, or `a or b`: the addresses tried, as a user would write them.
+fn list(addrs: &[std::net::SocketAddr]) -> String {
+    let names: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    names.join(" or ")
 }

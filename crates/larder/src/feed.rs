@@ -100,11 +100,26 @@ pub fn run(args: FeedArgs) -> anyhow::Result<i32> {
     let summary = runtime.block_on(larder_feed::feed(config, input))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else if args.benchmark {
-        println!("{summary}");
-    } else {
-        eprintln!("{summary}");
+        return Ok(exit_code(&summary, &args));
     }
+    // Every error was printed on stderr as it happened: the text summary only counts them.
+    let counts = larder_feed::Summary {
+        errors: Vec::new(),
+        ..summary.clone()
+    };
+    if args.benchmark {
+        println!("{counts}");
+    } else {
+        eprintln!("{counts}");
+    }
+    Ok(exit_code(&summary, &args))
+}
+
+fn exit_code(summary: &larder_feed::Summary, args: &FeedArgs) -> i32 {
     let failures = summary.failed + summary.malformed;
-    Ok(if failures > args.max_failures { 1 } else { 0 })
+    if failures > args.max_failures {
+        1
+    } else {
+        0
+    }
 }
