@@ -31,7 +31,7 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("endpoint {0:?} is not an https:// or http://host:port URL")]
+    #[error("endpoint {0:?} is not an https://host[:port] or http://host:port URL (with no path)")]
     BadEndpoint(String),
     #[error("cannot reach {endpoint}: {detail}")]
     Connect { endpoint: String, detail: String },
@@ -139,6 +139,10 @@ impl Client {
         let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else {
             return Err(ClientError::BadEndpoint(endpoint.into()));
         };
+        // Requests go to /v1/blobs at the root: a path here would be silently ignored.
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(ClientError::BadEndpoint(endpoint.into()));
+        }
         let target = format!("{host}:{}", uri.port_u16().unwrap_or(default_port));
         let connect_error = |detail: String| ClientError::Connect {
             endpoint: endpoint.into(),

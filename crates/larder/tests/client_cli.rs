@@ -164,3 +164,24 @@ fn user_mistakes_are_one_clear_line_before_any_network_io() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// Endpoint mistakes name the fix: the CA flag for a private CA, http:// for a cleartext port, no
+/// path (it would be ignored).
+#[test]
+fn endpoint_mistakes_say_what_to_do() {
+    let cluster = common::Cluster::start_tls(3, 4, "");
+    let input = common::file_with(cluster.dir.path(), b"hello");
+    let https = cluster.https_url("");
+    let cleartext_as_https = format!("https://{}", cluster.frontend_addr);
+    let with_path = format!("http://{}/v1", cluster.frontend_addr);
+    for (endpoint, expected) in [
+        (https.as_str(), "--ca-certificates"),
+        (cleartext_as_https.as_str(), "cleartext port (http://)"),
+        (with_path.as_str(), "(with no path)"),
+    ] {
+        let output = larder(&["put", &input, "--endpoint", endpoint]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{endpoint}: {stderr}");
+        assert!(stderr.contains(expected), "{endpoint}: {stderr}");
+    }
+}
