@@ -82,7 +82,22 @@ fn put_get_delete_files_and_standard_streams() {
         message.contains("410") && message.contains("Deleted"),
         "{message}"
     );
-    assert!(!output.exists(), "a failed download leaves no partial file");
+    assert_eq!(
+        std::fs::read(&output).unwrap(),
+        data,
+        "a failed download leaves the existing file as it was"
+    );
+    let fresh = dir.join("fresh.bin");
+    let gone = larder(&[
+        "get",
+        &id,
+        "-o",
+        fresh.to_str().unwrap(),
+        "--endpoint",
+        &endpoint,
+    ]);
+    assert!(!gone.status.success());
+    assert!(!fresh.exists(), "a failed download leaves no partial file");
 
     let unreachable = larder(&["get", &id, "--endpoint", "http://127.0.0.1:1"]);
     assert!(!unreachable.status.success());
