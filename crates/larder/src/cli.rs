@@ -185,8 +185,8 @@ fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
     let spec = LayoutSpec {
         datacenters: args.datacenters,
         node_addresses: (0..args.nodes)
-            .map(|i| SocketAddr::new(args.host, args.base_port + i as u16))
-            .collect(),
+            .map(|i| nth_address(SocketAddr::new(args.host, args.base_port), i))
+            .collect::<anyhow::Result<_>>()?,
         partitions: args.partitions,
         replicas_per_datacenter: args.replicas,
     };
@@ -199,6 +199,15 @@ fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
         map.partitions.len()
     );
     Ok(())
+}
+
+/// `first` with its port moved up by `i`: the address of the i-th of consecutive listeners.
+pub fn nth_address(first: SocketAddr, i: usize) -> anyhow::Result<SocketAddr> {
+    let port = u16::try_from(i)
+        .ok()
+        .and_then(|i| first.port().checked_add(i))
+        .with_context(|| format!("{first} + {i} ports is past port 65535"))?;
+    Ok(SocketAddr::new(first.ip(), port))
 }
 
 /// Sections without defaults (absent means off), shown so that `config defaults` lists every key.

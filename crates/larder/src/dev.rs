@@ -189,11 +189,11 @@ fn write_frontend_configs(
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for (i, dc) in map.datacenters.iter().enumerate() {
-        let next = |addr: SocketAddr| SocketAddr::new(addr.ip(), addr.port() + i as u16);
+        let next = |addr: SocketAddr| cli::nth_address(addr, i);
         let path = data_dir.join(format!("frontend-{}.toml", dc.name));
         let mut text = format!(
             "listen = \"{}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\nupload_journal_dir = \"frontend-{}-uploads\"\n",
-            next(args.listen),
+            next(args.listen)?,
             dc.name,
             dc.name
         );
@@ -201,7 +201,7 @@ fn write_frontend_configs(
             let (cert, key) = &certs.frontend;
             text.push_str(&format!(
                 "\n[tls]\nlisten = \"{}\"\ncert = {cert:?}\nkey = {key:?}\n",
-                next(args.tls_listen)
+                next(args.tls_listen)?
             ));
             text.push_str(&mutual_tls_section(
                 "pool.tls",

@@ -209,4 +209,14 @@ fn cluster_init_refuses_to_replace_a_map_without_force() {
     assert!(init(&["--nodes", "5", "--force"]).status.success());
     let replaced = std::fs::read_to_string(&map).unwrap();
     assert_eq!(replaced.matches("[[nodes]]").count(), 5, "{replaced}");
+    // Ports past 65535 are an error, not an overflow (a panic in debug builds, wrapped in release).
+    let past = init(&["--nodes", "3", "--base-port", "65535", "--force"]);
+    let message = String::from_utf8_lossy(&past.stderr);
+    assert_eq!(past.status.code(), Some(1), "{message}");
+    assert!(message.contains("past port 65535"), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(&map).unwrap(),
+        replaced,
+        "untouched"
+    );
 }
