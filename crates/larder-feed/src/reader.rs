@@ -70,6 +70,8 @@ pub struct FeedReader<R> {
     column: u64,
     buffer: Vec<u8>,
     failed: bool,
+    /// A read error met while peeking, reported once instead of passing for the end of input.
+    read_error: Option<String>,
 }
 
 impl<R: BufRead> FeedReader<R> {
@@ -81,14 +83,19 @@ impl<R: BufRead> FeedReader<R> {
             column: 1,
             buffer: Vec::new(),
             failed: false,
+            read_error: None,
         }
     }
 
-    /// The next byte without consuming it; `None` at the end (or after a read error).
+    /// The next byte without consuming it; `None` at the end (or after a read error, which
+    /// `next` then reports).
     fn peek(&mut self) -> Option<u8> {
         match self.input.fill_buf() {
             Ok(buf) => buf.first().copied(),
-            Err(_) => None,
+            Err(e) => {
+                self.read_error.get_or_insert_with(|| e.to_string());
+                None
+            }
         }
     }
 
@@ -228,13 +235,8 @@ impl<R: BufRead> FeedReader<R> {
     }
 }
 
-impl<R: BufRead> Iterator for FeedReader<R> {
-    type Item = Result<Operation, Malformed>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
+impl<R: BufRead> FeedReader<R> {
+    fn next_item(&mut self) -> Option<Result<Operation, Malformed>> {
         if self.mode == Mode::Unknown {
             self.skip_blanks();
             match self.peek()? {
@@ -250,6 +252,24 @@ impl<R: BufRead> Iterator for FeedReader<R> {
             Mode::Array => self.next_array_operation(),
             Mode::Done | Mode::Unknown => None,
         }
+    }
+}
+
+impl<R: BufRead> Iterator for FeedReader<R> {
+    type Item = Result<Operation, Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let next = self.next_item();
+        if next.is_none() {
+            if let Some(error) = self.read_error.take() {
+                self.failed = true;
+                return self.malformed(self.line, format!("cannot read input: {error}"));
+            }
+        }
+        next
     }
 }
 
@@ -319,6 +339,19 @@ mod tests {
         assert_eq!(
             errors("{\"remove\":\"nope\"}\n"),
             ["line 1: \"nope\" is not a document ID (id:<namespace>:<type>::<key>)"]
+        );
+    }
+
+    /// A read error (here: the feed file is a directory) is reported, never taken for the end.
+    #[test]
+    fn read_errors_are_reported_not_taken_for_the_end() {
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let got: Vec<_> = FeedReader::new(std::io::BufReader::new(dir)).collect();
+        assert_eq!(got.len(), 1, "{got:?}");
+        let message = got[0].as_ref().unwrap_err().to_string();
+        assert!(
+            message.starts_with("line 1: cannot read input: "),
+            "{message}"
         );
     }
 

@@ -87,10 +87,7 @@ pub fn run(args: FeedArgs) -> anyhow::Result<i32> {
     }
     config.on_error = Some(Arc::new(|message: &str| eprintln!("{message}")));
     let input: Box<dyn BufRead + Send> = match &args.file {
-        Some(path) => Box::new(BufReader::with_capacity(
-            1 << 16,
-            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
-        )),
+        Some(path) => Box::new(BufReader::with_capacity(1 << 16, open_feed_file(path)?)),
         None => Box::new(BufReader::with_capacity(1 << 16, std::io::stdin())),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -113,6 +110,19 @@ pub fn run(args: FeedArgs) -> anyhow::Result<i32> {
         eprintln!("{counts}");
     }
     Ok(exit_code(&summary, &args))
+}
+
+/// Opens the feed file before any connection is made; a directory is refused here (reading one
+/// fails only later).
+fn open_feed_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let is_dir = file.metadata().is_ok_and(|m| m.is_dir());
+    anyhow::ensure!(
+        !is_dir,
+        "{} is a directory, not a feed file",
+        path.display()
+    );
+    Ok(file)
 }
 
 fn exit_code(summary: &larder_feed::Summary, args: &FeedArgs) -> i32 {

@@ -210,6 +210,15 @@ fn arrays_on_stdin_outcomes_per_status_and_malformed_lines() {
         stdout.contains("ops/s") && stdout.contains("p99"),
         "{stdout}"
     );
+    // A directory is not a feed (it used to pass for an empty one, with exit status 0).
+    let output = feed(
+        &cluster,
+        &["--file", cluster.dir.path().to_str().unwrap()],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is a directory"), "{stderr}");
     // An endpoint nobody listens on fails fast.
     let output = Command::new(LARDER)
         .args(["feed", "--endpoint", "http://127.0.0.1:1/", "--stdin"])
