@@ -14,7 +14,7 @@ cluster_up() {
   mkdir -p "$dir"
   local base; base=$(free_port)
   "$LARDER" cluster init --nodes "$nodes" --partitions "$partitions" --host "$host" \
-    --base-port "$base" -o "$dir/cluster.toml" >/dev/null
+    --base-port "$base" -o "$dir/cluster.toml" --force >/dev/null
   for i in $(seq 1 "$nodes"); do
     printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n' "$i" "$i" "$storage_extra" > "$dir/s$i.toml"
     "${in_storage_ns[@]}" ${STORAGE_WRAPPER:-} env LARDER_LOG=warn "$LARDER" storage --config "$dir/s$i.toml" >/dev/null 2>"$dir/s$i.log" &

@@ -53,7 +53,7 @@ start_cluster() {
   local work=$1 nodes=$2 partitions=$3 larder=${LARDER:-target/release/larder}
   local base; base=$(free_port)
   "$larder" cluster init --nodes "$nodes" --partitions "$partitions" --replicas 3 \
-    --base-port "$base" -o "$work/cluster.toml" >/dev/null
+    --base-port "$base" -o "$work/cluster.toml" --force >/dev/null
   for i in $(seq 1 "$nodes"); do
     printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n' "$i" "$i" "${STORAGE_EXTRA:-}" > "$work/s$i.toml"
     start_node "$work" "$i"

@@ -20,7 +20,10 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-pub use transfer::{get_to, put_from, Progress};
+pub use transfer::{
+    create_output, get_into_file, get_to, open_upload, put_from, put_source, OutputFile, Progress,
+    Upload,
+};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A request body: a stream of bytes the client sends as it is produced.
@@ -28,12 +31,19 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("endpoint {0:?} is not an https:// or http://host:port URL")]
+    #[error("endpoint {0:?} is not an https://host[:port] or http://host:port URL (with no path)")]
     BadEndpoint(String),
     #[error("cannot reach {endpoint}: {detail}")]
     Connect { endpoint: String, detail: String },
-    #[error("request failed: {0}")]
-    Transport(#[from] hyper::Error),
+    /// The whole chain of causes is in the message (hyper's own Display says only "http2 error").
+    #[error("request failed: {}", error_chain(.0))]
+    Transport(hyper::Error),
+    /// A blob ID that cannot be one: it would not even make a request path.
+    #[error("{0:?} is not a blob ID (IDs are letters, digits, '-' and '_', as `larder put` prints them)")]
+    BadId(String),
+    /// A local file or stream that cannot be uploaded or written, named by its path.
+    #[error("{path}: {detail}")]
+    File { path: String, detail: String },
     /// The server answered with an error status and (usually) a stable code.
     #[error("{status} {code}: {message}")]
     Api {
@@ -43,10 +53,41 @@ pub enum ClientError {
     },
     #[error("unexpected answer: {0}")]
     Protocol(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Tls(#[from] larder_tls::TlsError),
+}
+
+impl From<hyper::Error> for ClientError {
+    fn from(e: hyper::Error) -> ClientError {
+        ClientError::Transport(e)
+    }
+}
+
+/// `error` and its causes, joined by ": ", without repeating a cause that its parent already
+/// spelled out.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The request path of blob `id`. An ID is one path segment of URL-safe characters; anything else
+/// is refused here, before it could become a malformed URI (or a different path).
+pub fn blob_path(id: &str) -> Result<String, ClientError> {
+    let url_safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if id.is_empty() || !id.chars().all(url_safe) {
+        return Err(ClientError::BadId(id.to_owned()));
+    }
+    Ok(format!("/v1/blobs/{id}"))
 }
 
 /// What an upload stored.
@@ -98,6 +139,10 @@ impl Client {
         let (Some(authority), Some(host)) = (uri.authority(), uri.host()) else {
             return Err(ClientError::BadEndpoint(endpoint.into()));
         };
+        // Requests go to /v1/blobs at the root: a path here would be silently ignored.
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(ClientError::BadEndpoint(endpoint.into()));
+        }
         let target = format!("{host}:{}", uri.port_u16().unwrap_or(default_port));
         let connect_error = |detail: String| ClientError::Connect {
             endpoint: endpoint.into(),
@@ -143,9 +188,10 @@ impl Client {
         if let Some(size) = size {
             request = request.header(http::header::CONTENT_LENGTH, size);
         }
-        let response = self
-            .send(request.body(body).expect("valid request"))
-            .await?;
+        let request = request
+            .body(body)
+            .expect("a request from a parsed endpoint and a fixed path is valid");
+        let response = self.send(request).await?;
         let bytes = response.into_body().collect().await?.to_bytes();
         let json: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Protocol(format!("upload answer is not JSON: {e}")))?;
@@ -160,16 +206,16 @@ impl Client {
 
     /// Starts a download; the body streams as the caller reads it.
     pub async fn get(&self, id: &str) -> Result<Response<Incoming>, ClientError> {
-        let request = Request::get(self.uri(&format!("/v1/blobs/{id}")))
+        let request = Request::get(self.uri(&blob_path(id)?))
             .body(empty())
-            .expect("valid request");
+            .expect("blob_path makes a valid path of any ID it accepts");
         self.send(request).await
     }
 
     pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
-        let request = Request::delete(self.uri(&format!("/v1/blobs/{id}")))
+        let request = Request::delete(self.uri(&blob_path(id)?))
             .body(empty())
-            .expect("valid request");
+            .expect("blob_path makes a valid path of any ID it accepts");
         self.send(request).await.map(drop)
     }
 }

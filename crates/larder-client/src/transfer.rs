@@ -1,6 +1,6 @@
 //! Files and standard streams to and from blobs, streamed, with a progress bar for large ones.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures_util::StreamExt;
@@ -52,17 +52,66 @@ pub async fn put_from(
     path: &Path,
     progress: Progress,
 ) -> Result<Stored, ClientError> {
+    put_source(client, open_upload(path).await?, progress).await
+}
+
+/// A local file (or standard input) opened for upload. Opening comes before any network I/O, so
+/// a missing file or a directory is reported as such, with its path, without contacting anyone.
+pub struct Upload {
+    reader: Box<dyn AsyncRead + Send + Sync + Unpin>,
+    /// Known for regular files (sent as Content-Length); pipes and devices stream to their end.
+    size: Option<u64>,
+}
+
+/// Opens `path` (`-` for standard input) for [`put_source`].
+pub async fn open_upload(path: &Path) -> Result<Upload, ClientError> {
     if path == Path::new("-") {
-        return put_reader(client, tokio::io::stdin(), None, progress).await;
+        return Ok(Upload {
+            reader: Box::new(tokio::io::stdin()),
+            size: None,
+        });
     }
-    let file = tokio::fs::File::open(path).await?;
-    let size = file.metadata().await?.len();
-    put_reader(client, file, Some(size), progress).await
+    let file_error = |detail: String| ClientError::File {
+        path: path.display().to_string(),
+        detail,
+    };
+    let file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| file_error(io_detail(&e)))?;
+    let metadata = file
+        .metadata()
+        .await
+        .map_err(|e| file_error(io_detail(&e)))?;
+    if metadata.is_dir() {
+        return Err(file_error("is a directory, not a file".into()));
+    }
+    Ok(Upload {
+        reader: Box::new(file),
+        size: metadata.is_file().then_some(metadata.len()),
+    })
+}
+
+/// Uploads what [`open_upload`] opened. Returns what was stored.
+pub async fn put_source(
+    client: &Client,
+    upload: Upload,
+    progress: Progress,
+) -> Result<Stored, ClientError> {
+    put_reader(client, upload.reader, upload.size, progress).await
+}
+
+/// An I/O error's description without Rust's "(os error N)" suffix.
+fn io_detail(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
 }
 
 async fn put_reader(
     client: &Client,
-    reader: impl AsyncRead + Send + Sync + 'static,
+    reader: impl AsyncRead + Send + Sync + Unpin + 'static,
     size: Option<u64>,
     progress: Progress,
 ) -> Result<Stored, ClientError> {
@@ -83,7 +132,7 @@ async fn put_reader(
 }
 
 /// Downloads blob `id` into the file at `output`, or to standard output when `None`. Returns the
-/// number of bytes written. A partial file is removed when the transfer fails.
+/// number of bytes written. An existing file at `output` is replaced only by a complete download.
 pub async fn get_to(
     client: &Client,
     id: &str,
@@ -92,15 +141,84 @@ pub async fn get_to(
 ) -> Result<u64, ClientError> {
     match output {
         None => get_into(client, id, tokio::io::stdout(), progress).await,
-        Some(path) => {
-            let file = tokio::fs::File::create(path).await?;
-            let result = get_into(client, id, file, progress).await;
-            if result.is_err() {
-                let _ = tokio::fs::remove_file(path).await;
-            }
-            result
+        Some(path) => get_into_file(client, id, create_output(path).await?, progress).await,
+    }
+}
+
+/// Where a download goes: a temporary file next to `path`, renamed over it once complete (so a
+/// failed download never truncates or removes what was there).
+pub struct OutputFile {
+    path: PathBuf,
+    partial: Partial,
+    file: tokio::fs::File,
+}
+
+/// The temporary file of a download, removed when dropped unless it was moved into place (also
+/// when the download never starts, e.g. because the frontend is unreachable).
+struct Partial {
+    path: PathBuf,
+    moved: bool,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.moved {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Creates the temporary file of a download to `path`; fails, naming `path`, when it cannot be
+/// written (a directory, a missing parent, no permission) before any network I/O.
+pub async fn create_output(path: &Path) -> Result<OutputFile, ClientError> {
+    let file_error = |detail: String| ClientError::File {
+        path: path.display().to_string(),
+        detail,
+    };
+    if tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir()) {
+        return Err(file_error("is a directory, not a file".into()));
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| file_error("names no file".into()))?;
+    let mut partial_name = std::ffi::OsString::from(".");
+    partial_name.push(name);
+    partial_name.push(format!(".larder-partial-{}", std::process::id()));
+    let partial = path.with_file_name(partial_name);
+    let file = tokio::fs::File::create(&partial)
+        .await
+        .map_err(|e| file_error(io_detail(&e)))?;
+    Ok(OutputFile {
+        path: path.to_owned(),
+        partial: Partial {
+            path: partial,
+            moved: false,
+        },
+        file,
+    })
+}
+
+/// Downloads blob `id` into `output`, then moves it into place.
+pub async fn get_into_file(
+    client: &Client,
+    id: &str,
+    output: OutputFile,
+    progress: Progress,
+) -> Result<u64, ClientError> {
+    let OutputFile {
+        path,
+        mut partial,
+        file,
+    } = output;
+    let written = get_into(client, id, file, progress).await?;
+    tokio::fs::rename(&partial.path, &path)
+        .await
+        .map_err(|e| ClientError::File {
+            path: path.display().to_string(),
+            detail: io_detail(&e),
+        })?;
+    partial.moved = true;
+    Ok(written)
 }
 
 async fn get_into(

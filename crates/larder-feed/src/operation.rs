@@ -53,22 +53,65 @@ struct Raw<'a> {
     create: Option<bool>,
 }
 
+/// Why an operation object was refused, and where in it (when the JSON parser said).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    pub message: String,
+    /// 1-based line and byte column within the operation's own text.
+    pub at: Option<(u64, u64)>,
+}
+
+impl From<String> for Invalid {
+    fn from(message: String) -> Invalid {
+        Invalid { message, at: None }
+    }
+}
+
+impl From<&str> for Invalid {
+    fn from(message: &str) -> Invalid {
+        message.to_owned().into()
+    }
+}
+
+/// serde_json's message without its " at line L column C" suffix (relative to the operation, not
+/// the feed), and that position apart.
+fn json_error(e: &serde_json::Error) -> Invalid {
+    let text = e.to_string();
+    if e.line() == 0 {
+        return Invalid {
+            message: format!("invalid operation: {text}"),
+            at: None,
+        };
+    }
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    Invalid {
+        message: format!(
+            "invalid operation: {}",
+            text.strip_suffix(&suffix).unwrap_or(&text)
+        ),
+        at: Some((e.line() as u64, e.column() as u64)),
+    }
+}
+
 /// Parses one operation object; `line` is where it starts (for messages and ordering reports).
-pub fn parse(json: &[u8], line: u64) -> Result<Operation, String> {
-    let raw: Raw = serde_json::from_slice(json).map_err(|e| format!("invalid operation: {e}"))?;
+pub fn parse(json: &[u8], line: u64) -> Result<Operation, Invalid> {
+    let raw: Raw = serde_json::from_slice(json).map_err(|e| json_error(&e))?;
     let (kind, id) = match (raw.put, raw.id, raw.update, raw.remove) {
         (Some(id), None, None, None) | (None, Some(id), None, None) => (Kind::Put, id),
         (None, None, Some(id), None) => (Kind::Update, id),
         (None, None, None, Some(id)) => (Kind::Remove, id),
         (None, None, None, None) => {
-            return Err("operation has none of \"put\", \"update\", \"remove\" or \"id\"".into())
+            return Err("operation has none of \"put\", \"update\", \"remove\" or \"id\"".into());
         }
         _ => return Err("operation names more than one of put, update, remove, id".into()),
     };
     let body = match (kind, raw.fields) {
         (Kind::Remove, None) => Bytes::new(),
         (Kind::Remove, Some(_)) => return Err("a remove has no \"fields\"".into()),
-        (_, None) => return Err(format!("{kind:?} of {id} has no \"fields\"").to_lowercase()),
+        (_, None) => {
+            let kind = format!("{kind:?}").to_lowercase();
+            return Err(format!("{kind} of {id} has no \"fields\"").into());
+        }
         (_, Some(fields)) if !fields.get().starts_with('{') => {
             return Err("\"fields\" must be a JSON object".into())
         }
@@ -80,7 +123,7 @@ pub fn parse(json: &[u8], line: u64) -> Result<Operation, String> {
             body.into()
         }
     };
-    let mut path_and_query = document_path(&id)?;
+    let mut path_and_query = document_path(&id).map_err(Invalid::from)?;
     let mut query = Vec::new();
     if raw.create == Some(true) {
         if kind == Kind::Remove {

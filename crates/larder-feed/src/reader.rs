@@ -7,18 +7,48 @@
 
 use std::io::BufRead;
 
-use crate::operation::{self, Operation};
+use crate::operation::{self, Invalid, Operation};
 
 /// Input that could not be read as an operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Malformed {
+    /// The line of the feed (1-based) where the problem is, or where the operation starts.
     pub line: u64,
+    /// The byte column (1-based) on that line, when the JSON parser pinpointed the problem.
+    pub column: Option<u64>,
     pub message: String,
 }
 
 impl std::fmt::Display for Malformed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "line {}: {}", self.line, self.message)
+        match self.column {
+            Some(column) => write!(f, "line {}, column {column}: {}", self.line, self.message),
+            None => write!(f, "line {}: {}", self.line, self.message),
+        }
+    }
+}
+
+impl Malformed {
+    /// Places `invalid` (positioned within an operation's own text) in the feed, given where that
+    /// text starts: its first line continues the feed's line `line` from byte column `column`.
+    fn in_feed(invalid: Invalid, line: u64, column: u64) -> Malformed {
+        match invalid.at {
+            Some((1, at)) => Malformed {
+                line,
+                column: Some(column.saturating_add(at - 1)),
+                message: invalid.message,
+            },
+            Some((lines, at)) => Malformed {
+                line: line.saturating_add(lines - 1),
+                column: Some(at),
+                message: invalid.message,
+            },
+            None => Malformed {
+                line,
+                column: None,
+                message: invalid.message,
+            },
+        }
     }
 }
 
@@ -36,8 +66,12 @@ pub struct FeedReader<R> {
     input: R,
     mode: Mode,
     line: u64,
+    /// Byte column (1-based) of the next byte on `line`.
+    column: u64,
     buffer: Vec<u8>,
     failed: bool,
+    /// A read error met while peeking, reported once instead of passing for the end of input.
+    read_error: Option<String>,
 }
 
 impl<R: BufRead> FeedReader<R> {
@@ -46,16 +80,22 @@ impl<R: BufRead> FeedReader<R> {
             input,
             mode: Mode::Unknown,
             line: 1,
+            column: 1,
             buffer: Vec::new(),
             failed: false,
+            read_error: None,
         }
     }
 
-    /// The next byte without consuming it; `None` at the end (or after a read error).
+    /// The next byte without consuming it; `None` at the end (or after a read error, which
+    /// `next` then reports).
     fn peek(&mut self) -> Option<u8> {
         match self.input.fill_buf() {
             Ok(buf) => buf.first().copied(),
-            Err(_) => None,
+            Err(e) => {
+                self.read_error.get_or_insert_with(|| e.to_string());
+                None
+            }
         }
     }
 
@@ -64,6 +104,9 @@ impl<R: BufRead> FeedReader<R> {
         self.input.consume(1);
         if byte == b'\n' {
             self.line += 1;
+            self.column = 1;
+        } else {
+            self.column += 1;
         }
         Some(byte)
     }
@@ -89,6 +132,7 @@ impl<R: BufRead> FeedReader<R> {
     ) -> Option<Result<Operation, Malformed>> {
         Some(Err(Malformed {
             line,
+            column: None,
             message: message.into(),
         }))
     }
@@ -96,21 +140,25 @@ impl<R: BufRead> FeedReader<R> {
     fn next_line_operation(&mut self) -> Option<Result<Operation, Malformed>> {
         loop {
             self.buffer.clear();
-            let line = self.line;
+            // The first line may have had blanks skipped already (while the format was sniffed).
+            let (line, first_column) = (self.line, self.column);
             match self.input.read_until(b'\n', &mut self.buffer) {
                 Ok(0) => return None,
-                Ok(_) => self.line += 1,
+                Ok(_) => (self.line, self.column) = (self.line + 1, 1),
                 Err(err) => {
                     self.failed = true;
                     return self.malformed(line, format!("cannot read input: {err}"));
                 }
             }
-            let text = self.buffer.trim_ascii();
+            let text = self.buffer.trim_ascii_start();
+            let column = first_column + (self.buffer.len() - text.len()) as u64;
+            let text = text.trim_ascii_end();
             if text.is_empty() {
                 continue;
             }
             return Some(
-                operation::parse(text, line).map_err(|message| Malformed { line, message }),
+                operation::parse(text, line)
+                    .map_err(|invalid| Malformed::in_feed(invalid, line, column)),
             );
         }
     }
@@ -139,7 +187,7 @@ impl<R: BufRead> FeedReader<R> {
                 }
             }
         }
-        let start = self.line;
+        let (start, start_column) = (self.line, self.column);
         self.buffer.clear();
         let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
         while let Some(byte) = self.bump() {
@@ -160,10 +208,9 @@ impl<R: BufRead> FeedReader<R> {
                     depth -= 1;
                     if depth == 0 {
                         let op = operation::parse(&self.buffer, start);
-                        return Some(op.map_err(|message| Malformed {
-                            line: start,
-                            message,
-                        }));
+                        return Some(
+                            op.map_err(|invalid| Malformed::in_feed(invalid, start, start_column)),
+                        );
                     }
                 }
                 _ => {}
@@ -188,13 +235,8 @@ impl<R: BufRead> FeedReader<R> {
     }
 }
 
-impl<R: BufRead> Iterator for FeedReader<R> {
-    type Item = Result<Operation, Malformed>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
+impl<R: BufRead> FeedReader<R> {
+    fn next_item(&mut self) -> Option<Result<Operation, Malformed>> {
         if self.mode == Mode::Unknown {
             self.skip_blanks();
             match self.peek()? {
@@ -210,6 +252,24 @@ impl<R: BufRead> Iterator for FeedReader<R> {
             Mode::Array => self.next_array_operation(),
             Mode::Done | Mode::Unknown => None,
         }
+    }
+}
+
+impl<R: BufRead> Iterator for FeedReader<R> {
+    type Item = Result<Operation, Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let next = self.next_item();
+        if next.is_none() {
+            if let Some(error) = self.read_error.take() {
+                self.failed = true;
+                return self.malformed(self.line, format!("cannot read input: {error}"));
+            }
+        }
+        next
     }
 }
 
@@ -249,6 +309,50 @@ mod tests {
         assert_eq!(read(input), vec![ok("id:n:t::a", 2), ok("id:n:t::b", 5)]);
         assert_eq!(read("[]"), vec![]);
         assert_eq!(read(""), vec![]);
+    }
+
+    fn errors(input: &str) -> Vec<String> {
+        FeedReader::new(input.as_bytes())
+            .filter_map(|r| r.err().map(|m| m.to_string()))
+            .collect()
+    }
+
+    /// Positions are the feed's, not those within an operation's text (which serde_json reports).
+    #[test]
+    fn malformed_input_is_placed_by_line_and_column_of_the_feed() {
+        let lines = "{\"remove\":\"id:n:t::a\"}\n  {\"put\": broken}\n";
+        assert_eq!(
+            errors(lines),
+            ["line 2, column 11: invalid operation: expected value"]
+        );
+        let array =
+            "[\n{\"remove\":\"id:n:t::a\"},\n   {\"put\": \"id:n:t::b\",\n    \"fields\": [1}}\n]";
+        assert_eq!(
+            errors(array),
+            ["line 4, column 17: invalid operation: expected `,` or `]`"]
+        );
+        let later = "[{\"remove\":\"id:n:t::a\"}, {\"remove\": 7}]";
+        let got = errors(later);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].starts_with("line 1, column 37: "), "{got:?}");
+        assert!(!got[0].contains(" at line "), "{got:?}");
+        assert_eq!(
+            errors("{\"remove\":\"nope\"}\n"),
+            ["line 1: \"nope\" is not a document ID (id:<namespace>:<type>::<key>)"]
+        );
+    }
+
+    /// A read error (here: the feed file is a directory) is reported, never taken for the end.
+    #[test]
+    fn read_errors_are_reported_not_taken_for_the_end() {
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let got: Vec<_> = FeedReader::new(std::io::BufReader::new(dir)).collect();
+        assert_eq!(got.len(), 1, "{got:?}");
+        let message = got[0].as_ref().unwrap_err().to_string();
+        assert!(
+            message.starts_with("line 1: cannot read input: "),
+            "{message}"
+        );
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl Transport {
         let addrs = &self.target.addrs[..];
         let stream = tokio::net::TcpStream::connect(addrs)
             .await
-            .map_err(|e| format!("cannot connect to {addrs:?}: {e}"))?;
+            .map_err(|e| format!("cannot connect to {}: {e}", list(addrs)))?;
         let addr = stream.peer_addr().map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         match &self.target.tls {
@@ -135,7 +135,7 @@ impl Transport {
         let response: Response<_> = sender
             .send_request(request)
             .await
-            .map_err(|e| format!("request failed: {e}"))?;
+            .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
         let status = response.status();
         let body = response
             .into_body()
@@ -145,4 +145,24 @@ impl Transport {
             .to_bytes();
         Ok((status, body))
     }
+}
+
+/// `a`, or `a or b`: the addresses tried, as a user would write them.
+fn list(addrs: &[std::net::SocketAddr]) -> String {
+    let names: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    names.join(" or ")
+}
+
+/// `error` and its causes, joined by ": " (hyper's own message says only "http2 error").
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -1,4 +1,5 @@
-//! Pool tuning. Defaults follow the Ambry article and DESIGN.md §11, measured on loopback.
+//! Pool tuning. Defaults follow the Ambry article and the HTTP/2 facts in docs/STACK.md, measured
+//! on loopback.
 
 use std::time::Duration;
 

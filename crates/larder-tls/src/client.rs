@@ -84,17 +84,21 @@ where
     Ok(tls)
 }
 
-/// Says what to do about the most common failure: a server whose CA the client was not given.
+/// Says what to do about the most common failures: a server whose CA the client was not given,
+/// and an `https://` endpoint that is a cleartext port.
 fn explain(e: io::Error) -> io::Error {
-    let untrusted = e
+    let hint = match e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .is_some_and(|tls| matches!(tls, rustls::Error::InvalidCertificate(_)));
-    if !untrusted {
-        return e;
-    }
-    io::Error::new(
-        e.kind(),
-        format!("{e} (is the server's CA certificate among those trusted? give its PEM file)"),
-    )
+    {
+        Some(rustls::Error::InvalidCertificate(_)) => {
+            "is the server's CA certificate among those trusted? pass its PEM file with \
+             --ca-certificates"
+        }
+        Some(rustls::Error::InvalidMessage(_)) => {
+            "the server did not answer with TLS: is this a cleartext port (http://)?"
+        }
+        _ => return e,
+    };
+    io::Error::new(e.kind(), format!("{e} ({hint})"))
 }

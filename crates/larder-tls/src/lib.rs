@@ -1,7 +1,8 @@
 //! Larder's TLS policy in one place, so the public listener, the storage node and the storage
 //! client cannot drift apart:
 //!
-//! - one crypto provider (aws-lc-rs), passed explicitly to every config (DESIGN.md §11);
+//! - one crypto provider (aws-lc-rs), passed explicitly to every config (docs/STACK.md: rustls
+//!   has no default provider once both of its provider features are enabled);
 //! - TLS 1.3 and 1.2 only, and in 1.2 only the ECDHE + AEAD suites HTTP/2 allows (RFC 9113 §9.2);
 //! - certificates, keys and CAs read from PEM files, reloadable at run time without a restart
 //!   (every config is a [`Reloading`] one; the binary decides when: SIGHUP);

@@ -37,6 +37,10 @@ pub fn run(args: BenchGetArgs) -> anyhow::Result<()> {
         .map(str::to_owned)
         .collect();
     anyhow::ensure!(!ids.is_empty(), "no blob IDs in {}", args.ids.display());
+    // Checked here, so that every request URI below is valid.
+    for id in &ids {
+        larder_client::blob_path(id).with_context(|| format!("in {}", args.ids.display()))?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -74,7 +78,7 @@ async fn measure(args: &BenchGetArgs, ids: Arc<Vec<String>>) -> anyhow::Result<s
                 let url = format!("{base}/v1/blobs/{}", ids[i % ids.len()]);
                 let request = hyper::Request::get(url)
                     .body(Empty::<Bytes>::new())
-                    .expect("valid request");
+                    .expect("an endpoint that parsed and a checked blob ID make a valid URI");
                 let t = Instant::now();
                 let ok = match sender.clone().send_request(request).await {
                     Ok(response) if response.status().is_success() => {

@@ -42,6 +42,7 @@ pub struct GetArgs {
 
 #[derive(Args)]
 pub struct DeleteArgs {
+    /// The blob's ID, as `larder put` printed it.
     id: String,
     #[command(flatten)]
     endpoint: Endpoint,
@@ -69,11 +70,13 @@ fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyho
         .block_on(f)
 }
 
-/// Prints the new blob's ID on standard output (alone, for scripts).
+/// Prints the new blob's ID on standard output (alone, for scripts). The file is opened first: a
+/// missing file or a directory is an error before any network I/O.
 pub fn put(args: PutArgs) -> anyhow::Result<()> {
     block_on(async {
+        let upload = larder_client::open_upload(&args.file).await?;
         let client = args.endpoint.connect().await?;
-        let stored = larder_client::put_from(&client, &args.file, args.endpoint.progress())
+        let stored = larder_client::put_source(&client, upload, args.endpoint.progress())
             .await
             .with_context(|| format!("uploading {}", args.file.display()))?;
         println!("{}", stored.id);
@@ -81,19 +84,29 @@ pub fn put(args: PutArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Checks the ID and the output file before connecting; a failed download leaves an existing
+/// output file as it was.
 pub fn get(args: GetArgs) -> anyhow::Result<()> {
     block_on(async {
+        larder_client::blob_path(&args.id)?;
+        let output = match &args.output {
+            Some(path) => Some(larder_client::create_output(path).await?),
+            None => None,
+        };
         let client = args.endpoint.connect().await?;
-        let output = args.output.as_deref();
-        larder_client::get_to(&client, &args.id, output, args.endpoint.progress())
-            .await
-            .with_context(|| format!("downloading {}", args.id))?;
+        let progress = args.endpoint.progress();
+        match output {
+            Some(output) => larder_client::get_into_file(&client, &args.id, output, progress).await,
+            None => larder_client::get_to(&client, &args.id, None, progress).await,
+        }
+        .with_context(|| format!("downloading {}", args.id))?;
         Ok(())
     })
 }
 
 pub fn delete(args: DeleteArgs) -> anyhow::Result<()> {
     block_on(async {
+        larder_client::blob_path(&args.id)?;
         let client = args.endpoint.connect().await?;
         client
             .delete(&args.id)

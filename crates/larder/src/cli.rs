@@ -26,11 +26,13 @@ enum Command {
     Dev(dev::DevArgs),
     /// Run a storage node.
     Storage {
+        /// The node's TOML config (`larder config defaults` lists every setting).
         #[arg(long)]
         config: PathBuf,
     },
     /// Run a frontend.
     Frontend {
+        /// The frontend's TOML config (`larder config defaults` lists every setting).
         #[arg(long)]
         config: PathBuf,
     },
@@ -76,6 +78,7 @@ pub struct InitArgs {
     /// Storage nodes (dealt round-robin to the datacenters).
     #[arg(long, default_value_t = 3)]
     nodes: usize,
+    /// Partitions: the units of placement and replication.
     #[arg(long, default_value_t = 32)]
     partitions: u32,
     /// Replicas of each partition in each datacenter.
@@ -87,11 +90,16 @@ pub struct InitArgs {
     /// Node i listens on HOST:(BASE_PORT + i).
     #[arg(long, default_value = "127.0.0.1")]
     host: std::net::IpAddr,
+    /// Port of the first node; the others follow.
     #[arg(long, default_value_t = 7101)]
     base_port: u16,
     /// Where to write the map.
     #[arg(long, short, default_value = "cluster.toml")]
     output: PathBuf,
+    /// Replace an existing map at --output (its partitions would all move: only for a cluster
+    /// that holds no data yet).
+    #[arg(long)]
+    force: bool,
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -167,11 +175,18 @@ pub async fn bind_frontend(
 }
 
 fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
+    // Checked first, so that nothing is generated for a map that will not be written.
+    anyhow::ensure!(
+        args.force || !args.output.exists(),
+        "{} already exists; a new map would move every partition of the cluster it describes \
+         (pass --force to replace it, or --output to write elsewhere)",
+        args.output.display()
+    );
     let spec = LayoutSpec {
         datacenters: args.datacenters,
         node_addresses: (0..args.nodes)
-            .map(|i| SocketAddr::new(args.host, args.base_port + i as u16))
-            .collect(),
+            .map(|i| nth_address(SocketAddr::new(args.host, args.base_port), i))
+            .collect::<anyhow::Result<_>>()?,
         partitions: args.partitions,
         replicas_per_datacenter: args.replicas,
     };
@@ -184,6 +199,15 @@ fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
         map.partitions.len()
     );
     Ok(())
+}
+
+/// `first` with its port moved up by `i`: the address of the i-th of consecutive listeners.
+pub fn nth_address(first: SocketAddr, i: usize) -> anyhow::Result<SocketAddr> {
+    let port = u16::try_from(i)
+        .ok()
+        .and_then(|i| first.port().checked_add(i))
+        .with_context(|| format!("{first} + {i} ports is past port 65535"))?;
+    Ok(SocketAddr::new(first.ip(), port))
 }
 
 /// Sections without defaults (absent means off), shown so that `config defaults` lists every key.
@@ -218,4 +242,33 @@ fn print_defaults() {
         "# Storage node (`larder storage --config F`): every setting with its default.\n{storage}"
     );
     println!("{OPTIONAL_SECTIONS}");
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand, flag and argument of `larder` has a help line, so that `--help` explains
+    /// everything it lists.
+    #[test]
+    fn every_command_flag_and_argument_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_name() != "help" && sub.get_about().is_none() {
+                    missing.push(format!("{sub_path} (the command itself)"));
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "larder", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
 }

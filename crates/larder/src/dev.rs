@@ -23,17 +23,20 @@ pub struct DevArgs {
     /// Address of the frontend (HTTP/1.1 and h2c).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Storage nodes, for a new cluster (an existing one keeps its map); default 3 per datacenter.
+    /// Storage nodes, for a new cluster (an existing one keeps its map, with a warning);
+    /// default 3 per datacenter.
     #[arg(long)]
     nodes: Option<usize>,
-    #[arg(long, default_value_t = 32)]
-    partitions: u32,
-    #[arg(long, default_value_t = 3)]
-    replicas: usize,
-    /// Comma-separated datacenter names, for a new cluster. Each datacenter gets a frontend:
-    /// the first on `--listen`, the next ones on the following ports.
-    #[arg(long, default_value = "dc1", value_delimiter = ',')]
-    datacenters: Vec<String>,
+    /// Partitions (units of placement), for a new cluster; default 32.
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// Replicas of each partition in each datacenter, for a new cluster; default 3.
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Comma-separated datacenter names, for a new cluster; default dc1. Each datacenter gets a
+    /// frontend: the first on `--listen`, the next ones on the following ports.
+    #[arg(long, value_delimiter = ',')]
+    datacenters: Option<Vec<String>>,
     /// Run with TLS: a throwaway CA in <data-dir>/tls, mutual TLS between frontends and storage
     /// nodes (and between storage nodes), and an HTTPS port (ALPN h2, http/1.1) on each frontend.
     #[arg(long)]
@@ -73,17 +76,67 @@ fn load_or_init_map(args: &DevArgs, data_dir: &Path) -> anyhow::Result<ClusterMa
             "larder dev: using the existing cluster in {}",
             data_dir.display()
         );
-        return Ok(ClusterMap::load(&path)?);
+        let map = ClusterMap::load(&path)?;
+        warn_ignored_layout_flags(args, &map, data_dir);
+        return Ok(map);
     }
+    let datacenters = args
+        .datacenters
+        .clone()
+        .unwrap_or_else(|| vec!["dc1".to_owned()]);
     let spec = LayoutSpec {
-        datacenters: args.datacenters.clone(),
-        node_addresses: free_loopback_addresses(args.nodes.unwrap_or(3 * args.datacenters.len()))?,
-        partitions: args.partitions,
-        replicas_per_datacenter: args.replicas,
+        node_addresses: free_loopback_addresses(args.nodes.unwrap_or(3 * datacenters.len()))?,
+        datacenters,
+        partitions: args.partitions.unwrap_or(32),
+        replicas_per_datacenter: args.replicas.unwrap_or(3),
     };
     let map = init_map(&spec)?;
     map.save(&path)?;
     Ok(map)
+}
+
+/// Layout flags shape a new cluster only: an existing map is kept (changing it would move every
+/// partition), so a flag that asks for something else is named, with what the cluster has.
+fn warn_ignored_layout_flags(args: &DevArgs, map: &ClusterMap, data_dir: &Path) {
+    let names: Vec<String> = map.datacenters.iter().map(|d| d.name.clone()).collect();
+    let replicas = map.partitions.first().map_or(0, |p| {
+        let first_dc = names.first().map(String::as_str);
+        p.replicas
+            .iter()
+            .filter(|r| map.datacenter_of(&r.node) == first_dc)
+            .count()
+    });
+    let mismatches = [
+        (
+            "--nodes",
+            args.nodes.map(|n| n.to_string()),
+            map.nodes.len().to_string(),
+        ),
+        (
+            "--partitions",
+            args.partitions.map(|n| n.to_string()),
+            map.partitions.len().to_string(),
+        ),
+        (
+            "--replicas",
+            args.replicas.map(|n| n.to_string()),
+            replicas.to_string(),
+        ),
+        (
+            "--datacenters",
+            args.datacenters.as_ref().map(|d| d.join(",")),
+            names.join(","),
+        ),
+    ];
+    for (flag, asked, existing) in mismatches {
+        if let Some(asked) = asked.filter(|asked| *asked != existing) {
+            eprintln!(
+                "larder dev: warning: {flag} {asked} ignored: the existing cluster in {} has {existing} \
+                 (a cluster's layout is fixed when it is created; use a new --data-dir for another)",
+                data_dir.display()
+            );
+        }
+    }
 }
 
 /// Asks the kernel for `n` free loopback ports (all held at once so they differ).
@@ -136,11 +189,11 @@ fn write_frontend_configs(
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for (i, dc) in map.datacenters.iter().enumerate() {
-        let next = |addr: SocketAddr| SocketAddr::new(addr.ip(), addr.port() + i as u16);
+        let next = |addr: SocketAddr| cli::nth_address(addr, i);
         let path = data_dir.join(format!("frontend-{}.toml", dc.name));
         let mut text = format!(
             "listen = \"{}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {:?}\nupload_journal_dir = \"frontend-{}-uploads\"\n",
-            next(args.listen),
+            next(args.listen)?,
             dc.name,
             dc.name
         );
@@ -148,7 +201,7 @@ fn write_frontend_configs(
             let (cert, key) = &certs.frontend;
             text.push_str(&format!(
                 "\n[tls]\nlisten = \"{}\"\ncert = {cert:?}\nkey = {key:?}\n",
-                next(args.tls_listen)
+                next(args.tls_listen)?
             ));
             text.push_str(&mutual_tls_section(
                 "pool.tls",

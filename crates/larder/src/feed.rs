@@ -87,10 +87,7 @@ pub fn run(args: FeedArgs) -> anyhow::Result<i32> {
     }
     config.on_error = Some(Arc::new(|message: &str| eprintln!("{message}")));
     let input: Box<dyn BufRead + Send> = match &args.file {
-        Some(path) => Box::new(BufReader::with_capacity(
-            1 << 16,
-            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
-        )),
+        Some(path) => Box::new(BufReader::with_capacity(1 << 16, open_feed_file(path)?)),
         None => Box::new(BufReader::with_capacity(1 << 16, std::io::stdin())),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -100,11 +97,39 @@ pub fn run(args: FeedArgs) -> anyhow::Result<i32> {
     let summary = runtime.block_on(larder_feed::feed(config, input))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else if args.benchmark {
-        println!("{summary}");
-    } else {
-        eprintln!("{summary}");
+        return Ok(exit_code(&summary, &args));
     }
+    // Every error was printed on stderr as it happened: the text summary only counts them.
+    let counts = larder_feed::Summary {
+        errors: Vec::new(),
+        ..summary.clone()
+    };
+    if args.benchmark {
+        println!("{counts}");
+    } else {
+        eprintln!("{counts}");
+    }
+    Ok(exit_code(&summary, &args))
+}
+
+/// Opens the feed file before any connection is made; a directory is refused here (reading one
+/// fails only later).
+fn open_feed_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let is_dir = file.metadata().is_ok_and(|m| m.is_dir());
+    anyhow::ensure!(
+        !is_dir,
+        "{} is a directory, not a feed file",
+        path.display()
+    );
+    Ok(file)
+}
+
+fn exit_code(summary: &larder_feed::Summary, args: &FeedArgs) -> i32 {
     let failures = summary.failed + summary.malformed;
-    Ok(if failures > args.max_failures { 1 } else { 0 })
+    if failures > args.max_failures {
+        1
+    } else {
+        0
+    }
 }

@@ -11,19 +11,34 @@ mod dev_certs;
 mod feed;
 mod signals;
 
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
 use clap::Parser;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    // Every role logs through this one subscriber (`larder dev`'s storage nodes are this binary
+    // too, with stderr inherited), so colours are decided here: only for a terminal, never for a
+    // file such as `larder dev 2> dev.log`.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    cli::run(cli)
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line, each cause once ("uploading x: …"), and no backtrace for a user's mistake
+            // even when RUST_BACKTRACE is set.
+            eprintln!("larder: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -128,4 +129,94 @@ fn dev_tls_prints_both_urls_and_serves_https_with_its_own_ca() {
     let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("stops on SIGTERM");
     assert!(status.success(), "{status}");
     wait_until_gone(&data_dir);
+}
+
+/// Runs `larder dev` with its stderr (its own log and its storage nodes') in `log`, until the
+/// frontend answers, then stops it cleanly.
+fn run_dev_logging_to(data_dir: &str, listen: std::net::SocketAddr, extra: &[&str], log: &Path) {
+    let mut dev = Command::new(LARDER)
+        .args(["dev", "--data-dir", data_dir])
+        .args(["--listen", &listen.to_string()])
+        .args(extra)
+        .env("LARDER_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_port(listen);
+    signal(&dev, 15);
+    let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("stops on SIGTERM");
+    assert!(status.success(), "{status}");
+    wait_until_gone(data_dir);
+}
+
+#[test]
+fn dev_logs_plain_text_to_files_and_names_layout_flags_an_existing_cluster_ignores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("larder-data").display().to_string();
+    let listen = free_addresses(1)[0];
+    let log = tmp.path().join("dev.log");
+
+    run_dev_logging_to(&data_dir, listen, &["--partitions", "8"], &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("frontend serving") && text.contains("storage node serving"),
+        "the frontend's and the storage nodes' logs: {text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "no terminal colour codes in a file: {text:?}"
+    );
+    assert!(!text.contains("warning"), "{text}");
+
+    let extra = ["--nodes", "5", "--partitions", "8", "--replicas", "2"];
+    run_dev_logging_to(&data_dir, listen, &extra, &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("--nodes 5 ignored") && text.contains("has 3"),
+        "{text}"
+    );
+    assert!(text.contains("--replicas 2 ignored"), "{text}");
+    assert!(
+        !text.contains("--partitions"),
+        "the same value is no surprise: {text}"
+    );
+    let map = std::fs::read_to_string(format!("{data_dir}/cluster.toml")).unwrap();
+    assert_eq!(map.matches("[[nodes]]").count(), 3, "{map}");
+}
+
+#[test]
+fn cluster_init_refuses_to_replace_a_map_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let map = tmp.path().join("cluster.toml");
+    let init = |extra: &[&str]| {
+        Command::new(LARDER)
+            .args(["cluster", "init", "--output", map.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert!(init(&["--nodes", "3"]).status.success());
+    let first = std::fs::read_to_string(&map).unwrap();
+    let refused = init(&["--nodes", "5"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{message}");
+    assert!(
+        message.contains("already exists") && message.contains("--force"),
+        "{message}"
+    );
+    assert_eq!(std::fs::read_to_string(&map).unwrap(), first, "untouched");
+    assert!(init(&["--nodes", "5", "--force"]).status.success());
+    let replaced = std::fs::read_to_string(&map).unwrap();
+    assert_eq!(replaced.matches("[[nodes]]").count(), 5, "{replaced}");
+    // Ports past 65535 are an error, not an overflow (a panic in debug builds, wrapped in release).
+    let past = init(&["--nodes", "3", "--base-port", "65535", "--force"]);
+    let message = String::from_utf8_lossy(&past.stderr);
+    assert_eq!(past.status.code(), Some(1), "{message}");
+    assert!(message.contains("past port 65535"), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(&map).unwrap(),
+        replaced,
+        "untouched"
+    );
 }

@@ -184,9 +184,17 @@ fn arrays_on_stdin_outcomes_per_status_and_malformed_lines() {
         "{s}"
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
-    for line in ["line 2:", "line 4:", "line 5:"] {
-        assert!(stderr.contains(line), "{line} not in {stderr}");
+    // The feed file's own positions (the JSON parser's, within one operation, are converted),
+    // each error printed once.
+    for line in ["line 2, column 47: ", "line 4, column 2: ", "line 5: "] {
+        assert_eq!(stderr.matches(line).count(), 1, "{line} once in {stderr}");
     }
+    assert!(!stderr.contains(" at line "), "{stderr}");
+    // The text summary counts the errors without printing them a second time.
+    let output = feed(&cluster, &["--file", &file], None);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("3 malformed"), "{stderr}");
+    assert_eq!(stderr.matches("line 4, column 2: ").count(), 1, "{stderr}");
     let stored = read_back(&cluster, &["id:ns:doc::m1".into(), "id:ns:doc::m3".into()]);
     assert_eq!(stored["id:ns:doc::m1"], None);
     assert_eq!(stored["id:ns:doc::m3"], Some(json!({"ok": true})));
@@ -202,6 +210,15 @@ fn arrays_on_stdin_outcomes_per_status_and_malformed_lines() {
         stdout.contains("ops/s") && stdout.contains("p99"),
         "{stdout}"
     );
+    // A directory is not a feed (it used to pass for an empty one, with exit status 0).
+    let output = feed(
+        &cluster,
+        &["--file", cluster.dir.path().to_str().unwrap()],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is a directory"), "{stderr}");
     // An endpoint nobody listens on fails fast.
     let output = Command::new(LARDER)
         .args(["feed", "--endpoint", "http://127.0.0.1:1/", "--stdin"])
