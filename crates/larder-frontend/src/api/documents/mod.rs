@@ -5,8 +5,10 @@
 //! router's hybrid logical clock; replicas keep the newest (see `larder_router::DocRouter`).
 
 mod body;
+mod bounds;
 mod condition;
 mod config;
+mod glob;
 mod locks;
 mod params;
 mod path;
