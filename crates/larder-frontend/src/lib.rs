@@ -5,6 +5,7 @@
 mod activity;
 mod api;
 mod body;
+mod body_budget;
 mod config;
 mod connection;
 mod error;

@@ -13,4 +13,6 @@ pub struct AppState {
     /// Updates and conditional writes of one document run one at a time.
     pub document_locks: crate::api::DocLocks,
     pub metrics: Metrics,
+    /// All buffered request bodies of this process (`limits.buffered_bodies_per_process`).
+    pub body_budget: crate::body_budget::BodyBudget,
 }
