@@ -15,5 +15,8 @@ mod server;
 mod sniff;
 mod state;
 
+/// Entry points for fuzzers (`fuzz/`): not part of the stable API.
+#[doc(hidden)]
+pub use api::fuzzing;
 pub use config::{DocumentsConfig, FrontendConfig, Limits, PublicTls};
 pub use server::{serve, Listeners, ShutdownSignal, Signals};

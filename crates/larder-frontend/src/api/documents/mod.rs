@@ -8,6 +8,8 @@ mod body;
 mod bounds;
 mod condition;
 mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 mod glob;
 mod locks;
 mod params;
