@@ -201,8 +201,14 @@ impl FrontendConfig {
         let needed = self.documents.max_document_size.as_u64().saturating_mul(2);
         let limits = &self.limits;
         for (name, budget) in [
-            ("buffered_bodies_per_connection", limits.buffered_bodies_per_connection),
-            ("buffered_bodies_per_process", limits.buffered_bodies_per_process),
+            (
+                "buffered_bodies_per_connection",
+                limits.buffered_bodies_per_connection,
+            ),
+            (
+                "buffered_bodies_per_process",
+                limits.buffered_bodies_per_process,
+            ),
         ] {
             if budget.as_u64() < needed {
                 return Err(format!(

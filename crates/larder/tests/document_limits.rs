@@ -20,7 +20,12 @@ fn send(cluster: &Cluster, method: &str, path: &str, body: Option<&[u8]>) -> Cur
     let file;
     if let Some(body) = body {
         file = format!("@{}", file_with(dir, body));
-        args.extend(["-H", "Content-Type: application/json", "--data-binary", &file]);
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &file,
+        ]);
     }
     args.push(&url);
     curl(dir, &args)
@@ -42,7 +47,16 @@ fn assert_status(r: &CurlResponse, status: u16, what: &str) {
 fn healthy(cluster: &Cluster) -> bool {
     let url = cluster.url("/healthz");
     let out = std::process::Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", &url])
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+            &url,
+        ])
         .output()
         .expect("curl is installed");
     out.stdout == b"200"
@@ -67,17 +81,33 @@ fn deep_nesting_is_refused_and_the_frontend_stays_up() {
     let doc = "/document/v1/ns/t/docid/a";
     // The condition of issue 12: 2,000 parentheses overflowed the worker's stack.
     let condition = nested(2_000, "t.x").replace('(', "%28").replace(')', "%29");
-    let r = send(&cluster, "DELETE", &format!("{doc}?dryRun=true&condition={condition}"), None);
+    let r = send(
+        &cluster,
+        "DELETE",
+        &format!("{doc}?dryRun=true&condition={condition}"),
+        None,
+    );
     assert_status(&r, 400, "deep condition in the query string");
-    assert!(r.json()["message"].as_str().unwrap().contains("nests deeper"));
+    assert!(r.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("nests deeper"));
     assert!(healthy(&cluster), "frontend died");
 
     // The same in feed bodies (a put's and an update's "condition").
     let deep = nested(2_000, "t.x");
     let put = json!({"condition": deep, "fields": {"x": 1}});
-    assert_status(&send_json(&cluster, "POST", doc, &put), 400, "put condition");
+    assert_status(
+        &send_json(&cluster, "POST", doc, &put),
+        400,
+        "put condition",
+    );
     let update = json!({"condition": deep, "fields": {"x": {"assign": 2}}});
-    assert_status(&send_json(&cluster, "PUT", doc, &update), 400, "update condition");
+    assert_status(
+        &send_json(&cluster, "PUT", doc, &update),
+        400,
+        "update condition",
+    );
     let not = format!("{}t.x", "not ".repeat(5_000));
     let update = json!({"condition": not, "fields": {"x": {"assign": 2}}});
     assert_status(&send_json(&cluster, "PUT", doc, &update), 400, "not chain");
@@ -96,13 +126,30 @@ fn deep_nesting_is_refused_and_the_frontend_stays_up() {
         "[".repeat(100_000),
         "]".repeat(100_000)
     );
-    let r = send(&cluster, "PUT", &format!("{doc}?create=true"), Some(deep_update.as_bytes()));
+    let r = send(
+        &cluster,
+        "PUT",
+        &format!("{doc}?create=true"),
+        Some(deep_update.as_bytes()),
+    );
     assert_status(&r, 400, "deep update");
     // A document at the limit is accepted, and can be updated and read.
-    let at_limit = format!(r#"{{"fields":{{"f":{}1{}}}}}"#, "[".repeat(63), "]".repeat(63));
-    assert_status(&send(&cluster, "POST", doc, Some(at_limit.as_bytes())), 200, "at limit");
+    let at_limit = format!(
+        r#"{{"fields":{{"f":{}1{}}}}}"#,
+        "[".repeat(63),
+        "]".repeat(63)
+    );
+    assert_status(
+        &send(&cluster, "POST", doc, Some(at_limit.as_bytes())),
+        200,
+        "at limit",
+    );
     let bump = json!({"fields": {"n": {"increment": 1}}});
-    assert_status(&send_json(&cluster, "PUT", doc, &bump), 200, "update at limit");
+    assert_status(
+        &send_json(&cluster, "PUT", doc, &bump),
+        200,
+        "update at limit",
+    );
     let r = send(&cluster, "GET", doc, None);
     assert_status(&r, 200, "read at limit");
     assert_eq!(r.json()["fields"]["n"], json!(1));
@@ -153,20 +200,33 @@ fn pathological_globs_and_removes_cost_little_cpu_and_others_are_served() {
     let glob_cpu = cpu_time(pid) - before;
     // Generous bounds: the quadratic matcher used tens of seconds of CPU here and held both
     // workers, so /healthz waited as long.
-    assert!(glob_cpu < Duration::from_secs(8), "globs used {glob_cpu:?} of CPU");
-    assert!(slowest_health < Duration::from_secs(2), "/healthz took {slowest_health:?}");
+    assert!(
+        glob_cpu < Duration::from_secs(8),
+        "globs used {glob_cpu:?} of CPU"
+    );
+    assert!(
+        slowest_health < Duration::from_secs(2),
+        "/healthz took {slowest_health:?}"
+    );
 
     // Remove 40,000 elements from 40,000: pairwise comparison took seconds of CPU.
     let before = cpu_time(pid);
     let remove = json!({"fields": {"items": {"remove": items}}});
     assert_status(&send_json(&cluster, "PUT", doc, &remove), 200, "remove");
     let remove_cpu = cpu_time(pid) - before;
-    assert!(remove_cpu < Duration::from_secs(3), "remove used {remove_cpu:?} of CPU");
+    assert!(
+        remove_cpu < Duration::from_secs(3),
+        "remove used {remove_cpu:?} of CPU"
+    );
     let r = send(&cluster, "GET", doc, None);
     assert_eq!(r.json()["fields"]["items"], json!([]));
     // A field as a glob pattern would be compiled per evaluation: refused.
     let update = json!({"condition": "t.text = t.other", "fields": {"n": {"increment": 1}}});
-    assert_status(&send_json(&cluster, "PUT", doc, &update), 400, "field as pattern");
+    assert_status(
+        &send_json(&cluster, "PUT", doc, &update),
+        400,
+        "field as pattern",
+    );
 }
 
 const BUDGET: &str = "[documents]\nmax_document_size = \"1 MiB\"\n\
@@ -226,13 +286,12 @@ fn buffered_bodies_stay_within_their_budget() {
         let mut uploads = Vec::new();
         for c in 0..5 {
             let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let (sender, connection) = hyper::client::conn::http2::Builder::new(
-                hyper_util::rt::TokioExecutor::new(),
-            )
-            .max_concurrent_reset_streams(1000)
-            .handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
+            let (sender, connection) =
+                hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .max_concurrent_reset_streams(1000)
+                    .handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
             tokio::spawn(connection);
             for s in 0..200 {
                 let url = format!("http://{addr}/document/v1/ns/t/docid/slow-{c}-{s}");
@@ -247,13 +306,20 @@ fn buffered_bodies_stay_within_their_budget() {
         watch.abort();
         results
     });
-    let grown_mib = peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(before) >> 10;
+    let grown_mib = peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(before)
+        >> 10;
     eprintln!("frontend RSS grew by {grown_mib} MiB at most");
     let refused = results.iter().filter(|(s, _)| *s == 429).count();
     let stored = results.iter().filter(|(s, _)| *s == 200).count();
     assert!(refused > 0, "no upload was refused: {results:?}");
     assert!(stored > 0, "no upload completed: {results:?}");
-    assert_eq!(refused + stored, results.len(), "only 200 and 429: {results:?}");
+    assert_eq!(
+        refused + stored,
+        results.len(),
+        "only 200 and 429: {results:?}"
+    );
     assert!(
         results.iter().all(|(s, retry)| *s != 429 || *retry),
         "429 without Retry-After"
@@ -281,26 +347,48 @@ fn gzip_members_and_integer_edges() {
     let url = cluster.url(doc);
     let r = curl(
         dir,
-        &["-X", "POST", "-H", "Content-Encoding: gzip", "--data-binary", &file, &url],
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "Content-Encoding: gzip",
+            "--data-binary",
+            &file,
+            &url,
+        ],
     );
     assert_status(&r, 200, "two-member gzip");
 
     // Above i64::MAX stays an integer, exactly; past u64::MAX is a 400, never a float.
     let update = json!({"fields": {"u": {"increment": 1}, "i": {"increment": 1}}});
-    assert_status(&send_json(&cluster, "PUT", doc, &update), 200, "to the edges");
+    assert_status(
+        &send_json(&cluster, "PUT", doc, &update),
+        200,
+        "to the edges",
+    );
     let r = send(&cluster, "GET", doc, None);
     let text = String::from_utf8_lossy(&r.body).into_owned();
     assert!(text.contains("\"u\":18446744073709551615"), "{text}");
     assert!(text.contains("\"i\":9223372036854775808"), "{text}");
     for (update, what) in [
         (json!({"fields": {"u": {"increment": 1}}}), "past u64::MAX"),
-        (json!({"fields": {"u": {"multiply": 2}}}), "multiply past u64::MAX"),
-        (json!({"fields": {"z": {"decrement": u64::MAX}}}), "below i64::MIN"),
+        (
+            json!({"fields": {"u": {"multiply": 2}}}),
+            "multiply past u64::MAX",
+        ),
+        (
+            json!({"fields": {"z": {"decrement": u64::MAX}}}),
+            "below i64::MIN",
+        ),
         (json!({"fields": {"z": {"divide": 0}}}), "divide by zero"),
     ] {
         let r = send_json(&cluster, "PUT", doc, &update);
         assert_status(&r, 400, what);
     }
     let r = send(&cluster, "GET", doc, None);
-    assert_eq!(r.json()["fields"]["z"], json!(5), "refused updates changed nothing");
+    assert_eq!(
+        r.json()["fields"]["z"],
+        json!(5),
+        "refused updates changed nothing"
+    );
 }

@@ -209,7 +209,10 @@ mod tests {
         };
         let mut two = gz(b"{\"fields\":");
         two.extend(gz(b"{}}"));
-        assert_eq!(gunzip(&two, 100, &mut budget()).unwrap(), b"{\"fields\":{}}");
+        assert_eq!(
+            gunzip(&two, 100, &mut budget()).unwrap(),
+            b"{\"fields\":{}}"
+        );
         let bomb = gz(&vec![0u8; 8 << 20]);
         let err = gunzip(&bomb, 1 << 20, &mut budget()).unwrap_err();
         assert_eq!(err.status(), 413);

@@ -329,9 +329,9 @@ impl Operand {
         match self {
             Operand::Literal(v) => Cow::Borrowed(v),
             Operand::Id => Cow::Owned(Value::String(subject.id.to_owned())),
-            Operand::DocType(t) => {
-                Cow::Owned(Value::Bool(subject.fields.is_some() && t == subject.doctype))
-            }
+            Operand::DocType(t) => Cow::Owned(Value::Bool(
+                subject.fields.is_some() && t == subject.doctype,
+            )),
             Operand::Field { doctype, field } if doctype == subject.doctype => {
                 match subject.fields.and_then(|f| f.get(field)) {
                     Some(value) => Cow::Borrowed(value),
@@ -459,9 +459,7 @@ mod tests {
             _ => 0,
         };
         match condition {
-            Condition::Or(all) | Condition::And(all) => {
-                all.iter().map(depth).max().unwrap_or(0)
-            }
+            Condition::Or(all) | Condition::And(all) => all.iter().map(depth).max().unwrap_or(0),
             Condition::Not(inner) => 1 + depth(inner),
             Condition::Compare(a, _, b) => operand(a).max(operand(b)),
             Condition::Glob(a, _) | Condition::Truthy(a) => operand(a),
@@ -492,7 +490,14 @@ mod tests {
         // The longest condition accepted, of the worst shapes: parsing must not take longer than
         // a small multiple of a condition a sixteenth its size (a generous linearity check).
         use super::super::bounds::MAX_CONDITION_BYTES;
-        for unit in ["(", "not ", "music.x and ", "'a*' = 'b?' or ", r#""\\"#, "-1 "] {
+        for unit in [
+            "(",
+            "not ",
+            "music.x and ",
+            "'a*' = 'b?' or ",
+            r#""\\"#,
+            "-1 ",
+        ] {
             // The fastest of a few runs: other tests share the cores.
             let timed = |bytes: usize| {
                 let text = unit.repeat(bytes / unit.len());

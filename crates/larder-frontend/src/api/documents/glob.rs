@@ -42,7 +42,10 @@ impl Glob {
     }
 
     pub fn matches(&self, text: &str) -> bool {
-        let (first, rest) = self.segments.split_first().expect("split yields one segment");
+        let (first, rest) = self
+            .segments
+            .split_first()
+            .expect("split yields one segment");
         let Some((last, middle)) = rest.split_last() else {
             return first.matches_exactly(text);
         };

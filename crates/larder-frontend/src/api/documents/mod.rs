@@ -48,7 +48,14 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
     // reaches clients that are still sending: an unread HTTP/2 body ends in a reset stream.
     let max = state.config.documents.max_document_size.as_u64();
     let stall = state.config.limits.body_read_timeout;
-    let body = body::read(incoming, &parts.headers, max, stall, reservation(state, &parts)).await;
+    let body = body::read(
+        incoming,
+        &parts.headers,
+        max,
+        stall,
+        reservation(state, &parts),
+    )
+    .await;
     let doc = match path::parse(&path_id) {
         Ok(Target::Document(doc)) => doc,
         Ok(Target::Collection) => {
@@ -68,9 +75,16 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
 /// A reservation against this request's connection budget (put there by the connection) and
 /// the process's.
 fn reservation(state: &AppState, parts: &http::request::Parts) -> Reservation {
-    let connection = parts.extensions.get::<BodyBudget>().cloned().unwrap_or_else(|| {
-        BodyBudget::new(state.config.limits.buffered_bodies_per_connection, "connection")
-    });
+    let connection = parts
+        .extensions
+        .get::<BodyBudget>()
+        .cloned()
+        .unwrap_or_else(|| {
+            BodyBudget::new(
+                state.config.limits.buffered_bodies_per_connection,
+                "connection",
+            )
+        });
     Reservation::new(connection, state.body_budget.clone())
 }
 

@@ -139,7 +139,9 @@ fn integer_arithmetic(op: &str, x: i128, y: i128) -> Result<Value, String> {
     if let Ok(signed) = i64::try_from(result) {
         return Ok(Value::from(signed));
     }
-    u64::try_from(result).map(Value::from).map_err(|_| overflow())
+    u64::try_from(result)
+        .map(Value::from)
+        .map_err(|_| overflow())
 }
 
 fn float_arithmetic(op: &str, x: f64, y: f64) -> Result<Value, String> {
@@ -214,7 +216,10 @@ mod tests {
             json!({"u": 0}),
         );
         let mut fields = json!({"u": max}).as_object().unwrap().clone();
-        let err = apply(&mut fields, json!({"u": {"increment": 1}}).as_object().unwrap());
+        let err = apply(
+            &mut fields,
+            json!({"u": {"increment": 1}}).as_object().unwrap(),
+        );
         assert!(err.unwrap_err().contains("overflow"));
         assert_eq!(fields["u"], json!(max), "unchanged");
     }
@@ -249,7 +254,14 @@ mod tests {
 
     fn op() -> impl proptest::strategy::Strategy<Value = &'static str> {
         proptest::sample::select(vec![
-            "assign", "add", "remove", "increment", "decrement", "multiply", "divide", "x",
+            "assign",
+            "add",
+            "remove",
+            "increment",
+            "decrement",
+            "multiply",
+            "divide",
+            "x",
         ])
     }
 
