@@ -40,8 +40,10 @@ fn apply_one(fields: &mut Fields, name: &str, op: &str, operand: &Value) -> Resu
         "add" => add(fields, name, operand)?,
         "remove" => remove(fields, name, operand)?,
         "increment" | "decrement" | "multiply" | "divide" => {
-            let current = fields.get(name).cloned().unwrap_or(Value::from(0));
-            let value = arithmetic(op, &current, operand)
+            // Borrowed, not cloned: the field may be a large text that is about to be refused.
+            let zero = Value::from(0);
+            let current = fields.get(name).unwrap_or(&zero);
+            let value = arithmetic(op, current, operand)
                 .map_err(|e| format!("{op} of field {name:?}: {e}"))?;
             fields.insert(name.to_owned(), value);
         }
