@@ -87,6 +87,7 @@ pub async fn serve(
         body_budget,
         documents: larder_router::DocRouter::new(router.clone()),
         document_locks: Default::default(),
+        document_work: Default::default(),
         router,
         metrics,
     });

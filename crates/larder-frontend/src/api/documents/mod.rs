@@ -16,6 +16,7 @@ mod params;
 mod path;
 mod reply;
 mod update;
+mod work;
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 
 pub use config::DocumentsConfig;
 pub use locks::DocLocks;
+pub use work::DocWork;
 
 use crate::body::Body;
 use crate::body_budget::{BodyBudget, Reservation};
@@ -88,17 +90,6 @@ fn reservation(state: &AppState, parts: &http::request::Parts) -> Reservation {
     Reservation::new(connection, state.body_budget.clone())
 }
 
-/// Runs CPU-heavy work on a document (parsing, matching, updating, encoding up to
-/// `max_document_size`, tens of milliseconds for 10 MiB) on the blocking pool, so the async
-/// workers keep serving other requests meanwhile.
-async fn off_worker<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, Failure> + Send + 'static,
-) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| Failure::Internal(format!("document work failed: {e}")))?
-}
-
 async fn serve(
     state: &Arc<AppState>,
     path_id: &str,
@@ -157,6 +148,14 @@ struct Operation<'a> {
 }
 
 impl Operation<'_> {
+    /// Runs a CPU-heavy step (see `work`) off the async workers.
+    async fn off_worker<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        self.state.document_work.run(work).await
+    }
+
     /// The condition of the query string, or else the body's: parsed within `bounds`' limits.
     fn condition(&self, from_body: Option<&str>) -> Result<Option<Arc<Condition>>, Failure> {
         let text = self.params.condition.as_deref().or(from_body);
@@ -184,16 +183,17 @@ impl Operation<'_> {
             self.doc.id.clone(),
             self.doc.doctype.clone(),
         );
-        let holds = off_worker(move || {
-            let fields = json.as_deref().map(parse_fields).transpose()?;
-            let subject = Subject {
-                id: &id,
-                doctype: &doctype,
-                fields: fields.as_ref(),
-            };
-            Ok(condition.matches(&subject))
-        })
-        .await?;
+        let holds = self
+            .off_worker(move || {
+                let fields = json.as_deref().map(parse_fields).transpose()?;
+                let subject = Subject {
+                    id: &id,
+                    doctype: &doctype,
+                    fields: fields.as_ref(),
+                };
+                Ok(condition.matches(&subject))
+            })
+            .await?;
         if !holds {
             return Err(Failure::ConditionNotMet(
                 "condition not met for the document's current state".into(),
@@ -230,7 +230,7 @@ impl Operation<'_> {
             // The feed client's handshake is a dry-run put without a body: it must answer 200.
             return Ok(reply::ok(path_id, &self.doc.id, None));
         }
-        let parsed = off_worker(move || body::put(&body)).await?;
+        let parsed = self.off_worker(move || body::put(&body)).await?;
         let condition = self.condition(parsed.condition.as_deref())?;
         // A conditional put is a read-check-write: no other one may write in between.
         let _serialised = self.serialise_if(condition.is_some()).await;
@@ -253,7 +253,7 @@ impl Operation<'_> {
     }
 
     async fn update(&self, path_id: &str, body: Bytes) -> Result<Response<Body>, Failure> {
-        let parsed = off_worker(move || body::update(&body)).await?;
+        let parsed = self.off_worker(move || body::update(&body)).await?;
         let create = self.params.create || parsed.create;
         let updates = Arc::new(parsed.fields);
         let condition = self.condition(parsed.condition.as_deref())?;
@@ -276,11 +276,12 @@ impl Operation<'_> {
                     return Ok(reply::ok(path_id, &self.doc.id, Some(message)));
                 }
             };
-            let json = off_worker({
-                let updates = updates.clone();
-                move || updated(stored.as_deref(), &updates)
-            })
-            .await?;
+            let json = self
+                .off_worker({
+                    let updates = updates.clone();
+                    move || updated(stored.as_deref(), &updates)
+                })
+                .await?;
             let version = docs.next_version(current.version());
             // A concurrent newer write means our read was stale: read and apply again.
             if docs.put(&self.doc.id, version, json, self.deadline).await? == Written::Applied {
