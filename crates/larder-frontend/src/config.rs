@@ -122,6 +122,15 @@ pub struct Limits {
     /// Streams the server may reset because of the client's protocol errors, per connection,
     /// before it is sent GOAWAY (RUSTSEC-2024-0003). hyper's default.
     pub max_local_error_reset_streams: usize,
+    /// Request bodies one connection may hold buffered in memory at once, summed over its
+    /// streams (document bodies are read whole, up to `documents.max_document_size` each, gzip
+    /// bodies twice: compressed and decoded). A request that would pass it gets 429 with
+    /// `Retry-After`. 64 MiB: a feed client's 128 streams of typical documents, while one
+    /// connection can no longer pin gigabytes.
+    pub buffered_bodies_per_connection: ByteSize,
+    /// The same budget for all connections together: what request bodies may make the frontend
+    /// buffer in total.
+    pub buffered_bodies_per_process: ByteSize,
 }
 
 impl Limits {
@@ -171,6 +180,8 @@ impl Default for Limits {
             max_connections_per_ip: 1024,
             max_pending_accept_reset_streams: 20,
             max_local_error_reset_streams: 1024,
+            buffered_bodies_per_connection: ByteSize::mib(64),
+            buffered_bodies_per_process: ByteSize::mib(512),
         }
     }
 }
@@ -180,7 +191,32 @@ impl FrontendConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.pool.validate()?;
         self.limits.validate()?;
+        self.validate_body_budgets()?;
         self.chunking.validate(self.max_blob_size.as_u64())
+    }
+
+    /// Each budget must fit the largest document twice (a gzip body is held compressed while it
+    /// is decoded), or such documents could never be accepted.
+    fn validate_body_budgets(&self) -> Result<(), String> {
+        let needed = self.documents.max_document_size.as_u64().saturating_mul(2);
+        let limits = &self.limits;
+        for (name, budget) in [
+            (
+                "buffered_bodies_per_connection",
+                limits.buffered_bodies_per_connection,
+            ),
+            (
+                "buffered_bodies_per_process",
+                limits.buffered_bodies_per_process,
+            ),
+        ] {
+            if budget.as_u64() < needed {
+                return Err(format!(
+                    "limits.{name} must be at least twice documents.max_document_size"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A config with every default, for `larder config defaults`.

@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::activity::{Activity, Tracked};
+use crate::body_budget::BodyBudget;
 use crate::metrics::EdgeMetrics;
 use crate::per_ip::PerIpLimit;
 use crate::sniff::{sniff, Protocol};
@@ -164,7 +165,11 @@ impl Edge {
             Protocol::H2 => &self.h2,
         };
         let state = self.state.clone();
-        let service = service_fn(move |req| {
+        // Request bodies this connection buffers, summed over its streams (see `body_budget`).
+        let limit = state.config.limits.buffered_bodies_per_connection;
+        let budget = BodyBudget::new(limit, "connection");
+        let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(budget.clone());
             let state = state.clone();
             async move { Ok::<_, Infallible>(api::handle(state, req).await) }
         });

@@ -5,6 +5,7 @@
 mod activity;
 mod api;
 mod body;
+mod body_budget;
 mod config;
 mod connection;
 mod error;
@@ -14,5 +15,8 @@ mod server;
 mod sniff;
 mod state;
 
+/// Entry points for fuzzers (`fuzz/`): not part of the stable API.
+#[doc(hidden)]
+pub use api::fuzzing;
 pub use config::{DocumentsConfig, FrontendConfig, Limits, PublicTls};
 pub use server::{serve, Listeners, ShutdownSignal, Signals};

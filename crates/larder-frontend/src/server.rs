@@ -15,6 +15,7 @@ use larder_tls::Reloading;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use crate::body_budget::BodyBudget;
 use crate::connection::{Edge, Port};
 use crate::metrics::Metrics;
 use crate::state::AppState;
@@ -80,10 +81,13 @@ pub async fn serve(
     let grace = config.shutdown_grace;
     let metrics = Metrics::new(router.metrics());
     config.documents.validate()?;
+    let body_budget = BodyBudget::new(config.limits.buffered_bodies_per_process, "process");
     let state = Arc::new(AppState {
         config,
+        body_budget,
         documents: larder_router::DocRouter::new(router.clone()),
         document_locks: Default::default(),
+        document_work: Default::default(),
         router,
         metrics,
     });

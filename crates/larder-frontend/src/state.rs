@@ -12,5 +12,9 @@ pub struct AppState {
     pub documents: DocRouter,
     /// Updates and conditional writes of one document run one at a time.
     pub document_locks: crate::api::DocLocks,
+    /// Bounds the document parsing and updating that runs on the blocking pool.
+    pub document_work: crate::api::DocWork,
     pub metrics: Metrics,
+    /// All buffered request bodies of this process (`limits.buffered_bodies_per_process`).
+    pub body_budget: crate::body_budget::BodyBudget,
 }

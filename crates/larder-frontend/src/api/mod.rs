@@ -102,4 +102,4 @@ fn not_allowed(method: &Method, allow: &'static str) -> ApiError {
     }
 }
 
-pub use documents::{DocLocks, DocumentsConfig};
+pub use documents::{fuzzing, DocLocks, DocWork, DocumentsConfig};

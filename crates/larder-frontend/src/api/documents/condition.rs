@@ -17,18 +17,33 @@
 //! are case-insensitive. Numbers compare as numbers, text as text; comparisons of different kinds
 //! are false (except `!=`). Anything else (arithmetic, functions, field paths into structs) is a
 //! 400, never a guess.
+//!
+//! Bounded (see `bounds`): a condition is at most `MAX_CONDITION_BYTES` long and nests
+//! parentheses and `not` at most `MAX_NESTING` deep; `and`/`or` chains are flat lists, not
+//! left-deep trees. So the parsed tree is at most `MAX_NESTING` levels deep, and the recursive
+//! descent, the recursive evaluation (`matches`) and the recursive drop of the tree are all
+//! bounded by it. The right-hand side of `=` must be a text literal: it is compiled once here
+//! (`glob`), and matching is linear in the text.
+
+use std::borrow::Cow;
 
 use serde_json::Value;
 
+use super::bounds::{Depth, MAX_CONDITION_BYTES};
+use super::glob::Glob;
 use super::update::Fields;
 
 /// A parsed condition.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Condition {
-    Or(Box<Condition>, Box<Condition>),
-    And(Box<Condition>, Box<Condition>),
+    /// True when any holds (two or more).
+    Or(Vec<Condition>),
+    /// True when all hold (two or more).
+    And(Vec<Condition>),
     Not(Box<Condition>),
     Compare(Operand, Cmp, Operand),
+    /// `operand = 'pattern'`: true when the operand is text the pattern matches.
+    Glob(Operand, Glob),
     Truthy(Operand),
 }
 
@@ -49,7 +64,6 @@ pub enum Cmp {
     Le,
     Gt,
     Ge,
-    Glob,
 }
 
 /// What a condition is evaluated against: the document if it exists.
@@ -60,8 +74,17 @@ pub struct Subject<'a> {
 }
 
 pub fn parse(text: &str) -> Result<Condition, String> {
+    if text.len() > MAX_CONDITION_BYTES {
+        return Err(format!(
+            "condition is longer than {MAX_CONDITION_BYTES} bytes"
+        ));
+    }
     let tokens = tokenize(text)?;
-    let mut parser = Parser { tokens, pos: 0 };
+    let mut parser = Parser {
+        tokens,
+        pos: 0,
+        depth: Depth::default(),
+    };
     let condition = parser.or()?;
     match parser.peek() {
         None => Ok(condition),
@@ -154,6 +177,8 @@ fn quoted(chars: &[char], start: usize) -> Result<(String, usize), String> {
 struct Parser {
     tokens: Vec<Token>,
     pos: usize,
+    /// Levels of `(` and `not` open: the only ways the recursion goes deeper.
+    depth: Depth,
 }
 
 impl Parser {
@@ -170,24 +195,27 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Condition, String> {
-        let mut left = self.and()?;
+        let mut all = vec![self.and()?];
         while self.keyword("or") {
-            left = Condition::Or(Box::new(left), Box::new(self.and()?));
+            all.push(self.and()?);
         }
-        Ok(left)
+        Ok(flatten(all, Condition::Or))
     }
 
     fn and(&mut self) -> Result<Condition, String> {
-        let mut left = self.not()?;
+        let mut all = vec![self.not()?];
         while self.keyword("and") {
-            left = Condition::And(Box::new(left), Box::new(self.not()?));
+            all.push(self.not()?);
         }
-        Ok(left)
+        Ok(flatten(all, Condition::And))
     }
 
     fn not(&mut self) -> Result<Condition, String> {
         if self.keyword("not") {
-            return Ok(Condition::Not(Box::new(self.not()?)));
+            self.depth.enter("condition")?;
+            let inner = self.not()?;
+            self.depth.leave();
+            return Ok(Condition::Not(Box::new(inner)));
         }
         let left = self.operand()?;
         let cmp = match self.peek() {
@@ -198,12 +226,25 @@ impl Parser {
                 "<=" => Cmp::Le,
                 ">" => Cmp::Gt,
                 ">=" => Cmp::Ge,
-                _ => Cmp::Glob,
+                _ => return self.glob(left),
             },
             _ => return Ok(Condition::Truthy(left)),
         };
         self.pos += 1;
         Ok(Condition::Compare(left, cmp, self.operand()?))
+    }
+
+    /// `left = 'pattern'`: the pattern must be a text literal, compiled here once.
+    fn glob(&mut self, left: Operand) -> Result<Condition, String> {
+        self.pos += 1;
+        match self.tokens.get(self.pos) {
+            Some(Token::Text(pattern)) => {
+                let glob = Glob::compile(pattern)?;
+                self.pos += 1;
+                Ok(Condition::Glob(left, glob))
+            }
+            _ => Err("the right-hand side of '=' must be a quoted glob pattern".into()),
+        }
     }
 
     fn operand(&mut self) -> Result<Operand, String> {
@@ -215,10 +256,12 @@ impl Parser {
         self.pos += 1;
         Ok(match token {
             Token::Open => {
+                self.depth.enter("condition")?;
                 let inner = self.or()?;
                 if self.peek() != Some(&Token::Close) {
                     return Err("missing ')' in condition".into());
                 }
+                self.depth.leave();
                 self.pos += 1;
                 Operand::Group(Box::new(inner))
             }
@@ -227,6 +270,14 @@ impl Parser {
             Token::Word(w) => word_operand(&w)?,
             other => return Err(format!("unexpected {other:?} in condition")),
         })
+    }
+}
+
+/// One condition stays itself; two or more become one flat `and`/`or`.
+fn flatten(mut all: Vec<Condition>, combine: fn(Vec<Condition>) -> Condition) -> Condition {
+    match all.len() {
+        1 => all.pop().expect("one condition"),
+        _ => combine(all),
     }
 }
 
@@ -255,31 +306,40 @@ fn word_operand(word: &str) -> Result<Operand, String> {
 }
 
 impl Condition {
-    /// Whether the condition holds for `subject`.
+    /// Whether the condition holds for `subject`. Recursive, and bounded: the tree is at most
+    /// `MAX_NESTING` levels deep (see the module's docs).
     pub fn matches(&self, subject: &Subject) -> bool {
         match self {
-            Condition::Or(a, b) => a.matches(subject) || b.matches(subject),
-            Condition::And(a, b) => a.matches(subject) && b.matches(subject),
+            Condition::Or(all) => all.iter().any(|c| c.matches(subject)),
+            Condition::And(all) => all.iter().all(|c| c.matches(subject)),
             Condition::Not(a) => !a.matches(subject),
             Condition::Truthy(operand) => truthy(&operand.value(subject)),
             Condition::Compare(a, cmp, b) => compare(&a.value(subject), *cmp, &b.value(subject)),
+            Condition::Glob(a, glob) => match a.value(subject).as_ref() {
+                Value::String(text) => glob.matches(text),
+                _ => false,
+            },
         }
     }
 }
 
 impl Operand {
-    fn value(&self, subject: &Subject) -> Value {
+    /// The operand's value; a field is borrowed, not copied (it may be megabytes of text).
+    fn value<'a>(&'a self, subject: &'a Subject) -> Cow<'a, Value> {
         match self {
-            Operand::Literal(v) => v.clone(),
-            Operand::Id => Value::String(subject.id.to_owned()),
-            Operand::DocType(t) => Value::Bool(subject.fields.is_some() && t == subject.doctype),
-            Operand::Field { doctype, field } if doctype == subject.doctype => subject
-                .fields
-                .and_then(|f| f.get(field))
-                .cloned()
-                .unwrap_or(Value::Null),
-            Operand::Field { .. } => Value::Null,
-            Operand::Group(inner) => Value::Bool(inner.matches(subject)),
+            Operand::Literal(v) => Cow::Borrowed(v),
+            Operand::Id => Cow::Owned(Value::String(subject.id.to_owned())),
+            Operand::DocType(t) => Cow::Owned(Value::Bool(
+                subject.fields.is_some() && t == subject.doctype,
+            )),
+            Operand::Field { doctype, field } if doctype == subject.doctype => {
+                match subject.fields.and_then(|f| f.get(field)) {
+                    Some(value) => Cow::Borrowed(value),
+                    None => Cow::Owned(Value::Null),
+                }
+            }
+            Operand::Field { .. } => Cow::Owned(Value::Null),
+            Operand::Group(inner) => Cow::Owned(Value::Bool(inner.matches(subject))),
         }
     }
 }
@@ -307,34 +367,7 @@ fn compare(a: &Value, cmp: Cmp, b: &Value) -> bool {
         Cmp::Le => matches!(order, Some(Ordering::Less | Ordering::Equal)),
         Cmp::Gt => order == Some(Ordering::Greater),
         Cmp::Ge => matches!(order, Some(Ordering::Greater | Ordering::Equal)),
-        Cmp::Glob => match (a, b) {
-            (Value::String(text), Value::String(pattern)) => glob(pattern, text),
-            _ => order == Some(Ordering::Equal),
-        },
     }
-}
-
-/// `*` matches any run of characters, `?` any one.
-fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
 }
 
 #[cfg(test)]
@@ -392,8 +425,96 @@ mod tests {
             "'unterminated",
             "music.year > 1 )",
             "now() > 1",
+            "music.title = music.other",
+            "music.title = 3",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn nesting_is_bounded_and_long_chains_stay_flat() {
+        use super::super::bounds::MAX_NESTING;
+        let nested = |n: usize| format!("{}music.x{}", "(".repeat(n), ")".repeat(n));
+        assert!(parse(&nested(MAX_NESTING)).is_ok());
+        let err = parse(&nested(MAX_NESTING + 1)).unwrap_err();
+        assert!(err.contains("nests deeper"), "{err}");
+        assert!(parse(&nested(100_000)).is_err());
+        assert!(parse(&format!("{}music", "not ".repeat(MAX_NESTING))).is_ok());
+        assert!(parse(&format!("{}music", "not ".repeat(MAX_NESTING + 1))).is_err());
+        assert!(parse(&format!("{}music", "not ".repeat(100_000))).is_err());
+        // 1,000 `and`s: one flat list, evaluated and dropped without deep recursion.
+        let chain = vec!["music.x"; 1_000].join(" and ");
+        match parse(&chain).unwrap() {
+            Condition::And(all) => assert_eq!(all.len(), 1_000),
+            other => panic!("not flat: {other:?}"),
+        }
+        assert!(parse(&"music.x or ".repeat(2_000)).is_err(), "too long");
+    }
+
+    /// How deep a parsed condition nests: what bounds evaluation's and drop's recursion.
+    fn depth(condition: &Condition) -> usize {
+        let operand = |o: &Operand| match o {
+            Operand::Group(inner) => 1 + depth(inner),
+            _ => 0,
+        };
+        match condition {
+            Condition::Or(all) | Condition::And(all) => all.iter().map(depth).max().unwrap_or(0),
+            Condition::Not(inner) => 1 + depth(inner),
+            Condition::Compare(a, _, b) => operand(a).max(operand(b)),
+            Condition::Glob(a, _) | Condition::Truthy(a) => operand(a),
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_never_nests_past_the_limit(
+            text in "([()]|not |and |or |music\\.x|music| == | = |'a\\*'|1| ){0,400}"
+        ) {
+            if let Ok(condition) = parse(&text) {
+                proptest::prop_assert!(depth(&condition) <= super::super::bounds::MAX_NESTING);
+                let fields = json!({"x": "abc"}).as_object().unwrap().clone();
+                let subject = Subject { id: "id:ns:music::1", doctype: "music", fields: Some(&fields) };
+                let _ = condition.matches(&subject);
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            let _ = parse(&text);
+        }
+    }
+
+    #[test]
+    fn parsing_time_grows_linearly() {
+        // The longest condition accepted, of the worst shapes: parsing must not take longer than
+        // a small multiple of a condition a sixteenth its size (a generous linearity check).
+        use super::super::bounds::MAX_CONDITION_BYTES;
+        for unit in [
+            "(",
+            "not ",
+            "music.x and ",
+            "'a*' = 'b?' or ",
+            r#""\\"#,
+            "-1 ",
+        ] {
+            // The fastest of a few runs: other tests share the cores.
+            let timed = |bytes: usize| {
+                let text = unit.repeat(bytes / unit.len());
+                (0..5)
+                    .map(|_| {
+                        let started = std::time::Instant::now();
+                        let _ = parse(&text);
+                        started.elapsed()
+                    })
+                    .min()
+                    .expect("five runs")
+            };
+            let (small, large) = (timed(MAX_CONDITION_BYTES / 16), timed(MAX_CONDITION_BYTES));
+            assert!(
+                large < small * 64 + std::time::Duration::from_millis(100),
+                "{unit:?}: {small:?} then {large:?}"
+            );
         }
     }
 }

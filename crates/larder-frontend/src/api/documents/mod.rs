@@ -5,13 +5,18 @@
 //! router's hybrid logical clock; replicas keep the newest (see `larder_router::DocRouter`).
 
 mod body;
+mod bounds;
 mod condition;
 mod config;
+#[doc(hidden)]
+pub mod fuzzing;
+mod glob;
 mod locks;
 mod params;
 mod path;
 mod reply;
 mod update;
+mod work;
 
 use std::sync::Arc;
 
@@ -24,8 +29,10 @@ use tokio::time::Instant;
 
 pub use config::DocumentsConfig;
 pub use locks::DocLocks;
+pub use work::DocWork;
 
 use crate::body::Body;
+use crate::body_budget::{BodyBudget, Reservation};
 use crate::state::AppState;
 use condition::{Condition, Subject};
 use params::Params;
@@ -43,7 +50,14 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
     // reaches clients that are still sending: an unread HTTP/2 body ends in a reset stream.
     let max = state.config.documents.max_document_size.as_u64();
     let stall = state.config.limits.body_read_timeout;
-    let body = body::read(incoming, &parts.headers, max, stall).await;
+    let body = body::read(
+        incoming,
+        &parts.headers,
+        max,
+        stall,
+        reservation(state, &parts),
+    )
+    .await;
     let doc = match path::parse(&path_id) {
         Ok(Target::Document(doc)) => doc,
         Ok(Target::Collection) => {
@@ -53,10 +67,27 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
         Err(message) => return reply::failure(&path_id, None, Failure::BadRequest(message)),
     };
     let result = match body {
-        Ok(body) => serve(state, &path_id, &doc, &parts, body).await,
+        // The reservation is held until the answer is built: the body lives that long.
+        Ok((body, _reservation)) => serve(state, &path_id, &doc, &parts, body).await,
         Err(failure) => Err(failure),
     };
     result.unwrap_or_else(|failure| reply::failure(&path_id, Some(&doc.id), failure))
+}
+
+/// A reservation against this request's connection budget (put there by the connection) and
+/// the process's.
+fn reservation(state: &AppState, parts: &http::request::Parts) -> Reservation {
+    let connection = parts
+        .extensions
+        .get::<BodyBudget>()
+        .cloned()
+        .unwrap_or_else(|| {
+            BodyBudget::new(
+                state.config.limits.buffered_bodies_per_connection,
+                "connection",
+            )
+        });
+    Reservation::new(connection, state.body_budget.clone())
 }
 
 async fn serve(
@@ -117,29 +148,53 @@ struct Operation<'a> {
 }
 
 impl Operation<'_> {
-    fn condition(&self, from_body: Option<&str>) -> Result<Option<Condition>, Failure> {
+    /// Runs a CPU-heavy step (see `work`) off the async workers.
+    async fn off_worker<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        self.state.document_work.run(work).await
+    }
+
+    /// The condition of the query string, or else the body's: parsed within `bounds`' limits.
+    fn condition(&self, from_body: Option<&str>) -> Result<Option<Arc<Condition>>, Failure> {
         let text = self.params.condition.as_deref().or(from_body);
         text.map(|t| {
-            condition::parse(t).map_err(|e| Failure::BadRequest(format!("bad condition: {e}")))
+            condition::parse(t)
+                .map(Arc::new)
+                .map_err(|e| Failure::BadRequest(format!("bad condition: {e}")))
         })
         .transpose()
     }
 
     /// Reads the document and fails with 412 unless `condition` holds for it.
-    async fn check(&self, condition: &Condition) -> Result<DocState, Failure> {
+    async fn check(&self, condition: &Arc<Condition>) -> Result<DocState, Failure> {
         let current = self.read().await?;
-        let fields = match &current {
-            DocState::Found { json, .. } => Some(parse_fields(json)?),
+        let json = match &current {
+            DocState::Found { json, .. } => Some(json.clone()),
             _ => None,
         };
-        let subject = Subject {
-            id: &self.doc.id,
-            doctype: &self.doc.doctype,
-            fields: fields.as_ref(),
-        };
         // A conditional write with create=true goes ahead when the document does not exist.
-        let absent_and_create = fields.is_none() && self.params.create;
-        if !absent_and_create && !condition.matches(&subject) {
+        if json.is_none() && self.params.create {
+            return Ok(current);
+        }
+        let (condition, id, doctype) = (
+            condition.clone(),
+            self.doc.id.clone(),
+            self.doc.doctype.clone(),
+        );
+        let holds = self
+            .off_worker(move || {
+                let fields = json.as_deref().map(parse_fields).transpose()?;
+                let subject = Subject {
+                    id: &id,
+                    doctype: &doctype,
+                    fields: fields.as_ref(),
+                };
+                Ok(condition.matches(&subject))
+            })
+            .await?;
+        if !holds {
             return Err(Failure::ConditionNotMet(
                 "condition not met for the document's current state".into(),
             ));
@@ -175,7 +230,7 @@ impl Operation<'_> {
             // The feed client's handshake is a dry-run put without a body: it must answer 200.
             return Ok(reply::ok(path_id, &self.doc.id, None));
         }
-        let parsed = body::put(&body)?;
+        let parsed = self.off_worker(move || body::put(&body)).await?;
         let condition = self.condition(parsed.condition.as_deref())?;
         // A conditional put is a read-check-write: no other one may write in between.
         let _serialised = self.serialise_if(condition.is_some()).await;
@@ -198,8 +253,9 @@ impl Operation<'_> {
     }
 
     async fn update(&self, path_id: &str, body: Bytes) -> Result<Response<Body>, Failure> {
-        let parsed = body::update(&body)?;
+        let parsed = self.off_worker(move || body::update(&body)).await?;
         let create = self.params.create || parsed.create;
+        let updates = Arc::new(parsed.fields);
         let condition = self.condition(parsed.condition.as_deref())?;
         if self.params.dry_run {
             return Ok(reply::ok(path_id, &self.doc.id, None));
@@ -211,17 +267,21 @@ impl Operation<'_> {
                 Some(condition) => self.check(condition).await?,
                 None => self.read().await?,
             };
-            let mut fields = match &current {
-                DocState::Found { json, .. } => parse_fields(json)?,
-                _ if create => Fields::new(),
+            let stored = match &current {
+                DocState::Found { json, .. } => Some(json.clone()),
+                _ if create => None,
                 // Vespa answers 200 to an update of a document that does not exist.
                 _ => {
                     let message = "document does not exist; update ignored (use create=true)";
                     return Ok(reply::ok(path_id, &self.doc.id, Some(message)));
                 }
             };
-            update::apply(&mut fields, &parsed.fields).map_err(Failure::BadRequest)?;
-            let json = Bytes::from(serde_json::to_vec(&fields).expect("JSON values serialise"));
+            let json = self
+                .off_worker({
+                    let updates = updates.clone();
+                    move || updated(stored.as_deref(), &updates)
+                })
+                .await?;
             let version = docs.next_version(current.version());
             // A concurrent newer write means our read was stale: read and apply again.
             if docs.put(&self.doc.id, version, json, self.deadline).await? == Written::Applied {
@@ -254,6 +314,17 @@ impl Operation<'_> {
         }
         Ok(reply::ok(path_id, &self.doc.id, None))
     }
+}
+
+/// The stored document (or an empty one) with `updates` applied, encoded; refused if the result
+/// would nest deeper than documents may (see `bounds`).
+fn updated(stored: Option<&[u8]>, updates: &Fields) -> Result<Bytes, Failure> {
+    let mut fields = stored.map(parse_fields).transpose()?.unwrap_or_default();
+    update::apply(&mut fields, updates).map_err(Failure::BadRequest)?;
+    let json = serde_json::to_vec(&fields).expect("JSON values serialise");
+    bounds::check_nesting(&json, bounds::MAX_NESTING, "updated document")
+        .map_err(Failure::BadRequest)?;
+    Ok(Bytes::from(json))
 }
 
 fn parse_fields(json: &[u8]) -> Result<Fields, Failure> {
