@@ -340,6 +340,9 @@ mod tests {
         }
         let text = metrics.encode();
         assert!(!text.contains("ODD"));
-        assert!(text.contains(r#"method="other",status="404"} 500"#), "{text}");
+        assert!(
+            text.contains(r#"method="other",status="404"} 500"#),
+            "{text}"
+        );
     }
 }

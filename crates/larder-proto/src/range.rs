@@ -23,7 +23,9 @@ pub enum ByteRange {
 pub enum RangeError {
     /// Not one byte range (another unit, several ranges, malformed): RFC 9110 lets a server
     /// ignore the header and send the whole blob, which is what the public API does.
-    #[error("Range header ignored (only one range of bytes=a-b, bytes=a- or bytes=-n is honoured)")]
+    #[error(
+        "Range header ignored (only one range of bytes=a-b, bytes=a- or bytes=-n is honoured)"
+    )]
     Ignored,
     #[error("range not satisfiable for a blob of {size} bytes")]
     Unsatisfiable { size: u64 },
@@ -164,7 +166,11 @@ mod tests {
             "bytes=-1-2",
             "bytes=١-٢",
         ] {
-            assert_eq!(ByteRange::parse(ignored), Err(RangeError::Ignored), "{ignored}");
+            assert_eq!(
+                ByteRange::parse(ignored),
+                Err(RangeError::Ignored),
+                "{ignored}"
+            );
         }
     }
 

@@ -43,9 +43,7 @@ impl Hlc {
     pub fn next(&self, at_least: u64) -> Result<u64, VersionExhausted> {
         // A wall clock beyond what the version's 48 bits of milliseconds hold saturates: the
         // counter then carries the clock forward one version at a time.
-        let wall = wall_ms()
-            .checked_mul(1 << COUNTER_BITS)
-            .unwrap_or(u64::MAX);
+        let wall = wall_ms().saturating_mul(1 << COUNTER_BITS);
         let after = |seen: u64| seen.checked_add(1).ok_or(VersionExhausted { seen });
         let newer_than_seen = after(at_least)?;
         let mut last = self.last.load(Ordering::Relaxed);

@@ -185,14 +185,20 @@ async fn decode(
             Ok(GetAnswer::Missing(Missing::RangeNotSatisfiable { size }))
         }
         StatusCode::NOT_FOUND => Err(Undecoded::NotFound),
-        status if status.is_client_error() => {
-            Err(Undecoded::Refused(refusal_message(response, deadline).await))
-        }
+        status if status.is_client_error() => Err(Undecoded::Refused(
+            refusal_message(response, deadline).await,
+        )),
         status => Err(Undecoded::Failed(format!("status {status}"))),
     }
 }
 
 fn number(response: &Response<Incoming>, name: &str) -> Option<u64> {
-    response.headers().get(name)?.to_str().ok()?.trim().parse().ok()
+    response
+        .headers()
+        .get(name)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
-

@@ -88,7 +88,10 @@ pub enum Missing {
     /// Enough replicas say the blob does not exist that no quorum write can have stored it.
     NotFound,
     /// It was deleted or has expired, at `time_ms` (ms since the Unix epoch) when known.
-    Gone { reason: GoneReason, time_ms: Option<u64> },
+    Gone {
+        reason: GoneReason,
+        time_ms: Option<u64>,
+    },
     /// The requested range starts at or past the end of a blob of `size` bytes.
     RangeNotSatisfiable { size: u64 },
 }

@@ -82,10 +82,18 @@ fn ranges_follow_rfc_9110() {
     assert_eq!(r.body, &data[..4]);
     assert_eq!(r.header("content-range"), Some("bytes 0-3/100"));
     // A first position past the end, even past u64, is unsatisfiable: 416 with the size.
-    for unsatisfiable in ["bytes=100-", "bytes=99999999999999999999999-", "bytes=18446744073709551616-18446744073709551617"] {
+    for unsatisfiable in [
+        "bytes=100-",
+        "bytes=99999999999999999999999-",
+        "bytes=18446744073709551616-18446744073709551617",
+    ] {
         let r = get(unsatisfiable);
         assert_eq!(r.status, 416, "{unsatisfiable}: {}", text(&r));
-        assert_eq!(r.header("content-range"), Some("bytes */100"), "{unsatisfiable}");
+        assert_eq!(
+            r.header("content-range"),
+            Some("bytes */100"),
+            "{unsatisfiable}"
+        );
     }
     // A last position past u64 reaches the end.
     let r = get("bytes=98-99999999999999999999999");
@@ -97,7 +105,10 @@ fn ranges_follow_rfc_9110() {
 fn malformed_blob_ids_and_metadata_names_say_what_is_wrong() {
     let cluster = Cluster::start(3, 4);
     let dir = cluster.dir.path();
-    let r = curl(dir, &[H2, &cluster.url(&format!("/v1/blobs/{}", "A".repeat(37)))]);
+    let r = curl(
+        dir,
+        &[H2, &cluster.url(&format!("/v1/blobs/{}", "A".repeat(37)))],
+    );
     assert_eq!(r.status, 400);
     let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(
@@ -111,7 +122,14 @@ fn malformed_blob_ids_and_metadata_names_say_what_is_wrong() {
         let url = cluster.url("/v1/blobs");
         let r = curl(
             dir,
-            &[protocol, "--data-binary", &file, "-H", "x-larder-meta-: v", &url],
+            &[
+                protocol,
+                "--data-binary",
+                &file,
+                "-H",
+                "x-larder-meta-: v",
+                &url,
+            ],
         );
         assert_eq!(r.status, 400, "{protocol}: {}", text(&r));
         assert_eq!(r.error_code(), "BadHeader");
@@ -195,7 +213,12 @@ fn a_write_that_cannot_be_applied_is_never_200() {
         vec![H2, "-X", "DELETE", &url],
     ] {
         let r = curl(dir, &args);
-        assert!(r.status >= 500, "{args:?} answered {}: {}", r.status, text(&r));
+        assert!(
+            r.status >= 500,
+            "{args:?} answered {}: {}",
+            r.status,
+            text(&r)
+        );
         assert!(text(&r).contains("no room for a newer"), "{}", text(&r));
     }
     let r = curl(dir, &[H2, &url]);

@@ -238,7 +238,10 @@ pub(super) fn content_headers(
     partial: bool,
 ) {
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_LENGTH, (selected.end - selected.start).into());
+    headers.insert(
+        header::CONTENT_LENGTH,
+        (selected.end - selected.start).into(),
+    );
     if partial {
         let value = larder_proto::content_range(selected, size);
         headers.insert(
@@ -313,8 +316,17 @@ mod tests {
         };
         assert_eq!(MAX_TTL_SECONDS, 3_155_760_000);
         let max = MAX_TTL_SECONDS.to_string();
-        assert_eq!(ttl(&headers(&max)).unwrap(), Some(Duration::from_secs(MAX_TTL_SECONDS)));
-        for refused in ["0", "3155760001", "300000000000", "18446744073709551615", "-1"] {
+        assert_eq!(
+            ttl(&headers(&max)).unwrap(),
+            Some(Duration::from_secs(MAX_TTL_SECONDS))
+        );
+        for refused in [
+            "0",
+            "3155760001",
+            "300000000000",
+            "18446744073709551615",
+            "-1",
+        ] {
             assert!(ttl(&headers(refused)).is_err(), "{refused}");
         }
         assert!(expiry(u64::MAX, Duration::from_secs(1)).is_err());

@@ -1,8 +1,8 @@
 //! Operations endpoints: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
 
-use std::sync::Arc;
 use http::{header, HeaderValue, Response, StatusCode};
 use larder_router::NodeState;
+use std::sync::Arc;
 
 use crate::body::{full, Body};
 use crate::metrics::NodeLabels;
