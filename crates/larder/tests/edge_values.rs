@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{curl, file_with, Cluster, CurlResponse};
-use larder_cluster::partition_for_key;
+use larder_cluster::{partition_for_key, BlobId, BlobKind};
 
 const H2: &str = "--http2-prior-knowledge";
 
@@ -50,6 +50,52 @@ fn ttls_past_100_years_are_refused_and_stored_times_always_format() {
         assert_eq!(got.status, 200, "{method:?}");
         let expires = got.header("x-larder-expires").expect("an expiry date");
         assert!(expires.ends_with(" GMT"), "{expires}");
+    }
+}
+
+#[test]
+fn times_past_the_year_9999_from_a_storage_node_are_left_out() {
+    let cluster = Cluster::start(3, 4);
+    let dir = cluster.dir.path();
+    // A record whose creation and expiry lie past 9999 (as a peer or an older frontend could
+    // have written it), straight onto every replica.
+    let id = BlobId::mint(BlobKind::Simple, cluster.map.datacenters[0].id, 0);
+    let far = "300000000000000";
+    for i in 0..3 {
+        let url = format!(
+            "http://{}{}",
+            cluster.node_addr(i),
+            larder_proto::blob_path(0, &id.to_string())
+        );
+        let r = curl(
+            dir,
+            &[
+                H2,
+                "-X",
+                "PUT",
+                "-H",
+                &format!("{}: {far}", larder_proto::header::TIME_MS),
+                "-H",
+                &format!("{}: {far}", larder_proto::header::EXPIRES_MS),
+                "--data-binary",
+                "far",
+                &url,
+            ],
+        );
+        assert_eq!(r.status, 201, "planting on node {i}: {}", text(&r));
+    }
+    let url = cluster.url(&format!("/v1/blobs/{id}"));
+    for head in [false, true] {
+        let args = if head {
+            vec![H2, "-I", &url]
+        } else {
+            vec![H2, &url]
+        };
+        let r = curl(dir, &args);
+        assert_eq!(r.status, 200, "head {head}");
+        assert_eq!(r.header("x-larder-expires"), None);
+        assert_eq!(r.header("last-modified"), None);
+        assert_eq!(r.header("etag"), Some(format!("\"{id}\"").as_str()));
     }
 }
 
