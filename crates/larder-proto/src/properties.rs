@@ -41,24 +41,32 @@ impl BlobProperties {
     /// value against [`MAX_USER_META_BYTES`], and an empty name is refused: otherwise entries of
     /// `x-larder-meta-:` would cost nothing and escape the limit.
     pub fn from_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
+        let props = BlobProperties::from_stored_headers(headers)?;
+        if props.user_meta.iter().any(|(name, _)| name.is_empty()) {
+            return Err(PropertiesError::EmptyMetaName);
+        }
+        let total: usize = props.user_meta.iter().map(|(n, v)| n.len() + v.len()).sum();
+        if total > MAX_USER_META_BYTES {
+            return Err(PropertiesError::MetaTooLarge(total));
+        }
+        Ok(props)
+    }
+
+    /// Reads the properties of a record a storage node serves. The limits of `from_headers` were
+    /// applied when it was written and are not applied again, so that a record written under
+    /// older rules stays readable; the headers themselves are bounded by the HTTP/2 connection's
+    /// header-list limit.
+    pub fn from_stored_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
         let content_type = match headers.get(CONTENT_TYPE) {
             Some(v) => Some(text(CONTENT_TYPE.as_str(), v)?.to_owned()),
             None => None,
         };
         let mut user_meta = Vec::new();
-        let mut total = 0;
         for (name, value) in headers {
             if let Some(short) = name.as_str().strip_prefix(header::META_PREFIX) {
-                if short.is_empty() {
-                    return Err(PropertiesError::EmptyMetaName);
-                }
                 let value = text(name.as_str(), value)?;
-                total += short.len() + value.len();
                 user_meta.push((short.to_owned(), value.to_owned()));
             }
-        }
-        if total > MAX_USER_META_BYTES {
-            return Err(PropertiesError::MetaTooLarge(total));
         }
         Ok(BlobProperties {
             content_type,
@@ -186,6 +194,11 @@ mod tests {
                 let mut written = HeaderMap::new();
                 props.write_headers(&mut written);
                 prop_assert_eq!(BlobProperties::from_headers(&written), Ok(props));
+            }
+            if let Ok(props) = BlobProperties::from_stored_headers(&headers) {
+                let mut written = HeaderMap::new();
+                props.write_headers(&mut written);
+                prop_assert_eq!(BlobProperties::from_stored_headers(&written), Ok(props));
             }
         }
     }

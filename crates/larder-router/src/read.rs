@@ -149,7 +149,7 @@ async fn decode(
     match response.status() {
         StatusCode::OK | StatusCode::PARTIAL_CONTENT => {
             let size = size.ok_or_else(|| failed("no blob size"))?;
-            let properties = BlobProperties::from_headers(response.headers())
+            let properties = BlobProperties::from_stored_headers(response.headers())
                 .map_err(|e| Undecoded::Failed(format!("bad properties: {e}")))?;
             let partial = response.status() == StatusCode::PARTIAL_CONTENT;
             let selected = match (partial, range) {
