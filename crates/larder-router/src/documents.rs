@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::order::replicas_in;
-use crate::router::refusal_message;
+use crate::router::{refusal_message, refuses_the_request};
 use crate::{Hlc, Router};
 
 /// Why a document operation failed.
@@ -38,7 +38,7 @@ pub enum DocError {
     /// The document is larger than a replica accepts (413).
     #[error("{0}")]
     TooLarge(String),
-    /// A replica refused the request (a 4xx other than not-found, e.g. a key that is too long),
+    /// A replica refused the request itself (400, 413, 414 or 431, e.g. a key that is too long),
     /// with the replica's message. Asking again cannot help, so this stays a 4xx for the client.
     #[error("{0}")]
     Rejected(String),
@@ -341,7 +341,7 @@ fn version_header(response: &Response<Incoming>) -> Option<u64> {
 
 /// Why a replica's GET answer is not a state.
 enum ReadFailure {
-    /// The replica refused the request (4xx), with its message.
+    /// The replica refused the request itself (see `refuses_the_request`), with its message.
     Refused(String),
     /// Anything else that is not a definite answer: another replica may do better.
     Failed(String),
@@ -366,7 +366,7 @@ async fn read_state(answer: Answer, deadline: Instant) -> Result<DocState, ReadF
             version: version_header(&response).ok_or(failed("tombstone without a version"))?,
         }),
         StatusCode::NOT_FOUND => Ok(DocState::NotFound),
-        status if status.is_client_error() => Err(ReadFailure::Refused(
+        status if refuses_the_request(status) => Err(ReadFailure::Refused(
             refusal_message(response, deadline).await,
         )),
         other => Err(ReadFailure::Failed(format!("status {other}"))),

@@ -15,7 +15,7 @@ use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
 use crate::order::{read_order, replicas_in};
-use crate::router::{refusal_message, ReplicaResult};
+use crate::router::{refusal_message, refuses_the_request, ReplicaResult};
 use crate::{FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
 
 type Attempt<'a> = Pin<Box<dyn Future<Output = (String, bool, ReplicaResult)> + Send + 'a>>;
@@ -133,7 +133,7 @@ enum Undecoded {
     NotFound,
     /// Not a definite answer (5xx, transport error, headers that do not decode): ask another.
     Failed(String),
-    /// The replica refused the request itself (another 4xx), with its message.
+    /// The replica refused the request itself (see `refuses_the_request`), with its message.
     Refused(String),
 }
 
@@ -185,7 +185,7 @@ async fn decode(
             Ok(GetAnswer::Missing(Missing::RangeNotSatisfiable { size }))
         }
         StatusCode::NOT_FOUND => Err(Undecoded::NotFound),
-        status if status.is_client_error() => Err(Undecoded::Refused(
+        status if refuses_the_request(status) => Err(Undecoded::Refused(
             refusal_message(response, deadline).await,
         )),
         status => Err(Undecoded::Failed(format!("status {status}"))),

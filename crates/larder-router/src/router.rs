@@ -380,6 +380,21 @@ impl Router {
     }
 }
 
+/// Whether a replica's status says the request itself is unacceptable, so that any replica would
+/// refuse it again (a key too long, a malformed header, too large): the client's fault, a 4xx for
+/// it. Other 4xx (401/403 from a peer that does not accept this frontend, 408, 429) say nothing
+/// about the request: another replica may answer it, and if none does the answer is a 503.
+pub(crate) fn refuses_the_request(status: http::StatusCode) -> bool {
+    use http::StatusCode as S;
+    matches!(
+        status,
+        S::BAD_REQUEST
+            | S::PAYLOAD_TOO_LARGE
+            | S::URI_TOO_LONG
+            | S::REQUEST_HEADER_FIELDS_TOO_LARGE
+    )
+}
+
 /// Largest error body read from a replica for its message.
 const MAX_REFUSAL_BODY: usize = 4096;
 
