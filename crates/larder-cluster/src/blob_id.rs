@@ -23,6 +23,8 @@ use crate::map::PartitionId;
 
 const VERSION: u8 = 1;
 const LEN: usize = 27;
+/// Length of the text form: 27 bytes are exactly 36 base64 characters (no padding, no spare bits).
+const TEXT_LEN: usize = 36;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BlobKind {
@@ -50,6 +52,9 @@ pub enum BlobIdError {
     NotBase64,
     #[error("blob id has {0} bytes, expected {LEN}")]
     BadLength(usize),
+    /// The text form has the wrong length (checked before decoding, so nothing long is decoded).
+    #[error("blob id is {0} characters long, expected {TEXT_LEN}")]
+    BadTextLength(usize),
     #[error("blob id version {0} is not supported")]
     UnsupportedVersion(u8),
     #[error("blob id kind {0} is unknown")]
@@ -121,9 +126,9 @@ impl fmt::Display for BlobId {
 impl FromStr for BlobId {
     type Err = BlobIdError;
     fn from_str(s: &str) -> Result<BlobId, BlobIdError> {
-        // 27 bytes encode to exactly 36 characters; reject anything longer before decoding.
-        if s.len() != 36 {
-            return Err(BlobIdError::BadLength(s.len() * 3 / 4));
+        // 27 bytes encode to exactly 36 characters; reject any other length before decoding.
+        if s.len() != TEXT_LEN {
+            return Err(BlobIdError::BadTextLength(s.chars().count()));
         }
         let bytes = URL_SAFE_NO_PAD
             .decode(s)
@@ -166,10 +171,41 @@ mod tests {
         );
     }
 
+    #[test]
+    fn wrong_lengths_say_what_is_wrong() {
+        let text = BlobId::mint(BlobKind::Simple, 1, 1).to_string();
+        let err = format!("{text}x").parse::<BlobId>().unwrap_err();
+        assert_eq!(err, BlobIdError::BadTextLength(37));
+        assert_eq!(
+            err.to_string(),
+            "blob id is 37 characters long, expected 36"
+        );
+        assert_eq!(
+            "é".repeat(20).parse::<BlobId>(),
+            Err(BlobIdError::BadTextLength(20))
+        );
+    }
+
     proptest! {
         #[test]
         fn parsing_never_panics(s in ".{0,80}") {
-            let _ = s.parse::<BlobId>();
+            if let Ok(id) = s.parse::<BlobId>() {
+                prop_assert_eq!(id.to_string(), s);
+            }
+        }
+
+        #[test]
+        fn base64_text_never_panics_and_round_trips(s in "[A-Za-z0-9_-]{34,38}") {
+            if let Ok(id) = s.parse::<BlobId>() {
+                prop_assert_eq!(id.to_string(), s);
+            }
+        }
+
+        #[test]
+        fn every_id_round_trips(kind in 0..3u8, dc in any::<u8>(), partition in any::<u32>(), random in any::<[u8; 16]>()) {
+            let kind = [BlobKind::Simple, BlobKind::Composite, BlobKind::Chunk][usize::from(kind)];
+            let id = BlobId { kind, datacenter: dc, account: 0, container: 0, partition, random };
+            prop_assert_eq!(id.to_string().parse::<BlobId>(), Ok(id));
         }
 
         #[test]

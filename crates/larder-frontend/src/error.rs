@@ -1,6 +1,7 @@
 //! Public API errors and the one function that turns them into responses.
 
 use http::{header, HeaderValue, Response, StatusCode};
+use larder_router::{GoneReason, Missing};
 
 use crate::body::{full, Body};
 
@@ -19,8 +20,8 @@ pub enum ApiError {
     /// The client stopped sending its request body.
     #[error("{0}")]
     BodyTimeout(String),
-    #[error("range not satisfiable")]
-    RangeNotSatisfiable { content_range: Option<HeaderValue> },
+    #[error("range not satisfiable for a blob of {size} bytes")]
+    RangeNotSatisfiable { size: u64 },
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -67,10 +68,12 @@ impl ApiError {
             ApiError::MethodNotAllowed { allow, .. } => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allow));
             }
-            ApiError::RangeNotSatisfiable {
-                content_range: Some(value),
-            } => {
-                headers.insert(header::CONTENT_RANGE, value);
+            ApiError::RangeNotSatisfiable { size } => {
+                let value = format!("bytes */{size}");
+                headers.insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&value).expect("digits are a valid header"),
+                );
             }
             ApiError::Unavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -100,6 +103,27 @@ impl From<larder_router::RouterError> for ApiError {
             R::Timeout(_) => ApiError::Timeout(err.to_string()),
             R::UnknownPartition(_) => ApiError::NotFound(format!("no such blob ({err})")),
             R::OutOfSpace(message) => ApiError::OutOfSpace(message),
+            R::Rejected(message) => {
+                ApiError::BadRequest("Rejected", format!("a storage node refused: {message}"))
+            }
+        }
+    }
+}
+
+/// A blob the router could not serve, as the public API says it.
+impl From<Missing> for ApiError {
+    fn from(missing: Missing) -> ApiError {
+        match missing {
+            Missing::NotFound => ApiError::NotFound("no such blob".into()),
+            Missing::Gone {
+                reason: GoneReason::Expired,
+                ..
+            } => ApiError::Gone("Expired", "blob has expired".into()),
+            Missing::Gone {
+                reason: GoneReason::Deleted,
+                ..
+            } => ApiError::Gone("Deleted", "blob was deleted".into()),
+            Missing::RangeNotSatisfiable { size } => ApiError::RangeNotSatisfiable { size },
         }
     }
 }

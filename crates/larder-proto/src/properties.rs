@@ -32,26 +32,41 @@ pub enum PropertiesError {
     NotText(String),
     #[error("header {0} is not a number")]
     NotANumber(String),
+    #[error("a user metadata header needs a name after {prefix}", prefix = header::META_PREFIX)]
+    EmptyMetaName,
 }
 
 impl BlobProperties {
-    /// Reads content type and user metadata from request headers.
+    /// Reads content type and user metadata from request headers. Every entry costs its name and
+    /// value against [`MAX_USER_META_BYTES`], and an empty name is refused: otherwise entries of
+    /// `x-larder-meta-:` would cost nothing and escape the limit.
     pub fn from_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
+        let props = BlobProperties::from_stored_headers(headers)?;
+        if props.user_meta.iter().any(|(name, _)| name.is_empty()) {
+            return Err(PropertiesError::EmptyMetaName);
+        }
+        let total: usize = props.user_meta.iter().map(|(n, v)| n.len() + v.len()).sum();
+        if total > MAX_USER_META_BYTES {
+            return Err(PropertiesError::MetaTooLarge(total));
+        }
+        Ok(props)
+    }
+
+    /// Reads the properties of a record a storage node serves. The limits of `from_headers` were
+    /// applied when it was written and are not applied again, so that a record written under
+    /// older rules stays readable; the headers themselves are bounded by the HTTP/2 connection's
+    /// header-list limit.
+    pub fn from_stored_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
         let content_type = match headers.get(CONTENT_TYPE) {
             Some(v) => Some(text(CONTENT_TYPE.as_str(), v)?.to_owned()),
             None => None,
         };
         let mut user_meta = Vec::new();
-        let mut total = 0;
         for (name, value) in headers {
             if let Some(short) = name.as_str().strip_prefix(header::META_PREFIX) {
                 let value = text(name.as_str(), value)?;
-                total += short.len() + value.len();
                 user_meta.push((short.to_owned(), value.to_owned()));
             }
-        }
-        if total > MAX_USER_META_BYTES {
-            return Err(PropertiesError::MetaTooLarge(total));
         }
         Ok(BlobProperties {
             content_type,
@@ -103,6 +118,7 @@ fn number(headers: &HeaderMap, name: &str) -> Result<Option<u64>, PropertiesErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn header_round_trip() {
@@ -128,5 +144,62 @@ mod tests {
             BlobProperties::from_headers(&headers),
             Err(PropertiesError::MetaTooLarge(_))
         ));
+    }
+
+    #[test]
+    fn empty_names_are_refused_and_names_count() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-larder-meta-", HeaderValue::from_static(""));
+        assert_eq!(
+            BlobProperties::from_headers(&headers),
+            Err(PropertiesError::EmptyMetaName)
+        );
+        let mut headers = HeaderMap::new();
+        let name = format!("x-larder-meta-{}", "n".repeat(MAX_USER_META_BYTES + 1));
+        headers.insert(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_static(""),
+        );
+        assert!(matches!(
+            BlobProperties::from_headers(&headers),
+            Err(PropertiesError::MetaTooLarge(_))
+        ));
+    }
+
+    fn any_header_value() -> impl Strategy<Value = HeaderValue> {
+        proptest::collection::vec(any::<u8>(), 0..40).prop_filter_map("a header value", |bytes| {
+            HeaderValue::from_bytes(&bytes).ok()
+        })
+    }
+
+    proptest! {
+        /// A peer's headers are untrusted: any values give properties or an error, never a panic,
+        /// and what parses writes back to the same properties.
+        #[test]
+        fn arbitrary_header_values_never_panic(
+            time in any_header_value(),
+            expires in any_header_value(),
+            content_type in any_header_value(),
+            meta in proptest::collection::vec(("[a-z0-9-]{0,12}", any_header_value()), 0..6),
+        ) {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::TIME_MS, time);
+            headers.insert(header::EXPIRES_MS, expires);
+            headers.insert(CONTENT_TYPE, content_type);
+            for (name, value) in meta {
+                let name = format!("{}{name}", header::META_PREFIX);
+                headers.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), value);
+            }
+            if let Ok(props) = BlobProperties::from_headers(&headers) {
+                let mut written = HeaderMap::new();
+                props.write_headers(&mut written);
+                prop_assert_eq!(BlobProperties::from_headers(&written), Ok(props));
+            }
+            if let Ok(props) = BlobProperties::from_stored_headers(&headers) {
+                let mut written = HeaderMap::new();
+                props.write_headers(&mut written);
+                prop_assert_eq!(BlobProperties::from_stored_headers(&written), Ok(props));
+            }
+        }
     }
 }

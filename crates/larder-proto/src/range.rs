@@ -1,4 +1,11 @@
 //! HTTP byte ranges (RFC 9110 §14): one range per request, `bytes=a-b`, `bytes=a-`, `bytes=-n`.
+//!
+//! Anything else a client may send in `Range` (another unit, several ranges, a malformed or
+//! backwards range-spec) is a range this server does not honour, and RFC 9110 §14.2 lets a server
+//! ignore such a header and answer 200 with the whole representation: `parse` says
+//! [`RangeError::Ignored`] and callers do exactly that. Positions too large for a u64 saturate: a
+//! first position past u64::MAX is past the end of any blob (416), a last position or suffix that
+//! large reaches the end (RFC 9110 §14.1.2).
 
 use std::ops::Range;
 
@@ -14,32 +21,35 @@ pub enum ByteRange {
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RangeError {
-    #[error("malformed Range header (expected bytes=a-b, bytes=a- or bytes=-n)")]
-    Malformed,
+    /// Not one byte range (another unit, several ranges, malformed): RFC 9110 lets a server
+    /// ignore the header and send the whole blob, which is what the public API does.
+    #[error(
+        "Range header ignored (only one range of bytes=a-b, bytes=a- or bytes=-n is honoured)"
+    )]
+    Ignored,
     #[error("range not satisfiable for a blob of {size} bytes")]
     Unsatisfiable { size: u64 },
 }
 
 impl ByteRange {
+    /// Parses a `Range` header value. Linear in the value's length; never panics.
     pub fn parse(value: &str) -> Result<ByteRange, RangeError> {
-        let spec = value
-            .trim()
-            .strip_prefix("bytes=")
-            .ok_or(RangeError::Malformed)?;
-        if spec.contains(',') {
-            // Multipart ranges are not supported; treat as malformed rather than guess.
-            return Err(RangeError::Malformed);
+        let (unit, spec) = value.trim().split_once('=').ok_or(RangeError::Ignored)?;
+        // Range units are case-insensitive (RFC 9110 §14.1).
+        if !unit.trim().eq_ignore_ascii_case("bytes") || spec.contains(',') {
+            return Err(RangeError::Ignored);
         }
-        let (first, last) = spec.split_once('-').ok_or(RangeError::Malformed)?;
-        let number = |s: &str| s.trim().parse::<u64>().map_err(|_| RangeError::Malformed);
-        match (first.trim().is_empty(), last.trim().is_empty()) {
-            (true, true) => Err(RangeError::Malformed),
-            (true, false) => Ok(ByteRange::Suffix(number(last)?)),
-            (false, true) => Ok(ByteRange::From(number(first)?)),
+        let (first, last) = spec.split_once('-').ok_or(RangeError::Ignored)?;
+        let (first, last) = (first.trim(), last.trim());
+        match (first.is_empty(), last.is_empty()) {
+            (true, true) => Err(RangeError::Ignored),
+            (true, false) => Ok(ByteRange::Suffix(position(last)?)),
+            (false, true) => Ok(ByteRange::From(position(first)?)),
             (false, false) => {
-                let (a, b) = (number(first)?, number(last)?);
+                let (a, b) = (position(first)?, position(last)?);
                 if b < a {
-                    return Err(RangeError::Malformed);
+                    // An invalid range-spec (RFC 9110 §14.1.1): the header is ignored.
+                    return Err(RangeError::Ignored);
                 }
                 Ok(ByteRange::FromTo(a, b))
             }
@@ -68,6 +78,16 @@ impl ByteRange {
     }
 }
 
+/// A position (`1*DIGIT`): digits only, saturating at u64::MAX, which no blob reaches.
+fn position(text: &str) -> Result<u64, RangeError> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RangeError::Ignored);
+    }
+    Ok(text.bytes().fold(0u64, |n, digit| {
+        n.saturating_mul(10).saturating_add(u64::from(digit - b'0'))
+    }))
+}
+
 /// `Content-Range` value for a resolved range.
 pub fn content_range(range: &Range<u64>, size: u64) -> String {
     format!("bytes {}-{}/{size}", range.start, range.end - 1)
@@ -78,7 +98,7 @@ impl RangeError {
     pub fn content_range(&self) -> Option<String> {
         match self {
             RangeError::Unsatisfiable { size } => Some(format!("bytes */{size}")),
-            RangeError::Malformed => None,
+            RangeError::Ignored => None,
         }
     }
 }
@@ -96,6 +116,8 @@ mod tests {
         assert_eq!(r("bytes=10-", 100), Ok(10..100));
         assert_eq!(r("bytes=-10", 100), Ok(90..100));
         assert_eq!(r("bytes=-500", 100), Ok(0..100));
+        assert_eq!(r("BYTES=0-3", 100), Ok(0..4));
+        assert_eq!(r("Bytes=-3", 100), Ok(97..100));
         assert_eq!(
             r("bytes=100-", 100),
             Err(RangeError::Unsatisfiable { size: 100 })
@@ -108,18 +130,48 @@ mod tests {
             r("bytes=0-0", 0),
             Err(RangeError::Unsatisfiable { size: 0 })
         );
-        for bad in [
+        assert_eq!(content_range(&(0..10), 100), "bytes 0-9/100");
+    }
+
+    #[test]
+    fn huge_positions_saturate() {
+        let r = |s: &str, size| ByteRange::parse(s).and_then(|r| r.resolve(size));
+        let huge = "99999999999999999999999";
+        assert_eq!(
+            r(&format!("bytes={huge}-"), 100),
+            Err(RangeError::Unsatisfiable { size: 100 })
+        );
+        assert_eq!(
+            r(&format!("bytes={huge}-{huge}9"), 100),
+            Err(RangeError::Unsatisfiable { size: 100 })
+        );
+        assert_eq!(r(&format!("bytes=5-{huge}"), 100), Ok(5..100));
+        assert_eq!(r(&format!("bytes=-{huge}"), 100), Ok(0..100));
+    }
+
+    #[test]
+    fn ranges_not_honoured_are_ignored() {
+        for ignored in [
             "",
+            "bytes",
             "bytes=",
             "bytes=-",
             "bytes=5-1",
             "items=0-1",
             "bytes=0-1,3-4",
+            "bytes=0-1,",
             "bytes=a-b",
+            "bytes=+1-2",
+            "bytes=1-+2",
+            "bytes=-1-2",
+            "bytes=١-٢",
         ] {
-            assert_eq!(ByteRange::parse(bad), Err(RangeError::Malformed), "{bad}");
+            assert_eq!(
+                ByteRange::parse(ignored),
+                Err(RangeError::Ignored),
+                "{ignored}"
+            );
         }
-        assert_eq!(content_range(&(0..10), 100), "bytes 0-9/100");
     }
 
     proptest! {
@@ -128,6 +180,32 @@ mod tests {
             if let Ok(range) = ByteRange::parse(&s).and_then(|r| r.resolve(size)) {
                 prop_assert!(range.start < range.end && range.end <= size);
             }
+        }
+
+        /// Any text at all: parsing never panics, and each outcome is one of the three RFC 9110
+        /// answers (a range inside the blob, ignore the header, or 416 with the size).
+        #[test]
+        fn any_header_gives_a_range_inside_the_blob_or_ignore_or_416(
+            s in "(?i:bytes)?[ =,0-9-]{0,30}|\\PC{0,40}",
+            size in any::<u64>(),
+        ) {
+            match ByteRange::parse(&s) {
+                Err(err) => prop_assert_eq!(err, RangeError::Ignored),
+                Ok(range) => match range.resolve(size) {
+                    Ok(selected) => prop_assert!(selected.start < selected.end && selected.end <= size),
+                    Err(err) => prop_assert_eq!(err, RangeError::Unsatisfiable { size }),
+                },
+            }
+        }
+
+        #[test]
+        fn forwarded_ranges_parse_back(a in any::<u64>(), b in any::<u64>(), pick in 0..3u8) {
+            let range = match pick {
+                0 => ByteRange::FromTo(a.min(b), a.max(b)),
+                1 => ByteRange::From(a),
+                _ => ByteRange::Suffix(a),
+            };
+            prop_assert_eq!(ByteRange::parse(&range.to_header()), Ok(range));
         }
     }
 }

@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use bytesize::ByteSize;
 use futures_util::Stream;
-use http::{Method, StatusCode};
+use http::Method;
 use http_body_util::BodyExt;
 use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{BlobProperties, ByteRange};
@@ -263,27 +263,20 @@ impl Router {
         let range = (!whole).then(|| ByteRange::FromTo(slice.within.start, slice.within.end - 1));
         let unavailable =
             |what: String| RouterError::Unavailable(format!("chunk {}: {what}", slice.id));
-        let response = match self.get_blob(&slice.id, Method::GET, range).await {
-            Ok(GetAnswer::Replica(response)) => response,
+        let found = match self.get_blob(&slice.id, Method::GET, range).await {
+            Ok(GetAnswer::Found(found)) => found,
             // A missing chunk of a live composite is damage, not a passing failure.
-            Ok(GetAnswer::NotFound) => {
-                return Err(ChunkError::Final(unavailable("missing".into())))
+            Ok(GetAnswer::Missing(missing)) => {
+                return Err(ChunkError::Final(unavailable(format!("{missing:?}"))))
             }
-            Err(err @ RouterError::Timeout(_)) => return Err(ChunkError::Final(err)),
+            Err(err @ (RouterError::Timeout(_) | RouterError::Rejected(_))) => {
+                return Err(ChunkError::Final(err))
+            }
             Err(err) => return Err(ChunkError::Retry(err)),
         };
-        let status = response.status();
-        if !matches!(status, StatusCode::OK | StatusCode::PARTIAL_CONTENT) {
-            let err = unavailable(format!("answered {status}"));
-            return Err(if status.is_server_error() {
-                ChunkError::Retry(err)
-            } else {
-                ChunkError::Final(err)
-            });
-        }
         // A body that breaks off half-way (a replica went away) is worth another try.
-        let bytes = response
-            .into_body()
+        let bytes = found
+            .body
             .collect()
             .await
             .map_err(|e| ChunkError::Retry(unavailable(format!("body: {e}"))))?

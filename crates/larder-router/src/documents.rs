@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::order::replicas_in;
+use crate::router::{refusal_message, refuses_the_request};
 use crate::{Hlc, Router};
 
 /// Why a document operation failed.
@@ -37,9 +38,17 @@ pub enum DocError {
     /// The document is larger than a replica accepts (413).
     #[error("{0}")]
     TooLarge(String),
-    /// A replica refused the request as malformed (400), e.g. a key that is too long.
+    /// A replica refused the request itself (400, 413, 414 or 431, e.g. a key that is too long),
+    /// with the replica's message. Asking again cannot help, so this stays a 4xx for the client.
     #[error("{0}")]
     Rejected(String),
+    /// Every attempt of a write lost to a newer version written concurrently (see `Written`):
+    /// nothing was applied. Trying again later can succeed.
+    #[error("the write lost to concurrent newer writes of this document (version {newest}) on every attempt; nothing was applied")]
+    Superseded { newest: u64 },
+    /// The document's version is the last one (u64::MAX): no newer write can be ordered after it.
+    #[error("{0}")]
+    NoNewerVersion(#[from] crate::hlc::VersionExhausted),
 }
 
 /// The newest state of a document a read quorum knows.
@@ -87,8 +96,8 @@ impl DocRouter {
     }
 
     /// A version for a new write that must supersede `seen` (the version a read returned).
-    pub fn next_version(&self, seen: u64) -> u64 {
-        self.clock.next(seen)
+    pub fn next_version(&self, seen: u64) -> Result<u64, DocError> {
+        Ok(self.clock.next(seen)?)
     }
 
     pub fn partition_of(&self, id: &str) -> PartitionId {
@@ -151,7 +160,11 @@ impl DocRouter {
                     acks += 1;
                     newest = newest.max(version_header(&r).unwrap_or(version));
                 }
-                (node, Ok(r)) => failures.push((node, Some(r.status()), String::new())),
+                (node, Ok(r)) => {
+                    let status = r.status();
+                    let message = refusal_message(r, deadline).await;
+                    failures.push((node, Some(status), message));
+                }
                 (node, Err(e)) => failures.push((node, None, e)),
             }
             if acks >= quorum {
@@ -208,9 +221,13 @@ impl DocRouter {
         });
         let (mut states, mut failures) = (Vec::new(), Vec::new());
         while let Some((node, answer)) = recv_by(&mut answers, deadline).await? {
-            match read_state(answer).await {
+            match read_state(answer, deadline).await {
                 Ok(state) => states.push((node, state)),
-                Err(err) => failures.push(format!("{node}: {err}")),
+                // The request itself is refused: every replica would say the same.
+                Err(ReadFailure::Refused(message)) => {
+                    return Err(DocError::Rejected(format!("{node}: {message}")))
+                }
+                Err(ReadFailure::Failed(err)) => failures.push(format!("{node}: {err}")),
             }
             if states.len() >= quorum {
                 break;
@@ -309,25 +326,37 @@ fn version_header(response: &Response<Incoming>) -> Option<u64> {
         .ok()
 }
 
-/// A replica's GET answer as a state; `Err` for anything that is not a definite answer.
-async fn read_state(answer: Answer) -> Result<DocState, String> {
-    let response = answer?;
+/// Why a replica's GET answer is not a state.
+enum ReadFailure {
+    /// The replica refused the request itself (see `refuses_the_request`), with its message.
+    Refused(String),
+    /// Anything else that is not a definite answer: another replica may do better.
+    Failed(String),
+}
+
+/// A replica's GET answer as a state.
+async fn read_state(answer: Answer, deadline: Instant) -> Result<DocState, ReadFailure> {
+    let failed = |what: &str| ReadFailure::Failed(what.to_owned());
+    let response = answer.map_err(ReadFailure::Failed)?;
     match response.status() {
         StatusCode::OK => {
-            let version = version_header(&response).ok_or("answer without a version")?;
+            let version = version_header(&response).ok_or(failed("answer without a version"))?;
             let json = response
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| format!("reading the document: {e}"))?
+                .map_err(|e| ReadFailure::Failed(format!("reading the document: {e}")))?
                 .to_bytes();
             Ok(DocState::Found { version, json })
         }
         StatusCode::GONE => Ok(DocState::Removed {
-            version: version_header(&response).ok_or("tombstone without a version")?,
+            version: version_header(&response).ok_or(failed("tombstone without a version"))?,
         }),
         StatusCode::NOT_FOUND => Ok(DocState::NotFound),
-        other => Err(format!("status {other}")),
+        status if refuses_the_request(status) => Err(ReadFailure::Refused(
+            refusal_message(response, deadline).await,
+        )),
+        other => Err(ReadFailure::Failed(format!("status {other}"))),
     }
 }
 
@@ -338,10 +367,7 @@ fn write_failure(
 ) -> DocError {
     let detail = failures
         .iter()
-        .map(|(node, status, err)| match status {
-            Some(s) => format!("{node}: status {s}"),
-            None => format!("{node}: {err}"),
-        })
+        .map(|(node, _, err)| format!("{node}: {err}"))
         .collect::<Vec<_>>()
         .join("; ");
     let message = format!("{acks} of {quorum} required acknowledgements ({detail})");

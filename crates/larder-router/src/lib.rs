@@ -19,7 +19,9 @@ pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
 pub use documents::{DocError, DocRouter, DocState, Written};
 pub use health::{NodeHealth, NodeState};
-pub use hlc::Hlc;
+pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, UploadJournal};
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
-pub use router::{GetAnswer, Router, RouterError, RouterMetrics};
+pub use router::{
+    FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
+};

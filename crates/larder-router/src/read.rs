@@ -8,18 +8,21 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use http::{header, Method, Request, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
 use larder_cluster::BlobId;
-use larder_proto::{blob_path, ByteRange};
+use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
 use crate::order::{read_order, replicas_in};
-use crate::router::ReplicaResult;
-use crate::{GetAnswer, Router, RouterError};
+use crate::router::{refusal_message, refuses_the_request, ReplicaResult};
+use crate::{FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
 
 type Attempt<'a> = Pin<Box<dyn Future<Output = (String, bool, ReplicaResult)> + Send + 'a>>;
 
 impl Router {
+    /// Reads blob `id` (GET: bytes too; HEAD: properties only), or `range` of it, from the first
+    /// replica that answers definitely. A replica whose answer cannot be decoded counts as failed.
     pub async fn get_blob(
         &self,
         id: &BlobId,
@@ -69,10 +72,17 @@ impl Router {
             tokio::select! {
                 Some((node, hedged, result)) = in_flight.next() => {
                     pending.retain(|n| n != &node);
-                    match result {
-                    Ok(response) if response.status() == StatusCode::NOT_FOUND => not_found += 1,
-                    Ok(response) if response.status().is_server_error() => errors.push(format!("{node}: status {}", response.status())),
-                    Ok(response) => {
+                    let answer = match result {
+                        Ok(response) => decode(response, range, deadline).await,
+                        Err(err) => Err(Undecoded::Failed(err)),
+                    };
+                    match answer {
+                    Err(Undecoded::NotFound) => not_found += 1,
+                    Err(Undecoded::Failed(err)) => errors.push(format!("{node}: {err}")),
+                    Err(Undecoded::Refused(message)) => {
+                        return Err(RouterError::Rejected(format!("{node}: {message}")));
+                    }
+                    Ok(answer) => {
                         if hedged {
                             self.metrics.hedges_won.inc();
                             // Replicas still silent after losing the race get a health check.
@@ -80,9 +90,8 @@ impl Router {
                                 self.check_slow_replica(slow);
                             }
                         }
-                        return Ok(GetAnswer::Replica(response));
+                        return Ok(answer);
                     }
-                    Err(err) => errors.push(err),
                 }},
                 _ = tokio::time::sleep(hedge_delay), if can_hedge => {
                     let node = remaining.next().expect("can_hedge checked");
@@ -100,7 +109,7 @@ impl Router {
         // "not found", no acknowledged write can exist.
         let quorum = self.config.write_quorum.clamp(1, local.max(1));
         if not_found > local.saturating_sub(quorum) {
-            return Ok(GetAnswer::NotFound);
+            return Ok(GetAnswer::Missing(Missing::NotFound));
         }
         Err(RouterError::Unavailable(format!(
             "no replica could answer ({})",
@@ -116,4 +125,80 @@ impl Router {
             .unwrap_or(self.config.hedge_fallback_delay)
             .max(self.config.hedge_min_delay)
     }
+}
+
+/// Why a replica's answer is not a `GetAnswer`.
+enum Undecoded {
+    /// 404: this replica does not have the blob.
+    NotFound,
+    /// Not a definite answer (5xx, transport error, headers that do not decode): ask another.
+    Failed(String),
+    /// The replica refused the request itself (see `refuses_the_request`), with its message.
+    Refused(String),
+}
+
+/// Turns a replica's answer into what it means, from its status and headers (the body of a
+/// found blob is passed on unread).
+async fn decode(
+    response: Response<Incoming>,
+    range: Option<ByteRange>,
+    deadline: Instant,
+) -> Result<GetAnswer, Undecoded> {
+    let failed = |what: &str| Undecoded::Failed(format!("{what} (status {})", response.status()));
+    let size = number(&response, h::BLOB_SIZE);
+    match response.status() {
+        StatusCode::OK | StatusCode::PARTIAL_CONTENT => {
+            let size = size.ok_or_else(|| failed("no blob size"))?;
+            let properties = BlobProperties::from_stored_headers(response.headers())
+                .map_err(|e| Undecoded::Failed(format!("bad properties: {e}")))?;
+            let partial = response.status() == StatusCode::PARTIAL_CONTENT;
+            let selected = match (partial, range) {
+                (false, _) => 0..size,
+                (true, Some(range)) => range
+                    .resolve(size)
+                    .map_err(|_| failed("a range outside the blob"))?,
+                (true, None) => return Err(failed("a range nobody asked for")),
+            };
+            Ok(GetAnswer::Found(FoundBlob {
+                properties,
+                size,
+                selected,
+                partial,
+                body: response.into_body(),
+            }))
+        }
+        StatusCode::GONE => {
+            let expired = response
+                .headers()
+                .get(h::GONE_REASON)
+                .is_some_and(|v| v.as_bytes() == b"expired");
+            let reason = if expired {
+                GoneReason::Expired
+            } else {
+                GoneReason::Deleted
+            };
+            let time_ms = number(&response, h::TIME_MS);
+            Ok(GetAnswer::Missing(Missing::Gone { reason, time_ms }))
+        }
+        StatusCode::RANGE_NOT_SATISFIABLE => {
+            let size = size.ok_or_else(|| failed("no blob size"))?;
+            Ok(GetAnswer::Missing(Missing::RangeNotSatisfiable { size }))
+        }
+        StatusCode::NOT_FOUND => Err(Undecoded::NotFound),
+        status if refuses_the_request(status) => Err(Undecoded::Refused(
+            refusal_message(response, deadline).await,
+        )),
+        status => Err(Undecoded::Failed(format!("status {status}"))),
+    }
+}
+
+fn number(response: &Response<Incoming>, name: &str) -> Option<u64> {
+    response
+        .headers()
+        .get(name)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }

@@ -3,10 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::ops::Range;
+
 use http::{Request, Response};
 use hyper::body::Incoming;
 use larder_cluster::ClusterMap;
 use larder_pool::{Body, StoragePool};
+use larder_proto::BlobProperties;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
@@ -29,6 +32,9 @@ pub enum RouterError {
     /// Replicas refused the write because their disks are full (507).
     #[error("{0}")]
     OutOfSpace(String),
+    /// A replica refused the request itself (a 4xx it would give again), with its message.
+    #[error("{0}")]
+    Rejected(String),
 }
 
 /// Why a write did not reach its quorum.
@@ -54,12 +60,60 @@ impl std::fmt::Display for QuorumError {
     }
 }
 
-/// What a GET or HEAD found.
+/// What a GET or HEAD of a blob found, decoded from a replica's answer: the frontend never sees
+/// a storage node's status or headers.
 pub enum GetAnswer {
-    /// A replica's answer to relay: 200, 206, 410 (deleted or expired), 416.
-    Replica(Response<Incoming>),
+    /// The blob (or the requested range of it), with its properties.
+    Found(FoundBlob),
+    /// It cannot be served; see [`Missing`].
+    Missing(Missing),
+}
+
+/// A blob a replica serves.
+pub struct FoundBlob {
+    pub properties: BlobProperties,
+    /// Size of the whole blob.
+    pub size: u64,
+    /// The bytes of `body` within the blob: all of it, or the requested range.
+    pub selected: Range<u64>,
+    /// Whether a range was asked for and is what `body` holds (a 206 for the client).
+    pub partial: bool,
+    /// The bytes (empty for HEAD).
+    pub body: Incoming,
+}
+
+/// Why a blob cannot be served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Missing {
     /// Enough replicas say the blob does not exist that no quorum write can have stored it.
     NotFound,
+    /// It was deleted or has expired, at `time_ms` (ms since the Unix epoch) when known.
+    Gone {
+        reason: GoneReason,
+        time_ms: Option<u64>,
+    },
+    /// The requested range starts at or past the end of a blob of `size` bytes.
+    RangeNotSatisfiable { size: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoneReason {
+    Deleted,
+    Expired,
+}
+
+/// Whether this frontend can serve: how many local storage nodes answered a health check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    pub reachable_local_nodes: usize,
+    /// A write quorum of local nodes.
+    pub needed: usize,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.reachable_local_nodes >= self.needed
+    }
 }
 
 /// Counters the frontend exports; shared handles, registered by the caller.
@@ -83,6 +137,9 @@ pub struct Router {
     /// Where chunked uploads in progress are recorded, if anywhere (see `journal`).
     pub(crate) journal: Option<UploadJournal>,
 }
+
+/// How long `ready` waits for each local node's health check.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The outcome of one request to one replica.
 pub(crate) type ReplicaResult = Result<Response<Incoming>, String>;
@@ -217,6 +274,34 @@ impl Router {
         });
     }
 
+    /// Whether this frontend can serve: a write quorum of local storage nodes answers a health
+    /// check within half a second.
+    pub async fn ready(&self) -> Readiness {
+        let local: Vec<&str> = self
+            .map
+            .nodes
+            .iter()
+            .filter(|n| n.datacenter == self.datacenter)
+            .map(|n| n.id.as_str())
+            .collect();
+        let checks = local.iter().map(|node| async move {
+            let request = Request::get(larder_proto::HEALTH_PATH)
+                .body(larder_pool::empty())
+                .expect("a GET of a constant path is a valid request");
+            let answer = timeout(READY_CHECK_TIMEOUT, self.pool.send(node, request)).await;
+            matches!(answer, Ok(Ok(r)) if r.status() == http::StatusCode::OK)
+        });
+        let reachable_local_nodes = futures_util::future::join_all(checks)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count();
+        Readiness {
+            reachable_local_nodes,
+            needed: self.config.write_quorum.min(local.len()),
+        }
+    }
+
     /// Starts `op` against every node in its own task (so stragglers finish after a quorum
     /// answered) and returns the channel their results arrive on.
     pub(crate) fn fan_out<F, Fut>(
@@ -306,6 +391,43 @@ impl Router {
             out_of_space,
         })
     }
+}
+
+/// Whether a replica's status says the request itself is unacceptable, so that any replica would
+/// refuse it again (a key too long, a malformed header, too large): the client's fault, a 4xx for
+/// it. Other 4xx (401/403 from a peer that does not accept this frontend, 408, 429) say nothing
+/// about the request: another replica may answer it, and if none does the answer is a 503.
+pub(crate) fn refuses_the_request(status: http::StatusCode) -> bool {
+    use http::StatusCode as S;
+    matches!(
+        status,
+        S::BAD_REQUEST
+            | S::PAYLOAD_TOO_LARGE
+            | S::URI_TOO_LONG
+            | S::REQUEST_HEADER_FIELDS_TOO_LARGE
+    )
+}
+
+/// Largest error body read from a replica for its message.
+const MAX_REFUSAL_BODY: usize = 4096;
+
+/// The message of a replica's error answer (`{"error":{"message":…}}`) with its status, read
+/// until `deadline` at most; the status alone when there is no such message.
+pub(crate) async fn refusal_message(response: Response<Incoming>, deadline: Instant) -> String {
+    use http_body_util::BodyExt;
+    let status = response.status();
+    let body = http_body_util::Limited::new(response.into_body(), MAX_REFUSAL_BODY).collect();
+    let body = match tokio::time::timeout_at(deadline, body).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        _ => bytes::Bytes::new(),
+    };
+    serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .map_or_else(
+            || format!("status {status}"),
+            |m| format!("status {status}: {m}"),
+        )
 }
 
 /// How many good answers an operation needs, out of how many asked, per side.

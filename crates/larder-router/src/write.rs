@@ -203,7 +203,7 @@ impl Router {
         };
         let time_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         let path = blob_path(partition, &id.to_string());
         let mut results = self.fan_out(&all, deadline, |router, node| {

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{header as h, BlobProperties, ByteRange, PropertiesError};
-use larder_router::GetAnswer;
+use larder_router::{FoundBlob, GetAnswer};
 
 use crate::body::{drain_in_background, full, Body};
 use crate::error::ApiError;
@@ -18,10 +18,17 @@ use crate::state::AppState;
 const TTL_HEADER: &str = "x-larder-ttl";
 const EXPIRES_HEADER: &str = "x-larder-expires";
 
+/// Longest TTL an upload may ask for: 100 years (of 365.25 days). Longer ones are refused (400)
+/// rather than stored as an expiry that no date format can show or that wraps around.
+pub const MAX_TTL_SECONDS: u64 = 36_525 * 24 * 3600;
+
+/// The last instant an HTTP date can show (9999-12-31T23:59:59.999Z), in ms since the epoch.
+const LAST_HTTP_DATE_MS: u64 = 253_402_300_799_999;
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
 
@@ -63,7 +70,10 @@ pub async fn upload(
 fn upload_properties(headers: &HeaderMap, max: u64) -> Result<BlobProperties, ApiError> {
     let mut props = BlobProperties::from_headers(headers).map_err(bad_properties)?;
     props.created_ms = now_ms();
-    props.expires_ms = ttl(headers)?.map(|ttl| props.created_ms + ttl.as_millis() as u64);
+    props.expires_ms = match ttl(headers)? {
+        None => None,
+        Some(ttl) => Some(expiry(props.created_ms, ttl)?),
+    };
     if content_length(headers)?.is_some_and(|length| length > max) {
         return Err(too_large(max));
     }
@@ -88,14 +98,25 @@ fn ttl(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
         .to_str()
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .filter(|s| *s > 0)
+        .filter(|s| (1..=MAX_TTL_SECONDS).contains(s))
         .ok_or_else(|| {
             ApiError::BadRequest(
                 "BadHeader",
-                format!("{TTL_HEADER} must be a positive number of seconds"),
+                format!(
+                    "{TTL_HEADER} must be a number of seconds from 1 to {MAX_TTL_SECONDS} (100 years)"
+                ),
             )
         })?;
     Ok(Some(Duration::from_secs(seconds)))
+}
+
+/// When a blob created at `created_ms` with `ttl` expires; checked, though a TTL within the
+/// maximum cannot overflow before the year 584 million.
+fn expiry(created_ms: u64, ttl: Duration) -> Result<u64, ApiError> {
+    u64::try_from(ttl.as_millis())
+        .ok()
+        .and_then(|ttl_ms| created_ms.checked_add(ttl_ms))
+        .ok_or_else(|| ApiError::BadRequest("BadHeader", format!("{TTL_HEADER} is too long")))
 }
 
 fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
@@ -168,12 +189,7 @@ async fn download(
         });
     let range = match headers.get(header::RANGE) {
         // A conditional hit answers 304 whatever the range; ranges only matter for a full answer.
-        Some(v) if !not_modified => Some(
-            v.to_str()
-                .ok()
-                .and_then(|s| ByteRange::parse(s).ok())
-                .ok_or_else(|| ApiError::BadRequest("BadRange", "malformed Range header".into()))?,
-        ),
+        Some(v) if !not_modified => requested_range(v),
         _ => None,
     };
     if id.kind == BlobKind::Composite {
@@ -185,73 +201,71 @@ async fn download(
     } else {
         method.clone()
     };
-    let answer = state.router.get_blob(id, storage_method, range).await?;
-    let response = match answer {
-        GetAnswer::NotFound => return Err(ApiError::NotFound(format!("no blob {id}"))),
-        GetAnswer::Replica(response) => response,
-    };
-    match response.status() {
-        StatusCode::OK | StatusCode::PARTIAL_CONTENT => {
-            Ok(relay(response, &etag, not_modified, method == Method::HEAD))
-        }
-        StatusCode::GONE => Err(gone(response.headers())),
-        StatusCode::RANGE_NOT_SATISFIABLE => Err(ApiError::RangeNotSatisfiable {
-            content_range: response.headers().get(header::CONTENT_RANGE).cloned(),
-        }),
-        StatusCode::INSUFFICIENT_STORAGE => {
-            Err(ApiError::OutOfSpace("storage is out of space".into()))
-        }
-        other => Err(ApiError::Internal(format!("storage answered {other}"))),
+    match state.router.get_blob(id, storage_method, range).await? {
+        GetAnswer::Found(found) => Ok(relay(found, &etag, not_modified, method == Method::HEAD)),
+        GetAnswer::Missing(missing) => Err(missing.into()),
     }
 }
 
-pub(super) fn gone(headers: &HeaderMap) -> ApiError {
-    match headers.get(h::GONE_REASON).and_then(|v| v.to_str().ok()) {
-        Some("expired") => ApiError::Gone("Expired", "blob has expired".into()),
-        _ => ApiError::Gone("Deleted", "blob was deleted".into()),
-    }
+/// The range a `Range` header asks for; `None` for one this server ignores (RFC 9110 §14.2:
+/// other units, several ranges, malformed), which then gets the whole blob.
+pub(super) fn requested_range(value: &HeaderValue) -> Option<ByteRange> {
+    ByteRange::parse(value.to_str().ok()?).ok()
 }
 
-/// Turns a storage node's answer into the public one: same status and body stream, public headers.
-fn relay(
-    storage: Response<Incoming>,
-    etag: &str,
-    not_modified: bool,
-    head: bool,
-) -> Response<Body> {
-    let (parts, incoming) = storage.into_parts();
+/// The public answer for a blob a replica serves: its bytes and public headers.
+fn relay(found: FoundBlob, etag: &str, not_modified: bool, head: bool) -> Response<Body> {
     let body: Body = if not_modified || head {
         crate::body::empty()
     } else {
-        incoming.map_err(Into::into).boxed()
+        found.body.map_err(Into::into).boxed()
     };
     let mut response = Response::new(body);
-    *response.status_mut() = if not_modified {
-        StatusCode::NOT_MODIFIED
-    } else {
-        parts.status
-    };
-    let out = response.headers_mut();
-    for name in [header::CONTENT_LENGTH, header::CONTENT_RANGE] {
-        if let Some(value) = parts.headers.get(&name) {
-            if !not_modified {
-                out.insert(name, value.clone());
-            }
-        }
+    copy_public_headers(&found.properties, response.headers_mut(), etag);
+    if not_modified {
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        return response;
     }
-    copy_public_headers(&parts.headers, out, etag);
+    content_headers(&mut response, &found.selected, found.size, found.partial);
     response
 }
 
-/// The public headers every answer about a blob carries, from the storage node's headers of
-/// its record: content type, user metadata, ETag, Accept-Ranges, Last-Modified, expiry.
-pub(super) fn copy_public_headers(stored: &HeaderMap, out: &mut HeaderMap, etag: &str) {
-    if let Some(value) = stored.get(header::CONTENT_TYPE) {
-        out.insert(header::CONTENT_TYPE, value.clone());
+/// `Content-Length`, and for a range `Content-Range` with status 206.
+pub(super) fn content_headers(
+    response: &mut Response<Body>,
+    selected: &std::ops::Range<u64>,
+    size: u64,
+    partial: bool,
+) {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_LENGTH,
+        (selected.end - selected.start).into(),
+    );
+    if partial {
+        let value = larder_proto::content_range(selected, size);
+        headers.insert(
+            header::CONTENT_RANGE,
+            HeaderValue::from_str(&value).expect("a content range is ASCII digits and signs"),
+        );
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
     }
-    for (name, value) in stored {
-        if name.as_str().starts_with(h::META_PREFIX) {
-            out.append(name.clone(), value.clone());
+}
+
+/// The public headers every answer about a blob carries, from its properties: content type,
+/// user metadata, ETag, Accept-Ranges, Last-Modified, expiry.
+pub(super) fn copy_public_headers(props: &BlobProperties, out: &mut HeaderMap, etag: &str) {
+    if let Some(value) = props
+        .content_type
+        .as_deref()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        out.insert(header::CONTENT_TYPE, value);
+    }
+    for (name, value) in &props.user_meta {
+        let name = HeaderName::from_bytes(format!("{}{name}", h::META_PREFIX).as_bytes());
+        if let (Ok(name), Ok(value)) = (name, HeaderValue::from_str(value)) {
+            out.append(name, value);
         }
     }
     out.insert(
@@ -259,16 +273,62 @@ pub(super) fn copy_public_headers(stored: &HeaderMap, out: &mut HeaderMap, etag:
         HeaderValue::from_str(etag).expect("base64url is a valid header"),
     );
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if let Some(date) = http_date(stored, h::TIME_MS) {
+    if let Some(date) = http_date(props.created_ms).filter(|_| props.created_ms > 0) {
         out.insert(header::LAST_MODIFIED, date);
     }
-    if let Some(date) = http_date(stored, h::EXPIRES_MS) {
+    if let Some(date) = props.expires_ms.and_then(http_date) {
         out.insert(EXPIRES_HEADER, date);
     }
 }
 
-fn http_date(headers: &HeaderMap, name: &str) -> Option<HeaderValue> {
-    let ms: u64 = headers.get(name)?.to_str().ok()?.parse().ok()?;
-    let time = UNIX_EPOCH + Duration::from_millis(ms);
+/// An HTTP date for `ms`; `None` past the year 9999, which the format cannot show (a storage
+/// node may hold such a time: the header is then left out rather than the answer failing).
+fn http_date(ms: u64) -> Option<HeaderValue> {
+    if ms > LAST_HTTP_DATE_MS {
+        return None;
+    }
+    let time = UNIX_EPOCH.checked_add(Duration::from_millis(ms))?;
     HeaderValue::from_str(&httpdate::fmt_http_date(time)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_past_the_year_9999_are_left_out_not_a_panic() {
+        assert!(http_date(LAST_HTTP_DATE_MS).is_some());
+        assert_eq!(
+            http_date(0).unwrap(),
+            HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT")
+        );
+        for ms in [LAST_HTTP_DATE_MS + 1, 300_000_000_000_000, u64::MAX] {
+            assert_eq!(http_date(ms), None, "{ms}");
+        }
+    }
+
+    #[test]
+    fn ttls_up_to_100_years() {
+        let headers = |ttl: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(TTL_HEADER, HeaderValue::from_str(ttl).unwrap());
+            headers
+        };
+        assert_eq!(MAX_TTL_SECONDS, 3_155_760_000);
+        let max = MAX_TTL_SECONDS.to_string();
+        assert_eq!(
+            ttl(&headers(&max)).unwrap(),
+            Some(Duration::from_secs(MAX_TTL_SECONDS))
+        );
+        for refused in [
+            "0",
+            "3155760001",
+            "300000000000",
+            "18446744073709551615",
+            "-1",
+        ] {
+            assert!(ttl(&headers(refused)).is_err(), "{refused}");
+        }
+        assert!(expiry(u64::MAX, Duration::from_secs(1)).is_err());
+    }
 }

@@ -8,16 +8,15 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Limited, StreamBody};
 use hyper::body::Incoming;
 use larder_cluster::BlobId;
-use larder_proto::{BlobProperties, ByteRange, RangeError};
-use larder_router::{GetAnswer, Manifest};
+use larder_proto::{BlobProperties, ByteRange};
+use larder_router::{GetAnswer, Manifest, Missing};
 
-use super::blobs::{copy_public_headers, drain_budget, gone, too_large};
+use super::blobs::{content_headers, copy_public_headers, drain_budget, too_large};
 use crate::body::{drain_in_background, empty, next_frame, Body};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -176,30 +175,23 @@ impl ChunkReader {
 
 /// What a read of a composite blob's record found.
 enum ManifestAnswer {
-    Found(Manifest, HeaderMap),
-    NotFound,
-    Gone(ApiError),
+    Found(Manifest, BlobProperties),
+    Missing(Missing),
 }
 
 async fn read_manifest(state: &Arc<AppState>, id: &BlobId) -> Result<ManifestAnswer, ApiError> {
-    let response = match state.router.get_blob(id, Method::GET, None).await? {
-        GetAnswer::NotFound => return Ok(ManifestAnswer::NotFound),
-        GetAnswer::Replica(response) => response,
+    let found = match state.router.get_blob(id, Method::GET, None).await? {
+        GetAnswer::Found(found) => found,
+        GetAnswer::Missing(missing) => return Ok(ManifestAnswer::Missing(missing)),
     };
-    match response.status() {
-        StatusCode::OK => {}
-        StatusCode::GONE => return Ok(ManifestAnswer::Gone(gone(response.headers()))),
-        other => return Err(ApiError::Internal(format!("storage answered {other}"))),
-    }
-    let (parts, body) = response.into_parts();
-    let bytes = Limited::new(body, MAX_MANIFEST)
+    let bytes = Limited::new(found.body, MAX_MANIFEST)
         .collect()
         .await
         .map_err(|e| ApiError::Unavailable(format!("reading a composite record: {e}")))?
         .to_bytes();
     let manifest = Manifest::decode(&bytes)
         .map_err(|e| ApiError::Internal(format!("composite blob {id}: {e}")))?;
-    Ok(ManifestAnswer::Found(manifest, parts.headers))
+    Ok(ManifestAnswer::Found(manifest, found.properties))
 }
 
 /// GET or HEAD of a composite blob: whole, a range, or conditional.
@@ -211,49 +203,28 @@ pub async fn download(
     range: Option<ByteRange>,
     head: bool,
 ) -> Result<Response<Body>, ApiError> {
-    let (manifest, stored_headers) = match read_manifest(state, id).await? {
-        ManifestAnswer::Found(manifest, headers) => (manifest, headers),
-        ManifestAnswer::NotFound => return Err(ApiError::NotFound(format!("no blob {id}"))),
-        ManifestAnswer::Gone(err) => return Err(err),
+    let (manifest, properties) = match read_manifest(state, id).await? {
+        ManifestAnswer::Found(manifest, properties) => (manifest, properties),
+        ManifestAnswer::Missing(missing) => return Err(missing.into()),
     };
     let size = manifest.size;
     let selected = match range.map(|r| r.resolve(size)) {
         None => 0..size,
         Some(Ok(selected)) => selected,
-        Some(Err(err)) => return Err(unsatisfiable(err)),
+        Some(Err(_)) => return Err(Missing::RangeNotSatisfiable { size }.into()),
     };
     let mut response = if not_modified || head {
         Response::new(empty())
     } else {
         Response::new(stream_range(state, &manifest, selected.clone()).await?)
     };
-    copy_public_headers(&stored_headers, response.headers_mut(), etag);
+    copy_public_headers(&properties, response.headers_mut(), etag);
     if not_modified {
         *response.status_mut() = StatusCode::NOT_MODIFIED;
         return Ok(response);
     }
-    response.headers_mut().insert(
-        header::CONTENT_LENGTH,
-        (selected.end - selected.start).into(),
-    );
-    if range.is_some() {
-        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
-        let value = larder_proto::content_range(&selected, size);
-        response.headers_mut().insert(
-            header::CONTENT_RANGE,
-            HeaderValue::from_str(&value).expect("ascii"),
-        );
-    }
+    content_headers(&mut response, &selected, size, range.is_some());
     Ok(response)
-}
-
-fn unsatisfiable(err: RangeError) -> ApiError {
-    match err.content_range() {
-        Some(value) => ApiError::RangeNotSatisfiable {
-            content_range: HeaderValue::from_str(&value).ok(),
-        },
-        None => ApiError::BadRequest("BadRange", "malformed Range header".into()),
-    }
 }
 
 /// The body of `range`: chunk reads with read-ahead. The first chunk is awaited here, so a blob
@@ -284,7 +255,7 @@ async fn stream_range(
 pub async fn delete(state: &Arc<AppState>, id: &BlobId) -> Result<(), ApiError> {
     let chunks = match read_manifest(state, id).await? {
         ManifestAnswer::Found(manifest, _) => manifest.chunks,
-        ManifestAnswer::NotFound | ManifestAnswer::Gone(_) => Vec::new(),
+        ManifestAnswer::Missing(_) => Vec::new(),
     };
     state.router.delete_blob(id).await?;
     if !chunks.is_empty() {

@@ -25,12 +25,9 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         // client); answer with the headers alone, whatever the handler built.
         *response.body_mut() = crate::body::empty();
     }
-    state.metrics.observe(
-        route,
-        method.as_str(),
-        response.status().as_u16(),
-        started.elapsed(),
-    );
+    state
+        .metrics
+        .observe(route, &method, response.status(), started.elapsed());
     response
 }
 

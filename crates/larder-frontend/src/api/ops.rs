@@ -1,10 +1,8 @@
 //! Operations endpoints: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderValue, Response, StatusCode};
 use larder_router::NodeState;
+use std::sync::Arc;
 
 use crate::body::{full, Body};
 use crate::metrics::NodeLabels;
@@ -27,39 +25,16 @@ pub fn healthz() -> Response<Body> {
 
 /// Ready: the map is loaded and a write quorum of local storage nodes answers its health check.
 pub async fn readyz(state: &Arc<AppState>) -> Response<Body> {
-    let router = &state.router;
-    let local: Vec<String> = router
-        .map()
-        .nodes
-        .iter()
-        .filter(|n| n.datacenter == router.datacenter())
-        .map(|n| n.id.clone())
-        .collect();
-    let checks = local.iter().map(|node| async move {
-        let request = Request::get(larder_proto::HEALTH_PATH)
-            .body(larder_pool::empty())
-            .expect("valid request");
-        let answer = tokio::time::timeout(
-            Duration::from_millis(500),
-            router.pool().send(node, request),
-        )
-        .await;
-        matches!(answer, Ok(Ok(r)) if r.status() == StatusCode::OK)
-    });
-    let reachable = futures_util::future::join_all(checks)
-        .await
-        .into_iter()
-        .filter(|ok| *ok)
-        .count();
-    let needed = state.config.router.write_quorum.min(local.len());
-    let status = if reachable >= needed {
+    let readiness = state.router.ready().await;
+    let status = if readiness.is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     json(
         status,
-        serde_json::json!({"ready": status == StatusCode::OK, "reachable_local_nodes": reachable, "needed": needed}),
+        serde_json::json!({"ready": readiness.is_ready(),
+            "reachable_local_nodes": readiness.reachable_local_nodes, "needed": readiness.needed}),
     )
 }
 

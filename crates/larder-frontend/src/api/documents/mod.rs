@@ -23,7 +23,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use larder_router::{DocState, Written};
+use larder_router::{DocError, DocState, Written};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
@@ -240,16 +240,16 @@ impl Operation<'_> {
             if let Some(condition) = &condition {
                 seen = self.check(condition).await?.version();
             }
-            let version = docs.next_version(seen);
+            let version = docs.next_version(seen)?;
             match docs
                 .put(&self.doc.id, version, parsed.fields.clone(), self.deadline)
                 .await?
             {
-                Written::Applied => break,
+                Written::Applied => return Ok(reply::ok(path_id, &self.doc.id, None)),
                 Written::Superseded(newer) => seen = newer,
             }
         }
-        Ok(reply::ok(path_id, &self.doc.id, None))
+        Err(DocError::Superseded { newest: seen }.into())
     }
 
     async fn update(&self, path_id: &str, body: Bytes) -> Result<Response<Body>, Failure> {
@@ -262,6 +262,7 @@ impl Operation<'_> {
         }
         let _serialised = self.state.document_locks.lock(&self.doc.id).await;
         let docs = &self.state.documents;
+        let mut newest = 0;
         for _ in 0..WRITE_ATTEMPTS {
             let current = match &condition {
                 Some(condition) => self.check(condition).await?,
@@ -282,13 +283,14 @@ impl Operation<'_> {
                     move || updated(stored.as_deref(), &updates)
                 })
                 .await?;
-            let version = docs.next_version(current.version());
+            let version = docs.next_version(current.version())?;
             // A concurrent newer write means our read was stale: read and apply again.
-            if docs.put(&self.doc.id, version, json, self.deadline).await? == Written::Applied {
-                break;
+            match docs.put(&self.doc.id, version, json, self.deadline).await? {
+                Written::Applied => return Ok(reply::ok(path_id, &self.doc.id, None)),
+                Written::Superseded(newer) => newest = newer,
             }
         }
-        Ok(reply::ok(path_id, &self.doc.id, None))
+        Err(DocError::Superseded { newest }.into())
     }
 
     async fn remove(&self, path_id: &str) -> Result<Response<Body>, Failure> {
@@ -306,13 +308,13 @@ impl Operation<'_> {
                     _ => return Err(Failure::ConditionNotMet("document does not exist".into())),
                 }
             }
-            let version = docs.next_version(seen);
+            let version = docs.next_version(seen)?;
             match docs.remove(&self.doc.id, version, self.deadline).await? {
-                Written::Applied => break,
+                Written::Applied => return Ok(reply::ok(path_id, &self.doc.id, None)),
                 Written::Superseded(newer) => seen = newer,
             }
         }
-        Ok(reply::ok(path_id, &self.doc.id, None))
+        Err(DocError::Superseded { newest: seen }.into())
     }
 }
 

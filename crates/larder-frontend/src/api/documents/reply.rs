@@ -66,6 +66,14 @@ impl From<DocError> for Failure {
             DocError::OutOfSpace(_) => Failure::OutOfSpace(message),
             DocError::TooLarge(_) => Failure::TooLarge(message),
             DocError::Rejected(_) => Failure::BadRequest(message),
+            // Nothing was applied, so never a 200. 503 with Retry-After, because the loss is
+            // transient (concurrent writers whose clocks differ) and Vespa's feed clients retry
+            // 503 (and 429) with backoff, whereas 409/412 would be final failures to them and 412
+            // would wrongly say a test-and-set condition failed.
+            DocError::Superseded { .. } => Failure::Unavailable(message),
+            // The stored version is u64::MAX: no write can be ordered after it; retrying cannot
+            // help, and it is the cluster's fault, not the request's.
+            DocError::NoNewerVersion(_) => Failure::Internal(message),
         }
     }
 }
@@ -167,5 +175,8 @@ mod tests {
         assert_eq!(from(DocError::Timeout), 504);
         assert_eq!(from(DocError::Unavailable("x".into())), 503);
         assert_eq!(from(DocError::Rejected("x".into())), 400);
+        assert_eq!(from(DocError::Superseded { newest: 7 }), 503);
+        let exhausted = larder_router::VersionExhausted { seen: u64::MAX };
+        assert_eq!(from(DocError::NoNewerVersion(exhausted)), 500);
     }
 }
