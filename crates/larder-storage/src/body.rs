@@ -1,5 +1,6 @@
 //! Reading request bodies into memory, within a per-request limit, an idle timeout and the
-//! node's budget for all bodies buffered at once. Bodies are buffered whole because a record is
+//! node's budget for all bodies buffered at once (a declared length is reserved up front, the
+//! rest as frames arrive). Bodies are buffered whole because a record is
 //! appended in one piece after its checksum is verified; the budget is what keeps 40 unfinished
 //! 15 MiB uploads from holding 600 MiB of a node's memory.
 
@@ -78,12 +79,13 @@ impl Drop for Reservation {
 /// it holds: keep it alive as long as the chunks.
 pub struct Buffered {
     pub chunks: Vec<Bytes>,
+    received: u64,
     pub reservation: Reservation,
 }
 
 impl Buffered {
     pub fn len(&self) -> u64 {
-        self.reservation.bytes
+        self.received
     }
 
     /// The body in one piece (documents are stored as one value).
@@ -106,12 +108,20 @@ pub struct Intake {
 }
 
 impl Intake {
-    /// Reads `body` whole, reserving each piece in the budget as it arrives (a declared length
-    /// is not trusted), so that no more than the budget is ever held across requests.
+    /// Reads `body` whole within the budget. A declared length is reserved before anything is
+    /// read, so that an upload admitted at the start is never turned away half-way; bytes past
+    /// what was declared (or all of them, when nothing was) are reserved as they arrive.
     pub async fn read(&self, mut body: Incoming) -> Result<Buffered> {
+        let declared = http_body::Body::size_hint(&body).exact();
+        if declared.is_some_and(|length| length > self.max_body) {
+            return Err(Error::BodyTooLarge { max: self.max_body });
+        }
+        let mut reservation = Reservation::new(&self.budget);
+        reservation.grow(declared.unwrap_or(0))?;
         let mut buffered = Buffered {
             chunks: Vec::new(),
-            reservation: Reservation::new(&self.budget),
+            received: 0,
+            reservation,
         };
         loop {
             let frame = match tokio::time::timeout(self.idle_timeout, body.frame()).await {
@@ -122,11 +132,12 @@ impl Intake {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            let total = buffered.len().saturating_add(data.len() as u64);
-            if total > self.max_body {
+            buffered.received = buffered.received.saturating_add(data.len() as u64);
+            if buffered.received > self.max_body {
                 return Err(Error::BodyTooLarge { max: self.max_body });
             }
-            buffered.reservation.grow(data.len() as u64)?;
+            let unreserved = buffered.received.saturating_sub(buffered.reservation.bytes);
+            buffered.reservation.grow(unreserved)?;
             buffered.chunks.push(data);
         }
     }

@@ -91,8 +91,10 @@ impl Default for Http2Settings {
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Request bodies (blob and document PUTs, and what replication fetches) are buffered whole
-    /// before they are written; together they may hold at most this much memory. Bytes are
-    /// reserved as they arrive; a body that does not fit is answered 503 with `Retry-After`.
+    /// before they are written; together they may hold at most this much memory. A declared
+    /// `Content-Length` is reserved before the body is read (an admitted upload is never turned
+    /// away half-way), bytes beyond it as they arrive; a body that does not fit is answered 503
+    /// with `Retry-After`, and its share is given back when the request ends, however it ends.
     pub body_budget: ByteSize,
     /// A request body that sends nothing for this long is answered 408 and its memory freed.
     #[serde(with = "humantime_serde")]
