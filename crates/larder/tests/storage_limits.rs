@@ -233,3 +233,63 @@ async fn stalled_uploads_are_held_within_the_body_budget() {
     let (status, _, _) = internal::send(addr, Method::PUT, &new_blob_path(), &headers, body).await;
     assert_eq!(status, StatusCode::CREATED);
 }
+
+/// A peer that holds a document version from the far future (here: a node told to believe any
+/// clock) does not spread it: the others skip that change, count it, and replicate what follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_skips_what_the_node_would_refuse_and_moves_on() {
+    let mut cluster = Cluster::start(3, 1);
+    cluster.stop_node(0);
+    let config = cluster.path(&format!("{}.toml", cluster.map.nodes[0].id));
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[limits]\nmax_clock_skew = \"100000years\"\n");
+    std::fs::write(&config, text).unwrap();
+    cluster.restart_node(0);
+    let gullible = cluster.node_addr(0);
+    let planted = larder_proto::doc_path(0, "id:n:t::planted");
+    let version = [("x-larder-doc-version", u64::MAX.to_string())];
+    let body = Bytes::from_static(br#"{"planted":true}"#);
+    let (status, _, _) = internal::send(gullible, Method::PUT, &planted, &version, body).await;
+    assert_eq!(status, StatusCode::OK);
+    // A write after it in node 0's change feed, which the others must still get.
+    let after = larder_proto::doc_path(0, "id:n:t::after");
+    let version = [("x-larder-doc-version", (now_ms() << 16).to_string())];
+    let body = Bytes::from_static(br#"{"after":true}"#);
+    let (status, _, _) = internal::send(gullible, Method::PUT, &after, &version, body).await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for i in 1..3 {
+        let addr = cluster.node_addr(i);
+        loop {
+            let (status, _, _) = internal::send(addr, Method::GET, &after, &[], Bytes::new()).await;
+            if status == StatusCode::OK {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {i} never replicated the later write"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (status, _, _) = internal::send(addr, Method::GET, &planted, &[], Bytes::new()).await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "node {i} took the planted version"
+        );
+        let (_, _, metrics) = internal::send(
+            addr,
+            Method::GET,
+            larder_proto::METRICS_PATH,
+            &[],
+            Bytes::new(),
+        )
+        .await;
+        let refused: f64 = String::from_utf8_lossy(&metrics)
+            .lines()
+            .filter(|l| l.starts_with("larder_storage_replication_refused_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(refused >= 1.0, "node {i} counted no refused change");
+    }
+}
