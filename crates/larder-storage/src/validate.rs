@@ -135,4 +135,36 @@ mod tests {
         assert!(clock.check_time(h::TIME_MS, u64::MAX).is_ok());
         assert!(clock.check_version(u64::MAX).is_ok());
     }
+
+    proptest::proptest! {
+        /// Any header bytes: a number, a refusal, never a panic.
+        #[test]
+        fn header_numbers_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..40)) {
+            let mut headers = http::HeaderMap::new();
+            if let Ok(value) = http::HeaderValue::from_bytes(&bytes) {
+                headers.insert(h::TIME_MS, value);
+            }
+            let _ = header_number(&headers, h::TIME_MS);
+        }
+
+        /// Any version, time, expiry and skew: a decision that agrees with the clock, no panic.
+        #[test]
+        fn checks_decide_by_the_clock(value: u64, skew_secs: u64) {
+            let clock = Clock::new(Duration::from_secs(skew_secs));
+            let before = now_ms();
+            let time_ok = clock.check_time(h::TIME_MS, value).is_ok();
+            let version_ok = clock.check_version(value).is_ok();
+            let latest = now_ms().saturating_add(skew_secs.saturating_mul(1000));
+            if value <= before.saturating_add(skew_secs.saturating_mul(1000)) {
+                proptest::prop_assert!(time_ok);
+            }
+            if value > latest {
+                proptest::prop_assert!(!time_ok);
+            }
+            if value >> 16 > latest {
+                proptest::prop_assert!(!version_ok);
+            }
+            proptest::prop_assert_eq!(clock.check_expiry(Some(value)).is_ok(), value <= MAX_EXPIRES_MS);
+        }
+    }
 }
