@@ -31,7 +31,9 @@ pub struct StorageConfig {
     #[serde(default)]
     pub store: StoreSettings,
     #[serde(default)]
-    pub replication: crate::ReplicationConfig,
+    pub limits: Limits,
+    #[serde(default)]
+    pub replication: ReplicationConfig,
     /// Connections to peer storage nodes (replication), tuned like the frontend's pool.
     #[serde(default)]
     pub pool: larder_pool::PoolConfig,
@@ -58,6 +60,15 @@ pub struct Http2Settings {
     /// h2's per-stream send buffer for downloads.
     pub max_send_buffer: ByteSize,
     pub max_header_list_size: ByteSize,
+    /// Streams a trusted peer (mutual TLS, or a proven cluster secret) may open and reset before
+    /// this node accepts them, per connection. The frontend cancels every hedged read that lost
+    /// its race with RST_STREAM; under load many are reset before they are accepted, and h2's
+    /// default (20) then closes the pool's connection with ENHANCE_YOUR_CALM. Connections not
+    /// known to be a peer keep h2's default, the protection against rapid-reset floods.
+    pub trusted_max_pending_accept_reset_streams: usize,
+    /// Streams this node may reset for a trusted peer's protocol errors before closing the
+    /// connection (h2's default, kept for other connections, is 1024).
+    pub trusted_max_local_error_reset_streams: usize,
 }
 
 impl Default for Http2Settings {
@@ -69,6 +80,38 @@ impl Default for Http2Settings {
             max_frame_size: ByteSize::mib(1),
             max_send_buffer: ByteSize::mib(4),
             max_header_list_size: ByteSize::kib(64),
+            trusted_max_pending_accept_reset_streams: 4096,
+            trusted_max_local_error_reset_streams: 4096,
+        }
+    }
+}
+
+/// Bounds on what one request, and all requests together, may make this node hold or believe.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Request bodies (blob and document PUTs, and what replication fetches) are buffered whole
+    /// before they are written; together they may hold at most this much memory. A declared
+    /// `Content-Length` is reserved before the body is read (an admitted upload is never turned
+    /// away half-way), bytes beyond it as they arrive; a body that does not fit is answered 503
+    /// with `Retry-After`, and its share is given back when the request ends, however it ends.
+    pub body_budget: ByteSize,
+    /// A request body that sends nothing for this long is answered 408 and its memory freed.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Operation times and document versions (whose high 48 bits are a time in ms) further
+    /// than this ahead of this node's clock are refused: one write with a version from the far
+    /// future would otherwise make every later write of that document stale.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_budget: ByteSize::mib(512),
+            body_read_timeout: Duration::from_secs(30),
+            max_clock_skew: Duration::from_secs(300),
         }
     }
 }
@@ -100,18 +143,20 @@ impl Default for StoreSettings {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("store.durability {0:?} is not durable or relaxed-no-sync-for-benchmarks")]
+    Durability(String),
+}
+
 impl StoreSettings {
-    pub fn to_options(&self) -> Result<larder_store::Options, String> {
+    pub fn to_options(&self) -> Result<larder_store::Options, ConfigError> {
         let durability = match self.durability.as_str() {
             "durable" => larder_store::Durability::Durable,
             "relaxed-no-sync-for-benchmarks" => {
                 larder_store::Durability::RelaxedNoSyncForBenchmarks
             }
-            other => {
-                return Err(format!(
-                    "store.durability {other:?} is not durable or relaxed-no-sync-for-benchmarks"
-                ))
-            }
+            other => return Err(ConfigError::Durability(other.to_owned())),
         };
         Ok(larder_store::Options {
             segment_size: self.segment_size.as_u64(),
@@ -140,9 +185,46 @@ impl StorageConfig {
             tls: None,
             http2: Http2Settings::default(),
             store: StoreSettings::default(),
-            replication: crate::ReplicationConfig::default(),
+            limits: Limits::default(),
+            replication: ReplicationConfig::default(),
             pool: larder_pool::PoolConfig::default(),
             shutdown_grace: default_grace(),
+        }
+    }
+}
+
+/// Replication settings of a storage node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationConfig {
+    pub enabled: bool,
+    /// Pause between rounds once a peer has nothing new.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Changes fetched per request.
+    pub page_size: usize,
+    /// Bound on the work of one round per peer replica, so every partition gets its turn.
+    pub max_pages_per_round: usize,
+    /// Changes of one page fetched and applied at once.
+    pub concurrency: usize,
+    /// After errors, wait up to this long before asking the peer again (doubling from `interval`).
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Deadline for one request to a peer: a stalled peer must not hold up the others.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            enabled: true,
+            interval: Duration::from_millis(200),
+            page_size: 256,
+            max_pages_per_round: 16,
+            concurrency: 16,
+            backoff_max: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
         }
     }
 }

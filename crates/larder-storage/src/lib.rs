@@ -1,17 +1,25 @@
 //! The storage node: serves the internal HTTP/2 API (see `larder-proto`) over one log store per
 //! partition replica it hosts. It never talks to clients directly and knows nothing of routing.
 
+mod blobs;
+mod body;
+mod changes;
 mod config;
+mod connection;
 mod documents;
-mod handlers;
+mod error;
 mod metrics;
 mod node;
 mod props;
 mod replication;
 mod reply;
+mod routes;
 mod server;
+mod validate;
 
-pub use config::{StorageConfig, StoreSettings};
+pub use config::{
+    ConfigError, Http2Settings, Limits, ReplicationConfig, StorageConfig, StoreSettings,
+};
+pub use node::OpenError;
 pub use node::StorageNode;
-pub use replication::ReplicationConfig;
 pub use server::{serve, ShutdownSignal, Signals};

@@ -6,7 +6,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::StorageNode;
+use larder_cluster::PartitionId;
+use larder_store::Store;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerLabels {
@@ -36,6 +37,9 @@ pub struct StorageMetrics {
     pub replication_lag_seconds: Family<PeerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub replicated_records: Family<PeerLabels, Counter>,
     pub replication_errors: Family<PeerLabels, Counter>,
+    /// Changes of a peer skipped because this node refuses them (a time or version from the
+    /// far future, bad properties): logged at warn, never retried.
+    pub replication_refused: Family<PeerLabels, Counter>,
     live_keys: Family<PartitionLabels, Gauge>,
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
@@ -50,6 +54,7 @@ impl StorageMetrics {
             replication_lag_seconds: Family::default(),
             replicated_records: Family::default(),
             replication_errors: Family::default(),
+            replication_refused: Family::default(),
             live_keys: Family::default(),
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
@@ -86,6 +91,11 @@ impl StorageMetrics {
             "Failed replication rounds per peer replica",
             m.replication_errors.clone(),
         );
+        registry.register(
+            "replication_refused",
+            "Changes of a peer replica skipped because this node refuses them",
+            m.replication_refused.clone(),
+        );
         registry.register("live_keys", "Live keys per replica", m.live_keys.clone());
         registry.register(
             "bytes_on_disk",
@@ -116,8 +126,11 @@ impl StorageMetrics {
     }
 
     /// Refreshes the store gauges and renders the text exposition.
-    pub fn encode(&self, node: &StorageNode) -> String {
-        for (partition, store) in node.partitions() {
+    pub fn encode<'a>(
+        &self,
+        partitions: impl Iterator<Item = (&'a PartitionId, &'a Store)>,
+    ) -> String {
+        for (partition, store) in partitions {
             let labels = PartitionLabels {
                 partition: partition.to_string(),
             };

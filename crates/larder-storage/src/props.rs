@@ -5,6 +5,8 @@ use bytes::Bytes;
 use larder_proto::BlobProperties;
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
+
 const VERSION: u32 = 1;
 
 #[derive(Serialize, Deserialize)]
@@ -21,14 +23,14 @@ pub fn encode(props: &BlobProperties) -> Bytes {
     Bytes::from(serde_json::to_vec(&stored).expect("properties always serialise"))
 }
 
-pub fn decode(bytes: &[u8]) -> Result<BlobProperties, String> {
+pub fn decode(bytes: &[u8]) -> Result<BlobProperties, Error> {
     let stored: Stored =
-        serde_json::from_slice(bytes).map_err(|e| format!("stored properties: {e}"))?;
+        serde_json::from_slice(bytes).map_err(|e| Error::CorruptProperties(e.to_string()))?;
     if stored.v != VERSION {
-        return Err(format!(
-            "stored properties version {} is not supported",
+        return Err(Error::CorruptProperties(format!(
+            "version {} is not supported",
             stored.v
-        ));
+        )));
     }
     Ok(stored.p)
 }

@@ -8,54 +8,68 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::stream::{self, StreamExt};
-use http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{HeaderMap, Request, StatusCode};
 use larder_cluster::{ClusterMap, PartitionId};
 use larder_pool::StoragePool;
-use larder_proto::{blob_path, changes_path, header as h, BlobProperties, ChangeEntry, ChangePage};
-use larder_store::{BlobLookup, BlobMeta, Cursor, Store};
-use serde::{Deserialize, Serialize};
+use larder_proto::{blob_path, changes_path, doc_header, header as h, ChangeEntry, ChangePage};
+use larder_store::{BlobLookup, Cursor, Store};
 use tokio::sync::watch;
 
-use crate::handlers::now_ms;
+use crate::body::Buffered;
+use crate::config::ReplicationConfig;
+use crate::error::Error;
 use crate::metrics::PeerLabels;
-use crate::{props, StorageNode};
+use crate::node::blocking;
+use crate::validate::{header_number, now_ms};
+use crate::StorageNode;
 
-/// Replication settings of a storage node.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ReplicationConfig {
-    pub enabled: bool,
-    /// Pause between rounds once a peer has nothing new.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-    /// Changes fetched per request.
-    pub page_size: usize,
-    /// Bound on the work of one round per peer replica, so every partition gets its turn.
-    pub max_pages_per_round: usize,
-    /// Changes of one page fetched and applied at once.
-    pub concurrency: usize,
-    /// After errors, wait up to this long before asking the peer again (doubling from `interval`).
-    #[serde(with = "humantime_serde")]
-    pub backoff_max: Duration,
-    /// Deadline for one request to a peer: a stalled peer must not hold up the others.
-    #[serde(with = "humantime_serde")]
-    pub request_timeout: Duration,
+/// Why a replication round stopped short (logged and counted, then retried with backoff).
+#[derive(Debug, thiserror::Error)]
+enum ReplicationError {
+    #[error("{peer} did not answer within {limit:?}")]
+    Timeout { peer: String, limit: Duration },
+    #[error("round timed out")]
+    RoundTimeout,
+    #[error(transparent)]
+    Pool(#[from] larder_pool::PoolError),
+    #[error("{what} answered {status}")]
+    Status { what: String, status: StatusCode },
+    #[error("bad change page: {0}")]
+    BadPage(#[from] serde_json::Error),
+    #[error("peer sent a bad cursor {0:?}")]
+    BadCursor(String),
+    #[error("{key}: got {received} of {expected} bytes")]
+    Short {
+        key: String,
+        received: u64,
+        expected: u64,
+    },
+    #[error("saving cursor: {0}")]
+    SaveCursor(std::io::Error),
+    /// What the peer sent cannot be stored here (a time or version from the far future, bad
+    /// properties): skipped and logged, never retried (it would never become right).
+    #[error("refused what the peer sent: {0}")]
+    Refused(Error),
+    /// Anything this node failed at itself (the store, the body budget): retried.
+    #[error(transparent)]
+    Local(Error),
 }
 
-impl Default for ReplicationConfig {
-    fn default() -> Self {
-        ReplicationConfig {
-            enabled: true,
-            interval: Duration::from_millis(200),
-            page_size: 256,
-            max_pages_per_round: 16,
-            concurrency: 16,
-            backoff_max: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(10),
+type Result<T> = std::result::Result<T, ReplicationError>;
+
+/// Whether an error of this node's own checks means "the peer's data is bad" (skip it) or "try
+/// again later" (a full disk, a spent body budget, a broken connection).
+fn classify(err: Error) -> ReplicationError {
+    match err {
+        Error::FromTheFuture { .. }
+        | Error::BadProperties(_)
+        | Error::BadHeader(_)
+        | Error::BodyTooLarge { .. }
+        | Error::Store(larder_store::Error::BadKey(_) | larder_store::Error::TooLarge { .. }) => {
+            ReplicationError::Refused(err)
         }
+        other => ReplicationError::Local(other),
     }
 }
 
@@ -144,7 +158,7 @@ impl Worker {
             for link in &mut links {
                 let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
                 let outcome = tokio::time::timeout(limit, self.round(link)).await;
-                if let Err(err) = outcome.unwrap_or_else(|_| Err("round timed out".into())) {
+                if let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) {
                     failed = true;
                     tracing::debug!(partition = link.partition, peer = %link.peer, %err, "replication round failed");
                     self.node
@@ -167,7 +181,7 @@ impl Worker {
     }
 
     /// Up to `max_pages_per_round` pages of the peer's feed; stops early once caught up.
-    async fn round(&self, link: &mut Link) -> Result<(), String> {
+    async fn round(&self, link: &mut Link) -> Result<()> {
         for _ in 0..self.config.max_pages_per_round {
             let page = self.fetch_page(link).await?;
             self.record_lag(link, &page.changes);
@@ -176,13 +190,13 @@ impl Worker {
             }
             let mut pending = Vec::with_capacity(page.changes.len());
             for change in &page.changes {
-                pending.push(self.apply(link, change));
+                pending.push(self.apply_or_skip(link, change));
             }
-            let applied: Vec<Result<(), String>> = stream::iter(pending)
+            let applied: Vec<Result<()>> = stream::iter(pending)
                 .buffer_unordered(self.config.concurrency.max(1))
                 .collect()
                 .await;
-            applied.into_iter().collect::<Result<Vec<()>, String>>()?;
+            applied.into_iter().collect::<Result<Vec<()>>>()?;
             let count = page.changes.len() as u64;
             self.node
                 .metrics
@@ -192,11 +206,28 @@ impl Worker {
             link.cursor = page
                 .next
                 .parse()
-                .map_err(|_| format!("peer sent a bad cursor {:?}", page.next))?;
-            save_cursor(&link.cursor_file, link.cursor)
-                .map_err(|e| format!("saving cursor: {e}"))?;
+                .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
+            save_cursor(&link.cursor_file, link.cursor).map_err(ReplicationError::SaveCursor)?;
         }
         Ok(())
+    }
+
+    /// Applies one change; one the checks here refuse is logged, counted and passed over, so
+    /// that a bad record (which would never become acceptable) cannot hold the cursor forever.
+    async fn apply_or_skip(&self, link: &Link, change: &ChangeEntry) -> Result<()> {
+        match self.apply(link, change).await {
+            Err(ReplicationError::Refused(err)) => {
+                tracing::warn!(partition = link.partition, peer = %link.peer, key = %change.key,
+                    op = %change.op, %err, "skipping a change this node refuses");
+                self.node
+                    .metrics
+                    .replication_refused
+                    .get_or_create(&labels(link))
+                    .inc();
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     fn record_lag(&self, link: &Link, changes: &[ChangeEntry]) {
@@ -215,77 +246,115 @@ impl Worker {
             .set(lag_seconds);
     }
 
-    /// One request to a peer, bounded by `request_timeout` until its response headers.
-    async fn send(
-        &self,
-        peer: &str,
-        request: Request<larder_pool::Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        match tokio::time::timeout(self.config.request_timeout, self.pool.send(peer, request)).await
-        {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "{peer} did not answer within {:?}",
-                self.config.request_timeout
-            )),
+    /// One GET to a peer, bounded by `request_timeout` until its response headers.
+    async fn get(&self, peer: &str, path: String) -> Result<http::Response<hyper::body::Incoming>> {
+        let request = Request::get(path)
+            .body(larder_pool::empty())
+            .expect("a path from larder-proto makes a valid request");
+        let limit = self.config.request_timeout;
+        match tokio::time::timeout(limit, self.pool.send(peer, request)).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(ReplicationError::Timeout {
+                peer: peer.to_owned(),
+                limit,
+            }),
         }
     }
 
-    async fn fetch_page(&self, link: &Link) -> Result<ChangePage, String> {
+    /// A response body read whole within this node's body budget and record size limit.
+    async fn read(&self, body: hyper::body::Incoming) -> Result<Buffered> {
+        self.node.intake.read(body).await.map_err(classify)
+    }
+
+    async fn fetch_page(&self, link: &Link) -> Result<ChangePage> {
         let path = changes_path(
             link.partition,
             &link.cursor.to_string(),
             self.config.page_size,
         );
-        let (status, body) = self.get(&link.peer, path).await?;
-        if status != StatusCode::OK {
-            return Err(format!("change feed answered {status}"));
-        }
-        let body = body.into_iter().fold(Vec::new(), |mut v, c| {
-            v.extend_from_slice(&c);
-            v
-        });
-        serde_json::from_slice(&body).map_err(|e| format!("bad change page: {e}"))
-    }
-
-    async fn get(&self, peer: &str, path: String) -> Result<(StatusCode, Vec<Bytes>), String> {
-        let request = Request::get(path)
-            .body(larder_pool::empty())
-            .expect("valid request");
-        let response = self.send(peer, request).await?;
+        let response = self.get(&link.peer, path).await?;
         let status = response.status();
-        Ok((status, read_all(response.into_body()).await?))
+        if status != StatusCode::OK {
+            let what = "change feed".to_owned();
+            return Err(ReplicationError::Status { what, status });
+        }
+        let body = self.node.intake.read(response.into_body()).await;
+        let body = body.map_err(ReplicationError::Local)?;
+        Ok(serde_json::from_slice(&body.concat())?)
     }
 
-    async fn apply(&self, link: &Link, change: &ChangeEntry) -> Result<(), String> {
+    async fn apply(&self, link: &Link, change: &ChangeEntry) -> Result<()> {
+        let clock = &self.node.clock;
+        clock
+            .check_time(h::TIME_MS, change.time_ms)
+            .map_err(classify)?;
         match change.op.as_str() {
             "put-blob" => self.copy_blob(link, change).await,
             "delete-blob" => delete_locally(&link.store, &change.key, change.time_ms).await,
-            "put-doc" | "remove-doc" => self.copy_doc(link, change).await,
+            "put-doc" | "remove-doc" => {
+                clock.check_version(change.version).map_err(classify)?;
+                self.copy_doc(link, change).await
+            }
             _ => Ok(()),
         }
     }
 
     /// Copies the peer's current version of a document unless this replica has it or a newer
     /// one; the store's last-writer-wins check makes the result independent of order.
-    async fn copy_doc(&self, link: &Link, change: &ChangeEntry) -> Result<(), String> {
+    async fn copy_doc(&self, link: &Link, change: &ChangeEntry) -> Result<()> {
         if crate::documents::holds_version(&link.store, &change.key, change.version) {
             return Ok(());
         }
-        let request = Request::get(larder_proto::doc_path(link.partition, &change.key))
-            .body(larder_pool::empty())
-            .expect("valid request");
-        let response = self.send(&link.peer, request).await?;
-        crate::documents::apply_peer_answer(&link.store, &change.key, response).await
+        let path = larder_proto::doc_path(link.partition, &change.key);
+        let response = self.get(&link.peer, path).await?;
+        self.apply_doc(link, &change.key, response).await
+    }
+
+    /// Applies a peer's answer to `GET .../docs/<key>` here with the peer's version and time,
+    /// checked like a write from a frontend. The store keeps whichever version is newest, so
+    /// repeats and reordering do no harm.
+    async fn apply_doc(
+        &self,
+        link: &Link,
+        key: &str,
+        response: http::Response<hyper::body::Incoming>,
+    ) -> Result<()> {
+        let (parts, body) = response.into_parts();
+        let (store, key) = (link.store.clone(), key.to_owned());
+        let written = match parts.status {
+            // Compacted away at the peer, or never there: nothing to copy.
+            StatusCode::NOT_FOUND => return Ok(()),
+            StatusCode::OK => {
+                let (version, time_ms) = self.doc_headers(&parts.headers)?;
+                let body = self.read(body).await?;
+                let json = body.concat();
+                blocking(move || store.put_doc(key.as_bytes(), version, time_ms, json)).await
+            }
+            StatusCode::GONE => {
+                let (version, time_ms) = self.doc_headers(&parts.headers)?;
+                blocking(move || store.remove_doc(key.as_bytes(), version, time_ms)).await
+            }
+            status => {
+                let what = format!("fetching document {key}");
+                return Err(ReplicationError::Status { what, status });
+            }
+        };
+        written.map(|_| ()).map_err(|e| classify(e.into()))
+    }
+
+    /// A peer's document answer carries the version and time a frontend's write would.
+    fn doc_headers(&self, headers: &HeaderMap) -> Result<(u64, u64)> {
+        if !headers.contains_key(doc_header::VERSION) {
+            let err = Error::BadHeader(format!("no {} from the peer", doc_header::VERSION));
+            return Err(ReplicationError::Refused(err));
+        }
+        crate::documents::write_headers(&self.node.clock, headers).map_err(classify)
     }
 
     /// Fetches a blob the peer has and we lack; a tombstone there becomes one here.
-    async fn copy_blob(&self, link: &Link, change: &ChangeEntry) -> Result<(), String> {
-        match link
-            .store
-            .get_blob(change.key.as_bytes(), now_ms())
-            .map_err(|e| e.to_string())?
-        {
+    async fn copy_blob(&self, link: &Link, change: &ChangeEntry) -> Result<()> {
+        let lookup = link.store.get_blob(change.key.as_bytes(), now_ms());
+        match lookup.map_err(|e| classify(e.into()))? {
             BlobLookup::NotFound => {}
             _ => return Ok(()), // already here, or deleted here (tombstones win)
         }
@@ -294,69 +363,47 @@ impl Worker {
             blob_path(link.partition, &change.key),
             larder_proto::INCLUDE_EXPIRED_QUERY
         );
-        let request = Request::get(path)
-            .body(larder_pool::empty())
-            .expect("valid request");
-        let response = self.send(&link.peer, request).await?;
-        let status = response.status();
+        let response = self.get(&link.peer, path).await?;
         let (parts, body) = response.into_parts();
-        match status {
+        match parts.status {
             StatusCode::OK => {}
             StatusCode::GONE => {
-                let time = parts
-                    .headers
-                    .get(h::TIME_MS)
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(change.time_ms);
-                return delete_locally(&link.store, &change.key, time).await;
+                let time = header_number(&parts.headers, h::TIME_MS).map_err(classify)?;
+                let time = time.unwrap_or(change.time_ms);
+                let time = self.node.clock.check_time(h::TIME_MS, time);
+                return delete_locally(&link.store, &change.key, time.map_err(classify)?).await;
             }
             // Gone from the peer's index (compacted away): nothing left to copy.
             StatusCode::NOT_FOUND => return Ok(()),
-            other => return Err(format!("fetching {} answered {other}", change.key)),
+            status => {
+                let what = format!("fetching {}", change.key);
+                return Err(ReplicationError::Status { what, status });
+            }
         }
-        let properties = BlobProperties::from_headers(&parts.headers).map_err(|e| e.to_string())?;
-        let chunks = read_all(body).await?;
-        let received: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-        if received != change.size {
-            return Err(format!(
-                "{}: got {received} of {} bytes",
-                change.key, change.size
-            ));
-        }
-        let meta = BlobMeta {
-            props: props::encode(&properties),
+        let mut meta = crate::blobs::checked_meta(&self.node.clock, &parts.headers);
+        meta = meta.map(|meta| larder_store::BlobMeta {
             time_ms: change.time_ms,
-            expires_ms: properties.expires_ms,
-        };
-        let store = link.store.clone();
-        let key = change.key.clone();
-        tokio::task::spawn_blocking(move || store.put_blob(key.as_bytes(), meta, &chunks))
-            .await
-            .expect("store tasks do not panic")
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// A response body as the chunks that arrived (bounded by the record size the peer serves).
-async fn read_all(mut body: hyper::body::Incoming) -> Result<Vec<Bytes>, String> {
-    let mut chunks = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
-            chunks.push(data);
+            ..meta
+        });
+        let meta = meta.map_err(classify)?;
+        let body = self.read(body).await?;
+        if body.len() != change.size {
+            return Err(ReplicationError::Short {
+                key: change.key.clone(),
+                received: body.len(),
+                expected: change.size,
+            });
         }
+        let (store, key) = (link.store.clone(), change.key.clone());
+        let put = blocking(move || store.put_blob(key.as_bytes(), meta, &body.chunks)).await;
+        put.map(|_| ()).map_err(|e| classify(e.into()))
     }
-    Ok(chunks)
 }
 
-async fn delete_locally(store: &Store, key: &str, time_ms: u64) -> Result<(), String> {
-    let store = store.clone();
-    let key = key.to_owned();
-    tokio::task::spawn_blocking(move || store.delete_blob(key.as_bytes(), time_ms))
-        .await
-        .expect("store tasks do not panic")
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+async fn delete_locally(store: &Store, key: &str, time_ms: u64) -> Result<()> {
+    let (store, key) = (store.clone(), key.to_owned());
+    let deleted = blocking(move || store.delete_blob(key.as_bytes(), time_ms)).await;
+    deleted.map(|_| ()).map_err(|e| classify(e.into()))
 }
 
 fn labels(link: &Link) -> PeerLabels {

@@ -1,11 +1,22 @@
 //! Building responses, and the one place that maps errors to statuses and stable codes.
 
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
+use http_body::{Frame, SizeHint};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use larder_proto::RangeError;
+
+use crate::error::Error;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
+
+/// Seconds a client told 503 by the body budget waits before asking this node again.
+const BUDGET_RETRY_AFTER_SECS: u32 = 1;
 
 pub fn body(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
@@ -36,29 +47,106 @@ pub fn json(code: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
 }
 
 /// `{"error":{"code":…,"message":…}}` with the given status.
-pub fn error(
-    code: StatusCode,
-    stable_code: &str,
-    message: impl std::fmt::Display,
-) -> Response<Body> {
+fn coded(code: StatusCode, stable_code: &str, message: impl std::fmt::Display) -> Response<Body> {
     json(
         code,
         &serde_json::json!({"error": {"code": stable_code, "message": message.to_string()}}),
     )
 }
 
-/// Maps every store error to its status and stable code.
-pub fn store_error(err: &larder_store::Error) -> Response<Body> {
+/// Maps every error to its status, stable code and the headers that go with them.
+pub fn error_response(err: &Error) -> Response<Body> {
+    use StatusCode as S;
+    let (code, stable) = match err {
+        Error::NoSuchPath(_) => (S::NOT_FOUND, "NoSuchPath"),
+        Error::NotHosted { .. } => (S::NOT_FOUND, "PartitionNotHere"),
+        Error::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+        Error::BadQuery(_) => (S::BAD_REQUEST, "BadQuery"),
+        Error::BadKey(_) => (S::BAD_REQUEST, "BadKey"),
+        Error::BadHeader(_) => (S::BAD_REQUEST, "BadHeader"),
+        Error::BadProperties(_) => (S::BAD_REQUEST, "BadProperties"),
+        Error::FromTheFuture { .. } => (S::BAD_REQUEST, "FromTheFuture"),
+        Error::ChecksumMismatch => (S::BAD_REQUEST, "ChecksumMismatch"),
+        Error::BodyTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "TooLarge"),
+        Error::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "BodyTimeout"),
+        Error::Body(_) => (S::BAD_REQUEST, "BodyError"),
+        Error::BodyBudgetSpent { .. } => (S::SERVICE_UNAVAILABLE, "BodyBudgetSpent"),
+        Error::BadRange(RangeError::Unsatisfiable { .. }) => {
+            (S::RANGE_NOT_SATISFIABLE, "RangeNotSatisfiable")
+        }
+        Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
+        Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
+        Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
+        Error::Store(err) => store_status(err),
+    };
+    let mut response = coded(code, stable, err);
+    let headers = response.headers_mut();
+    match err {
+        Error::BodyBudgetSpent { .. } => {
+            headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
+        }
+        Error::BadRange(err @ RangeError::Unsatisfiable { size }) => {
+            if let Some(value) = err.content_range() {
+                let value = HeaderValue::from_str(&value).expect("a content range is ascii");
+                headers.insert(header::CONTENT_RANGE, value);
+            }
+            headers.insert(larder_proto::header::BLOB_SIZE, (*size).into());
+        }
+        _ => {}
+    }
+    response
+}
+
+fn store_status(err: &larder_store::Error) -> (StatusCode, &'static str) {
     use larder_store::Error as E;
     match err {
-        E::Corrupt { .. } => error(StatusCode::INTERNAL_SERVER_ERROR, "Corrupt", err),
-        E::OutOfSpace => error(StatusCode::INSUFFICIENT_STORAGE, "OutOfSpace", err),
-        E::BadKey(_) => error(StatusCode::BAD_REQUEST, "BadKey", err),
-        E::TooLarge { .. } => error(StatusCode::PAYLOAD_TOO_LARGE, "TooLarge", err),
-        E::UnsupportedVersion { .. } => {
-            error(StatusCode::INTERNAL_SERVER_ERROR, "UnsupportedFormat", err)
-        }
-        E::Unavailable(_) => error(StatusCode::SERVICE_UNAVAILABLE, "StoreUnavailable", err),
-        E::Io(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "IoError", err),
+        E::Corrupt { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "Corrupt"),
+        E::OutOfSpace => (StatusCode::INSUFFICIENT_STORAGE, "OutOfSpace"),
+        E::BadKey(_) => (StatusCode::BAD_REQUEST, "BadKey"),
+        E::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "TooLarge"),
+        E::UnsupportedVersion { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "UnsupportedFormat"),
+        E::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "StoreUnavailable"),
+        E::Io(_) => (StatusCode::INTERNAL_SERVER_ERROR, "IoError"),
+    }
+}
+
+/// `410` for a deleted or expired blob or a removed document: an expected outcome, not an error.
+pub fn gone(
+    stable_code: &'static str,
+    message: impl std::fmt::Display,
+    reason: &'static str,
+) -> Response<Body> {
+    let mut response = coded(StatusCode::GONE, stable_code, message);
+    response.headers_mut().insert(
+        larder_proto::header::GONE_REASON,
+        HeaderValue::from_static(reason),
+    );
+    response
+}
+
+/// A response body made of already-verified chunks, sent as they are (no concatenation).
+pub fn chunks_body(chunks: Vec<Bytes>) -> Body {
+    ChunksBody(chunks.into()).boxed()
+}
+
+struct ChunksBody(VecDeque<Bytes>);
+
+impl http_body::Body for ChunksBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.iter().map(|c| c.len() as u64).sum())
     }
 }

@@ -1,19 +1,14 @@
 //! Accepting HTTP/2 connections and shutting down cleanly.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use larder_cluster::ClusterMap;
 use larder_pool::StoragePool;
@@ -22,9 +17,8 @@ use larder_tls::{Reloading, TlsStream};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::config::Http2Settings;
-use crate::reply::{Body, BoxError};
-use crate::{handlers, StorageConfig, StorageNode};
+use crate::connection::connection_builder;
+use crate::{routes, StorageConfig, StorageNode};
 
 /// Resolves when the node should stop (SIGTERM in the binary; a channel in tests).
 pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -65,13 +59,14 @@ pub async fn serve(
     let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
     let peers = peer_pool(&map_for_replication, &config)?;
     let replicators = start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
-    let max_body = config.store.max_record_size.as_u64();
-    let builder = connection_builder(&config.http2);
+    // Every connection that passed mutual TLS is a peer's.
+    let builder = connection_builder(&config.http2, config.tls.is_some());
     let graceful = GracefulShutdown::new();
     tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "storage node serving");
     loop {
@@ -86,7 +81,7 @@ pub async fn serve(
                 let node = node.clone();
                 let service = service_fn(move |req| {
                     let node = node.clone();
-                    async move { Ok::<_, Infallible>(handlers::handle(node, req, max_body).await) }
+                    async move { Ok::<_, Infallible>(routes::handle(node, req).await) }
                 });
                 // The config current now: a reload affects the next handshake.
                 let acceptor = tls.as_ref().map(|tls| tls.acceptor());
@@ -205,55 +200,5 @@ async fn handshake(
             tracing::debug!(%peer, "internal TLS handshake timed out");
             None
         }
-    }
-}
-
-/// HTTP/2 (prior knowledge) with the tuned settings, and HTTP/1.1 on the same port: the internal
-/// API is HTTP/2, and HTTP/1.1 is accepted only so that the frontend's
-/// `pool.protocol = "http1-for-comparison"` mode can measure what HTTP/2 buys.
-fn connection_builder(s: &Http2Settings) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(std::time::Duration::from_secs(10))
-        .max_buf_size(s.max_header_list_size.as_u64().max(8192) as usize);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(s.max_concurrent_streams)
-        .initial_stream_window_size(s.stream_window.as_u64() as u32)
-        .initial_connection_window_size(s.connection_window.as_u64() as u32)
-        .max_frame_size(s.max_frame_size.as_u64() as u32)
-        .max_send_buf_size(s.max_send_buffer.as_u64() as usize)
-        .max_header_list_size(s.max_header_list_size.as_u64() as u32);
-    builder
-}
-
-/// A response body made of already-verified chunks, sent as they are (no concatenation).
-pub fn chunks_body(chunks: Vec<Bytes>) -> Body {
-    use http_body_util::BodyExt;
-    ChunksBody(chunks.into()).boxed()
-}
-
-struct ChunksBody(VecDeque<Bytes>);
-
-impl http_body::Body for ChunksBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.0.iter().map(|c| c.len() as u64).sum())
     }
 }

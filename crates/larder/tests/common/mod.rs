@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod frames;
 pub mod h2;
+pub mod internal;
 pub mod metrics;
 pub mod stream;
 pub mod tls;

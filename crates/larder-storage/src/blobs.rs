@@ -1,0 +1,179 @@
+//! Blob operations of the internal API: PUT (checksummed, durable), GET/HEAD (whole or a range,
+//! verified before the status is sent) and DELETE (a timestamped tombstone).
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use larder_proto::{header as h, BlobProperties, ByteRange};
+use larder_store::{BlobLookup, BlobMeta, BlobRecord, DeleteOutcome, PutOutcome, Store};
+
+use crate::error::{Error, Result};
+use crate::node::blocking;
+use crate::reply::{self, status, Body};
+use crate::validate::{header_number, now_ms, Clock};
+use crate::{props, StorageNode};
+
+/// Reads up to this size are done on the async thread (see `serve`).
+const INLINE_READ_MAX: u64 = 64 * 1024;
+
+pub async fn put(
+    node: &StorageNode,
+    store: Store,
+    key: String,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    let meta = checked_meta(&node.clock, req.headers())?;
+    let expected_crc = req
+        .headers()
+        .get(h::BODY_CRC32C)
+        .map(|v| v.to_str().ok().and_then(|s| s.parse::<u32>().ok()));
+    // Held until the record is written: the budget counts the bytes as long as they are here.
+    let body = node.intake.read(req.into_body()).await?;
+    if let Some(expected) = expected_crc {
+        let actual = body
+            .chunks
+            .iter()
+            .fold(0, |crc, c| crc32c::crc32c_append(crc, c));
+        if expected != Some(actual) {
+            return Err(Error::ChecksumMismatch);
+        }
+    }
+    let outcome = blocking(move || store.put_blob(key.as_bytes(), meta, &body.chunks)).await?;
+    Ok(match outcome {
+        PutOutcome::Stored => put_answer(StatusCode::CREATED, "stored"),
+        PutOutcome::AlreadyExists => put_answer(StatusCode::OK, "exists"),
+        PutOutcome::Deleted => gone("deleted", None),
+    })
+}
+
+/// A blob's properties as the request sends them (the public API's own parser, so nothing is
+/// stored here that the public API would refuse), with its times checked against the clock.
+pub(crate) fn checked_meta(clock: &Clock, headers: &HeaderMap) -> Result<BlobMeta> {
+    let props = BlobProperties::from_headers(headers)?;
+    let time_ms = match props.created_ms {
+        0 => now_ms(),
+        created => clock.check_time(h::TIME_MS, created)?,
+    };
+    Ok(BlobMeta {
+        props: props::encode(&props),
+        time_ms,
+        expires_ms: clock.check_expiry(props.expires_ms)?,
+    })
+}
+
+fn put_answer(code: StatusCode, outcome: &'static str) -> Response<Body> {
+    let mut response = status(code);
+    response
+        .headers_mut()
+        .insert(h::PUT_OUTCOME, HeaderValue::from_static(outcome));
+    response
+}
+
+fn gone(reason: &'static str, time_ms: Option<u64>) -> Response<Body> {
+    let mut response = reply::gone("Gone", format!("blob is {reason}"), reason);
+    if let Some(time) = time_ms {
+        response.headers_mut().insert(h::TIME_MS, time.into());
+    }
+    response
+}
+
+pub async fn get(
+    store: Store,
+    key: String,
+    req: Request<Incoming>,
+    with_body: bool,
+) -> Result<Response<Body>> {
+    let include_expired = req.uri().query().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == larder_proto::INCLUDE_EXPIRED_QUERY)
+    });
+    let range = match req.headers().get(header::RANGE) {
+        None => None,
+        Some(value) => {
+            let text = value.to_str().unwrap_or("");
+            Some(ByteRange::parse(text).map_err(Error::BadRange)?)
+        }
+    };
+    // A lookup only reads the in-memory index: no need to leave the async thread for it.
+    match store.get_blob(key.as_bytes(), now_ms())? {
+        BlobLookup::NotFound => Err(Error::NotFound("no such blob on this replica")),
+        BlobLookup::Deleted { time_ms } => Ok(gone("deleted", Some(time_ms))),
+        BlobLookup::Expired(record) if !include_expired => {
+            Ok(gone("expired", record.meta.expires_ms))
+        }
+        BlobLookup::Found(record) | BlobLookup::Expired(record) => {
+            serve(store, record, range, with_body).await
+        }
+    }
+}
+
+/// Answers with a blob's bytes. The range is read and verified before the status is sent, so a
+/// corrupt record answers 500 (and the router asks another replica) instead of a torn body.
+async fn serve(
+    store: Store,
+    record: BlobRecord,
+    range: Option<ByteRange>,
+    with_body: bool,
+) -> Result<Response<Body>> {
+    let props = props::decode(&record.meta.props)?;
+    let size = record.size;
+    let selected = match range {
+        None => 0..size,
+        Some(range) => range.resolve(size).map_err(Error::BadRange)?,
+    };
+    let chunks = if with_body && !selected.is_empty() {
+        read(store, record, selected.clone()).await?
+    } else {
+        Vec::new()
+    };
+    let mut response = Response::new(reply::chunks_body(chunks));
+    if range.is_some() {
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+        let value = larder_proto::content_range(&selected, size);
+        response.headers_mut().insert(
+            header::CONTENT_RANGE,
+            HeaderValue::from_str(&value).expect("a content range is ascii"),
+        );
+    }
+    let headers = response.headers_mut();
+    props.write_headers(headers);
+    headers.insert(
+        header::CONTENT_LENGTH,
+        (selected.end - selected.start).into(),
+    );
+    headers.insert(h::BLOB_SIZE, size.into());
+    Ok(response)
+}
+
+async fn read(
+    store: Store,
+    record: BlobRecord,
+    selected: std::ops::Range<u64>,
+) -> Result<Vec<Bytes>> {
+    let small = selected.end - selected.start <= INLINE_READ_MAX;
+    let read = move || {
+        store
+            .read_blob(&record, selected)?
+            .collect::<larder_store::Result<Vec<Bytes>>>()
+    };
+    // Small reads are one or two preads, nearly always from the page cache: done in place
+    // they measured 15-17k GET/s against 11-13k through the blocking pool (two thread
+    // wake-ups per request). A cold-cache read stalls one worker for one disk read.
+    let chunks = if small { read() } else { blocking(read).await };
+    Ok(chunks?)
+}
+
+pub async fn delete(
+    node: &StorageNode,
+    store: Store,
+    key: String,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    let time_ms = match header_number(req.headers(), h::TIME_MS)? {
+        Some(time) => node.clock.check_time(h::TIME_MS, time)?,
+        None => now_ms(),
+    };
+    match blocking(move || store.delete_blob(key.as_bytes(), time_ms)).await? {
+        DeleteOutcome::Deleted | DeleteOutcome::AlreadyDeleted => Ok(status(StatusCode::ACCEPTED)),
+    }
+}

@@ -1,0 +1,50 @@
+//! What can go wrong while serving one internal request. Each variant is mapped to a status and a
+//! stable code in exactly one place, `reply::error_response`.
+
+use larder_proto::{PropertiesError, RangeError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no internal API at {0}")]
+    NoSuchPath(String),
+    #[error("node {node} hosts no replica of partition {partition}")]
+    NotHosted { node: String, partition: u32 },
+    #[error("use {0}")]
+    MethodNotAllowed(&'static str),
+    #[error("{0}")]
+    BadQuery(&'static str),
+    #[error("{0}")]
+    BadKey(&'static str),
+    #[error("{0}")]
+    BadHeader(String),
+    #[error(transparent)]
+    BadProperties(#[from] PropertiesError),
+    /// A time or version past what this node's clock allows (see `validate.rs`).
+    #[error("{header} {value} is too far in the future (limit {limit})")]
+    FromTheFuture {
+        header: &'static str,
+        value: u64,
+        limit: u64,
+    },
+    #[error("body does not match x-larder-body-crc32c")]
+    ChecksumMismatch,
+    #[error("body exceeds {max} bytes")]
+    BodyTooLarge { max: u64 },
+    #[error("no body bytes arrived for {0:?}")]
+    BodyTimeout(std::time::Duration),
+    #[error("reading the body: {0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The node's budget for buffered request bodies is spent: try again soon (or elsewhere).
+    #[error("this node is buffering {limit} bytes of request bodies already; retry later")]
+    BodyBudgetSpent { limit: u64 },
+    #[error(transparent)]
+    BadRange(RangeError),
+    #[error("{0}")]
+    NotFound(&'static str),
+    #[error("stored properties: {0}")]
+    CorruptProperties(String),
+    #[error(transparent)]
+    Store(#[from] larder_store::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,95 @@
+//! The internal API's routing: which operation a request names, and the node-level answers
+//! (health, metrics). Every error of every operation becomes a response here, in one place.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use larder_proto::InternalPath;
+use larder_store::Store;
+
+use crate::error::{Error, Result};
+use crate::reply::{self, Body};
+use crate::{blobs, changes, documents, StorageNode};
+
+pub async fn handle(node: Arc<StorageNode>, req: Request<Incoming>) -> Response<Body> {
+    let head = req.method() == Method::HEAD;
+    let response = route(node, req)
+        .await
+        .unwrap_or_else(|err| reply::error_response(&err));
+    if head {
+        without_body(response)
+    } else {
+        response
+    }
+}
+
+/// hyper's HTTP/2 server sends whatever body a HEAD response has, and a DATA frame on a HEAD
+/// response is a protocol error for the client: every HEAD answer goes out with headers only.
+fn without_body(response: Response<Body>) -> Response<Body> {
+    let (parts, _) = response.into_parts();
+    Response::from_parts(parts, reply::body(Bytes::new()))
+}
+
+async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Response<Body>> {
+    let path = req.uri().path().to_owned();
+    match larder_proto::parse_path(&path) {
+        Some(InternalPath::Health) => Ok(health(&node)),
+        Some(InternalPath::Metrics) => Ok(metrics(&node)),
+        Some(InternalPath::Blob { partition, key }) => {
+            let store = hosted(&node, partition)?;
+            let key = key.to_owned();
+            match *req.method() {
+                Method::PUT => blobs::put(&node, store, key, req).await,
+                Method::GET => blobs::get(store, key, req, true).await,
+                Method::HEAD => blobs::get(store, key, req, false).await,
+                Method::DELETE => blobs::delete(&node, store, key, req).await,
+                _ => Err(Error::MethodNotAllowed("PUT, GET, HEAD or DELETE")),
+            }
+        }
+        Some(InternalPath::Doc { partition, key }) => {
+            let store = hosted(&node, partition)?;
+            documents::handle(&node, store, key, req).await
+        }
+        Some(InternalPath::Changes { partition }) => {
+            let store = hosted(&node, partition)?;
+            changes::page(store, req.uri().query().unwrap_or("")).await
+        }
+        None => Err(Error::NoSuchPath(path)),
+    }
+}
+
+fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {
+    node.store(partition)
+        .cloned()
+        .ok_or_else(|| Error::NotHosted {
+            node: node.node_id.clone(),
+            partition,
+        })
+}
+
+fn metrics(node: &StorageNode) -> Response<Body> {
+    let mut response = reply::body_response(node.metrics.encode(node.partitions()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+fn health(node: &StorageNode) -> Response<Body> {
+    let partitions: serde_json::Map<String, serde_json::Value> = node
+        .partitions()
+        .map(|(p, store)| {
+            let s = store.stats();
+            let value = serde_json::json!({"live_keys": s.live_keys, "bytes_on_disk": s.bytes_on_disk,
+                "corrupt_records_found": s.corrupt_records_found, "durable_cursor": s.durable_cursor.to_string()});
+            (p.to_string(), value)
+        })
+        .collect();
+    reply::json(
+        StatusCode::OK,
+        &serde_json::json!({"node": node.node_id, "partitions": partitions}),
+    )
+}

@@ -1,0 +1,69 @@
+//! Requests to a storage node's internal port, as a peer sends them. Every test that talks to
+//! the internal port directly opens its connections here: the one place that would present the
+//! cluster's credentials.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// One HTTP/2 connection to the internal port at `addr`, with windows like the frontend's pool.
+pub async fn connect(addr: SocketAddr) -> SendRequest<Body> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(16 << 20)
+        .max_frame_size(1 << 20)
+        .handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// A request to `path` with `headers` and `body`, built for `connect`'s connections.
+pub fn request(
+    method: Method,
+    path: &str,
+    headers: &[(&str, String)],
+    body: Body,
+) -> Request<Body> {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://storage{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    request.body(body).unwrap()
+}
+
+/// Sends one request on a new connection and reads the whole answer.
+pub async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, String)],
+    body: Bytes,
+) -> (StatusCode, HeaderMap, Bytes) {
+    let mut sender = connect(addr).await;
+    let response = sender
+        .send_request(request(method, path, headers, full(body)))
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts.headers, body)
+}
