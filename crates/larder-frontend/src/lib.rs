@@ -14,5 +14,5 @@ mod server;
 mod sniff;
 mod state;
 
-pub use config::{DocumentsConfig, FrontendConfig, Limits, PublicTls};
+pub use config::{DocumentsConfig, FrontendAuth, FrontendConfig, Limits, PublicTls};
 pub use server::{serve, Listeners, ShutdownSignal, Signals};

@@ -4,6 +4,7 @@
 mod config;
 mod documents;
 mod handlers;
+mod internal_auth;
 mod metrics;
 mod node;
 mod props;
@@ -11,7 +12,7 @@ mod replication;
 mod reply;
 mod server;
 
-pub use config::{StorageConfig, StoreSettings};
+pub use config::{AuthSettings, StorageConfig, StoreSettings};
 pub use node::StorageNode;
 pub use replication::ReplicationConfig;
 pub use server::{serve, ShutdownSignal, Signals};

@@ -15,6 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use larder_auth::Credentials;
 use larder_cluster::ClusterMap;
 use larder_pool::StoragePool;
 use larder_tls::rustls::ServerConfig;
@@ -24,7 +25,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Http2Settings;
 use crate::reply::{Body, BoxError};
-use crate::{handlers, StorageConfig, StorageNode};
+use crate::{handlers, internal_auth, StorageConfig, StorageNode};
 
 /// Resolves when the node should stop (SIGTERM in the binary; a channel in tests).
 pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -33,8 +34,8 @@ pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub struct Signals {
     /// Stop: finish in-flight requests, sync and checkpoint, return.
     pub shutdown: ShutdownSignal,
-    /// Each message re-reads the certificate, key and CA files of `[tls]` and `[pool.tls]`
-    /// (SIGHUP in the binary).
+    /// Each message re-reads the certificate, key and CA files of `[tls]` and `[pool.tls]`,
+    /// and the cluster secret file of `[auth]` (SIGHUP in the binary).
     pub reload: mpsc::Receiver<()>,
 }
 
@@ -61,6 +62,12 @@ pub async fn serve(
         )),
         None => None,
     };
+    let credentials = internal_auth::load_credentials(&config)?;
+    // With mutual TLS the certificate authenticates clients; the secret (if any) only serves
+    // this node's replication pool towards peers without `[pool.tls]`. One holder for both, so
+    // one reload reaches both.
+    let server_credentials = credentials.clone().filter(|_| tls.is_none());
+    let trusted = tls.is_some() || server_credentials.is_some();
     let open_config = config.clone();
     let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
@@ -68,10 +75,11 @@ pub async fn serve(
         .map_err(|e| e.to_string())??;
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
-    let peers = peer_pool(&map_for_replication, &config)?;
+    let peers = peer_pool(&map_for_replication, &config, credentials)?;
     let replicators = start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
     let max_body = config.store.max_record_size.as_u64();
-    let builder = connection_builder(&config.http2);
+    let mut builder = connection_builder(&config.http2);
+    internal_auth::apply_reset_limits(&mut builder, trusted);
     let graceful = GracefulShutdown::new();
     tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "storage node serving");
     loop {
@@ -83,6 +91,7 @@ pub async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
+                let admitted = node.clone();
                 let node = node.clone();
                 let service = service_fn(move |req| {
                     let node = node.clone();
@@ -90,10 +99,20 @@ pub async fn serve(
                 });
                 // The config current now: a reload affects the next handshake.
                 let acceptor = tls.as_ref().map(|tls| tls.acceptor());
+                let secrets = server_credentials.as_ref().map(|c| c.current());
                 let (builder, watcher) = (builder.clone(), graceful.watcher());
                 tokio::spawn(async move {
                     let result = match acceptor {
-                        None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                        None => {
+                            let mut stream = stream;
+                            // No HTTP byte before the peer proved it holds the cluster secret.
+                            if let Some(secrets) = secrets {
+                                if !internal_auth::admit(&mut stream, peer, &secrets, &admitted.metrics).await {
+                                    return;
+                                }
+                            }
+                            watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+                        }
                         Some(acceptor) => {
                             // A client without a certificate from the cluster CA fails here.
                             let Some(stream) = handshake(&acceptor, stream, peer).await else { return };
@@ -105,7 +124,10 @@ pub async fn serve(
                     }
                 });
             }
-            Some(()) = signals.reload.recv() => reload(&node, tls.as_deref(), &peers),
+            Some(()) = signals.reload.recv() => {
+                reload(&node, tls.as_deref(), &peers);
+                reload_secret(&peers);
+            }
             _ = &mut signals.shutdown => break,
         }
     }
@@ -127,14 +149,18 @@ pub async fn serve(
 }
 
 /// Connections to the peer storage nodes, for replication. With `[pool.tls]` peers are reached
-/// over mutual TLS like the frontend reaches them.
-fn peer_pool(map: &ClusterMap, config: &StorageConfig) -> Result<StoragePool, String> {
+/// over mutual TLS like the frontend reaches them; otherwise this node proves the cluster secret.
+fn peer_pool(
+    map: &ClusterMap,
+    config: &StorageConfig,
+    credentials: Option<Arc<Credentials>>,
+) -> Result<StoragePool, String> {
     let peers = map
         .nodes
         .iter()
         .filter(|n| n.id != config.node_id)
         .map(|n| (n.id.clone(), n.address));
-    StoragePool::new(peers, config.pool.clone()).map_err(|e| e.to_string())
+    StoragePool::new(peers, config.pool.clone(), credentials).map_err(|e| e.to_string())
 }
 
 fn start_replication(
@@ -179,6 +205,18 @@ fn reload(node: &StorageNode, server: Option<&Reloading<ServerConfig>>, peers: &
             }
             None => {}
         }
+    }
+}
+
+/// Re-reads the cluster secret file. The accept loop and the replication pool share one
+/// holder, so this reaches both. A broken file keeps the old secrets.
+fn reload_secret(peers: &StoragePool) {
+    match peers.reload_secret() {
+        Some(Ok(())) => tracing::info!("cluster secret reloaded"),
+        Some(Err(err)) => {
+            tracing::error!(%err, "cluster secret reload failed; keeping the old secrets")
+        }
+        None => {}
     }
 }
 
