@@ -135,7 +135,10 @@ mod tests {
     }
 
     /// Runs both sides; each drops its end when done, as a real connection would be closed.
-    async fn run(client: &Secrets, server: &Secrets) -> (Result<(), AuthError>, Result<(), AuthError>) {
+    async fn run(
+        client: &Secrets,
+        server: &Secrets,
+    ) -> (Result<(), AuthError>, Result<(), AuthError>) {
         let (mut c, mut s) = duplex(1024);
         let server = async move {
             let result = accept(&mut s, server, T).await;
@@ -182,7 +185,9 @@ mod tests {
         // An impostor that accepts anything but does not hold the secret cannot prove itself.
         let (mut c, mut s) = duplex(1024);
         let impostor = async move {
-            s.write_all(&[MAGIC.as_slice(), &[7; 32]].concat()).await.unwrap();
+            s.write_all(&[MAGIC.as_slice(), &[7; 32]].concat())
+                .await
+                .unwrap();
             let mut answer = [0u8; 72];
             s.read_exact(&mut answer).await.unwrap();
             s.write_all(&[9; 32]).await.unwrap();
@@ -250,7 +255,9 @@ mod tests {
         assert!(matches!(result, Err(AuthError::BadMagic)), "{result:?}");
         // A plain HTTP server answering where the handshake should be.
         let (mut c, mut s) = duplex(1024);
-        s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n0123456789ab").await.unwrap();
+        s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n0123456789ab")
+            .await
+            .unwrap();
         let result = connect(&mut c, &secrets(&[1]), T).await;
         assert!(matches!(result, Err(AuthError::BadMagic)), "{result:?}");
     }

@@ -181,7 +181,13 @@ mod tests {
 
     #[test]
     fn malformed_files_are_refused() {
-        for text in ["", "# only a comment\n", "abc\n", &"zz".repeat(32), &"a".repeat(66)] {
+        for text in [
+            "",
+            "# only a comment\n",
+            "abc\n",
+            &"zz".repeat(32),
+            &"a".repeat(66),
+        ] {
             assert!(parse_secrets(text).is_err(), "{text:?}");
         }
         assert!(parse_secrets(&format!("{}\n", "ab".repeat(32)).repeat(9)).is_err());

@@ -25,7 +25,9 @@ const UNAUTHENTICATED: &str = "the internal API would be open to anyone who can 
 /// the port open without saying so, and a secret file that cannot be read.
 pub(crate) fn load_credentials(config: &StorageConfig) -> Result<Option<Arc<Credentials>>, String> {
     let credentials = match &config.auth.secret_file {
-        Some(path) => Some(Arc::new(Credentials::load(path).map_err(|e| e.to_string())?)),
+        Some(path) => Some(Arc::new(
+            Credentials::load(path).map_err(|e| e.to_string())?,
+        )),
         None => None,
     };
     if config.tls.is_none() && credentials.is_none() {

@@ -39,7 +39,11 @@ async fn copy_logging(
     upstream: bool,
 ) {
     let mut pending = Vec::new();
-    let mut skip = if upstream { AUTH_UP + PREFACE } else { AUTH_DOWN };
+    let mut skip = if upstream {
+        AUTH_UP + PREFACE
+    } else {
+        AUTH_DOWN
+    };
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
@@ -123,8 +127,12 @@ async fn largest_frames(
 ) -> (usize, usize) {
     *log.lock().unwrap() = FrameLog::default();
     let credentials = larder_auth::Credentials::load(&secret_file(dir)).unwrap();
-    let pool = StoragePool::new([("s1".to_string(), storage_at)], pool, Some(Arc::new(credentials)))
-        .unwrap();
+    let pool = StoragePool::new(
+        [("s1".to_string(), storage_at)],
+        pool,
+        Some(Arc::new(credentials)),
+    )
+    .unwrap();
     let data = Bytes::from(vec![5u8; 4 << 20]);
     let key = BlobId::mint(BlobKind::Chunk, 1, 0).to_string();
     let path = format!("/internal/v1/partitions/0/blobs/{key}");
