@@ -183,10 +183,8 @@ async fn handshake_passes(addr: SocketAddr, secrets: &Secrets) -> bool {
 /// True once the node closed the connection (EOF or reset) without sending anything more.
 async fn closed_without_answer(stream: &mut TcpStream) -> bool {
     let mut buf = [0u8; 64];
-    match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
-        Ok(Ok(0)) | Ok(Err(_)) => true,
-        _ => false,
-    }
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await;
+    matches!(read, Ok(Ok(0)) | Ok(Err(_)))
 }
 
 fn one_secret() -> Secrets {

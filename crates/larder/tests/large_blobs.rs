@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::h2::H2Client;
 use common::stream::{download, upload, Pattern};
 use common::{curl, file_with, Cluster};
 use http::{Method, StatusCode};
