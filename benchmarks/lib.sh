@@ -47,15 +47,20 @@ h2load_2xx() {
   awk '/^status codes:/ {gsub(",","",$3); print $3}'
 }
 
-# start_cluster WORK NODES PARTITIONS: writes a cluster map and storage configs under WORK and
-# starts the storage nodes (release build), recording each pid in WORK/sN.pid.
+# Every internal hop proves the cluster secret that `cluster init` writes next to the map
+# (a benchmark that curls a storage node directly sets both to the insecure mode instead).
+STORAGE_AUTH=${STORAGE_AUTH:-$'[auth]\nsecret_file = "cluster.secret"'}
+FRONTEND_AUTH=${FRONTEND_AUTH-$'[auth]\nsecret_file = "cluster.secret"'}
+
+# start_cluster WORK NODES PARTITIONS: writes a cluster map, its secret and storage configs under
+# WORK and starts the storage nodes (release build), recording each pid in WORK/sN.pid.
 start_cluster() {
   local work=$1 nodes=$2 partitions=$3 larder=${LARDER:-target/release/larder}
   local base; base=$(free_port)
   "$larder" cluster init --nodes "$nodes" --partitions "$partitions" --replicas 3 \
     --base-port "$base" -o "$work/cluster.toml" --force >/dev/null
   for i in $(seq 1 "$nodes"); do
-    printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n' "$i" "$i" "${STORAGE_EXTRA:-}" > "$work/s$i.toml"
+    printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n%s\n' "$i" "$i" "${STORAGE_EXTRA:-}" "$STORAGE_AUTH" > "$work/s$i.toml"
     start_node "$work" "$i"
   done
   for i in $(seq 1 "$nodes"); do wait_port $((base + i - 1)); done
@@ -68,7 +73,7 @@ start_node() { # WORK I
 
 # start_frontend WORK NAME PORT [extra TOML]: a frontend in dc1 with its own config file.
 start_frontend() {
-  printf 'listen = "127.0.0.1:%s"\ncluster_map = "cluster.toml"\ndatacenter = "dc1"\n%s\n' "$3" "${4:-}" > "$1/$2.toml"
+  printf 'listen = "127.0.0.1:%s"\ncluster_map = "cluster.toml"\ndatacenter = "dc1"\n%s\n%s\n' "$3" "${4:-}" "$FRONTEND_AUTH" > "$1/$2.toml"
   LARDER_LOG=warn "${LARDER:-target/release/larder}" frontend --config "$1/$2.toml" >>"$1/$2.log" 2>&1 &
   echo $! > "$1/$2.pid"
   wait_port "$3"

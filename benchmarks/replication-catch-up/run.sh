@@ -12,6 +12,9 @@ source benchmarks/lib.sh
 mib=${MIB:-512}; out="$here/RESULTS.md"
 if [ "${1:-}" = "--smoke" ]; then mib=8; out=$(mktemp); fi
 
+# live_keys below curls a storage node's internal health, so this cluster runs unauthenticated.
+STORAGE_AUTH=$'[auth]\ninsecure_unauthenticated_internal_api = true'
+FRONTEND_AUTH=''
 bench_build
 work=$(mktemp -d "$root/target/bench-repl.XXXX")
 trap 'stop_all "$work"; rm -rf "$work"' EXIT

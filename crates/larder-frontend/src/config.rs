@@ -40,6 +40,9 @@ pub struct FrontendConfig {
     pub limits: Limits,
     #[serde(default)]
     pub pool: PoolConfig,
+    /// How this frontend proves itself to storage nodes without `[pool.tls]` (`[auth]`).
+    #[serde(default)]
+    pub auth: FrontendAuth,
     #[serde(default)]
     pub router: RouterConfig,
     /// The `/document/v1` API.
@@ -56,6 +59,29 @@ fn default_max_blob() -> ByteSize {
 
 fn default_grace() -> Duration {
     Duration::from_secs(10)
+}
+
+/// `[auth]`: the cluster secret this frontend proves to storage nodes (and checks that they
+/// prove back) on every cleartext pool connection, before its first HTTP byte.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FrontendAuth {
+    /// The cluster secret file (the first line signs; relative paths are relative to the config
+    /// file), re-read on SIGHUP (a broken file keeps the old secrets). Unused with `[pool.tls]`.
+    /// Absent without `[pool.tls]`: the pool reaches only storage nodes in insecure mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+}
+
+impl FrontendAuth {
+    /// Loads the secret file, if one is configured.
+    pub fn credentials(&self) -> Result<Option<std::sync::Arc<larder_auth::Credentials>>, String> {
+        self.secret_file
+            .as_deref()
+            .map(|path| larder_auth::Credentials::load(path).map(std::sync::Arc::new))
+            .transpose()
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// The public TLS listener (`[tls]`). The certificate and key are read again on SIGHUP; a
@@ -231,6 +257,9 @@ impl FrontendConfig {
             upload_journal_dir: Some("frontend-uploads".into()),
             limits: Limits::default(),
             pool: PoolConfig::default(),
+            auth: FrontendAuth {
+                secret_file: Some("cluster.secret".into()),
+            },
             router: RouterConfig::default(),
             documents: DocumentsConfig::default(),
             shutdown_grace: default_grace(),

@@ -18,5 +18,5 @@ mod state;
 /// Entry points for fuzzers (`fuzz/`): not part of the stable API.
 #[doc(hidden)]
 pub use api::fuzzing;
-pub use config::{DocumentsConfig, FrontendConfig, Limits, PublicTls};
+pub use config::{DocumentsConfig, FrontendAuth, FrontendConfig, Limits, PublicTls};
 pub use server::{serve, Listeners, ShutdownSignal, Signals};

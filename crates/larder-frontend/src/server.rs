@@ -60,7 +60,9 @@ pub async fn serve(
         return Err("a TLS listener is needed exactly when the config has [tls]".into());
     }
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
-    let pool = StoragePool::new(nodes, config.pool.clone()).map_err(|e| e.to_string())?;
+    let credentials = config.auth.credentials()?;
+    let pool =
+        StoragePool::new(nodes, config.pool.clone(), credentials).map_err(|e| e.to_string())?;
     let mut router = Router::new(
         Arc::new(map),
         pool,
@@ -162,6 +164,13 @@ fn reload(state: &AppState, public: Option<&Reloading<ServerConfig>>) {
             }
             None => {}
         }
+    }
+    match state.router.pool().reload_secret() {
+        Some(Ok(())) => tracing::info!("cluster secret reloaded"),
+        Some(Err(err)) => {
+            tracing::error!(%err, "cluster secret reload failed; keeping the old secrets")
+        }
+        None => {}
     }
 }
 

@@ -5,21 +5,65 @@ use std::net::SocketAddr;
 
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use larder_auth::Secrets;
 use larder_tls::rustls::pki_types::ServerName;
 use larder_tls::TlsConnector;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpSocket;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::{Body, PoolConfig};
 
-/// Connects (TLS when `tls` is set), applies the socket and HTTP/2 settings and spawns the
-/// connection's driver task. The returned sender multiplexes any number of concurrent requests
-/// (up to the peer's limit).
+/// Connects (TLS when `tls` is set; else the secret handshake when `secrets` is set), applies
+/// the socket and HTTP/2 settings and spawns the connection's driver task. The returned sender
+/// multiplexes any number of concurrent requests (up to the peer's limit).
 pub(crate) async fn connect(
     addr: SocketAddr,
     cfg: &PoolConfig,
     tls: Option<&TlsConnector>,
+    secrets: Option<&Secrets>,
 ) -> io::Result<SendRequest<Body>> {
+    let mut stream = tcp_connect(addr, cfg).await?;
+    match tls {
+        None => {
+            authenticate(&mut stream, addr, cfg, secrets).await?;
+            handshake(stream, addr, cfg).await
+        }
+        Some(connector) => {
+            // Storage nodes are addressed by IP in the cluster map, so their certificates name
+            // that IP address. Mutual TLS authenticates both sides: no secret handshake.
+            let name = ServerName::IpAddress(addr.ip().into());
+            let stream = tokio::time::timeout(cfg.connect_timeout, connector.connect(name, stream))
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("TLS handshake with {addr} timed out"),
+                    )
+                })??;
+            handshake(stream, addr, cfg).await
+        }
+    }
+}
+
+/// Over cleartext: proves this side holds the cluster secret and checks that the node does
+/// (`larder-auth`), before the first HTTP byte. Without a secret (a node in insecure mode)
+/// nothing is exchanged.
+pub(crate) async fn authenticate(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    cfg: &PoolConfig,
+    secrets: Option<&Secrets>,
+) -> io::Result<()> {
+    let Some(secrets) = secrets else {
+        return Ok(());
+    };
+    larder_auth::connect(stream, secrets, cfg.connect_timeout)
+        .await
+        .map_err(|err| io::Error::other(format!("authenticating to {addr}: {err}")))
+}
+
+/// A TCP connection with the pool's socket settings, within `connect_timeout`.
+pub(crate) async fn tcp_connect(addr: SocketAddr, cfg: &PoolConfig) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -40,23 +84,7 @@ pub(crate) async fn connect(
             )
         })??;
     stream.set_nodelay(true)?;
-    match tls {
-        None => handshake(stream, addr, cfg).await,
-        Some(connector) => {
-            // Storage nodes are addressed by IP in the cluster map, so their certificates name
-            // that IP address.
-            let name = ServerName::IpAddress(addr.ip().into());
-            let stream = tokio::time::timeout(cfg.connect_timeout, connector.connect(name, stream))
-                .await
-                .map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("TLS handshake with {addr} timed out"),
-                    )
-                })??;
-            handshake(stream, addr, cfg).await
-        }
-    }
+    Ok(stream)
 }
 
 async fn handshake<T>(

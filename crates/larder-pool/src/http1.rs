@@ -10,23 +10,32 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpSocket;
 use tokio::sync::Semaphore;
 
+use larder_auth::Credentials;
+
+use crate::connection::{authenticate, tcp_connect};
 use crate::{Body, PoolConfig, PoolError};
 
 pub(crate) struct Http1Pool {
     addr: SocketAddr,
     cfg: Arc<PoolConfig>,
+    /// The cluster secret each new connection proves (absent: a node in insecure mode).
+    credentials: Option<Arc<Credentials>>,
     /// One permit per connection: held from sending a request until its response is consumed.
     permits: Arc<Semaphore>,
     idle: Arc<std::sync::Mutex<Vec<SendRequest<Body>>>>,
 }
 
 impl Http1Pool {
-    pub(crate) fn new(addr: SocketAddr, cfg: Arc<PoolConfig>) -> Http1Pool {
+    pub(crate) fn new(
+        addr: SocketAddr,
+        cfg: Arc<PoolConfig>,
+        credentials: Option<Arc<Credentials>>,
+    ) -> Http1Pool {
         Http1Pool {
             addr,
+            credentials,
             permits: Arc::new(Semaphore::new(cfg.http1_connections_per_node)),
             cfg,
             idle: Arc::default(),
@@ -91,27 +100,13 @@ impl Http1Pool {
             addr: self.addr,
             detail: err.to_string(),
         };
-        let socket = if self.addr.is_ipv4() {
-            TcpSocket::new_v4()
-        } else {
-            TcpSocket::new_v6()
-        }
-        .map_err(connect_error)?;
-        if let Some(size) = self.cfg.tcp_send_buffer {
-            socket
-                .set_send_buffer_size(size.as_u64() as u32)
-                .map_err(connect_error)?;
-        }
-        if let Some(size) = self.cfg.tcp_recv_buffer {
-            socket
-                .set_recv_buffer_size(size.as_u64() as u32)
-                .map_err(connect_error)?;
-        }
-        let stream = tokio::time::timeout(self.cfg.connect_timeout, socket.connect(self.addr))
+        let mut stream = tcp_connect(self.addr, &self.cfg)
             .await
-            .map_err(|_| connect_error(io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
-        stream.set_nodelay(true).map_err(connect_error)?;
+        let secrets = self.credentials.as_ref().map(|c| c.current());
+        authenticate(&mut stream, self.addr, &self.cfg, secrets.as_deref())
+            .await
+            .map_err(connect_error)?;
         let (sender, connection) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| connect_error(io::Error::other(e)))?;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
+use larder_auth::Credentials;
 use larder_tls::rustls::ClientConfig;
 use larder_tls::Reloading;
 use tokio::sync::Mutex;
@@ -51,13 +52,18 @@ type ClientTls = Arc<Reloading<ClientConfig>>;
 pub struct StoragePool {
     nodes: Arc<HashMap<String, Arc<NodePool>>>,
     tls: Option<ClientTls>,
+    credentials: Option<Arc<Credentials>>,
 }
 
 impl StoragePool {
     /// Fails only when `cfg.tls` names unreadable or mismatched certificate files.
+    /// `credentials`: the cluster secret that cleartext connections prove (`larder-auth`'s
+    /// handshake); unused with `cfg.tls` (mutual TLS authenticates), and absent only to reach
+    /// nodes in insecure mode.
     pub fn new(
         nodes: impl IntoIterator<Item = (String, SocketAddr)>,
         cfg: PoolConfig,
+        credentials: Option<Arc<Credentials>>,
     ) -> Result<StoragePool, PoolError> {
         let tls = match &cfg.tls {
             Some(files) => Some(Arc::new(larder_tls::mutual_client(files)?)),
@@ -66,12 +72,22 @@ impl StoragePool {
         let cfg = Arc::new(cfg);
         let nodes = nodes
             .into_iter()
-            .map(|(id, addr)| (id, Arc::new(NodePool::new(addr, cfg.clone(), tls.clone()))))
+            .map(|(id, addr)| {
+                let pool = NodePool::new(addr, cfg.clone(), tls.clone(), credentials.clone());
+                (id, Arc::new(pool))
+            })
             .collect();
         Ok(StoragePool {
             nodes: Arc::new(nodes),
             tls,
+            credentials,
         })
+    }
+
+    /// Re-reads the cluster secret file; `None` without one. Connections opened from now on
+    /// prove the new first secret; open ones stay authenticated. On error the old secrets stay.
+    pub fn reload_secret(&self) -> Option<Result<(), larder_auth::AuthError>> {
+        self.credentials.as_ref().map(|c| c.reload())
     }
 
     /// Re-reads `[pool.tls]` (certificate, key and CA); `None` without TLS. Connections opened
@@ -112,6 +128,7 @@ pub struct NodePool {
     addr: SocketAddr,
     cfg: Arc<PoolConfig>,
     tls: Option<ClientTls>,
+    credentials: Option<Arc<Credentials>>,
     slots: Vec<Mutex<Slot>>,
     next: AtomicUsize,
     /// Set in `http1-for-comparison` mode, which then carries every request.
@@ -127,16 +144,22 @@ struct Slot {
 }
 
 impl NodePool {
-    fn new(addr: SocketAddr, cfg: Arc<PoolConfig>, tls: Option<ClientTls>) -> NodePool {
+    fn new(
+        addr: SocketAddr,
+        cfg: Arc<PoolConfig>,
+        tls: Option<ClientTls>,
+        credentials: Option<Arc<Credentials>>,
+    ) -> NodePool {
         let slots = (0..cfg.connections_per_node)
             .map(|_| Mutex::new(Slot::default()))
             .collect();
         let http1 = (cfg.protocol == PoolProtocol::Http1ForComparison)
-            .then(|| Http1Pool::new(addr, cfg.clone()));
+            .then(|| Http1Pool::new(addr, cfg.clone(), credentials.clone()));
         NodePool {
             addr,
             cfg,
             tls,
+            credentials,
             slots,
             next: AtomicUsize::new(0),
             http1,
@@ -240,7 +263,8 @@ impl NodePool {
             }
         }
         let connector = self.tls.as_ref().map(|tls| tls.connector());
-        match connect(self.addr, &self.cfg, connector.as_ref()).await {
+        let secrets = self.credentials.as_ref().map(|c| c.current());
+        match connect(self.addr, &self.cfg, connector.as_ref(), secrets.as_deref()).await {
             Ok(sender) => {
                 slot.failures = 0;
                 slot.retry_at = None;

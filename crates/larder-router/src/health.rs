@@ -179,7 +179,10 @@ mod tests {
         health.record_success("a");
         assert!(health.answered_since("a", before));
         std::thread::sleep(Duration::from_millis(5));
-        assert!(!health.answered_since("a", Instant::now()), "nothing since now");
+        assert!(
+            !health.answered_since("a", Instant::now()),
+            "nothing since now"
+        );
         assert!(!health.answered_since("unknown", before));
     }
 }

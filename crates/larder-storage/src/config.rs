@@ -26,6 +26,9 @@ pub struct StorageConfig {
     /// one keeps the old files in use); new handshakes use them, open connections keep theirs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<MutualTls>,
+    /// How clients prove themselves without `[tls]` (`[auth]`).
+    #[serde(default)]
+    pub auth: AuthSettings,
     #[serde(default)]
     pub http2: Http2Settings,
     #[serde(default)]
@@ -44,6 +47,24 @@ pub struct StorageConfig {
 
 fn default_grace() -> Duration {
     Duration::from_secs(10)
+}
+
+/// `[auth]`: without `[tls]`, every connection to the internal API (from frontends and from
+/// peer storage nodes) must first prove it holds the cluster secret (`larder-auth`'s handshake),
+/// and this node proves it to them. A node with neither `[tls]` nor a secret refuses to start,
+/// unless told otherwise by the setting named for what it does.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    /// The cluster secret file (one hex secret per line: the first signs, every one is
+    /// accepted; relative paths are relative to the config file). Re-read on SIGHUP (a broken
+    /// file keeps the old secrets). Also proves this node to its peers when it replicates over
+    /// cleartext. `larder cluster init` and `larder dev` write one next to the cluster map.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
+    /// Serve the internal API to anyone who can reach the port, with no `[tls]` and no secret:
+    /// anyone could read, delete and plant data. Only for a network nothing else can reach.
+    pub insecure_unauthenticated_internal_api: bool,
 }
 
 /// Server-side HTTP/2 settings of the internal API.
@@ -66,9 +87,11 @@ pub struct Http2Settings {
     /// default (20) then closes the pool's connection with ENHANCE_YOUR_CALM. Connections not
     /// known to be a peer keep h2's default, the protection against rapid-reset floods.
     pub trusted_max_pending_accept_reset_streams: usize,
-    /// Streams this node may reset for a trusted peer's protocol errors before closing the
-    /// connection (h2's default, kept for other connections, is 1024).
-    pub trusted_max_local_error_reset_streams: usize,
+    /// Streams this node may reset for a trusted peer's protocol errors (and refuse) before
+    /// closing the connection; unset: no limit. h2 counts these over the connection's whole life,
+    /// never forgetting one, so any finite limit would eventually close a long-lived pool
+    /// connection. Other connections keep h2's default (1024).
+    pub trusted_max_local_error_reset_streams: Option<usize>,
 }
 
 impl Default for Http2Settings {
@@ -81,7 +104,7 @@ impl Default for Http2Settings {
             max_send_buffer: ByteSize::mib(4),
             max_header_list_size: ByteSize::kib(64),
             trusted_max_pending_accept_reset_streams: 4096,
-            trusted_max_local_error_reset_streams: 4096,
+            trusted_max_local_error_reset_streams: None,
         }
     }
 }
@@ -183,6 +206,10 @@ impl StorageConfig {
             data_dir: "larder-data/s1".into(),
             listen: None,
             tls: None,
+            auth: AuthSettings {
+                secret_file: Some("cluster.secret".into()),
+                insecure_unauthenticated_internal_api: false,
+            },
             http2: Http2Settings::default(),
             store: StoreSettings::default(),
             limits: Limits::default(),

@@ -8,6 +8,7 @@ mod config;
 mod connection;
 mod documents;
 mod error;
+mod internal_auth;
 mod metrics;
 mod node;
 mod props;
@@ -18,7 +19,8 @@ mod server;
 mod validate;
 
 pub use config::{
-    ConfigError, Http2Settings, Limits, ReplicationConfig, StorageConfig, StoreSettings,
+    AuthSettings, ConfigError, Http2Settings, Limits, ReplicationConfig, StorageConfig,
+    StoreSettings,
 };
 pub use node::OpenError;
 pub use node::StorageNode;

@@ -29,6 +29,12 @@ pub struct ReloadLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthRefusalLabels {
+    /// `larder_auth::AuthError::kind`: `timeout`, `bad_magic`, `refused` or `io`.
+    pub reason: &'static str,
+}
+
 pub struct StorageMetrics {
     registry: Registry,
     /// Records the last replication round found after our cursor on the peer (0 = caught up).
@@ -44,6 +50,7 @@ pub struct StorageMetrics {
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
     certificate_reloads: Family<ReloadLabels, Counter>,
+    internal_auth_refusals: Family<AuthRefusalLabels, Counter>,
 }
 
 impl StorageMetrics {
@@ -59,6 +66,7 @@ impl StorageMetrics {
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
             certificate_reloads: Family::default(),
+            internal_auth_refusals: Family::default(),
             registry: Registry::default(),
         };
         // Zeros up front, so a failed reload is an increase, not a new series.
@@ -71,6 +79,16 @@ impl StorageMetrics {
                 let _ = m.certificate_reloads.get_or_create(&labels);
             }
         }
+        for reason in ["timeout", "bad_magic", "refused", "io"] {
+            let _ = m
+                .internal_auth_refusals
+                .get_or_create(&AuthRefusalLabels { reason });
+        }
+        registry.register(
+            "internal_auth_refusals",
+            "Connections closed in the cluster-secret handshake, by reason",
+            m.internal_auth_refusals.clone(),
+        );
         registry.register(
             "replication_lag_records",
             "Records found behind a peer replica in the last round",
@@ -122,6 +140,12 @@ impl StorageMetrics {
                 certificate,
                 result,
             })
+            .inc();
+    }
+
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.internal_auth_refusals
+            .get_or_create(&AuthRefusalLabels { reason })
             .inc();
     }
 

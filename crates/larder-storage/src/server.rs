@@ -10,6 +10,7 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
+use larder_auth::Credentials;
 use larder_cluster::ClusterMap;
 use larder_pool::StoragePool;
 use larder_tls::rustls::ServerConfig;
@@ -18,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::connection::connection_builder;
-use crate::{routes, StorageConfig, StorageNode};
+use crate::{internal_auth, routes, StorageConfig, StorageNode};
 
 /// Resolves when the node should stop (SIGTERM in the binary; a channel in tests).
 pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -27,8 +28,8 @@ pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub struct Signals {
     /// Stop: finish in-flight requests, sync and checkpoint, return.
     pub shutdown: ShutdownSignal,
-    /// Each message re-reads the certificate, key and CA files of `[tls]` and `[pool.tls]`
-    /// (SIGHUP in the binary).
+    /// Each message re-reads the certificate, key and CA files of `[tls]` and `[pool.tls]`,
+    /// and the cluster secret file of `[auth]` (SIGHUP in the binary).
     pub reload: mpsc::Receiver<()>,
 }
 
@@ -55,6 +56,12 @@ pub async fn serve(
         )),
         None => None,
     };
+    let credentials = internal_auth::load_credentials(&config)?;
+    // With mutual TLS the certificate authenticates clients; the secret (if any) only serves
+    // this node's replication pool towards peers without `[pool.tls]`. One holder for both, so
+    // one reload reaches both.
+    let server_credentials = credentials.clone().filter(|_| tls.is_none());
+    let trusted = tls.is_some() || server_credentials.is_some();
     let open_config = config.clone();
     let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
@@ -63,10 +70,10 @@ pub async fn serve(
         .map_err(|e| e.to_string())?;
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
-    let peers = peer_pool(&map_for_replication, &config)?;
+    let peers = peer_pool(&map_for_replication, &config, credentials)?;
     let replicators = start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
-    // Every connection that passed mutual TLS is a peer's.
-    let builder = connection_builder(&config.http2, config.tls.is_some());
+    // Every connection that passed mutual TLS or the secret handshake is a peer's.
+    let builder = connection_builder(&config.http2, trusted);
     let graceful = GracefulShutdown::new();
     tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "storage node serving");
     loop {
@@ -78,6 +85,7 @@ pub async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
+                let admitted = node.clone();
                 let node = node.clone();
                 let service = service_fn(move |req| {
                     let node = node.clone();
@@ -85,10 +93,20 @@ pub async fn serve(
                 });
                 // The config current now: a reload affects the next handshake.
                 let acceptor = tls.as_ref().map(|tls| tls.acceptor());
+                let secrets = server_credentials.as_ref().map(|c| c.current());
                 let (builder, watcher) = (builder.clone(), graceful.watcher());
                 tokio::spawn(async move {
                     let result = match acceptor {
-                        None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                        None => {
+                            let mut stream = stream;
+                            // No HTTP byte before the peer proved it holds the cluster secret.
+                            if let Some(secrets) = secrets {
+                                if !internal_auth::admit(&mut stream, peer, &secrets, &admitted.metrics).await {
+                                    return;
+                                }
+                            }
+                            watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+                        }
                         Some(acceptor) => {
                             // A client without a certificate from the cluster CA fails here.
                             let Some(stream) = handshake(&acceptor, stream, peer).await else { return };
@@ -100,7 +118,10 @@ pub async fn serve(
                     }
                 });
             }
-            Some(()) = signals.reload.recv() => reload(&node, tls.as_deref(), &peers),
+            Some(()) = signals.reload.recv() => {
+                reload(&node, tls.as_deref(), &peers);
+                reload_secret(&peers);
+            }
             _ = &mut signals.shutdown => break,
         }
     }
@@ -122,14 +143,18 @@ pub async fn serve(
 }
 
 /// Connections to the peer storage nodes, for replication. With `[pool.tls]` peers are reached
-/// over mutual TLS like the frontend reaches them.
-fn peer_pool(map: &ClusterMap, config: &StorageConfig) -> Result<StoragePool, String> {
+/// over mutual TLS like the frontend reaches them; otherwise this node proves the cluster secret.
+fn peer_pool(
+    map: &ClusterMap,
+    config: &StorageConfig,
+    credentials: Option<Arc<Credentials>>,
+) -> Result<StoragePool, String> {
     let peers = map
         .nodes
         .iter()
         .filter(|n| n.id != config.node_id)
         .map(|n| (n.id.clone(), n.address));
-    StoragePool::new(peers, config.pool.clone()).map_err(|e| e.to_string())
+    StoragePool::new(peers, config.pool.clone(), credentials).map_err(|e| e.to_string())
 }
 
 fn start_replication(
@@ -174,6 +199,18 @@ fn reload(node: &StorageNode, server: Option<&Reloading<ServerConfig>>, peers: &
             }
             None => {}
         }
+    }
+}
+
+/// Re-reads the cluster secret file. The accept loop and the replication pool share one
+/// holder, so this reaches both. A broken file keeps the old secrets.
+fn reload_secret(peers: &StoragePool) {
+    match peers.reload_secret() {
+        Some(Ok(())) => tracing::info!("cluster secret reloaded"),
+        Some(Err(err)) => {
+            tracing::error!(%err, "cluster secret reload failed; keeping the old secrets")
+        }
+        None => {}
     }
 }
 

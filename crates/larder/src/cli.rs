@@ -198,6 +198,13 @@ fn cluster_init(args: InitArgs) -> anyhow::Result<()> {
         map.nodes.len(),
         map.partitions.len()
     );
+    let (secret, written) = configs::ensure_secret_next_to(&args.output)?;
+    if written {
+        println!(
+            "wrote {} (the cluster secret: copy it, mode 0600, to every node and frontend, and set [auth] secret_file)",
+            secret.display()
+        );
+    }
     Ok(())
 }
 

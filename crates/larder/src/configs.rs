@@ -37,6 +37,9 @@ pub fn storage(path: &Path) -> anyhow::Result<(StorageConfig, ClusterMap)> {
     if let Some(tls) = &mut config.pool.tls {
         tls.relative_to(base(path));
     }
+    if let Some(secret) = &mut config.auth.secret_file {
+        *secret = relative_to(path, secret);
+    }
     config.store.to_options().map_err(anyhow::Error::msg)?;
     let map = ClusterMap::load(&config.cluster_map)?;
     Ok((config, map))
@@ -55,7 +58,25 @@ pub fn frontend(path: &Path) -> anyhow::Result<(FrontendConfig, ClusterMap)> {
     if let Some(tls) = &mut config.pool.tls {
         tls.relative_to(base(path));
     }
+    if let Some(secret) = &mut config.auth.secret_file {
+        *secret = relative_to(path, secret);
+    }
     config.validate().map_err(anyhow::Error::msg)?;
     let map = ClusterMap::load(&config.cluster_map)?;
     Ok((config, map))
+}
+
+/// The cluster secret file's name, next to the cluster map (never inside it: the map is meant
+/// to be copied around, the secret only to the cluster's own hosts).
+pub const SECRET_FILE: &str = "cluster.secret";
+
+/// Writes a fresh cluster secret (mode 0600) next to `map_path` unless one is there already;
+/// returns its path and whether it was written now.
+pub fn ensure_secret_next_to(map_path: &Path) -> anyhow::Result<(PathBuf, bool)> {
+    let path = map_path.with_file_name(SECRET_FILE);
+    if path.exists() {
+        return Ok((path, false));
+    }
+    larder_auth::generate_secret_file(&path)?;
+    Ok((path, true))
 }

@@ -58,6 +58,8 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
         }
         false => None,
     };
+    // Also for a data dir made before the internal API required credentials.
+    configs::ensure_secret_next_to(&data_dir.join("cluster.toml"))?;
     let storage_configs = write_storage_configs(&map, &data_dir, certs.as_ref())?;
     let frontend_configs = write_frontend_configs(&map, &data_dir, &args, certs.as_ref())?;
     let mut children = Vec::new();
@@ -150,6 +152,12 @@ fn free_loopback_addresses(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
         .collect::<Result<_, _>>()?)
 }
 
+/// Every internal connection proves the cluster secret (with `--tls`, mutual TLS does and the
+/// secret is unused, so the same cluster can be started either way).
+fn auth_section() -> String {
+    format!("\n[auth]\nsecret_file = {:?}\n", configs::SECRET_FILE)
+}
+
 /// A `[tls]`-style section naming a CA, a certificate and a key.
 fn mutual_tls_section(header: &str, ca: &Path, (cert, key): &(PathBuf, PathBuf)) -> String {
     format!("\n[{header}]\nca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n")
@@ -169,6 +177,7 @@ fn write_storage_configs(
             "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",
             node.id, node.id
         );
+        text.push_str(&auth_section());
         if let Some(certs) = certs {
             // Served over mutual TLS, and replicating from peers over mutual TLS.
             text.push_str(&mutual_tls_section("tls", &certs.ca, &certs.storage));
@@ -197,6 +206,7 @@ fn write_frontend_configs(
             dc.name,
             dc.name
         );
+        text.push_str(&auth_section());
         if let Some(certs) = certs {
             let (cert, key) = &certs.frontend;
             text.push_str(&format!(

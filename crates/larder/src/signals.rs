@@ -1,5 +1,5 @@
 //! Turning signals into what the servers understand: SIGTERM/SIGINT into a shutdown future,
-//! SIGHUP into certificate reloads.
+//! SIGHUP into reloads of certificates and of the cluster secret.
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -22,7 +22,7 @@ pub fn reload() -> mpsc::Receiver<()> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading certificates");
+            tracing::info!("SIGHUP: reloading certificates and the cluster secret");
             // A reload already queued covers this one too.
             let _ = tx.try_send(());
         }
@@ -30,7 +30,8 @@ pub fn reload() -> mpsc::Receiver<()> {
     rx
 }
 
-/// What a frontend listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificates.
+/// What a frontend listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificates and
+/// the cluster secret.
 pub fn frontend() -> larder_frontend::Signals {
     larder_frontend::Signals {
         shutdown: terminate(),
@@ -38,7 +39,8 @@ pub fn frontend() -> larder_frontend::Signals {
     }
 }
 
-/// What a storage node listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificates.
+/// What a storage node listens to: SIGTERM/SIGINT to stop, SIGHUP to reload its certificates
+/// and the cluster secret.
 pub fn storage() -> larder_storage::Signals {
     larder_storage::Signals {
         shutdown: terminate(),

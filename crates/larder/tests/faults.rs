@@ -128,7 +128,7 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
     let id = id.unwrap();
     let parsed: larder_cluster::BlobId = id.parse().unwrap();
     let victim = &cluster.map.nodes[0].id;
-    let node = H2Client::connect(cluster.node_addr(0)).await;
+    let node = cluster.node_client(cluster.node_addr(0)).await;
     let path = larder_proto::blob_path(parsed.partition, &id);
     // The PUT was answered at a quorum of two: wait until the victim has the blob too.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -99,7 +99,7 @@ async fn a_blob_written_in_one_datacenter_is_read_in_the_other() {
             .iter()
             .position(|n| n.id == replica.node)
             .unwrap();
-        let node = H2Client::connect(cluster.node_addr(index)).await;
+        let node = cluster.node_client(cluster.node_addr(index)).await;
         loop {
             let (status, body) = node.request(Method::GET, &path, Bytes::new()).await;
             if status == StatusCode::OK {

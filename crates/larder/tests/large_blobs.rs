@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::h2::H2Client;
 use common::stream::{download, upload, Pattern};
 use common::{curl, file_with, Cluster};
 use http::{Method, StatusCode};
@@ -73,7 +72,7 @@ async fn manifest_of(cluster: &Cluster, id: &BlobId) -> Manifest {
     // A quorum has it; the last replica may still be writing it.
     for replica in &partition.replicas {
         let node = cluster.map.node(&replica.node).unwrap();
-        let client = H2Client::connect(node.address).await;
+        let client = cluster.node_client(node.address).await;
         let path = format!("/internal/v1/partitions/{}/blobs/{id}", id.partition);
         let (status, body) = client.request(Method::GET, &path, Bytes::new()).await;
         if status == StatusCode::OK {
@@ -88,7 +87,7 @@ async fn tombstone_everywhere(cluster: &Cluster, id: &BlobId) {
     let partition = cluster.map.partition(id.partition).unwrap();
     for replica in &partition.replicas {
         let node = cluster.map.node(&replica.node).unwrap();
-        let client = H2Client::connect(node.address).await;
+        let client = cluster.node_client(node.address).await;
         let path = format!("/internal/v1/partitions/{}/blobs/{id}", id.partition);
         let (status, _) = client.request(Method::DELETE, &path, Bytes::new()).await;
         assert_eq!(status, StatusCode::ACCEPTED);
@@ -101,7 +100,7 @@ async fn replica_statuses(cluster: &Cluster, id: &BlobId) -> Vec<u16> {
     let mut out = Vec::new();
     for replica in &partition.replicas {
         let node = cluster.map.node(&replica.node).unwrap();
-        let client = H2Client::connect(node.address).await;
+        let client = cluster.node_client(node.address).await;
         let path = format!("/internal/v1/partitions/{}/blobs/{id}", id.partition);
         let (status, _) = client.request(Method::GET, &path, Bytes::new()).await;
         out.push(status.as_u16());
@@ -259,7 +258,7 @@ async fn chunk_records(cluster: &Cluster) -> (HashSet<String>, HashSet<String>, 
     for partition in &cluster.map.partitions {
         for replica in &partition.replicas {
             let node = cluster.map.node(&replica.node).unwrap();
-            let client = H2Client::connect(node.address).await;
+            let client = cluster.node_client(node.address).await;
             let path = format!(
                 "/internal/v1/partitions/{}/changes?limit=10000",
                 partition.id

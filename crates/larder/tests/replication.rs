@@ -42,7 +42,7 @@ async fn node_clients(cluster: &Cluster) -> HashMap<String, H2Client> {
     for (i, node) in cluster.map.nodes.iter().enumerate() {
         clients.insert(
             node.id.clone(),
-            H2Client::connect(cluster.node_addr(i)).await,
+            cluster.node_client(cluster.node_addr(i)).await,
         );
     }
     clients

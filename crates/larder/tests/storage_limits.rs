@@ -61,6 +61,7 @@ fn public(cluster: &Cluster, method: &str, path: &str, body: Option<serde_json::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn times_and_versions_from_the_future_are_refused() {
     let cluster = Cluster::start(3, 1);
+    let secret = cluster.dir.path().join(common::SECRET_FILE);
     let hour_ahead = now_ms() + 3_600_000;
     let doc = larder_proto::doc_path(0, "id:n:t::planted");
     let planted = Bytes::from_static(br#"{"planted":true}"#);
@@ -76,8 +77,15 @@ async fn times_and_versions_from_the_future_are_refused() {
         ];
         for headers in &refused {
             for method in [Method::PUT, Method::DELETE] {
-                let (status, _, body) =
-                    internal::send(addr, method.clone(), &doc, headers, planted.clone()).await;
+                let (status, _, body) = internal::send(
+                    &secret,
+                    addr,
+                    method.clone(),
+                    &doc,
+                    headers,
+                    planted.clone(),
+                )
+                .await;
                 assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {headers:?}");
                 assert_eq!(error_code(&body), "FromTheFuture");
             }
@@ -90,8 +98,15 @@ async fn times_and_versions_from_the_future_are_refused() {
         ];
         for (method, header) in refused_blobs {
             let headers = [header.clone()];
-            let (status, _, body) =
-                internal::send(addr, method.clone(), &blob, &headers, Bytes::from("x")).await;
+            let (status, _, body) = internal::send(
+                &secret,
+                addr,
+                method.clone(),
+                &blob,
+                &headers,
+                Bytes::from("x"),
+            )
+            .await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {header:?}");
             assert_eq!(error_code(&body), "FromTheFuture");
         }
@@ -100,7 +115,8 @@ async fn times_and_versions_from_the_future_are_refused() {
             ("x-larder-time-ms", now_ms().to_string()),
             ("x-larder-expires-ms", hour_ahead.to_string()),
         ];
-        let (status, _, _) = internal::send(addr, Method::PUT, &blob, &headers, "x".into()).await;
+        let (status, _, _) =
+            internal::send(&secret, addr, Method::PUT, &blob, &headers, "x".into()).await;
         assert_eq!(status, StatusCode::CREATED);
     }
     // Nothing was planted: public writes of the document apply and are read back.
@@ -138,11 +154,12 @@ enum Upload {
 }
 
 async fn stalled_upload(
+    secret: std::path::PathBuf,
     addr: std::net::SocketAddr,
     refused: Arc<AtomicUsize>,
     finish: tokio::sync::watch::Receiver<bool>,
 ) -> Upload {
-    let mut sender = internal::connect(addr).await;
+    let mut sender = internal::connect(&secret, addr).await;
     let (mut tx, body) = http_body_util::channel::Channel::<Bytes, internal::BoxError>::new(4);
     let length = (SENT_FIRST + SENT_LAST).to_string();
     let request = internal::request(
@@ -185,12 +202,20 @@ async fn wait_true(mut flag: tokio::sync::watch::Receiver<bool>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_uploads_are_held_within_the_body_budget() {
     let cluster = Cluster::start_full(3, 1, "", BUDGET);
+    let secret = cluster.dir.path().join(common::SECRET_FILE);
     let (addr, pid) = (cluster.node_addr(0), cluster.node_pid(0).unwrap());
     let before = rss_kib(pid);
     let refused = Arc::new(AtomicUsize::new(0));
     let (finish, finishing) = tokio::sync::watch::channel(false);
     let uploads: Vec<_> = (0..UPLOADS)
-        .map(|_| tokio::spawn(stalled_upload(addr, refused.clone(), finishing.clone())))
+        .map(|_| {
+            tokio::spawn(stalled_upload(
+                secret.clone(),
+                addr,
+                refused.clone(),
+                finishing.clone(),
+            ))
+        })
         .collect();
     // 32 MiB holds at most 6 declared bodies of 5 MiB: every other upload must be turned away.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -230,7 +255,8 @@ async fn stalled_uploads_are_held_within_the_body_budget() {
     // Every reservation was given back: 15 MiB did not fit while they were held, and fits now.
     let headers = [("content-length", (15 * MIB).to_string())];
     let body = Bytes::from(vec![1u8; 15 * MIB]);
-    let (status, _, _) = internal::send(addr, Method::PUT, &new_blob_path(), &headers, body).await;
+    let (status, _, _) =
+        internal::send(&secret, addr, Method::PUT, &new_blob_path(), &headers, body).await;
     assert_eq!(status, StatusCode::CREATED);
 }
 
@@ -239,6 +265,7 @@ async fn stalled_uploads_are_held_within_the_body_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replication_skips_what_the_node_would_refuse_and_moves_on() {
     let mut cluster = Cluster::start(3, 1);
+    let secret = cluster.dir.path().join(common::SECRET_FILE);
     cluster.stop_node(0);
     let config = cluster.path(&format!("{}.toml", cluster.map.nodes[0].id));
     let mut text = std::fs::read_to_string(&config).unwrap();
@@ -249,19 +276,22 @@ async fn replication_skips_what_the_node_would_refuse_and_moves_on() {
     let planted = larder_proto::doc_path(0, "id:n:t::planted");
     let version = [("x-larder-doc-version", u64::MAX.to_string())];
     let body = Bytes::from_static(br#"{"planted":true}"#);
-    let (status, _, _) = internal::send(gullible, Method::PUT, &planted, &version, body).await;
+    let (status, _, _) =
+        internal::send(&secret, gullible, Method::PUT, &planted, &version, body).await;
     assert_eq!(status, StatusCode::OK);
     // A write after it in node 0's change feed, which the others must still get.
     let after = larder_proto::doc_path(0, "id:n:t::after");
     let version = [("x-larder-doc-version", (now_ms() << 16).to_string())];
     let body = Bytes::from_static(br#"{"after":true}"#);
-    let (status, _, _) = internal::send(gullible, Method::PUT, &after, &version, body).await;
+    let (status, _, _) =
+        internal::send(&secret, gullible, Method::PUT, &after, &version, body).await;
     assert_eq!(status, StatusCode::OK);
     let deadline = Instant::now() + Duration::from_secs(20);
     for i in 1..3 {
         let addr = cluster.node_addr(i);
         loop {
-            let (status, _, _) = internal::send(addr, Method::GET, &after, &[], Bytes::new()).await;
+            let (status, _, _) =
+                internal::send(&secret, addr, Method::GET, &after, &[], Bytes::new()).await;
             if status == StatusCode::OK {
                 break;
             }
@@ -271,13 +301,15 @@ async fn replication_skips_what_the_node_would_refuse_and_moves_on() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let (status, _, _) = internal::send(addr, Method::GET, &planted, &[], Bytes::new()).await;
+        let (status, _, _) =
+            internal::send(&secret, addr, Method::GET, &planted, &[], Bytes::new()).await;
         assert_eq!(
             status,
             StatusCode::NOT_FOUND,
             "node {i} took the planted version"
         );
         let (_, _, metrics) = internal::send(
+            &secret,
             addr,
             Method::GET,
             larder_proto::METRICS_PATH,

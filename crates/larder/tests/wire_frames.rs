@@ -19,6 +19,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const PREFACE: usize = 24;
+/// The cluster-secret handshake before the first HTTP byte (larder-auth): client → server
+/// magic, nonce and proof; server → client magic and nonce, then its proof.
+const AUTH_UP: usize = 8 + 32 + 32;
+const AUTH_DOWN: usize = 8 + 32 + 32;
 
 /// DATA frame payload sizes seen going to the storage node (`up`) and coming back (`down`).
 #[derive(Default)]
@@ -35,7 +39,11 @@ async fn copy_logging(
     upstream: bool,
 ) {
     let mut pending = Vec::new();
-    let mut skip = if upstream { PREFACE } else { 0 };
+    let mut skip = if upstream {
+        AUTH_UP + PREFACE
+    } else {
+        AUTH_DOWN
+    };
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
@@ -74,6 +82,7 @@ async fn proxy(listener: TcpListener, target: SocketAddr, log: Arc<Mutex<FrameLo
 }
 
 /// Starts a one-node cluster behind a logging proxy; returns the proxy's address and the log.
+/// The node requires the cluster secret in `dir` (`secret_file`).
 async fn storage_behind_proxy(dir: &std::path::Path) -> (SocketAddr, Arc<Mutex<FrameLog>>) {
     let proxy_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let storage_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -90,6 +99,8 @@ async fn storage_behind_proxy(dir: &std::path::Path) -> (SocketAddr, Arc<Mutex<F
     config.data_dir = dir.join("s1");
     config.listen = Some(storage_listener.local_addr().unwrap());
     config.store.durability = "relaxed-no-sync-for-benchmarks".into();
+    larder_auth::generate_secret_file(&secret_file(dir)).unwrap();
+    config.auth.secret_file = Some(secret_file(dir));
     let target = storage_listener.local_addr().unwrap();
     tokio::spawn(larder_storage::serve(
         config,
@@ -102,15 +113,26 @@ async fn storage_behind_proxy(dir: &std::path::Path) -> (SocketAddr, Arc<Mutex<F
     (proxy_addr, log)
 }
 
+fn secret_file(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("cluster.secret")
+}
+
 /// PUTs and GETs one 4 MiB blob through a pool with `pool`; returns the largest DATA frame
 /// seen going up and coming down.
 async fn largest_frames(
     pool: PoolConfig,
     storage_at: SocketAddr,
     log: &Mutex<FrameLog>,
+    dir: &std::path::Path,
 ) -> (usize, usize) {
     *log.lock().unwrap() = FrameLog::default();
-    let pool = StoragePool::new([("s1".to_string(), storage_at)], pool).unwrap();
+    let credentials = larder_auth::Credentials::load(&secret_file(dir)).unwrap();
+    let pool = StoragePool::new(
+        [("s1".to_string(), storage_at)],
+        pool,
+        Some(Arc::new(credentials)),
+    )
+    .unwrap();
     let data = Bytes::from(vec![5u8; 4 << 20]);
     let key = BlobId::mint(BlobKind::Chunk, 1, 0).to_string();
     let path = format!("/internal/v1/partitions/0/blobs/{key}");
@@ -143,7 +165,7 @@ fn configured_frame_sizes_are_what_goes_on_the_wire() {
 
         // Defaults: 1 MiB frames both ways (the storage node advertises 1 MiB for uploads, the
         // pool 1 MiB for downloads), with the 4 MiB send buffers not getting in the way.
-        let (up, down) = largest_frames(PoolConfig::default(), addr, &log).await;
+        let (up, down) = largest_frames(PoolConfig::default(), addr, &log, dir.path()).await;
         assert_eq!((up, down), (MIB, MIB), "default frames");
 
         // The pool's max_frame_size is what the storage node may send: downloads shrink to it.
@@ -151,7 +173,7 @@ fn configured_frame_sizes_are_what_goes_on_the_wire() {
             max_frame_size: ByteSize::kib(16),
             ..PoolConfig::default()
         };
-        let (up, down) = largest_frames(small_frames, addr, &log).await;
+        let (up, down) = largest_frames(small_frames, addr, &log, dir.path()).await;
         assert_eq!((up, down), (MIB, 16 * 1024), "16 KiB receive frames");
 
         // Netty's write-buffer high-water mark capped Ambry's frames; h2's send buffer does
@@ -161,7 +183,7 @@ fn configured_frame_sizes_are_what_goes_on_the_wire() {
             max_send_buffer: ByteSize::kib(64),
             ..PoolConfig::default()
         };
-        let (up, down) = largest_frames(small_buffer, addr, &log).await;
+        let (up, down) = largest_frames(small_buffer, addr, &log, dir.path()).await;
         assert_eq!(up, MIB, "upload frames with a 64 KiB send buffer");
         assert_eq!(down, MIB);
     });

@@ -38,7 +38,8 @@ pub async fn readyz(state: &Arc<AppState>) -> Response<Body> {
     )
 }
 
-/// The cluster as this frontend sees it: nodes with health and connections, partitions.
+/// The cluster as this frontend sees it: nodes with health and connections, partitions. Not the
+/// nodes' internal addresses: the public port has no business mapping the internal network.
 pub async fn cluster(state: &Arc<AppState>) -> Response<Body> {
     let router = &state.router;
     let map = router.map();
@@ -48,7 +49,7 @@ pub async fn cluster(state: &Arc<AppState>) -> Response<Body> {
         .iter()
         .map(|(id, node_state, failures, changes)| {
             let node = map.node(id).expect("health tracks map nodes");
-            serde_json::json!({"id": id, "datacenter": node.datacenter, "address": node.address.to_string(),
+            serde_json::json!({"id": id, "datacenter": node.datacenter,
                 "state": node_state, "consecutive_failures": failures, "state_changes": changes,
                 "open_connections": connections.get(id).copied().unwrap_or(0)})
         })

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
@@ -18,6 +19,21 @@ pub struct H2Client {
 impl H2Client {
     pub async fn connect(addr: SocketAddr) -> H2Client {
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        Self::over(addr, stream).await
+    }
+
+    /// A connection to a storage node's internal port that first proves the cluster secret in
+    /// `secret_file` (larder-auth's handshake), as the frontend's pool does.
+    pub async fn connect_authenticated(addr: SocketAddr, secret_file: &Path) -> H2Client {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let secrets = larder_auth::Secrets::load(secret_file).unwrap();
+        larder_auth::connect(&mut stream, &secrets, larder_auth::HANDSHAKE_TIMEOUT)
+            .await
+            .unwrap();
+        Self::over(addr, stream).await
+    }
+
+    async fn over(addr: SocketAddr, stream: tokio::net::TcpStream) -> H2Client {
         let (sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                 .await

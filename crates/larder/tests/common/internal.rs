@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
@@ -14,9 +15,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
 
-/// One HTTP/2 connection to the internal port at `addr`, with windows like the frontend's pool.
-pub async fn connect(addr: SocketAddr) -> SendRequest<Body> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+/// One HTTP/2 connection to the internal port at `addr`, with windows like the frontend's pool,
+/// after proving the cluster secret in `secret_file` (larder-auth's handshake).
+pub async fn connect(secret_file: &Path, addr: SocketAddr) -> SendRequest<Body> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let secrets = larder_auth::Secrets::load(secret_file).unwrap();
+    larder_auth::connect(&mut stream, &secrets, larder_auth::HANDSHAKE_TIMEOUT)
+        .await
+        .unwrap();
     let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
@@ -52,13 +58,14 @@ pub fn request(
 
 /// Sends one request on a new connection and reads the whole answer.
 pub async fn send(
+    secret_file: &Path,
     addr: SocketAddr,
     method: Method,
     path: &str,
     headers: &[(&str, String)],
     body: Bytes,
 ) -> (StatusCode, HeaderMap, Bytes) {
-    let mut sender = connect(addr).await;
+    let mut sender = connect(secret_file, addr).await;
     let response = sender
         .send_request(request(method, path, headers, full(body)))
         .await

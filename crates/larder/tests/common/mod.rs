@@ -106,13 +106,19 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addresses = free_addresses(nodes + 2 * datacenters.len());
         let certs = tls.then(|| certs::ClusterCerts::write(dir.path()));
+        // Without TLS, every internal hop proves the cluster secret, as `larder dev` sets up;
+        // with TLS, mutual TLS authenticates and no secret is needed.
         let storage_extra = match tls {
             true => format!(
                 "{storage_extra}{}{}",
                 certs::STORAGE_TLS,
                 certs::STORAGE_POOL_TLS
             ),
-            false => storage_extra.to_owned(),
+            false => with_secret(dir.path(), storage_extra),
+        };
+        let frontend_extra = match tls {
+            true => frontend_extra.to_owned(),
+            false => with_secret(dir.path(), frontend_extra),
         };
         let spec = LayoutSpec {
             datacenters: datacenters.iter().map(|d| d.to_string()).collect(),
@@ -214,6 +220,26 @@ impl Cluster {
         self.map.nodes[i].address
     }
 
+    /// An HTTP/2 connection to a storage node's internal port, authenticated with the
+    /// cluster's secret (the port serves nobody else).
+    pub async fn node_client(&self, addr: SocketAddr) -> h2::H2Client {
+        h2::H2Client::connect_authenticated(addr, &self.dir.path().join(SECRET_FILE)).await
+    }
+
+    /// One request to a storage node's internal port (authenticated), from synchronous tests.
+    pub fn internal_request(&self, addr: SocketAddr, method: &str, path: &str) -> (u16, Vec<u8>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let client = self.node_client(addr).await;
+            let method = http::Method::from_bytes(method.as_bytes()).unwrap();
+            let (status, body) = client.request(method, path, bytes::Bytes::new()).await;
+            (status.as_u16(), body.to_vec())
+        })
+    }
+
     fn spawn_node(&self, i: usize) -> Child {
         spawn(&[
             "storage",
@@ -260,6 +286,22 @@ impl Drop for Cluster {
             let _ = child.wait();
         }
     }
+}
+
+/// The name of the cluster secret file the harness writes next to the map.
+pub const SECRET_FILE: &str = "cluster.secret";
+
+/// `extra` with an `[auth]` section naming the cluster secret (written on first use), unless
+/// the test brings its own `[auth]`.
+fn with_secret(dir: &Path, extra: &str) -> String {
+    if extra.contains("[auth]") {
+        return extra.to_owned();
+    }
+    let path = dir.join(SECRET_FILE);
+    if !path.exists() {
+        larder_auth::generate_secret_file(&path).unwrap();
+    }
+    format!("{extra}\n[auth]\nsecret_file = \"{SECRET_FILE}\"\n")
 }
 
 pub fn spawn(args: &[&str]) -> Child {
