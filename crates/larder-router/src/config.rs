@@ -37,6 +37,15 @@ pub struct RouterConfig {
     /// Floor of the hedge delay, so a very fast datacenter does not double every request.
     #[serde(with = "humantime_serde")]
     pub hedge_min_delay: Duration,
+    /// Ceiling of the hedge delay (unset: none), for a bound on how long a read waits for one
+    /// replica whatever the percentile says. `0ms` hedges every read at once, to every replica
+    /// in read order (a load test of the hedging path).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub hedge_max_delay: Option<Duration>,
     /// Also wait for one replica in another datacenter to acknowledge a PUT (by default remote
     /// datacenters receive blobs by replication only).
     pub wait_for_remote_ack: bool,
@@ -56,6 +65,7 @@ impl Default for RouterConfig {
             hedge_min_samples: 100,
             hedge_fallback_delay: Duration::from_millis(20),
             hedge_min_delay: Duration::from_micros(500),
+            hedge_max_delay: None,
             wait_for_remote_ack: false,
         }
     }

@@ -69,6 +69,13 @@ impl Router {
             }
             let hedge_delay = self.hedge_delay(&last_asked);
             let can_hedge = self.config.hedging && remaining.len() > 0;
+            // A zero delay hedges at once: a zero-length sleep would still wait for the timer's
+            // next tick (1 ms), long enough for most reads to finish unhedged.
+            let hedge_timer = async {
+                if !hedge_delay.is_zero() {
+                    tokio::time::sleep(hedge_delay).await;
+                }
+            };
             tokio::select! {
                 Some((node, hedged, result)) = in_flight.next() => {
                     pending.retain(|n| n != &node);
@@ -93,7 +100,7 @@ impl Router {
                         return Ok(answer);
                     }
                 }},
-                _ = tokio::time::sleep(hedge_delay), if can_hedge => {
+                _ = hedge_timer, if can_hedge => {
                     let node = remaining.next().expect("can_hedge checked");
                     last_asked.clone_from(node);
                     self.metrics.hedges_sent.inc();
@@ -121,9 +128,12 @@ impl Router {
     /// of recent latency in its datacenter, or a fixed delay until there are enough samples.
     pub(crate) fn hedge_delay(&self, node: &str) -> Duration {
         let observed = self.latency.percentile(self.datacenter_of(node));
-        observed
+        let delay = observed
             .unwrap_or(self.config.hedge_fallback_delay)
-            .max(self.config.hedge_min_delay)
+            .max(self.config.hedge_min_delay);
+        self.config
+            .hedge_max_delay
+            .map_or(delay, |max| delay.min(max))
     }
 }
 
