@@ -36,7 +36,7 @@ pub enum ClientError {
     #[error("cannot reach {endpoint}: {detail}")]
     Connect { endpoint: String, detail: String },
     /// The whole chain of causes is in the message (hyper's own Display says only "http2 error").
-    #[error("request failed: {}", error_chain(.0))]
+    #[error("request failed: {}", larder_tls::error_chain(.0))]
     Transport(hyper::Error),
     /// A blob ID that cannot be one: it would not even make a request path.
     #[error("{0:?} is not a blob ID (IDs are letters, digits, '-' and '_', as `larder put` prints them)")]
@@ -63,21 +63,6 @@ impl From<hyper::Error> for ClientError {
     fn from(e: hyper::Error) -> ClientError {
         ClientError::Transport(e)
     }
-}
-
-/// `error` and its causes, joined by ": ", without repeating a cause that its parent already
-/// spelled out.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The request path of blob `id`. An ID is one path segment of URL-safe characters; anything else

@@ -135,7 +135,7 @@ impl Transport {
         let response: Response<_> = sender
             .send_request(request)
             .await
-            .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
+            .map_err(|e| format!("request failed: {}", larder_tls::error_chain(&e)))?;
         let status = response.status();
         let body = response
             .into_body()
@@ -151,18 +151,4 @@ impl Transport {
 fn list(addrs: &[std::net::SocketAddr]) -> String {
     let names: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     names.join(" or ")
-}
-
-/// `error` and its causes, joined by ": " (hyper's own message says only "http2 error").
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }

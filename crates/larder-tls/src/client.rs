@@ -102,3 +102,19 @@ fn explain(e: io::Error) -> io::Error {
     };
     io::Error::new(e.kind(), format!("{e} ({hint})"))
 }
+
+/// `error` and its causes, joined by ": ", without repeating a cause that its parent already
+/// spelled out (hyper's own message says only "http2 error"). For the command-line clients'
+/// one-line errors.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -15,7 +15,7 @@ mod pem;
 mod policy;
 mod reload;
 
-pub use client::{connect_h2, ClientTls};
+pub use client::{connect_h2, error_chain, ClientTls};
 pub use files::MutualTls;
 pub use pem::{load_certs, load_key, load_roots};
 pub use policy::{mutual_client, mutual_server, provider, public_server, ALPN_H1, ALPN_H2};

@@ -9,21 +9,8 @@ use serde_json::{json, Value};
 const DOCS: &str = "[documents]\nmax_document_size = \"4 KiB\"\n";
 
 fn request(cluster: &Cluster, method: &str, path: &str, body: Option<&Value>) -> CurlResponse {
-    let dir = cluster.dir.path();
-    let url = cluster.url(path);
-    let mut args = vec!["--http2-prior-knowledge", "-X", method];
-    let file;
-    if let Some(body) = body {
-        file = format!("@{}", file_with(dir, body.to_string().as_bytes()));
-        args.extend([
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            &file,
-        ]);
-    }
-    args.push(&url);
-    curl(dir, &args)
+    let body = body.map(|b| b.to_string().into_bytes());
+    common::json_request(cluster, method, path, body.as_deref())
 }
 
 fn fields(cluster: &Cluster, path: &str) -> Option<Value> {

@@ -14,21 +14,7 @@ use common::{curl, file_with, Cluster, CurlResponse};
 use serde_json::{json, Value};
 
 fn send(cluster: &Cluster, method: &str, path: &str, body: Option<&[u8]>) -> CurlResponse {
-    let dir = cluster.dir.path();
-    let url = cluster.url(path);
-    let mut args = vec!["--http2-prior-knowledge", "-X", method];
-    let file;
-    if let Some(body) = body {
-        file = format!("@{}", file_with(dir, body));
-        args.extend([
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            &file,
-        ]);
-    }
-    args.push(&url);
-    curl(dir, &args)
+    common::json_request(cluster, method, path, body)
 }
 
 fn send_json(cluster: &Cluster, method: &str, path: &str, body: &Value) -> CurlResponse {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use common::internal;
-use common::{curl, file_with, rss_kib, Cluster};
+use common::{curl, rss_kib, Cluster};
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::BodyExt;
 use larder_cluster::{BlobId, BlobKind};
@@ -41,21 +41,8 @@ fn error_code(body: &Bytes) -> String {
 
 /// A public `/document/v1` request through the frontend.
 fn public(cluster: &Cluster, method: &str, path: &str, body: Option<serde_json::Value>) -> u16 {
-    let dir = cluster.dir.path();
-    let url = cluster.url(path);
-    let mut args = vec!["--http2-prior-knowledge", "-X", method];
-    let file;
-    if let Some(body) = body {
-        file = format!("@{}", file_with(dir, body.to_string().as_bytes()));
-        args.extend([
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            &file,
-        ]);
-    }
-    args.push(&url);
-    curl(dir, &args).status
+    let body = body.map(|b| b.to_string().into_bytes());
+    common::json_request(cluster, method, path, body.as_deref()).status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -412,6 +412,31 @@ pub fn curl(dir: &Path, args: &[&str]) -> CurlResponse {
     }
 }
 
+/// A request through `cluster`'s frontend over h2c with an optional JSON body, as curl sends it
+/// (the `/document/v1` tests' one way of calling the API).
+pub fn json_request(
+    cluster: &Cluster,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> CurlResponse {
+    let dir = cluster.dir.path();
+    let url = cluster.url(path);
+    let mut args = vec!["--http2-prior-knowledge", "-X", method];
+    let file;
+    if let Some(body) = body {
+        file = format!("@{}", file_with(dir, body));
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &file,
+        ]);
+    }
+    args.push(&url);
+    curl(dir, &args)
+}
+
 /// Writes `bytes` to a file in `dir` for `curl --data-binary @file`.
 pub fn file_with(dir: &Path, bytes: &[u8]) -> String {
     let path = dir.join(format!("body-{}", rand::random::<u64>()));
