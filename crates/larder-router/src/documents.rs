@@ -311,9 +311,16 @@ async fn send(router: &Router, node: &str, request: Request<Body>) -> Answer {
 }
 
 async fn recv_by<T>(rx: &mut mpsc::Receiver<T>, deadline: Instant) -> Result<Option<T>, DocError> {
-    tokio::time::timeout_at(deadline, rx.recv())
+    let received = tokio::time::timeout_at(deadline, rx.recv())
         .await
-        .map_err(|_| DocError::Timeout)
+        .map_err(|_| DocError::Timeout)?;
+    // tokio's timeout polls the receiver before its timer, so an answer that came after the
+    // deadline would still count (with a deadline of a microsecond, nearly always): the
+    // operation did not finish in time, whatever the answer says.
+    if Instant::now() > deadline {
+        return Err(DocError::Timeout);
+    }
+    Ok(received)
 }
 
 fn version_header(response: &Response<Incoming>) -> Option<u64> {
