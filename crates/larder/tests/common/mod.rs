@@ -19,11 +19,27 @@ use larder_cluster::{init_map, ClusterMap, LayoutSpec};
 
 pub const LARDER: &str = env!("CARGO_BIN_EXE_larder");
 
+/// `n` loopback addresses with ports free right now.
+///
+/// The ports are released before the caller's processes bind them, so the kernel may offer one
+/// again meanwhile: tests of one binary run in parallel, and two clusters given the same port
+/// would talk to each other's processes. No port is handed out twice in one test process.
 pub fn free_addresses(n: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    // Held until all `n` are chosen, so that the kernel offers different ones.
+    let mut held = Vec::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        if !handed_out.contains(&addr.port()) {
+            handed_out.push(addr.port());
+            out.push(addr);
+        }
+        held.push(listener);
+    }
+    out
 }
 
 pub struct Cluster {
