@@ -16,13 +16,13 @@ cluster_up() {
   "$LARDER" cluster init --nodes "$nodes" --partitions "$partitions" --host "$host" \
     --base-port "$base" -o "$dir/cluster.toml" --force >/dev/null
   for i in $(seq 1 "$nodes"); do
-    printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n' "$i" "$i" "$storage_extra" > "$dir/s$i.toml"
+    printf 'node_id = "s%s"\ncluster_map = "cluster.toml"\ndata_dir = "s%s"\n%s\n%s\n' "$i" "$i" "$storage_extra" "$STORAGE_AUTH" > "$dir/s$i.toml"
     "${in_storage_ns[@]}" ${STORAGE_WRAPPER:-} env LARDER_LOG=warn "$LARDER" storage --config "$dir/s$i.toml" >/dev/null 2>"$dir/s$i.log" &
     CLUSTER_PIDS+=($!)
   done
   local port; port=$(free_port)
   FRONTEND="127.0.0.1:$port"
-  printf 'listen = "%s"\ncluster_map = "cluster.toml"\ndatacenter = "dc1"\n%s\n' "$FRONTEND" "$frontend_extra" > "$dir/frontend.toml"
+  printf 'listen = "%s"\ncluster_map = "cluster.toml"\ndatacenter = "dc1"\n%s\n%s\n' "$FRONTEND" "$frontend_extra" "$FRONTEND_AUTH" > "$dir/frontend.toml"
   sleep 0.5
   "${in_frontend_ns[@]}" ${FRONTEND_WRAPPER:-} env LARDER_LOG=warn "$LARDER" frontend --config "$dir/frontend.toml" >/dev/null 2>"$dir/frontend.log" &
   FRONTEND_PID=$! # `ip netns exec` execs the command: this is the frontend's own pid
