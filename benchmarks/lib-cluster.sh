@@ -12,7 +12,7 @@ cluster_up() {
   [ -z "${STORAGE_NETNS:-}" ] || in_storage_ns=(ip netns exec "$STORAGE_NETNS")
   [ -z "${FRONTEND_NETNS:-}" ] || in_frontend_ns=(ip netns exec "$FRONTEND_NETNS")
   mkdir -p "$dir"
-  local base; base=$(free_port)
+  local base; base=$(free_ports_in_a_row "$nodes")
   "$LARDER" cluster init --nodes "$nodes" --partitions "$partitions" --host "$host" \
     --base-port "$base" -o "$dir/cluster.toml" --force >/dev/null
   for i in $(seq 1 "$nodes"); do

@@ -28,6 +28,33 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
+# free_ports_in_a_row N: the first of N consecutive ports that are all free now (`cluster init
+# --base-port` gives node i the port base + i; checking only the first let a node of a
+# benchmark find its port taken now and then).
+free_ports_in_a_row() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    # Below the kernel's ephemeral range (32768-60999 here), which outgoing connections use.
+    base = random.randint(20000, 32000 - n)
+    held = []
+    try:
+        for port in range(base, base + n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            held.append(s)
+    except OSError:
+        continue
+    finally:
+        for s in held:
+            s.close()
+    print(base)
+    sys.exit(0)
+sys.exit("no run of free ports found")
+PY
+}
+
 wait_port() {
   for _ in $(seq 1 300); do
     (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -56,7 +83,7 @@ FRONTEND_AUTH=${FRONTEND_AUTH-$'[auth]\nsecret_file = "cluster.secret"'}
 # WORK and starts the storage nodes (release build), recording each pid in WORK/sN.pid.
 start_cluster() {
   local work=$1 nodes=$2 partitions=$3 larder=${LARDER:-target/release/larder}
-  local base; base=$(free_port)
+  local base; base=$(free_ports_in_a_row "$nodes")
   "$larder" cluster init --nodes "$nodes" --partitions "$partitions" --replicas 3 \
     --base-port "$base" -o "$work/cluster.toml" --force >/dev/null
   for i in $(seq 1 "$nodes"); do
