@@ -14,17 +14,17 @@ use larder_cluster::BlobId;
 use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
-use crate::order::{read_order, replicas_in};
+use crate::order::{count_in, read_order};
 use crate::router::{refusal_message, refuses_the_request, ReplicaResult};
 use crate::{FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
 
-type Attempt<'a> = Pin<Box<dyn Future<Output = (String, bool, ReplicaResult)> + Send + 'a>>;
+type Attempt<'a> = Pin<Box<dyn Future<Output = (&'a str, bool, ReplicaResult)> + Send + 'a>>;
 
 impl Router {
     /// Reads blob `id` (GET: bytes too; HEAD: properties only), or `range` of it, from the first
     /// replica that answers definitely. A replica whose answer cannot be decoded counts as failed.
-    pub async fn get_blob(
-        &self,
+    pub async fn get_blob<'a>(
+        &'a self,
         id: &BlobId,
         method: Method,
         range: Option<ByteRange>,
@@ -37,8 +37,9 @@ impl Router {
             .map
             .datacenter_by_id(id.datacenter)
             .map(|d| d.name.as_str());
-        let order = read_order(&self.map, partition, &self.datacenter, origin, &self.health);
-        let local = replicas_in(&self.map, partition, &self.datacenter).len();
+        let mut remaining =
+            read_order(&self.map, partition, &self.datacenter, origin, &self.health);
+        let local = count_in(&self.map, partition, &self.datacenter);
         let deadline = Instant::now() + self.config.operation_timeout;
         let uri: Uri = blob_path(id.partition, &id.to_string())
             .parse()
@@ -46,26 +47,25 @@ impl Router {
         let range_header = range.map(|r| {
             HeaderValue::try_from(r.to_header()).expect("a byte range is ASCII digits and signs")
         });
-        let attempt = |node: &str, hedge: bool| -> Attempt<'_> {
+        let attempt = |node: &'a str, hedge: bool| -> Attempt<'a> {
             let mut request = Request::new(larder_pool::empty());
             *request.method_mut() = method.clone();
             *request.uri_mut() = uri.clone();
             if let Some(range) = &range_header {
                 request.headers_mut().insert(header::RANGE, range.clone());
             }
-            let node = node.to_owned();
             Box::pin(async move {
                 // The operation's deadline ends the request too: no timer of its own for it.
-                let result = self.send_by(&node, request, Some(deadline)).await;
+                let result = self.send_by(node, request, Some(deadline)).await;
                 (node, hedge, result)
             })
         };
 
         let mut in_flight = FuturesUnordered::new();
-        let mut remaining = order.iter();
         let (mut not_found, mut errors) = (0, Vec::new());
-        let mut last_asked = String::new();
-        let mut pending: Vec<String> = Vec::new();
+        let mut last_asked = "";
+        // Replicas asked that have not answered yet (at most the replica count).
+        let mut pending: Vec<&str> = Vec::new();
         // One timer for every hedge of this read, armed only while a hedge can be due.
         let hedge_timer = tokio::time::sleep_until(deadline);
         tokio::pin!(hedge_timer);
@@ -73,11 +73,11 @@ impl Router {
             if in_flight.is_empty() {
                 // Nothing pending: ask the next replica now (first try, or failover).
                 let Some(node) = remaining.next() else { break };
-                last_asked.clone_from(node);
-                pending.push(node.clone());
+                last_asked = node;
+                pending.push(node);
                 in_flight.push(attempt(node, false));
             }
-            let hedge_at = self.next_hedge(&last_asked, remaining.len(), deadline);
+            let hedge_at = self.next_hedge(last_asked, remaining.len(), deadline);
             if hedge_at.is_some_and(|at| at <= Instant::now()) {
                 // A zero delay hedges at once, without a timer: even a zero-length sleep would
                 // wait for the timer's next tick (1 ms), long enough for most reads to finish.
@@ -91,7 +91,7 @@ impl Router {
             }
             tokio::select! {
                 Some((node, hedged, result)) = in_flight.next() => {
-                    pending.retain(|n| n != &node);
+                    pending.retain(|n| *n != node);
                     if Instant::now() >= deadline {
                         return Err(RouterError::Timeout(self.config.operation_timeout));
                     }
@@ -149,11 +149,10 @@ impl Router {
     }
 
     /// Records a hedge sent to `node`.
-    fn hedge(&self, node: &str, last_asked: &mut String, pending: &mut Vec<String>) {
-        last_asked.clear();
-        last_asked.push_str(node);
+    fn hedge<'a>(&self, node: &'a str, last_asked: &mut &'a str, pending: &mut Vec<&'a str>) {
+        *last_asked = node;
         self.metrics.hedges_sent.inc();
-        pending.push(node.to_owned());
+        pending.push(node);
     }
 
     /// How long to wait for `node` before asking the next replica too: the configured percentile

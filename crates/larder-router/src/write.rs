@@ -10,7 +10,7 @@ use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
-use crate::order::replicas_in;
+use crate::order::{count_in, replicas_in};
 use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
 
@@ -77,12 +77,15 @@ impl Router {
             .iter()
             .filter(|p| p.state == PartitionState::ReadWrite && Some(p.id) != except)
             .collect();
+        // Node names are compared in place: collecting each partition's local replicas cost an
+        // allocation per partition and one per name, for every PUT.
         let healthy: Vec<_> = writable
             .iter()
             .filter(|p| {
-                replicas_in(&self.map, p, &self.datacenter)
-                    .iter()
-                    .all(|n| !self.health.is_marked_down(n))
+                p.replicas.iter().all(|r| {
+                    self.map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
+                        || !self.health.is_marked_down(&r.node)
+                })
             })
             .collect();
         let rng = &mut rand::rng();
@@ -179,7 +182,7 @@ impl Router {
             .partition(partition)
             .expect("checked by the caller");
         let all: Vec<String> = p.replicas.iter().map(|r| r.node.clone()).collect();
-        let local = replicas_in(&self.map, p, &self.datacenter).len();
+        let local = count_in(&self.map, p, &self.datacenter);
         let rule = Quorum {
             local: self.config.write_quorum.clamp(1, local.max(1)),
             local_total: local,
