@@ -192,6 +192,44 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn internal_puts_read_the_compact_header_with_the_public_limits() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::PROPS, HeaderValue::from_static("1;7;;-;a=1:b;"));
+        // The compact header wins over headers of the older form.
+        headers.insert(header::TIME_MS, HeaderValue::from_static("8"));
+        let props = BlobProperties::from_internal_headers(&headers).unwrap();
+        assert_eq!((props.created_ms, props.user_meta.len()), (7, 1));
+        let refused = [
+            ("1;7;;-;=1:b;".to_owned(), PropertiesError::EmptyMetaName),
+            (
+                format!("1;7;;-;n=8200:{};", "v".repeat(8200)),
+                PropertiesError::MetaTooLarge(8201),
+            ),
+        ];
+        for (value, error) in refused {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::PROPS, HeaderValue::from_str(&value).unwrap());
+            assert_eq!(BlobProperties::from_internal_headers(&headers), Err(error));
+            // A storage node's answer is read without the limits (older records stay readable).
+            assert!(BlobProperties::from_internal_answer(&headers).is_ok());
+        }
+        let mut older = HeaderMap::new();
+        older.insert(header::TIME_MS, HeaderValue::from_static("9"));
+        assert_eq!(
+            BlobProperties::from_internal_headers(&older)
+                .unwrap()
+                .created_ms,
+            9
+        );
+        assert_eq!(
+            BlobProperties::from_internal_answer(&older)
+                .unwrap()
+                .created_ms,
+            9
+        );
+    }
+
     fn any_header_value() -> impl Strategy<Value = HeaderValue> {
         proptest::collection::vec(any::<u8>(), 0..40).prop_filter_map("a header value", |bytes| {
             HeaderValue::from_bytes(&bytes).ok()
