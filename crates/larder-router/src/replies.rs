@@ -51,3 +51,34 @@ impl Drop for Replies {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A caller that stops at its quorum drops the replies still pending: they must still run to
+    /// their end (every replica gets the write), in the background.
+    #[tokio::test]
+    async fn stragglers_finish_after_the_caller_is_done() {
+        let finished = Arc::new(AtomicUsize::new(0));
+        let mut replies = Replies::new();
+        for (node, delay_ms) in [("fast", 0), ("quick", 1), ("slow", 50)] {
+            let finished = finished.clone();
+            replies.push(async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+                (node.to_owned(), Err("done".to_owned()))
+            });
+        }
+        for _ in 0..2 {
+            replies.next().await.expect("an answer");
+        }
+        drop(replies);
+        assert_eq!(finished.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(finished.load(Ordering::SeqCst), 3, "the straggler ran on");
+    }
+}
