@@ -74,7 +74,7 @@ mod tests {
             });
         }
         for _ in 0..2 {
-            replies.next().await.expect("an answer");
+            let _answer = replies.next().await.expect("an answer");
         }
         drop(replies);
         assert_eq!(finished.load(Ordering::SeqCst), 2);
