@@ -94,7 +94,8 @@ impl Edge {
         match (port, &self.tls) {
             (Port::Tls, Some(tls)) => {
                 // The config current now: a certificate reload affects the next handshake.
-                let handshake = tls.acceptor().accept(io);
+                // Boxed, like `drive` below: see `serve`.
+                let handshake = Box::pin(tls.acceptor().accept(io));
                 let tls =
                     match tokio::time::timeout(self.limits.header_read_timeout, handshake).await {
                         Ok(Ok(tls)) => tls,
@@ -113,8 +114,8 @@ impl Edge {
                         }
                     };
                 match tls.get_ref().1.alpn_protocol() {
-                    Some(ALPN_H2) => self.drive(Protocol::H2, port, tls, activity, stop).await,
-                    Some(ALPN_H1) => self.drive(Protocol::H1, port, tls, activity, stop).await,
+                    Some(ALPN_H2) => self.serve(Protocol::H2, port, tls, activity, stop).await,
+                    Some(ALPN_H1) => self.serve(Protocol::H1, port, tls, activity, stop).await,
                     _ => self.sniff_and_drive(port, tls, activity, stop).await,
                 }
             }
@@ -139,7 +140,7 @@ impl Edge {
             _ = stop.changed() => return,
         };
         match sniffed {
-            Ok(Ok(Some((protocol, io)))) => self.drive(protocol, port, io, activity, stop).await,
+            Ok(Ok(Some((protocol, io)))) => self.serve(protocol, port, io, activity, stop).await,
             // Closed (or broken) before saying anything.
             Ok(Ok(None)) | Ok(Err(_)) => {}
             Err(_) => {
@@ -147,6 +148,22 @@ impl Edge {
                 tracing::debug!(?port, "no request bytes within the header-read timeout");
             }
         }
+    }
+
+    /// Serves the connection with hyper, whose connection state (buffers aside, several KiB)
+    /// is boxed only now: the connection's task stays small while a client has not yet said
+    /// anything, which is what most of a crowd of idle connections is doing (B6).
+    async fn serve<I>(
+        &self,
+        protocol: Protocol,
+        port: Port,
+        io: I,
+        activity: Activity,
+        stop: watch::Receiver<()>,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        Box::pin(self.drive(protocol, port, io, activity, stop)).await
     }
 
     async fn drive<I>(

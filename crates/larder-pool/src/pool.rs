@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
@@ -131,6 +132,8 @@ pub struct NodePool {
     credentials: Option<Arc<Credentials>>,
     slots: Vec<Mutex<Slot>>,
     next: AtomicUsize,
+    scheme: Scheme,
+    authority: Authority,
     /// Set in `http1-for-comparison` mode, which then carries every request.
     http1: Option<Http1Pool>,
 }
@@ -155,9 +158,18 @@ impl NodePool {
             .collect();
         let http1 = (cfg.protocol == PoolProtocol::Http1ForComparison)
             .then(|| Http1Pool::new(addr, cfg.clone(), credentials.clone()));
+        let scheme = if tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        };
+        let authority =
+            Authority::try_from(addr.to_string()).expect("a socket address is a valid authority");
         NodePool {
             addr,
             cfg,
+            scheme,
+            authority,
             tls,
             credentials,
             slots,
@@ -174,7 +186,7 @@ impl NodePool {
         if let Some(http1) = &self.http1 {
             return http1.send(req).await;
         }
-        *req.uri_mut() = self.absolute(req.uri());
+        *req.uri_mut() = self.absolute(std::mem::take(req.uri_mut()));
         // A request that never left this process (its connection had just closed: a GOAWAY, a
         // reset) is handed back by hyper and goes out on the next connection in turn, so one
         // lost connection costs no request.
@@ -233,14 +245,16 @@ impl NodePool {
         }
     }
 
-    fn absolute(&self, uri: &Uri) -> Uri {
-        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        Uri::builder()
-            .scheme(if self.tls.is_some() { "https" } else { "http" })
-            .authority(self.addr.to_string())
-            .path_and_query(path)
-            .build()
-            .expect("a socket address and a valid path make a valid URI")
+    /// `uri` (a path and query) made absolute with this node's scheme and address. The parts
+    /// are made once per node and shared: no formatting or parsing per request.
+    fn absolute(&self, uri: Uri) -> Uri {
+        let mut parts = uri.into_parts();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        if parts.path_and_query.is_none() {
+            parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        }
+        Uri::from_parts(parts).expect("a scheme, an authority and a path make a valid URI")
     }
 
     /// A ready sender for slot `index`, connecting if it has none. The slot's lock is held while

@@ -3,6 +3,7 @@
 //! `INTERNAL_API.md` beside it.
 
 mod changes;
+mod compact;
 mod documents;
 mod paths;
 mod properties;
@@ -20,6 +21,9 @@ pub mod header {
     pub const TIME_MS: &str = "x-larder-time-ms";
     /// Expiry time of a blob, ms since the Unix epoch.
     pub const EXPIRES_MS: &str = "x-larder-expires-ms";
+    /// Every blob property in one value (the compact form, `compact.rs`): sent on internal PUTs
+    /// and in storage nodes' GET/HEAD answers instead of one header per property.
+    pub const PROPS: &str = "x-larder-props";
     /// Prefix of user metadata headers (`x-larder-meta-<name>`), also in the public API.
     pub const META_PREFIX: &str = "x-larder-meta-";
     /// CRC32C of the request body (decimal); the storage node refuses a body that does not match.

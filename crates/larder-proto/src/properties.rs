@@ -34,6 +34,8 @@ pub enum PropertiesError {
     NotANumber(String),
     #[error("a user metadata header needs a name after {prefix}", prefix = header::META_PREFIX)]
     EmptyMetaName,
+    #[error("header {name} is malformed: {0}", name = header::PROPS)]
+    Malformed(&'static str),
 }
 
 impl BlobProperties {
@@ -41,15 +43,39 @@ impl BlobProperties {
     /// value against [`MAX_USER_META_BYTES`], and an empty name is refused: otherwise entries of
     /// `x-larder-meta-:` would cost nothing and escape the limit.
     pub fn from_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
-        let props = BlobProperties::from_stored_headers(headers)?;
-        if props.user_meta.iter().any(|(name, _)| name.is_empty()) {
+        BlobProperties::from_stored_headers(headers)?.within_limits()
+    }
+
+    /// Reads the properties of an internal PUT: the compact `x-larder-props` header when there
+    /// is one (see `compact.rs`), else the one-header-per-property form of the public API; the
+    /// limits of `from_headers` apply to both.
+    pub fn from_internal_headers(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
+        match headers.get(header::PROPS) {
+            Some(value) => BlobProperties::from_compact(value)?.within_limits(),
+            None => BlobProperties::from_headers(headers),
+        }
+    }
+
+    /// Reads the properties of a storage node's answer: the compact header, or (from a node
+    /// that predates it) one header per property. No limits, as in `from_stored_headers`.
+    pub fn from_internal_answer(headers: &HeaderMap) -> Result<BlobProperties, PropertiesError> {
+        match headers.get(header::PROPS) {
+            Some(value) => BlobProperties::from_compact(value),
+            None => BlobProperties::from_stored_headers(headers),
+        }
+    }
+
+    /// These properties, if they keep to what a client may send: no empty metadata name, and
+    /// metadata within [`MAX_USER_META_BYTES`].
+    fn within_limits(self) -> Result<BlobProperties, PropertiesError> {
+        if self.user_meta.iter().any(|(name, _)| name.is_empty()) {
             return Err(PropertiesError::EmptyMetaName);
         }
-        let total: usize = props.user_meta.iter().map(|(n, v)| n.len() + v.len()).sum();
+        let total: usize = self.user_meta.iter().map(|(n, v)| n.len() + v.len()).sum();
         if total > MAX_USER_META_BYTES {
             return Err(PropertiesError::MetaTooLarge(total));
         }
-        Ok(props)
+        Ok(self)
     }
 
     /// Reads the properties of a record a storage node serves. The limits of `from_headers` were
@@ -164,6 +190,44 @@ mod tests {
             BlobProperties::from_headers(&headers),
             Err(PropertiesError::MetaTooLarge(_))
         ));
+    }
+
+    #[test]
+    fn internal_puts_read_the_compact_header_with_the_public_limits() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::PROPS, HeaderValue::from_static("1;7;;-;a=1:b;"));
+        // The compact header wins over headers of the older form.
+        headers.insert(header::TIME_MS, HeaderValue::from_static("8"));
+        let props = BlobProperties::from_internal_headers(&headers).unwrap();
+        assert_eq!((props.created_ms, props.user_meta.len()), (7, 1));
+        let refused = [
+            ("1;7;;-;=1:b;".to_owned(), PropertiesError::EmptyMetaName),
+            (
+                format!("1;7;;-;n=8200:{};", "v".repeat(8200)),
+                PropertiesError::MetaTooLarge(8201),
+            ),
+        ];
+        for (value, error) in refused {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::PROPS, HeaderValue::from_str(&value).unwrap());
+            assert_eq!(BlobProperties::from_internal_headers(&headers), Err(error));
+            // A storage node's answer is read without the limits (older records stay readable).
+            assert!(BlobProperties::from_internal_answer(&headers).is_ok());
+        }
+        let mut older = HeaderMap::new();
+        older.insert(header::TIME_MS, HeaderValue::from_static("9"));
+        assert_eq!(
+            BlobProperties::from_internal_headers(&older)
+                .unwrap()
+                .created_ms,
+            9
+        );
+        assert_eq!(
+            BlobProperties::from_internal_answer(&older)
+                .unwrap()
+                .created_ms,
+            9
+        );
     }
 
     fn any_header_value() -> impl Strategy<Value = HeaderValue> {

@@ -12,6 +12,7 @@ mod latency;
 mod manifest;
 mod order;
 mod read;
+mod replies;
 mod router;
 mod write;
 

@@ -5,13 +5,15 @@ use larder_cluster::{ClusterMap, Partition};
 
 use crate::NodeHealth;
 
-pub fn read_order(
-    map: &ClusterMap,
-    partition: &Partition,
+/// The replicas of `partition` in read order, borrowed from the map (a read allocates no node
+/// names).
+pub fn read_order<'a>(
+    map: &'a ClusterMap,
+    partition: &'a Partition,
     local_dc: &str,
     origin_dc: Option<&str>,
     health: &NodeHealth,
-) -> Vec<String> {
+) -> impl ExactSizeIterator<Item = &'a str> {
     let rank = |node: &str| {
         let dc = map.datacenter_of(node).unwrap_or("");
         let place = if dc == local_dc {
@@ -23,14 +25,17 @@ pub fn read_order(
         };
         (health.is_down(node), place)
     };
-    let mut nodes: Vec<String> = partition.replicas.iter().map(|r| r.node.clone()).collect();
-    // Shuffle first so that equally ranked replicas share the read load.
-    use rand::seq::SliceRandom;
-    nodes.shuffle(&mut rand::rng());
     // Rank each node once: `is_down` may hand out the node's single probe.
-    let mut ranked: Vec<_> = nodes.into_iter().map(|n| (rank(&n), n)).collect();
-    ranked.sort_by_key(|(r, _)| *r);
-    ranked.into_iter().map(|(_, n)| n).collect()
+    let mut ranked: Vec<_> = partition
+        .replicas
+        .iter()
+        .map(|r| (rank(&r.node), r.node.as_str()))
+        .collect();
+    // Shuffled, then stably sorted: equally ranked replicas share the read load.
+    use rand::seq::SliceRandom;
+    ranked.shuffle(&mut rand::rng());
+    ranked.sort_by_key(|(rank, _)| *rank);
+    ranked.into_iter().map(|(_, node)| node)
 }
 
 /// Replicas of `partition` in datacenter `dc`.
@@ -41,4 +46,13 @@ pub fn replicas_in(map: &ClusterMap, partition: &Partition, dc: &str) -> Vec<Str
         .filter(|r| map.datacenter_of(&r.node) == Some(dc))
         .map(|r| r.node.clone())
         .collect()
+}
+
+/// How many replicas of `partition` are in datacenter `dc` (without collecting them).
+pub fn count_in(map: &ClusterMap, partition: &Partition, dc: &str) -> usize {
+    partition
+        .replicas
+        .iter()
+        .filter(|r| map.datacenter_of(&r.node) == Some(dc))
+        .count()
 }

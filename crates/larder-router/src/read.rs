@@ -8,23 +8,23 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use larder_cluster::BlobId;
 use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
-use crate::order::{read_order, replicas_in};
+use crate::order::{count_in, read_order};
 use crate::router::{refusal_message, refuses_the_request, ReplicaResult};
 use crate::{FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
 
-type Attempt<'a> = Pin<Box<dyn Future<Output = (String, bool, ReplicaResult)> + Send + 'a>>;
+type Attempt<'a> = Pin<Box<dyn Future<Output = (&'a str, bool, ReplicaResult)> + Send + 'a>>;
 
 impl Router {
     /// Reads blob `id` (GET: bytes too; HEAD: properties only), or `range` of it, from the first
     /// replica that answers definitely. A replica whose answer cannot be decoded counts as failed.
-    pub async fn get_blob(
-        &self,
+    pub async fn get_blob<'a>(
+        &'a self,
         id: &BlobId,
         method: Method,
         range: Option<ByteRange>,
@@ -37,48 +37,64 @@ impl Router {
             .map
             .datacenter_by_id(id.datacenter)
             .map(|d| d.name.as_str());
-        let order = read_order(&self.map, partition, &self.datacenter, origin, &self.health);
-        let local = replicas_in(&self.map, partition, &self.datacenter).len();
+        let mut remaining =
+            read_order(&self.map, partition, &self.datacenter, origin, &self.health);
+        let local = count_in(&self.map, partition, &self.datacenter);
         let deadline = Instant::now() + self.config.operation_timeout;
-        let path = blob_path(id.partition, &id.to_string());
-        let attempt = |node: &str, hedge: bool| -> Attempt<'_> {
-            let mut request = Request::builder().method(method.clone()).uri(path.clone());
-            if let Some(range) = range {
-                request = request.header(header::RANGE, range.to_header());
+        let uri: Uri = blob_path(id.partition, &id.to_string())
+            .parse()
+            .map_err(|e| RouterError::Unavailable(format!("blob path: {e}")))?;
+        let range_header = range.map(|r| {
+            HeaderValue::try_from(r.to_header()).expect("a byte range is ASCII digits and signs")
+        });
+        let attempt = |node: &'a str, hedge: bool| -> Attempt<'a> {
+            let mut request = Request::new(larder_pool::empty());
+            *request.method_mut() = method.clone();
+            *request.uri_mut() = uri.clone();
+            if let Some(range) = &range_header {
+                request.headers_mut().insert(header::RANGE, range.clone());
             }
-            let request = request.body(larder_pool::empty()).expect("valid request");
-            let node = node.to_owned();
             Box::pin(async move {
-                let result = self.send(&node, request).await;
+                // The operation's deadline ends the request too: no timer of its own for it.
+                let result = self.send_by(node, request, Some(deadline)).await;
                 (node, hedge, result)
             })
         };
 
         let mut in_flight = FuturesUnordered::new();
-        let mut remaining = order.iter();
         let (mut not_found, mut errors) = (0, Vec::new());
-        let mut last_asked = String::new();
-        let mut pending: Vec<String> = Vec::new();
+        let mut last_asked = "";
+        // Replicas asked that have not answered yet (at most the replica count).
+        let mut pending: Vec<&str> = Vec::new();
+        // One timer for every hedge of this read, armed only while a hedge can be due.
+        let hedge_timer = tokio::time::sleep_until(deadline);
+        tokio::pin!(hedge_timer);
         loop {
             if in_flight.is_empty() {
                 // Nothing pending: ask the next replica now (first try, or failover).
                 let Some(node) = remaining.next() else { break };
-                last_asked.clone_from(node);
-                pending.push(node.clone());
+                last_asked = node;
+                pending.push(node);
                 in_flight.push(attempt(node, false));
             }
-            let hedge_delay = self.hedge_delay(&last_asked);
-            let can_hedge = self.config.hedging && remaining.len() > 0;
-            // A zero delay hedges at once: a zero-length sleep would still wait for the timer's
-            // next tick (1 ms), long enough for most reads to finish unhedged.
-            let hedge_timer = async {
-                if !hedge_delay.is_zero() {
-                    tokio::time::sleep(hedge_delay).await;
-                }
-            };
+            let hedge_at = self.next_hedge(last_asked, remaining.len(), deadline);
+            if hedge_at.is_some_and(|at| at <= Instant::now()) {
+                // A zero delay hedges at once, without a timer: even a zero-length sleep would
+                // wait for the timer's next tick (1 ms), long enough for most reads to finish.
+                let node = remaining.next().expect("next_hedge checked");
+                self.hedge(node, &mut last_asked, &mut pending);
+                in_flight.push(attempt(node, true));
+                continue;
+            }
+            if let Some(at) = hedge_at {
+                hedge_timer.as_mut().reset(at);
+            }
             tokio::select! {
                 Some((node, hedged, result)) = in_flight.next() => {
-                    pending.retain(|n| n != &node);
+                    pending.retain(|n| *n != node);
+                    if Instant::now() >= deadline {
+                        return Err(RouterError::Timeout(self.config.operation_timeout));
+                    }
                     let answer = match result {
                         Ok(response) => decode(response, range, deadline).await,
                         Err(err) => Err(Undecoded::Failed(err)),
@@ -100,17 +116,15 @@ impl Router {
                         return Ok(answer);
                     }
                 }},
-                _ = hedge_timer, if can_hedge => {
-                    let node = remaining.next().expect("can_hedge checked");
-                    last_asked.clone_from(node);
-                    self.metrics.hedges_sent.inc();
-                    pending.push(node.clone());
+                _ = &mut hedge_timer, if hedge_at.is_some() => {
+                    let node = remaining.next().expect("next_hedge checked");
+                    self.hedge(node, &mut last_asked, &mut pending);
                     in_flight.push(attempt(node, true));
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(RouterError::Timeout(self.config.operation_timeout));
-                }
             }
+        }
+        if Instant::now() >= deadline {
+            return Err(RouterError::Timeout(self.config.operation_timeout));
         }
         // A quorum write reached `write_quorum` local replicas, so once more than the rest say
         // "not found", no acknowledged write can exist.
@@ -122,6 +136,23 @@ impl Router {
             "no replica could answer ({})",
             errors.join("; ")
         )))
+    }
+
+    /// When to ask the next replica too, after asking `last_asked`: `None` when no hedge can be
+    /// due (hedging off, no replica left to ask, or not before the operation's deadline).
+    fn next_hedge(&self, last_asked: &str, left: usize, deadline: Instant) -> Option<Instant> {
+        if !self.config.hedging || left == 0 {
+            return None;
+        }
+        let at = Instant::now().checked_add(self.hedge_delay(last_asked))?;
+        (at < deadline).then_some(at)
+    }
+
+    /// Records a hedge sent to `node`.
+    fn hedge<'a>(&self, node: &'a str, last_asked: &mut &'a str, pending: &mut Vec<&'a str>) {
+        *last_asked = node;
+        self.metrics.hedges_sent.inc();
+        pending.push(node);
     }
 
     /// How long to wait for `node` before asking the next replica too: the configured percentile
@@ -159,7 +190,7 @@ async fn decode(
     match response.status() {
         StatusCode::OK | StatusCode::PARTIAL_CONTENT => {
             let size = size.ok_or_else(|| failed("no blob size"))?;
-            let properties = BlobProperties::from_stored_headers(response.headers())
+            let properties = BlobProperties::from_internal_answer(response.headers())
                 .map_err(|e| Undecoded::Failed(format!("bad properties: {e}")))?;
             let partial = response.status() == StatusCode::PARTIAL_CONTENT;
             let selected = match (partial, range) {

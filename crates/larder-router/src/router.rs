@@ -11,11 +11,11 @@ use larder_cluster::ClusterMap;
 use larder_pool::{Body, StoragePool};
 use larder_proto::BlobProperties;
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc;
-use tokio::time::{timeout, Instant};
+use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::journal::UploadJournal;
 use crate::latency::LatencyTracker;
+use crate::replies::Replies;
 use crate::{NodeHealth, RouterConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +138,9 @@ pub struct Router {
     pub(crate) journal: Option<UploadJournal>,
 }
 
+/// Why a request ended at its operation's deadline.
+const DEADLINE_PASSED: &str = "operation deadline passed";
+
 /// How long `ready` waits for each local node's health check.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -214,8 +217,22 @@ impl Router {
     /// Sends one request with the per-request timeout, recording the node's health and, for
     /// answers, the latency to response headers in the node's datacenter.
     pub(crate) async fn send(&self, node: &str, request: Request<Body>) -> ReplicaResult {
+        self.send_by(node, request, None).await
+    }
+
+    /// Like `send`, giving up at the operation's `deadline` too when that comes first: one timer
+    /// for both limits. Passing the operation's deadline only ends the request, as dropping it
+    /// would; it says nothing about the node.
+    pub(crate) async fn send_by(
+        &self,
+        node: &str,
+        request: Request<Body>,
+        deadline: Option<Instant>,
+    ) -> ReplicaResult {
         let started = Instant::now();
-        match timeout(self.config.request_timeout, self.pool.send(node, request)).await {
+        let request_deadline = started + self.config.request_timeout;
+        let until = deadline.map_or(request_deadline, |d| d.min(request_deadline));
+        match timeout_at(until, self.pool.send(node, request)).await {
             Ok(Ok(response)) => {
                 self.health.record_success(node);
                 if !response.status().is_server_error() {
@@ -230,6 +247,7 @@ impl Router {
                 }
                 Err(err.to_string())
             }
+            Err(_) if until < request_deadline => Err(DEADLINE_PASSED.to_string()),
             Err(_) => {
                 // Only silence is a verdict: a node that answered other requests while this one
                 // waited is alive, and the wait was a queue (a saturated machine, streams waiting
@@ -302,38 +320,27 @@ impl Router {
         }
     }
 
-    /// Starts `op` against every node in its own task (so stragglers finish after a quorum
-    /// answered) and returns the channel their results arrive on.
-    pub(crate) fn fan_out<F, Fut>(
-        self: &Arc<Self>,
-        nodes: &[String],
-        deadline: Instant,
-        op: F,
-    ) -> mpsc::Receiver<(String, ReplicaResult)>
+    /// Starts `op` against every node; their answers are awaited in the caller's task, and the
+    /// ones still pending when the caller is done finish in one background task (see
+    /// `Replies`). Each `op` must give up at `deadline` (`send_by`).
+    pub(crate) fn fan_out<F, Fut>(self: &Arc<Self>, nodes: &[String], op: F) -> Replies
     where
         F: Fn(Arc<Self>, String) -> Fut,
         Fut: std::future::Future<Output = ReplicaResult> + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel(nodes.len().max(1));
+        let mut replies = Replies::new();
         for node in nodes {
             let task = op(self.clone(), node.clone());
-            let tx = tx.clone();
             let node = node.clone();
-            tokio::spawn(async move {
-                let result = match tokio::time::timeout_at(deadline, task).await {
-                    Ok(result) => result,
-                    Err(_) => Err("operation deadline passed".to_string()),
-                };
-                let _ = tx.send((node, result)).await;
-            });
+            replies.push(async move { (node, task.await) });
         }
-        rx
+        replies
     }
 
     /// Waits until `rule` is met by answers satisfying `ok`, or until it cannot be met any more.
     pub(crate) async fn await_quorum(
         &self,
-        results: &mut mpsc::Receiver<(String, ReplicaResult)>,
+        results: &mut Replies,
         rule: Quorum,
         ok: impl Fn(&Response<Incoming>) -> bool,
     ) -> Result<(), QuorumError> {
@@ -341,7 +348,7 @@ impl Router {
         let (mut bad_local, mut bad_remote) = (0, 0);
         let mut failures = Vec::new();
         let mut out_of_space = false;
-        while let Some((node, result)) = results.recv().await {
+        while let Some((node, result)) = results.next().await {
             let local = self.datacenter_of(&node) == self.datacenter;
             match result {
                 Ok(response) if ok(&response) => {

@@ -3,15 +3,15 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
+use http::{header, HeaderValue, Method, Request, StatusCode, Uri};
 use larder_cluster::{BlobId, BlobKind, PartitionId, PartitionState};
 use larder_proto::{blob_path, header as h, BlobProperties};
 use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
-use crate::order::replicas_in;
-use crate::router::{Quorum, QuorumError, ReplicaResult};
+use crate::order::{count_in, replicas_in};
+use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
 
 /// How long a DELETE that reached its quorum waits for the other replicas' answers.
@@ -39,9 +39,17 @@ impl Router {
         journal: Option<&JournalEntry>,
     ) -> Result<BlobId, RouterError> {
         let deadline = Instant::now() + self.config.operation_timeout;
+        // Built once for every replica and both attempts.
+        let put = PutHeaders {
+            props: props
+                .to_compact()
+                .map_err(|e| RouterError::Rejected(e.to_string()))?,
+            crc: crc32c::crc32c(&data).into(),
+            length: data.len().into(),
+        };
         let first = self.pick_partition(None)?;
         let first_error = match self
-            .put_on(kind, first, props, data.clone(), deadline, journal)
+            .put_on(kind, first, &put, data.clone(), deadline, journal)
             .await
         {
             Ok(id) => return Ok(id),
@@ -49,7 +57,7 @@ impl Router {
         };
         tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
         let second = self.pick_partition(Some(first))?;
-        self.put_on(kind, second, props, data, deadline, journal).await.map_err(|second_error| {
+        self.put_on(kind, second, &put, data, deadline, journal).await.map_err(|second_error| {
             let message = format!(
                 "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
             );
@@ -69,12 +77,15 @@ impl Router {
             .iter()
             .filter(|p| p.state == PartitionState::ReadWrite && Some(p.id) != except)
             .collect();
+        // Node names are compared in place: collecting each partition's local replicas cost an
+        // allocation per partition and one per name, for every PUT.
         let healthy: Vec<_> = writable
             .iter()
             .filter(|p| {
-                replicas_in(&self.map, p, &self.datacenter)
-                    .iter()
-                    .all(|n| !self.health.is_marked_down(n))
+                p.replicas.iter().all(|r| {
+                    self.map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
+                        || !self.health.is_marked_down(&r.node)
+                })
             })
             .collect();
         let rng = &mut rand::rng();
@@ -89,7 +100,7 @@ impl Router {
         self: &Arc<Self>,
         kind: BlobKind,
         partition: PartitionId,
-        props: &BlobProperties,
+        put: &PutHeaders,
         data: Bytes,
         deadline: Instant,
         journal: Option<&JournalEntry>,
@@ -120,18 +131,15 @@ impl Router {
         } else {
             local
         };
-        let crc = crc32c::crc32c(&data);
-        let results = self.fan_out(&targets, deadline, |router, node| {
-            let (props, data) = (props.clone(), data.clone());
-            async move {
-                router
-                    .put_one(&node, partition, &id, &props, data, crc)
-                    .await
-            }
+        let uri: Uri = blob_path(partition, &id.to_string())
+            .parse()
+            .map_err(|e| QuorumError::other(format!("blob path: {e}")))?;
+        let mut results = self.fan_out(&targets, |router, node| {
+            let request = put.request(uri.clone(), data.clone());
+            async move { router.send_by(&node, request, Some(deadline)).await }
         });
         let stored =
             |r: &http::Response<_>| matches!(r.status(), StatusCode::CREATED | StatusCode::OK);
-        let mut results = results;
         match self.await_quorum(&mut results, rule, stored).await {
             Ok(()) => Ok(id),
             Err(err) => {
@@ -140,26 +148,6 @@ impl Router {
                 Err(err)
             }
         }
-    }
-
-    async fn put_one(
-        &self,
-        node: &str,
-        partition: PartitionId,
-        id: &BlobId,
-        props: &BlobProperties,
-        data: Bytes,
-        crc: u32,
-    ) -> ReplicaResult {
-        let mut request = Request::builder()
-            .method(Method::PUT)
-            .uri(blob_path(partition, &id.to_string()))
-            .header(header::CONTENT_LENGTH, data.len())
-            .header(h::BODY_CRC32C, crc)
-            .body(larder_pool::full(data))
-            .expect("valid request");
-        props.write_headers(request.headers_mut());
-        self.send(node, request).await
     }
 
     fn spawn_cleanup(self: &Arc<Self>, partition: PartitionId, id: BlobId) {
@@ -194,7 +182,7 @@ impl Router {
             .partition(partition)
             .expect("checked by the caller");
         let all: Vec<String> = p.replicas.iter().map(|r| r.node.clone()).collect();
-        let local = replicas_in(&self.map, p, &self.datacenter).len();
+        let local = count_in(&self.map, p, &self.datacenter);
         let rule = Quorum {
             local: self.config.write_quorum.clamp(1, local.max(1)),
             local_total: local,
@@ -206,12 +194,12 @@ impl Router {
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         let path = blob_path(partition, &id.to_string());
-        let mut results = self.fan_out(&all, deadline, |router, node| {
+        let mut results = self.fan_out(&all, |router, node| {
             let request = Request::delete(path.clone())
                 .header(h::TIME_MS, time_ms)
                 .body(larder_pool::empty())
                 .expect("valid request");
-            async move { router.send(&node, request).await }
+            async move { router.send_by(&node, request, Some(deadline)).await }
         });
         self.await_quorum(&mut results, rule, |r| r.status() == StatusCode::ACCEPTED)
             .await
@@ -220,9 +208,32 @@ impl Router {
         // writing the tombstone a moment, so that a healthy one does not serve the blob after we
         // answered. A slow or dead one gets it by replication; the answer does not wait for it.
         let _ = tokio::time::timeout(DELETE_SETTLE, async {
-            while results.recv().await.is_some() {}
+            while results.next().await.is_some() {}
         })
         .await;
         Ok(())
+    }
+}
+
+/// The headers of one PUT, the same for every replica: built once, cloned per request (a
+/// `HeaderValue` clone shares its bytes).
+struct PutHeaders {
+    /// Every property in the compact form (`x-larder-props`).
+    props: HeaderValue,
+    crc: HeaderValue,
+    length: HeaderValue,
+}
+
+impl PutHeaders {
+    fn request(&self, uri: Uri, data: Bytes) -> Request<larder_pool::Body> {
+        let mut request = Request::new(larder_pool::full(data));
+        *request.method_mut() = Method::PUT;
+        *request.uri_mut() = uri;
+        let headers = request.headers_mut();
+        headers.reserve(3);
+        headers.insert(header::CONTENT_LENGTH, self.length.clone());
+        headers.insert(h::BODY_CRC32C, self.crc.clone());
+        headers.insert(h::PROPS, self.props.clone());
+        request
     }
 }

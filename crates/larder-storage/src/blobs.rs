@@ -48,14 +48,20 @@ pub async fn put(
 
 /// A blob's properties as the request sends them (the public API's own parser, so nothing is
 /// stored here that the public API would refuse), with its times checked against the clock.
+/// The compact header is stored as it came (it was just decoded and checked); properties in one
+/// header each (from a frontend of an earlier release) are converted to it.
 pub(crate) fn checked_meta(clock: &Clock, headers: &HeaderMap) -> Result<BlobMeta> {
-    let props = BlobProperties::from_headers(headers)?;
+    let props = BlobProperties::from_internal_headers(headers)?;
     let time_ms = match props.created_ms {
         0 => now_ms(),
         created => clock.check_time(h::TIME_MS, created)?,
     };
+    let stored = match headers.get(h::PROPS) {
+        Some(value) => props::from_header(value),
+        None => props::encode(&props)?,
+    };
     Ok(BlobMeta {
-        props: props::encode(&props),
+        props: stored,
         time_ms,
         expires_ms: clock.check_expiry(props.expires_ms)?,
     })
@@ -79,8 +85,8 @@ fn gone(reason: &'static str, time_ms: Option<u64>) -> Response<Body> {
 
 pub async fn get(
     store: Store,
-    key: String,
-    req: Request<Incoming>,
+    key: &str,
+    req: &Request<Incoming>,
     with_body: bool,
 ) -> Result<Response<Body>> {
     let include_expired = req.uri().query().is_some_and(|q| {
@@ -115,7 +121,7 @@ async fn serve(
     range: Option<ByteRange>,
     with_body: bool,
 ) -> Result<Response<Body>> {
-    let props = props::decode(&record.meta.props)?;
+    let props = props::to_header(&record.meta.props)?;
     let size = record.size;
     let selected = match range {
         None => 0..size,
@@ -136,7 +142,7 @@ async fn serve(
         );
     }
     let headers = response.headers_mut();
-    props.write_headers(headers);
+    headers.insert(h::PROPS, props);
     headers.insert(
         header::CONTENT_LENGTH,
         (selected.end - selected.start).into(),

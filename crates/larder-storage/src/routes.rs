@@ -33,30 +33,31 @@ fn without_body(response: Response<Body>) -> Response<Body> {
 }
 
 async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Response<Body>> {
-    let path = req.uri().path().to_owned();
-    match larder_proto::parse_path(&path) {
+    let path = req.uri().path();
+    match larder_proto::parse_path(path) {
         Some(InternalPath::Health) => Ok(health(&node)),
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
         Some(InternalPath::Blob { partition, key }) => {
             let store = hosted(&node, partition)?;
-            let key = key.to_owned();
             match *req.method() {
-                Method::PUT => blobs::put(&node, store, key, req).await,
-                Method::GET => blobs::get(store, key, req, true).await,
-                Method::HEAD => blobs::get(store, key, req, false).await,
-                Method::DELETE => blobs::delete(&node, store, key, req).await,
+                Method::PUT => blobs::put(&node, store, key.to_owned(), req).await,
+                // Reads borrow the key from the request: no copy of it per GET.
+                Method::GET => blobs::get(store, key, &req, true).await,
+                Method::HEAD => blobs::get(store, key, &req, false).await,
+                Method::DELETE => blobs::delete(&node, store, key.to_owned(), req).await,
                 _ => Err(Error::MethodNotAllowed("PUT, GET, HEAD or DELETE")),
             }
         }
         Some(InternalPath::Doc { partition, key }) => {
             let store = hosted(&node, partition)?;
-            documents::handle(&node, store, key, req).await
+            let key = key.to_owned();
+            documents::handle(&node, store, &key, req).await
         }
         Some(InternalPath::Changes { partition }) => {
             let store = hosted(&node, partition)?;
             changes::page(store, req.uri().query().unwrap_or("")).await
         }
-        None => Err(Error::NoSuchPath(path)),
+        None => Err(Error::NoSuchPath(path.to_owned())),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `larder`: one binary for every role. Argument parsing and process wiring only; the work lives
 //! in the library crates.
 
+mod allocator;
 mod bench;
 mod blob_cmd;
 mod cli;
@@ -20,6 +21,7 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    allocator::configure();
     let cli = cli::Cli::parse();
     // Every role logs through this one subscriber (`larder dev`'s storage nodes are this binary
     // too, with stderr inherited), so colours are decided here: only for a terminal, never for a

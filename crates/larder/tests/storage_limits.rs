@@ -81,6 +81,15 @@ async fn times_and_versions_from_the_future_are_refused() {
         let refused_blobs = [
             (Method::PUT, ("x-larder-time-ms", hour_ahead.to_string())),
             (Method::PUT, ("x-larder-expires-ms", u64::MAX.to_string())),
+            // The same times in the compact form frontends send.
+            (
+                Method::PUT,
+                ("x-larder-props", format!("1;{hour_ahead};;-;")),
+            ),
+            (
+                Method::PUT,
+                ("x-larder-props", format!("1;1;{};-;", u64::MAX)),
+            ),
             (Method::DELETE, ("x-larder-time-ms", u64::MAX.to_string())),
         ];
         for (method, header) in refused_blobs {

@@ -126,6 +126,22 @@ impl ChunkReader {
         if self.leftover.len() >= self.chunk_size {
             return Ok(self.leftover.split_to(self.chunk_size));
         }
+        if self.leftover.is_empty() {
+            let Some(mut piece) = self.next_data().await? else {
+                return Ok(Bytes::new());
+            };
+            if piece.len() >= self.chunk_size {
+                let chunk = piece.split_to(self.chunk_size);
+                self.leftover = piece;
+                return Ok(chunk);
+            }
+            // The whole rest of a declared body in one piece (a small upload in one DATA frame
+            // or read): it is the chunk, with no buffer to allocate and copy it into.
+            if self.length_hint == Some(self.total) {
+                return Ok(piece);
+            }
+            self.leftover = piece;
+        }
         let mut buf = BytesMut::with_capacity(self.buffer_capacity());
         buf.extend_from_slice(&std::mem::take(&mut self.leftover));
         while buf.len() < self.chunk_size {

@@ -39,16 +39,16 @@ async fn dispatch(
     state: &Arc<AppState>,
     req: Request<Incoming>,
 ) -> (&'static str, Result<Response<Body>, ApiError>) {
-    let path = req.uri().path().to_owned();
     let method = req.method().clone();
-    if path == "/v1/blobs" && method == Method::POST {
+    if req.uri().path() == "/v1/blobs" && method == Method::POST {
         return ("blobs", blobs::upload(state, req).await);
     }
-    if path.starts_with("/document/v1/") {
+    if req.uri().path().starts_with("/document/v1/") {
         return ("document", Ok(documents::handle(state, req).await));
     }
     // No other route reads a body.
     let (parts, mut body) = req.into_parts();
+    let path = parts.uri.path();
     let timeout = state.config.limits.body_read_timeout;
     crate::body::drain(&mut body, DRAIN_BUDGET, timeout).await;
     let read_only = |allow| {
@@ -58,7 +58,7 @@ async fn dispatch(
             Err(not_allowed(&method, allow))
         }
     };
-    match path.as_str() {
+    match path {
         "/v1/blobs" => ("blobs", Err(not_allowed(&method, "POST"))),
         "/healthz" => ("healthz", read_only("GET, HEAD").map(|_| ops::healthz())),
         "/readyz" => (

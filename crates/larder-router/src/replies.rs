@@ -1,0 +1,84 @@
+//! The answers of one operation's replicas. They are awaited in the operation's own task: a
+//! task per replica (and a channel between them) cost a spawn, a cross-thread wake-up and an
+//! allocation each per request. Requests still pending when the operation is done with them
+//! (a quorum answered, or the caller went away) must still finish, so that every replica
+//! gets the write and their answers count for node health: `Drop` hands them to one background
+//! task. A PUT that answers at its quorum thus spawns one task for its straggler, not one per
+//! replica.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use crate::router::ReplicaResult;
+
+type Reply = Pin<Box<dyn Future<Output = (String, ReplicaResult)> + Send>>;
+
+pub(crate) struct Replies {
+    pending: FuturesUnordered<Reply>,
+}
+
+impl Replies {
+    pub(crate) fn new() -> Replies {
+        Replies {
+            pending: FuturesUnordered::new(),
+        }
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        reply: impl Future<Output = (String, ReplicaResult)> + Send + 'static,
+    ) {
+        self.pending.push(Box::pin(reply));
+    }
+
+    /// The next answer, `None` once every replica answered.
+    pub(crate) async fn next(&mut self) -> Option<(String, ReplicaResult)> {
+        self.pending.next().await
+    }
+}
+
+impl Drop for Replies {
+    fn drop(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut stragglers = std::mem::take(&mut self.pending);
+        // Dropped outside a runtime only when the runtime itself is going away.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { while stragglers.next().await.is_some() {} });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A caller that stops at its quorum drops the replies still pending: they must still run to
+    /// their end (every replica gets the write), in the background.
+    #[tokio::test]
+    async fn stragglers_finish_after_the_caller_is_done() {
+        let finished = Arc::new(AtomicUsize::new(0));
+        let mut replies = Replies::new();
+        for (node, delay_ms) in [("fast", 0), ("quick", 1), ("slow", 50)] {
+            let finished = finished.clone();
+            replies.push(async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+                (node.to_owned(), Err("done".to_owned()))
+            });
+        }
+        for _ in 0..2 {
+            let _answer = replies.next().await.expect("an answer");
+        }
+        drop(replies);
+        assert_eq!(finished.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(finished.load(Ordering::SeqCst), 3, "the straggler ran on");
+    }
+}
