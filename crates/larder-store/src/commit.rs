@@ -20,11 +20,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::MutexGuard;
 
-use crate::api::{Cursor, Durability, Error, Location, Op, Result};
+use crate::engine::Engine;
 use crate::format::{block_crcs, encode_head, RecordInfo, FILE_HEADER_LEN};
 use crate::index::Index;
 use crate::segment::{create_segment, fdatasync, io_error, Segment};
-use crate::store::Inner;
+use crate::types::{Cursor, Durability, Error, Location, Op, Result};
 use crate::waiters::{self, Waiter, Wake};
 
 /// Records up to this size (head included) are batched; larger ones are written at once.
@@ -96,7 +96,7 @@ impl LogState {
     }
 }
 
-impl Inner {
+impl Engine {
     /// Appends `info` + `data` unless `check` (run under the log lock, seeing pending writes and
     /// the index) returns an early answer. Returns `None` once the record is durable.
     pub(crate) fn append<R>(

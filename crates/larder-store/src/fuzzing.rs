@@ -35,7 +35,7 @@ pub fn encode_record_for_fuzz(
     expires_ms: Option<u64>,
 ) -> Vec<u8> {
     let info = crate::format::RecordInfo {
-        op: crate::api::Op::PutBlob,
+        op: crate::types::Op::PutBlob,
         key: bytes::Bytes::copy_from_slice(key),
         props: bytes::Bytes::copy_from_slice(props),
         time_ms,

@@ -8,15 +8,17 @@
 //! Writes return only once their record is on stable storage; concurrent writers share one sync
 //! (group commit). See `FORMAT.md` in this crate for the on-disk format.
 //!
-//! Layout of the implementation: `format` (record encoding), `segment` (files and I/O), `scan`
-//! (sequential reading), `index`, `checkpoint`, `commit` (write path and group commit),
-//! `waiters` (writers parked on a group commit),
-//! `recovery` (open), `reader` (verified reads), `space` (the free-space reserve), `feed` (change feed), `store` (operations).
+//! Layout of the implementation, leaves first: `types` (the public types; imports nothing from
+//! the crate), `format` (record encoding), `segment` (files and I/O), `scan` (sequential reading),
+//! `index`, `waiters` (writers parked on a group commit), `reader` (verified reads), `space` (the
+//! free-space reserve); then `engine` (the state of one open store and the decisions of each
+//! operation), with its parts `commit` (write path and group commit), `checkpoint`, `recovery`
+//! (open) and `feed` (change feed); and last `store`, the public facade over an `engine`.
 
-mod api;
 mod checkpoint;
 mod commit;
 mod cursor;
+mod engine;
 #[cfg(test)]
 mod failpoint;
 mod feed;
@@ -31,10 +33,12 @@ mod space;
 mod store;
 #[cfg(test)]
 mod tests;
+mod types;
 mod waiters;
 
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use api::*;
 pub use cursor::ParseCursorError;
+pub use store::{BlobReader, Store};
+pub use types::*;

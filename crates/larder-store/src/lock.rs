@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use crate::api::{Error, Result};
+use crate::types::{Error, Result};
 
 pub(crate) const LOCK_FILE: &str = "LOCK";
 

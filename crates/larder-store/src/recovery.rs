@@ -11,16 +11,16 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::api::{Cursor, Error, Location, Options, Result};
 use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
 use crate::commit::LogState;
+use crate::engine::{Counters, Engine};
 use crate::format::{check_file_header, FileHeader, RecordInfo, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::Index;
 use crate::scan::{Found, Scanned, Scanner};
 use crate::segment::{
     create_segment, list_segments, open_segment, read_exact_at, rewrite_header, Segment,
 };
-use crate::store::{Counters, Inner};
+use crate::types::{Cursor, Error, Location, Options, Result};
 
 /// Records per batch handed from the scanning thread to the indexing thread.
 const BATCH: usize = 4096;
@@ -93,7 +93,7 @@ fn replay(segments: &mut [(Segment, u64)], from: Cursor, index: &mut Index) -> R
     })
 }
 
-pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
+pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Engine>> {
     std::fs::create_dir_all(dir)?;
     let lock = crate::lock::lock_dir(dir)?;
     remove_stale_temp_files(dir);
@@ -121,7 +121,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
     if corrupt > 0 {
         tracing::warn!(dir = %dir.display(), corrupt, "opened with corrupt records");
     }
-    Ok(Arc::new_cyclic(|me| Inner {
+    Ok(Arc::new_cyclic(|me| Engine {
         dir: dir.to_path_buf(),
         lock: parking_lot::Mutex::new(Some(lock)),
         log: Mutex::new(LogState::new(active, active_len, sealed)),

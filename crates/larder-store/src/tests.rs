@@ -40,7 +40,7 @@ fn enospc_mid_record_leaves_no_partial_record() {
     store.put_blob(b"before", meta(), &[data(1000, 1)]).unwrap();
     let len = segment_len(dir.path());
     for cut in [1, 51, 60, 70_000] {
-        store.inner.fail.fail_next_write_after(cut);
+        store.engine.fail.fail_next_write_after(cut);
         let res = store.put_blob(b"failed", meta(), &[data(50_000, 2), data(50_000, 3)]);
         assert!(
             matches!(res, Err(Error::OutOfSpace)),
@@ -76,8 +76,8 @@ fn failed_truncate_makes_store_refuse_writes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), Options::default()).unwrap();
     store.put_blob(b"kept", meta(), &[data(1000, 1)]).unwrap();
-    store.inner.fail.fail_next_write_after(80);
-    store.inner.fail.set_truncate_fails(true);
+    store.engine.fail.fail_next_write_after(80);
+    store.engine.fail.set_truncate_fails(true);
     assert!(matches!(
         store.put_blob(b"torn", meta(), &[data(5000, 2)]),
         Err(Error::OutOfSpace)
@@ -141,7 +141,7 @@ fn a_failed_fdatasync_fails_every_writer_waiting_on_it() {
     store.put_blob(b"kept", meta(), &[data(100, 1)]).unwrap();
     // A slow, failing sync: writers arriving meanwhile park behind it and must all hear of it.
     store
-        .inner
+        .engine
         .fail
         .fail_syncs_after(std::time::Duration::from_millis(200));
     let writers: Vec<_> = (0..64u8)
@@ -202,7 +202,7 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     // A slow sync leads; small records arriving meanwhile are batched for the next round, whose
     // batch write then runs out of space half-way.
     store
-        .inner
+        .engine
         .fail
         .slow_syncs(Some(std::time::Duration::from_millis(1000)));
     let leader = {
@@ -221,7 +221,7 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     while store.stats().records_appended < 34 {
         std::thread::yield_now();
     }
-    store.inner.fail.fail_next_write_after(1000);
+    store.engine.fail.fail_next_write_after(1000);
     assert_eq!(leader.join().unwrap().unwrap(), PutOutcome::Stored);
     for (i, writer) in batched.into_iter().enumerate() {
         let res = writer.join().unwrap();
@@ -231,7 +231,7 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
             res.map(|_| ())
         );
     }
-    store.inner.fail.slow_syncs(None);
+    store.engine.fail.slow_syncs(None);
     let leader_len = segment_len(dir.path());
     assert!(leader_len > len, "the leader's record was written");
     for i in 0..32u8 {

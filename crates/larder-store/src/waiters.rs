@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::{self, Thread};
 
-use crate::api::Cursor;
+use crate::types::Cursor;
 
 const PENDING: u8 = 0;
 const DURABLE: u8 = 1;
