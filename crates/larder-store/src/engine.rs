@@ -11,20 +11,24 @@
 //! 2. `log` (the append mutex), then `index` (read to decide, write to publish) or `segments`
 //!    (write, to add a segment on rotation) — never both at once;
 //! 3. `index` and `segments` are otherwise taken alone and briefly;
-//! 4. `lock` (the directory lock) and `space`'s own mutex are leaves.
+//! 4. `lock` (the directory lock) and `space`'s own mutex are leaves;
+//! 5. the disk's queue and failure mutexes (`disk::Shared`) are leaves too: a writer queues its
+//!    log after releasing `log`, and the commit thread takes one log's `log` at a time, never
+//!    while holding the queue.
 //!
-//! The `log` mutex is released around every `fdatasync` (`MutexGuard::unlocked`), so readers and
-//! other writers never wait on the disk.
+//! No `fdatasync` happens under `log`: the commit thread syncs the journal with no store lock
+//! held, and completions are completed with no lock held, so readers and writers never wait on
+//! the disk, only their own completion does.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
 
 use bytes::Bytes;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::CheckpointState;
-use crate::commit::{LogState, PendingBlob};
+use crate::commit::{Appended, LogState, PendingBlob};
 use crate::format::{RecordInfo, MAX_PROPS_LEN};
 use crate::index::{BlobState, DocState, Index};
 use crate::segment::Segment;
@@ -44,9 +48,12 @@ pub(crate) struct Engine {
     pub lock: parking_lot::Mutex<Option<std::fs::File>>,
     pub opts: Options,
     pub log: Mutex<LogState>,
-    /// Signalled after every sync round, for `close`, which waits out a round in progress
-    /// (writers are woken one by one through `commit::LogState::waiting`).
-    pub synced: Condvar,
+    /// The disk whose journal and commit thread make this store's writes durable.
+    pub disk: crate::disk::Disk,
+    /// This store's directory relative to the disk's root: how journal frames name it.
+    pub rel_path: Vec<u8>,
+    /// Whether `disk` is this store's own (`Store::open`): then closing the store closes it.
+    pub private_disk: bool,
     pub index: RwLock<Index>,
     /// Every segment, ascending by id; the last one is the active segment.
     pub segments: RwLock<Vec<Segment>>,
@@ -103,7 +110,7 @@ impl Engine {
         key: &[u8],
         meta: BlobMeta,
         data: &[Bytes],
-    ) -> Result<PutOutcome> {
+    ) -> Result<Appended<PutOutcome>> {
         check_key(key)?;
         check_size(meta.props.len() as u64, MAX_PROPS_LEN as u64)?;
         let size = data.iter().map(|d| d.len() as u64).sum();
@@ -114,10 +121,10 @@ impl Engine {
         };
         // Blob states never revert, so a durable answer is final: skip checksumming the data.
         if let Some(s) = self.index.read().blobs.get(key) {
-            return Ok(outcome(match s {
+            return Ok(Appended::Early(outcome(match s {
                 BlobState::Live(_) => PendingBlob::Live,
                 BlobState::Deleted { .. } => PendingBlob::Deleted,
-            }));
+            })));
         }
         let info = RecordInfo {
             op: Op::PutBlob,
@@ -129,11 +136,10 @@ impl Engine {
             size,
         };
         self.space.admit(info.head_len() + size)?;
-        let early = self.append(info, data, |st, idx| blob_state(st, idx, key).map(outcome))?;
-        Ok(early.unwrap_or(PutOutcome::Stored))
+        self.append(info, data, |st, idx| blob_state(st, idx, key).map(outcome))
     }
 
-    pub(crate) fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<DeleteOutcome> {
+    pub(crate) fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<Appended<DeleteOutcome>> {
         check_key(key)?;
         let info = RecordInfo {
             op: Op::DeleteBlob,
@@ -144,11 +150,10 @@ impl Engine {
             version: 0,
             size: 0,
         };
-        let early = self.append(info, &[], |st, idx| {
+        self.append(info, &[], |st, idx| {
             (blob_state(st, idx, key) == Some(PendingBlob::Deleted))
                 .then_some(DeleteOutcome::AlreadyDeleted)
-        })?;
-        Ok(early.unwrap_or(DeleteOutcome::Deleted))
+        })
     }
 
     pub(crate) fn get_blob(&self, key: &[u8], now_ms: u64) -> Result<BlobLookup> {
@@ -181,7 +186,7 @@ impl Engine {
         version: u64,
         time_ms: u64,
         json: Bytes,
-    ) -> Result<DocOutcome> {
+    ) -> Result<Appended<DocOutcome>> {
         check_key(key)?;
         check_size(json.len() as u64, self.opts.max_record_size)?;
         let info = RecordInfo {
@@ -201,11 +206,10 @@ impl Engine {
         } else {
             std::slice::from_ref(&json)
         };
-        let early = self.append(info, data, |st, idx| {
+        self.append(info, data, |st, idx| {
             let current = doc_version(st, idx, key)?;
             (version <= current).then_some(DocOutcome::Stale { current })
-        })?;
-        Ok(early.unwrap_or(DocOutcome::Applied))
+        })
     }
 
     pub(crate) fn get_doc(&self, key: &[u8]) -> Result<DocLookup> {
@@ -261,6 +265,7 @@ impl Engine {
             corrupt_records_found: self.counters.corrupt.load(Ordering::Relaxed),
             bytes_on_disk: self.bytes_on_disk(),
             segments: self.segments.read().len() as u64,
+            disk: self.disk.stats(),
             durable_cursor,
         }
     }
@@ -268,6 +273,9 @@ impl Engine {
     pub(crate) fn close(&self) -> Result<()> {
         self.close_log()?;
         self.write_checkpoint()?;
+        if self.private_disk {
+            self.disk.shut_down();
+        }
         // Closed stores only read: another store may now open the directory and write.
         self.lock.lock().take();
         Ok(())

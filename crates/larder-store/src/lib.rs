@@ -17,13 +17,16 @@
 
 mod checkpoint;
 mod commit;
+mod completion;
 mod cursor;
+mod disk;
 mod engine;
 #[cfg(test)]
 mod failpoint;
 mod feed;
 mod format;
 mod index;
+mod journal;
 mod lock;
 mod reader;
 mod recovery;
@@ -34,11 +37,11 @@ mod store;
 #[cfg(test)]
 mod tests;
 mod types;
-mod waiters;
 
 #[doc(hidden)]
 pub mod fuzzing;
 
 pub use cursor::ParseCursorError;
-pub use store::{BlobReader, Store};
+pub use disk::Disk;
+pub use store::{is_batched, BlobReader, Commit, Store};
 pub use types::*;

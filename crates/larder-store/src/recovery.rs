@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
 use crate::commit::LogState;
@@ -20,7 +20,8 @@ use crate::scan::{Found, Scanned, Scanner};
 use crate::segment::{
     create_segment, list_segments, open_segment, read_exact_at, rewrite_header, Segment,
 };
-use crate::types::{Cursor, Error, Location, Options, Result};
+use crate::disk::Disk;
+use crate::types::{Cursor, DiskOptions, Error, Location, Options, Result};
 
 /// Records per batch handed from the scanning thread to the indexing thread.
 const BATCH: usize = 4096;
@@ -93,9 +94,17 @@ fn replay(segments: &mut [(Segment, u64)], from: Cursor, index: &mut Index) -> R
     })
 }
 
-pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Engine>> {
+/// Opens the store in `dir` on `disk`, or (`None`) on a private disk rooted at `dir` whose
+/// journal is replayed first.
+pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<Engine>> {
     std::fs::create_dir_all(dir)?;
     let lock = crate::lock::lock_dir(dir)?;
+    let private_disk = disk.is_none();
+    let disk = match disk {
+        Some(disk) => disk,
+        None => Disk::open(dir, DiskOptions::default())?,
+    };
+    let rel_path = disk.relative_path(dir)?;
     remove_stale_temp_files(dir);
     let mut corrupt = 0;
     let mut segments = open_segments(dir, &mut corrupt)?;
@@ -125,7 +134,9 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Engine>> {
         dir: dir.to_path_buf(),
         lock: parking_lot::Mutex::new(Some(lock)),
         log: Mutex::new(LogState::new(active, active_len, sealed)),
-        synced: Condvar::new(),
+        disk,
+        rel_path,
+        private_disk,
         index: RwLock::new(index),
         segments: RwLock::new(segments.into_iter().map(|(s, _)| s).collect()),
         counters: Counters {

@@ -1,12 +1,18 @@
 //! The `Store` facade: the crate's public handle over one open store (an [`Engine`]), and the
 //! verified reader of a blob's data.
 
+use std::future::Future;
 use std::ops::Range;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
+use crate::commit::{Appended, BATCH_RECORD_MAX};
+use crate::completion::Completion;
+use crate::disk::Disk;
 use crate::engine::Engine;
 use crate::reader::BlobReaderState;
 use crate::types::*;
@@ -31,24 +37,115 @@ impl Iterator for BlobReader {
     }
 }
 
+/// A write on its way to stable storage. Await it (async callers: no thread is parked, the
+/// commit thread wakes the task) or [`Commit::wait`] for it (blocking callers). It resolves to
+/// the write's outcome once the record is durable and visible, or to the error that lost it.
+#[must_use = "a write is acknowledged only once its commit resolved"]
+pub struct Commit<T> {
+    waiting: Option<Completion>,
+    then: Option<Result<T>>,
+}
+
+impl<T> Commit<T> {
+    fn new(appended: Result<Appended<T>>, written: T) -> Commit<T> {
+        match appended {
+            Ok(Appended::Waiting(completion)) => Commit {
+                waiting: Some(completion),
+                then: Some(Ok(written)),
+            },
+            Ok(Appended::Done) => Commit::ready(Ok(written)),
+            Ok(Appended::Early(outcome)) => Commit::ready(Ok(outcome)),
+            Err(e) => Commit::ready(Err(e)),
+        }
+    }
+
+    fn ready(result: Result<T>) -> Commit<T> {
+        Commit {
+            waiting: None,
+            then: Some(result),
+        }
+    }
+
+    /// Blocks the calling thread until the write is durable (or lost).
+    pub fn wait(mut self) -> Result<T> {
+        if let Some(completion) = self.waiting.take() {
+            completion.wait()?;
+        }
+        self.then.take().expect("a commit resolves once")
+    }
+}
+
+impl<T: Unpin> Future for Commit<T> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = self.get_mut();
+        if let Some(completion) = &mut this.waiting {
+            match Pin::new(completion).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    this.waiting = None;
+                    this.then = None;
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(())) => this.waiting = None,
+            }
+        }
+        Poll::Ready(
+            this.then
+                .take()
+                .unwrap_or_else(|| Err(Error::Unavailable("commit polled after it resolved".into()))),
+        )
+    }
+}
+
+/// Whether a record of this key, props and data length is small enough to be batched: its
+/// `begin_*` call then only encodes, checksums and copies it (no I/O), so an async caller may
+/// make it on its own thread. A larger record is written to its segment by the `begin_*` call
+/// (blocking I/O: run that call on a blocking thread).
+pub fn is_batched(key_len: usize, props_len: usize, data_len: u64) -> bool {
+    crate::format::head_len(key_len, props_len, data_len).saturating_add(data_len)
+        <= BATCH_RECORD_MAX
+}
+
 impl Store {
-    /// Opens (creating if needed) the replica directory `dir`: loads the newest index checkpoint,
-    /// replays the log after it, cuts off a torn tail, reports corrupt records.
+    /// Opens (creating if needed) the replica directory `dir` on a private disk whose journal
+    /// lives in `dir` (standalone use: tests, tools): replays that journal, loads the newest
+    /// index checkpoint, replays the log after it, cuts off a torn tail, reports corrupt records.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
         Ok(Store {
-            engine: crate::recovery::open(dir.as_ref(), options)?,
+            engine: crate::recovery::open(dir.as_ref(), options, None)?,
+        })
+    }
+
+    /// Opens the replica directory `dir`, which must lie below `disk`'s root, on that disk: its
+    /// writes share the disk's journal and commit rounds with every other store opened there.
+    pub fn open_on(disk: &Disk, dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        Ok(Store {
+            engine: crate::recovery::open(dir.as_ref(), options, Some(disk.clone()))?,
         })
     }
 
     /// Appends a blob whose data is the concatenation of `data` (chunks as they arrived; not
     /// copied into one buffer). Returns once durable.
     pub fn put_blob(&self, key: &[u8], meta: BlobMeta, data: &[Bytes]) -> Result<PutOutcome> {
-        self.engine.put_blob(key, meta, data)
+        self.begin_put_blob(key, meta, data).wait()
+    }
+
+    /// Starts [`Store::put_blob`]; the returned commit resolves once the record is durable.
+    /// Blocking I/O only for a record that is not [`is_batched`].
+    pub fn begin_put_blob(&self, key: &[u8], meta: BlobMeta, data: &[Bytes]) -> Commit<PutOutcome> {
+        Commit::new(self.engine.put_blob(key, meta, data), PutOutcome::Stored)
     }
 
     /// Appends a tombstone, also for a key never seen (a late put must not resurrect it).
     pub fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<DeleteOutcome> {
-        self.engine.delete_blob(key, time_ms)
+        self.begin_delete_blob(key, time_ms).wait()
+    }
+
+    /// Starts [`Store::delete_blob`] (a tombstone is always batched: no blocking I/O).
+    pub fn begin_delete_blob(&self, key: &[u8], time_ms: u64) -> Commit<DeleteOutcome> {
+        Commit::new(self.engine.delete_blob(key, time_ms), DeleteOutcome::Deleted)
     }
 
     /// Looks a blob up; `now_ms` decides TTL expiry.
@@ -77,14 +174,34 @@ impl Store {
         time_ms: u64,
         json: Bytes,
     ) -> Result<DocOutcome> {
-        self.engine
-            .write_doc(Op::PutDoc, key, version, time_ms, json)
+        self.begin_put_doc(key, version, time_ms, json).wait()
+    }
+
+    /// Starts [`Store::put_doc`]. Blocking I/O only for a document that is not [`is_batched`].
+    pub fn begin_put_doc(
+        &self,
+        key: &[u8],
+        version: u64,
+        time_ms: u64,
+        json: Bytes,
+    ) -> Commit<DocOutcome> {
+        let appended = self
+            .engine
+            .write_doc(Op::PutDoc, key, version, time_ms, json);
+        Commit::new(appended, DocOutcome::Applied)
     }
 
     /// Applies a versioned document remove (a tombstone) if `version` is newer.
     pub fn remove_doc(&self, key: &[u8], version: u64, time_ms: u64) -> Result<DocOutcome> {
-        self.engine
-            .write_doc(Op::RemoveDoc, key, version, time_ms, Bytes::new())
+        self.begin_remove_doc(key, version, time_ms).wait()
+    }
+
+    /// Starts [`Store::remove_doc`] (always batched: no blocking I/O).
+    pub fn begin_remove_doc(&self, key: &[u8], version: u64, time_ms: u64) -> Commit<DocOutcome> {
+        let appended = self
+            .engine
+            .write_doc(Op::RemoveDoc, key, version, time_ms, Bytes::new());
+        Commit::new(appended, DocOutcome::Applied)
     }
 
     pub fn get_doc(&self, key: &[u8]) -> Result<DocLookup> {

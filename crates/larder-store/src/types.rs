@@ -11,8 +11,9 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// How writes reach the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// A write returns only after `fdatasync` of its segment (and of the directory when the segment
-    /// is new). Concurrent writers share one sync. The only mode a server should run in.
+    /// A write returns only once it is on stable storage: in its disk's journal, synced by a
+    /// commit round that covers the writes of every store on the disk (and its segment synced
+    /// too when the record was too large to batch). The only mode a server should run in.
     #[default]
     Durable,
     /// Writes return after `write(2)`, without syncing. For benchmarks that want to measure
@@ -219,12 +220,50 @@ pub struct ChangeBatch {
     pub next: Cursor,
 }
 
+/// Options for [`crate::Disk::open`].
+#[derive(Clone, Debug)]
+pub struct DiskOptions {
+    /// A journal file is replaced by a new one once it reaches this size (after every segment
+    /// it holds records of was synced, so it can be deleted).
+    pub journal_file_size: u64,
+}
+
+impl Default for DiskOptions {
+    fn default() -> Self {
+        DiskOptions {
+            journal_file_size: 64 << 20,
+        }
+    }
+}
+
+/// Counters of one disk (shared by every store on it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Commit rounds run.
+    pub rounds: u64,
+    /// `fdatasync`s of the journal: one per round that had anything to make durable.
+    pub journal_syncs: u64,
+    /// `fdatasync`s of segment files: a segment that got a record too large to batch, a sealed
+    /// segment, and every segment a journal file covers before that file is deleted.
+    pub segment_syncs: u64,
+}
+
+impl DiskStats {
+    /// Every `fdatasync` the disk's commit thread issued.
+    pub fn fdatasyncs(&self) -> u64 {
+        self.journal_syncs + self.segment_syncs
+    }
+}
+
 /// Counters for metrics.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
     pub live_keys: u64,
     pub records_appended: u64,
+    /// Commit rounds that covered records of this store.
     pub syncs: u64,
+    /// The counters of the disk this store is on (shared with the other stores there).
+    pub disk: DiskStats,
     pub corrupt_records_found: u64,
     pub bytes_on_disk: u64,
     pub segments: u64,
