@@ -53,6 +53,9 @@ pub(crate) struct Shared {
     segment_syncs: AtomicU64,
     rounds: AtomicU64,
     opts: DiskOptions,
+    /// Faults of the disk itself (the stores' own fault points are consulted too).
+    #[cfg(test)]
+    pub fail: crate::failpoint::FailPoints,
 }
 
 #[derive(Default)]
@@ -79,6 +82,8 @@ impl Disk {
             segment_syncs: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
             opts,
+            #[cfg(test)]
+            fail: Default::default(),
         });
         let for_thread = shared.clone();
         let thread = std::thread::Builder::new()
@@ -364,8 +369,8 @@ fn commit(
         }
     }
     #[cfg(test)]
-    for (engine, _) in collected {
-        if let Some(e) = engine.fail.sync() {
+    for fail in std::iter::once(&shared.fail).chain(collected.iter().map(|(e, _)| &e.fail)) {
+        if let Some(e) = fail.sync() {
             return Err(e);
         }
     }

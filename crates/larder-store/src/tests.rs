@@ -254,3 +254,43 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     assert_eq!(read(&store, b"leader").unwrap(), data(100, 2));
     assert_eq!(read(&store, &[b'b', 7]).unwrap(), data(200, 7));
 }
+
+#[test]
+fn a_failed_journal_sync_fails_the_rounds_writers_and_every_store_on_the_disk_refuses_writes() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    let b = Store::open_on(&disk, root.path().join("b"), Options::default()).unwrap();
+    // Not written to in the failed round: it must refuse writes all the same.
+    let c = Store::open_on(&disk, root.path().join("c"), Options::default()).unwrap();
+    a.put_blob(b"kept", meta(), &[data(100, 1)]).unwrap();
+    // The round's sync fails (slowly, so writers of both stores pile into it and the next one).
+    disk.shared()
+        .fail
+        .fail_syncs_after(std::time::Duration::from_millis(200));
+    let writers: Vec<_> = (0..32u8)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            std::thread::spawn(move || store.put_blob(&[b'k', i], meta(), &[data(100, i)]))
+        })
+        .collect();
+    for (i, writer) in writers.into_iter().enumerate() {
+        let res = writer.join().unwrap();
+        assert!(
+            matches!(res, Err(Error::Unavailable(_))),
+            "writer {i} was acknowledged after a failed journal sync: {:?}",
+            res.map(|_| ())
+        );
+    }
+    for store in [&a, &b, &c] {
+        assert!(matches!(
+            store.put_blob(b"after", meta(), &[data(10, 3)]),
+            Err(Error::Unavailable(_))
+        ));
+        assert!(matches!(
+            store.delete_blob(b"kept", 5),
+            Err(Error::Unavailable(_))
+        ));
+    }
+    assert_eq!(read(&a, b"kept").unwrap(), data(100, 1), "reads keep working");
+}
