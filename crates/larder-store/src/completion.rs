@@ -171,6 +171,9 @@ mod tests {
         assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
         done.complete(Outcome::Durable);
         assert!(flag.0.load(std::sync::atomic::Ordering::SeqCst));
-        assert!(matches!(Pin::new(&mut wait).poll(&mut cx), Poll::Ready(Ok(()))));
+        assert!(matches!(
+            Pin::new(&mut wait).poll(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
     }
 }

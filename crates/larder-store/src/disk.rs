@@ -24,8 +24,8 @@ use parking_lot::{Condvar, Mutex};
 use crate::commit::Collected;
 use crate::engine::Engine;
 use crate::journal::{
-    encode_file_header, encode_frame_head, journal_name, parse_journal_name, JournalReader,
-    Target, FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
+    encode_file_header, encode_frame_head, journal_name, parse_journal_name, JournalReader, Target,
+    FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
 };
 use crate::segment::{fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at};
 use crate::types::{DiskOptions, DiskStats, Error, Result};
@@ -314,7 +314,9 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
         Ok(()) => {
             let _ = std::fs::remove_file(journal.dir.join(journal_name(journal.number)));
         }
-        Err(e) => tracing::warn!(error = %e, "syncing segments at close failed; keeping the journal"),
+        Err(e) => {
+            tracing::warn!(error = %e, "syncing segments at close failed; keeping the journal")
+        }
     }
 }
 

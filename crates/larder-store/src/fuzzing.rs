@@ -63,7 +63,11 @@ pub fn parse_journal_for_fuzz(data: &[u8]) -> usize {
     while let Some((target, payload, len)) = crate::journal::parse_frame(rest) {
         let mut again = crate::journal::encode_frame_head(&target, payload);
         again.extend_from_slice(payload);
-        assert_eq!(&again[..], &rest[..len], "accepted frame must re-encode identically");
+        assert_eq!(
+            &again[..],
+            &rest[..len],
+            "accepted frame must re-encode identically"
+        );
         rest = &rest[len..];
         frames += 1;
     }

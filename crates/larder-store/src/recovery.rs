@@ -13,6 +13,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
 use crate::commit::LogState;
+use crate::disk::Disk;
 use crate::engine::{Counters, Engine};
 use crate::format::{check_file_header, FileHeader, RecordInfo, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::Index;
@@ -20,7 +21,6 @@ use crate::scan::{Found, Scanned, Scanner};
 use crate::segment::{
     create_segment, list_segments, open_segment, read_exact_at, rewrite_header, Segment,
 };
-use crate::disk::Disk;
 use crate::types::{Cursor, DiskOptions, Error, Location, Options, Result};
 
 /// Records per batch handed from the scanning thread to the indexing thread.

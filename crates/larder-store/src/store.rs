@@ -92,9 +92,9 @@ impl<T: Unpin> Future for Commit<T> {
             }
         }
         Poll::Ready(
-            this.then
-                .take()
-                .unwrap_or_else(|| Err(Error::Unavailable("commit polled after it resolved".into()))),
+            this.then.take().unwrap_or_else(|| {
+                Err(Error::Unavailable("commit polled after it resolved".into()))
+            }),
         )
     }
 }
@@ -145,7 +145,10 @@ impl Store {
 
     /// Starts [`Store::delete_blob`] (a tombstone is always batched: no blocking I/O).
     pub fn begin_delete_blob(&self, key: &[u8], time_ms: u64) -> Commit<DeleteOutcome> {
-        Commit::new(self.engine.delete_blob(key, time_ms), DeleteOutcome::Deleted)
+        Commit::new(
+            self.engine.delete_blob(key, time_ms),
+            DeleteOutcome::Deleted,
+        )
     }
 
     /// Looks a blob up; `now_ms` decides TTL expiry.
@@ -216,6 +219,11 @@ impl Store {
     /// Calls `f` for every live document key (for visiting); stops when it returns false.
     pub fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
         self.engine.for_each_doc(f)
+    }
+
+    /// The disk whose journal and commit thread this store's writes go through.
+    pub fn disk(&self) -> &Disk {
+        &self.engine.disk
     }
 
     pub fn stats(&self) -> Stats {

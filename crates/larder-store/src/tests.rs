@@ -292,5 +292,9 @@ fn a_failed_journal_sync_fails_the_rounds_writers_and_every_store_on_the_disk_re
             Err(Error::Unavailable(_))
         ));
     }
-    assert_eq!(read(&a, b"kept").unwrap(), data(100, 1), "reads keep working");
+    assert_eq!(
+        read(&a, b"kept").unwrap(),
+        data(100, 1),
+        "reads keep working"
+    );
 }

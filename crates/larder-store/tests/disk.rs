@@ -25,7 +25,9 @@ fn meta(key: &str) -> BlobMeta {
 
 /// Deterministic content for a key, so any stored byte can be checked.
 fn content(key: &str, len: usize) -> Bytes {
-    let seed = key.bytes().fold(7u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
+    let seed = key
+        .bytes()
+        .fold(7u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
     (0..len)
         .map(|i| (i as u8).wrapping_mul(13) ^ seed)
         .collect::<Vec<u8>>()
@@ -90,7 +92,10 @@ fn stores_on_one_disk_share_one_journal_sync_per_round() {
     // One journal sync per round, whatever the number of logs the round wrote: far fewer syncs
     // than writes, and than (writes spread over 8 logs) / 8 would give with a sync per log.
     assert!(stats.journal_syncs * 4 < writes, "{stats:?}");
-    assert_eq!(stats.segment_syncs, 0, "small records never sync a segment: {stats:?}");
+    assert_eq!(
+        stats.segment_syncs, 0,
+        "small records never sync a segment: {stats:?}"
+    );
     assert_eq!(stats.fdatasyncs(), stats.journal_syncs);
     let log_rounds: u64 = stores.iter().map(|s| s.stats().syncs).sum();
     assert!(
@@ -98,7 +103,11 @@ fn stores_on_one_disk_share_one_journal_sync_per_round() {
         "rounds covered several logs at once: {log_rounds} log rounds, {stats:?}"
     );
     for (store, keys) in stores.iter().zip(&written) {
-        assert_eq!(store.stats().disk, disk.stats(), "every store reports its disk");
+        assert_eq!(
+            store.stats().disk,
+            disk.stats(),
+            "every store reports its disk"
+        );
         for key in keys {
             assert_eq!(read(store, key).unwrap(), content(key, 700));
         }
@@ -121,7 +130,10 @@ fn power_loss_copy(root: &Path, to: &Path, synced_len: &[u64]) {
         std::fs::create_dir_all(&dest).unwrap();
         let seg = "seg-00000001.log";
         let mut bytes = std::fs::read(from.join(seg)).unwrap();
-        assert!(bytes.len() as u64 > synced, "store {i} wrote past its synced length");
+        assert!(
+            bytes.len() as u64 > synced,
+            "store {i} wrote past its synced length"
+        );
         if i % 2 == 0 {
             bytes.truncate(synced as usize);
         } else {
@@ -132,7 +144,9 @@ fn power_loss_copy(root: &Path, to: &Path, synced_len: &[u64]) {
 }
 
 fn segment_len(dir: &Path) -> u64 {
-    std::fs::metadata(dir.join("seg-00000001.log")).unwrap().len()
+    std::fs::metadata(dir.join("seg-00000001.log"))
+        .unwrap()
+        .len()
 }
 
 #[test]
@@ -174,7 +188,11 @@ fn after_a_power_loss_the_journal_brings_back_every_acknowledged_write() {
                 ));
                 continue;
             }
-            assert_eq!(read(store, key), Some(content(key, 700)), "store {i} lost {key}");
+            assert_eq!(
+                read(store, key),
+                Some(content(key, 700)),
+                "store {i} lost {key}"
+            );
         }
     }
     // The journal was replayed, synced into the segments and emptied: the stores go on.
@@ -215,7 +233,11 @@ fn a_torn_journal_tail_is_cut_and_what_came_before_it_is_kept() {
     for (i, store) in stores.iter().enumerate() {
         assert_eq!(store.stats().corrupt_records_found, 0, "store {i}");
         for key in &written[i] {
-            assert_eq!(read(store, key), Some(content(key, 700)), "store {i} lost {key}");
+            assert_eq!(
+                read(store, key),
+                Some(content(key, 700)),
+                "store {i} lost {key}"
+            );
         }
     }
 }
@@ -244,12 +266,22 @@ fn journal_files_rotate_and_the_old_ones_go() {
     let journals = || {
         std::fs::read_dir(root.path())
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_str().unwrap().ends_with(".jnl"))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .ends_with(".jnl")
+            })
             .count()
     };
     assert_eq!(journals(), 1, "a rotated journal file is deleted");
     let stats = disk.stats();
-    assert!(stats.segment_syncs > 0, "segments synced before a rotation: {stats:?}");
+    assert!(
+        stats.segment_syncs > 0,
+        "segments synced before a rotation: {stats:?}"
+    );
     drop(stores);
     drop(disk);
     assert_eq!(journals(), 0, "a clean close empties the journal");
@@ -286,7 +318,9 @@ fn an_async_caller_awaits_its_commit_without_a_parked_thread() {
     while commits.iter().any(Option::is_some) {
         for slot in &mut commits {
             let Some(c) = slot else { continue };
-            if let std::task::Poll::Ready(r) = std::future::Future::poll(std::pin::Pin::new(c), &mut cx) {
+            if let std::task::Poll::Ready(r) =
+                std::future::Future::poll(std::pin::Pin::new(c), &mut cx)
+            {
                 assert_eq!(r.unwrap(), PutOutcome::Stored);
                 *slot = None;
             }
