@@ -46,9 +46,12 @@ struct Handle {
 
 pub(crate) struct Shared {
     root: PathBuf,
-    queue: Mutex<Queue>,
+    /// Logs waiting for the next round. Tests hold it to keep rounds from starting.
+    pub(crate) queue: Mutex<Queue>,
     wake: Condvar,
     failed: Mutex<Option<String>>,
+    /// The sync stage's thread, which must not wait for the commit thread (see `Handle::stop`).
+    sync_thread: Mutex<Option<std::thread::ThreadId>>,
     journal_syncs: AtomicU64,
     segment_syncs: AtomicU64,
     rounds: AtomicU64,
@@ -59,7 +62,7 @@ pub(crate) struct Shared {
 }
 
 #[derive(Default)]
-struct Queue {
+pub(crate) struct Queue {
     dirty: Vec<Arc<Engine>>,
     stop: bool,
 }
@@ -78,6 +81,7 @@ impl Disk {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             failed: Mutex::new(None),
+            sync_thread: Mutex::new(None),
             journal_syncs: AtomicU64::new(0),
             segment_syncs: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
@@ -157,10 +161,15 @@ impl Handle {
     fn stop(&self) {
         self.shared.queue.lock().stop = true;
         self.shared.wake.notify_all();
-        // The last store may be dropped by the commit thread itself (it held the store during a
-        // round): then it stops on its own once the queue is empty.
+        // The last store may be dropped by the commit or sync thread itself (it held the store
+        // during a round): then the commit thread stops on its own once the queue is empty (and
+        // waits for the sync thread, which must therefore not wait for it).
+        let me = std::thread::current().id();
+        if *self.shared.sync_thread.lock() == Some(me) {
+            return;
+        }
         if let Some(thread) = self.thread.lock().take() {
-            if thread.thread().id() != std::thread::current().id() {
+            if thread.thread().id() != me {
                 let _ = thread.join();
             }
         }
@@ -205,7 +214,7 @@ impl Shared {
 struct JournalFile {
     dir: PathBuf,
     number: u32,
-    file: File,
+    file: Arc<File>,
     len: u64,
     /// Segment files with records in this journal file: all must be synced before it goes.
     touched: HashMap<usize, Arc<File>>,
@@ -214,7 +223,7 @@ struct JournalFile {
 
 impl JournalFile {
     fn create(dir: &Path, number: u32, lock: File) -> Result<JournalFile> {
-        let file = new_journal_file(dir, number)?;
+        let file = Arc::new(new_journal_file(dir, number)?);
         Ok(JournalFile {
             dir: dir.to_path_buf(),
             number,
@@ -238,7 +247,7 @@ impl JournalFile {
     fn rotate(&mut self, shared: &Shared) -> io::Result<()> {
         self.sync_touched(shared)?;
         let next = self.number + 1;
-        let file = new_journal_file(&self.dir, next).map_err(io::Error::other)?;
+        let file = Arc::new(new_journal_file(&self.dir, next).map_err(io::Error::other)?);
         let old = std::mem::replace(&mut self.file, file);
         drop(old);
         std::fs::remove_file(self.dir.join(journal_name(self.number)))?;
@@ -291,21 +300,42 @@ fn new_journal_file(dir: &Path, number: u32) -> Result<File> {
     Ok(file)
 }
 
+/// A round written to the journal, on its way to the sync stage.
+struct Written {
+    collected: Vec<(Arc<Engine>, Collected)>,
+    /// The journal file its frames went to (a rotation may have replaced it since).
+    journal: Arc<File>,
+    /// Why the round already failed (a failed write or rotation, or an earlier failure).
+    failed: Option<String>,
+}
+
 /// The commit thread: rounds while there is work; on stop a clean close of the journal.
+///
+/// A round runs in two stages on two threads, so that the next round is collected and written
+/// while the previous one's `fdatasync` is in flight: this thread collects the dirty logs and
+/// writes their frames to the journal, the sync thread (`sync_stage`) syncs and completes rounds
+/// in order. One `fdatasync` covers every byte written before it, so a round that waited behind
+/// another's sync has more company, not more syncs.
 fn run(shared: Arc<Shared>, mut journal: JournalFile) {
-    loop {
-        let dirty = {
-            let mut queue = shared.queue.lock();
-            while queue.dirty.is_empty() && !queue.stop {
-                shared.wake.wait(&mut queue);
-            }
-            if queue.dirty.is_empty() {
-                break;
-            }
-            std::mem::take(&mut queue.dirty)
-        };
-        round(&shared, &mut journal, dirty);
-    }
+    // Capacity 1: at most one written round waits while another syncs; beyond that the writer
+    // stage waits too, and the dirty logs pile up into one larger round.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Written>(1);
+    let for_sync = shared.clone();
+    let sync_thread = std::thread::Builder::new()
+        .name("larder-sync".into())
+        .spawn(move || sync_stage(&for_sync, rx));
+    let sync_thread = match sync_thread {
+        Ok(t) => t,
+        Err(e) => {
+            shared.fail(format!("cannot start the sync thread: {e}"));
+            // Without a sync stage every round fails at once, here.
+            return write_stage(&shared, &mut journal, None);
+        }
+    };
+    *shared.sync_thread.lock() = Some(sync_thread.thread().id());
+    write_stage(&shared, &mut journal, Some(&tx));
+    drop(tx);
+    let _ = sync_thread.join();
     if shared.failed().is_some() {
         return; // the journal stays for recovery to replay
     }
@@ -320,39 +350,59 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
     }
 }
 
-/// One commit round over the logs in `dirty`.
-fn round(shared: &Shared, journal: &mut JournalFile, dirty: Vec<Arc<Engine>>) {
-    let collected: Vec<(Arc<Engine>, Collected)> = dirty
-        .into_iter()
-        .map(|engine| {
-            let c = engine.collect_for_round();
-            (engine, c)
-        })
-        .collect();
-    let result = match shared.failed() {
-        Some(why) => Err(why),
-        None => commit(shared, journal, &collected).map_err(|e| {
-            let why = format!("journal write or fdatasync failed: {e}");
-            shared.fail(why.clone());
-            why
-        }),
-    };
-    shared.rounds.fetch_add(1, Ordering::Relaxed);
-    let mut done = Vec::new();
-    for (engine, c) in &collected {
-        done.extend(engine.finish_round(c.goal, result.as_ref().err()));
-    }
-    // The stores are let go before their writers hear back, so a writer that returns and drops
-    // its store is never the one keeping it open.
-    drop(collected);
-    for (completer, outcome) in done {
-        completer.complete(outcome);
+/// Collects and writes rounds until stopped with nothing queued.
+fn write_stage(
+    shared: &Shared,
+    journal: &mut JournalFile,
+    tx: Option<&std::sync::mpsc::SyncSender<Written>>,
+) {
+    loop {
+        let dirty = {
+            let mut queue = shared.queue.lock();
+            while queue.dirty.is_empty() && !queue.stop {
+                shared.wake.wait(&mut queue);
+            }
+            if queue.dirty.is_empty() {
+                return;
+            }
+            std::mem::take(&mut queue.dirty)
+        };
+        let collected: Vec<(Arc<Engine>, Collected)> = dirty
+            .into_iter()
+            .map(|engine| {
+                let c = engine.collect_for_round();
+                (engine, c)
+            })
+            .collect();
+        let failed = match shared.failed() {
+            Some(why) => Some(why),
+            None => write_round(shared, journal, &collected).err().map(|e| {
+                let why = format!("journal write failed: {e}");
+                shared.fail(why.clone());
+                why
+            }),
+        };
+        let written = Written {
+            collected,
+            journal: journal.file.clone(),
+            failed,
+        };
+        match tx {
+            Some(tx) => {
+                if let Err(back) = tx.send(written) {
+                    finish(shared, back.0, Some("the sync thread is gone".into()));
+                }
+            }
+            None => {
+                let why = shared.failed();
+                finish(shared, written, why);
+            }
+        }
     }
 }
 
-/// Writes and syncs what `collected` holds: the journal frames, then the segment files that
-/// need a sync of their own, then the journal.
-fn commit(
+/// Rotates the journal when it is due, then appends the round's frames.
+fn write_round(
     shared: &Shared,
     journal: &mut JournalFile,
     collected: &[(Arc<Engine>, Collected)],
@@ -360,9 +410,28 @@ fn commit(
     if journal.len >= shared.opts.journal_file_size {
         journal.rotate(shared)?;
     }
-    journal.append(collected)?;
+    journal.append(collected)
+}
+
+/// Syncs written rounds in order and completes their writers.
+fn sync_stage(shared: &Shared, rx: std::sync::mpsc::Receiver<Written>) {
+    for written in rx {
+        let failed = match written.failed.clone().or_else(|| shared.failed()) {
+            Some(why) => Some(why),
+            None => sync_round(shared, &written).err().map(|e| {
+                let why = format!("fdatasync failed: {e}");
+                shared.fail(why.clone());
+                why
+            }),
+        };
+        finish(shared, written, failed);
+    }
+}
+
+/// Syncs the segment files the round needs synced, then the journal.
+fn sync_round(shared: &Shared, written: &Written) -> io::Result<()> {
     let mut synced: Vec<*const File> = Vec::new();
-    for (_, c) in collected {
+    for (_, c) in &written.collected {
         for file in &c.sync {
             if !synced.contains(&Arc::as_ptr(file)) {
                 shared.sync_segment(file)?;
@@ -371,13 +440,31 @@ fn commit(
         }
     }
     #[cfg(test)]
-    for fail in std::iter::once(&shared.fail).chain(collected.iter().map(|(e, _)| &e.fail)) {
-        if let Some(e) = fail.sync() {
-            return Err(e);
+    {
+        let stores = written.collected.iter().map(|(e, _)| &e.fail);
+        for fail in std::iter::once(&shared.fail).chain(stores) {
+            if let Some(e) = fail.sync() {
+                return Err(e);
+            }
         }
     }
     shared.journal_syncs.fetch_add(1, Ordering::Relaxed);
-    fdatasync(&journal.file)
+    fdatasync(&written.journal)
+}
+
+/// Publishes (or fails) the round's records in each log and tells their writers.
+fn finish(shared: &Shared, written: Written, failed: Option<String>) {
+    shared.rounds.fetch_add(1, Ordering::Relaxed);
+    let mut done = Vec::new();
+    for (engine, c) in &written.collected {
+        done.extend(engine.finish_round(c.goal, failed.as_ref()));
+    }
+    // The stores are let go before their writers hear back, so a writer that returns and drops
+    // its store is never the one keeping it open.
+    drop(written);
+    for (completer, outcome) in done {
+        completer.complete(outcome);
+    }
 }
 
 /// Replays every journal file under `root` into the segments it names, syncs them and removes

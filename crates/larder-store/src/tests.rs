@@ -213,6 +213,8 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     while store.stats().records_appended < 2 || segment_len(dir.path()) == len {
         std::thread::yield_now();
     }
+    // No round starts while the test holds the disk's queue: the records pile up in one batch.
+    let held = store.engine.disk.shared().queue.lock();
     let batched: Vec<_> = (0..32u8)
         .map(|i| {
             let store = store.clone();
@@ -223,6 +225,7 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
         std::thread::yield_now();
     }
     store.engine.fail.fail_next_write_after(1000);
+    drop(held);
     assert_eq!(leader.join().unwrap().unwrap(), PutOutcome::Stored);
     for (i, writer) in batched.into_iter().enumerate() {
         let res = writer.join().unwrap();
