@@ -471,7 +471,7 @@ fn finish(shared: &Shared, written: Written, failed: Option<String>) {
 /// the journal files. Returns the number for the next journal file.
 fn replay(root: &Path) -> Result<u32> {
     let dir = root;
-    let mut numbers: Vec<u32> = std::fs::read_dir(&dir)?
+    let mut numbers: Vec<u32> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str().and_then(parse_journal_name))
         .collect();
