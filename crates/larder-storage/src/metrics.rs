@@ -216,3 +216,36 @@ impl StorageMetrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fdatasyncs_are_counted_per_disk() {
+        let root = tempfile::tempdir().unwrap();
+        let disk_dir = root.path().join("disk0");
+        let disk = larder_store::Disk::open(&disk_dir, Default::default()).unwrap();
+        let options = larder_store::Options::default();
+        let stores: Vec<(PartitionId, Store)> = (0..3)
+            .map(|p| {
+                let dir = disk_dir.join(format!("p{p}"));
+                (p, Store::open_on(&disk, dir, options.clone()).unwrap())
+            })
+            .collect();
+        for (p, store) in &stores {
+            store.delete_blob(format!("k{p}").as_bytes(), 1).unwrap();
+        }
+        let metrics = StorageMetrics::new();
+        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)));
+        let journal = disk.stats().journal_syncs;
+        assert!(journal >= 1);
+        let line = format!(
+            "larder_storage_disk_fdatasyncs_total{{disk=\"disk0\",kind=\"journal\"}} {journal}"
+        );
+        assert!(text.contains(&line), "{text}");
+        // Counted once per disk, not once per store on it.
+        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)));
+        assert!(again.contains(&line), "{again}");
+    }
+}
