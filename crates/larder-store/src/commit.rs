@@ -427,7 +427,8 @@ impl Engine {
             return Ok(());
         }
         st.closed = true;
-        if st.failed.is_some() {
+        // A failed log or disk has nothing more it could make durable.
+        if st.failed.is_some() || self.disk.shared().failed().is_some() {
             return Ok(());
         }
         if self.opts.durability != Durability::Durable {
