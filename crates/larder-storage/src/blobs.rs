@@ -38,7 +38,7 @@ pub async fn put(
             return Err(Error::ChecksumMismatch);
         }
     }
-    let outcome = blocking(move || store.put_blob(key.as_bytes(), meta, &body.chunks)).await?;
+    let outcome = crate::node::put_blob(&store, &key, meta, &body.chunks).await?;
     Ok(match outcome {
         PutOutcome::Stored => put_answer(StatusCode::CREATED, "stored"),
         PutOutcome::AlreadyExists => put_answer(StatusCode::OK, "exists"),
@@ -179,7 +179,7 @@ pub async fn delete(
         Some(time) => node.clock.check_time(h::TIME_MS, time)?,
         None => now_ms(),
     };
-    match blocking(move || store.delete_blob(key.as_bytes(), time_ms)).await? {
+    match crate::node::delete_blob(&store, &key, time_ms).await? {
         DeleteOutcome::Deleted | DeleteOutcome::AlreadyDeleted => Ok(status(StatusCode::ACCEPTED)),
     }
 }

@@ -9,7 +9,6 @@ use larder_proto::{decode_key, doc_header, header as h};
 use larder_store::{DocLookup, DocOutcome, Store};
 
 use crate::error::{Error, Result};
-use crate::node::blocking;
 use crate::reply::{self, status, Body};
 use crate::validate::{header_number, now_ms, Clock};
 use crate::StorageNode;
@@ -59,11 +58,9 @@ async fn put(
     let (version, time_ms) = write_headers(&node.clock, req.headers())?;
     let body = node.intake.read(req.into_body()).await?;
     let json = body.concat();
-    let outcome = blocking(move || {
-        let _held = body.reservation;
-        store.put_doc(key.as_bytes(), version, time_ms, json)
-    })
-    .await;
+    // `body` (its share of the budget) is held until the write is done.
+    let outcome = crate::node::put_doc(&store, &key, version, time_ms, json).await;
+    drop(body);
     write_answer(outcome?, version)
 }
 
@@ -74,7 +71,7 @@ async fn remove(
     headers: &HeaderMap,
 ) -> Result<Response<Body>> {
     let (version, time_ms) = write_headers(clock, headers)?;
-    let outcome = blocking(move || store.remove_doc(key.as_bytes(), version, time_ms)).await;
+    let outcome = crate::node::remove_doc(&store, &key, version, time_ms).await;
     write_answer(outcome?, version)
 }
 

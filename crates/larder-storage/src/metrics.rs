@@ -21,6 +21,15 @@ pub struct PartitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DiskSyncLabels {
+    /// The disk's name in the cluster map.
+    pub disk: String,
+    /// `journal` (one per commit round) or `segment` (a segment that got a record too large to
+    /// batch, a sealed one, or one synced before its journal file is deleted).
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabels {
     /// `server` (`[tls]`: served certificate and the CA clients must chain to) or `pool`
     /// (`[pool.tls]`: what this node presents to its peers).
@@ -49,6 +58,7 @@ pub struct StorageMetrics {
     live_keys: Family<PartitionLabels, Gauge>,
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
+    disk_fdatasyncs: Family<DiskSyncLabels, Counter>,
     certificate_reloads: Family<ReloadLabels, Counter>,
     internal_auth_refusals: Family<AuthRefusalLabels, Counter>,
 }
@@ -65,6 +75,7 @@ impl StorageMetrics {
             live_keys: Family::default(),
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
+            disk_fdatasyncs: Family::default(),
             certificate_reloads: Family::default(),
             internal_auth_refusals: Family::default(),
             registry: Registry::default(),
@@ -126,11 +137,35 @@ impl StorageMetrics {
             m.corrupt_records.clone(),
         );
         registry.register(
+            "disk_fdatasyncs",
+            "fdatasync calls of each disk's commit thread, by what was synced",
+            m.disk_fdatasyncs.clone(),
+        );
+        registry.register(
             "certificate_reloads",
             "Certificate reloads (SIGHUP) of [tls] and [pool.tls], by result",
             m.certificate_reloads.clone(),
         );
         StorageMetrics { registry, ..m }
+    }
+
+    /// Brings the disk's sync counters up to `stats` (the store keeps the totals). The label is
+    /// the disk directory's name, which is the disk's name in the cluster map.
+    fn record_disk(&self, root: &std::path::Path, stats: larder_store::DiskStats) {
+        let disk = root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for (kind, total) in [
+            ("journal", stats.journal_syncs),
+            ("segment", stats.segment_syncs),
+        ] {
+            let counter = self.disk_fdatasyncs.get_or_create(&DiskSyncLabels {
+                disk: disk.clone(),
+                kind,
+            });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     pub fn certificate_reloaded(&self, certificate: &'static str, ok: bool) {
@@ -154,11 +189,17 @@ impl StorageMetrics {
         &self,
         partitions: impl Iterator<Item = (&'a PartitionId, &'a Store)>,
     ) -> String {
+        let mut disks_seen: Vec<std::path::PathBuf> = Vec::new();
         for (partition, store) in partitions {
             let labels = PartitionLabels {
                 partition: partition.to_string(),
             };
             let stats = store.stats();
+            let root = store.disk().root();
+            if !disks_seen.iter().any(|seen| seen == root) {
+                disks_seen.push(root.to_path_buf());
+                self.record_disk(root, stats.disk);
+            }
             self.live_keys
                 .get_or_create(&labels)
                 .set(stats.live_keys as i64);
@@ -173,5 +214,38 @@ impl StorageMetrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fdatasyncs_are_counted_per_disk() {
+        let root = tempfile::tempdir().unwrap();
+        let disk_dir = root.path().join("disk0");
+        let disk = larder_store::Disk::open(&disk_dir, Default::default()).unwrap();
+        let options = larder_store::Options::default();
+        let stores: Vec<(PartitionId, Store)> = (0..3)
+            .map(|p| {
+                let dir = disk_dir.join(format!("p{p}"));
+                (p, Store::open_on(&disk, dir, options.clone()).unwrap())
+            })
+            .collect();
+        for (p, store) in &stores {
+            store.delete_blob(format!("k{p}").as_bytes(), 1).unwrap();
+        }
+        let metrics = StorageMetrics::new();
+        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)));
+        let journal = disk.stats().journal_syncs;
+        assert!(journal >= 1);
+        let line = format!(
+            "larder_storage_disk_fdatasyncs_total{{disk=\"disk0\",kind=\"journal\"}} {journal}"
+        );
+        assert!(text.contains(&line), "{text}");
+        // Counted once per disk, not once per store on it.
+        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)));
+        assert!(again.contains(&line), "{again}");
     }
 }

@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use larder_cluster::{ClusterMap, PartitionId};
-use larder_store::Store;
+use larder_store::{BlobMeta, DeleteOutcome, Disk, DiskOptions, DocOutcome, PutOutcome, Store};
 
 use crate::body::{BodyBudget, Intake};
 use crate::config::ConfigError;
@@ -22,6 +23,8 @@ pub struct StorageNode {
     /// How far ahead of this node's clock a stored time or version may be.
     pub clock: Clock,
     stores: HashMap<PartitionId, Store>,
+    /// One journal and commit thread per disk directory, shared by every replica on it.
+    disks: Vec<(String, Disk)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,11 @@ pub enum OpenError {
     NotInMap(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("cannot open disk {}: {source}", dir.display())]
+    Disk {
+        dir: PathBuf,
+        source: larder_store::Error,
+    },
     #[error("cannot open replica {}: {source}", dir.display())]
     Replica {
         dir: PathBuf,
@@ -45,9 +53,21 @@ impl StorageNode {
         }
         let options = config.store.to_options()?;
         let mut stores = HashMap::new();
-        for (partition, disk) in map.replicas_on(&config.node_id) {
-            let dir = replica_dir(&config.data_dir, &disk, partition);
-            let store = Store::open(&dir, options.clone())
+        let mut disks: Vec<(String, Disk)> = Vec::new();
+        for (partition, disk_name) in map.replicas_on(&config.node_id) {
+            let disk = match disks.iter().find(|(name, _)| *name == disk_name) {
+                Some((_, disk)) => disk.clone(),
+                None => {
+                    // Opening a disk replays its journal before any replica on it opens.
+                    let dir = config.data_dir.join(&disk_name);
+                    let disk = Disk::open(&dir, DiskOptions::default())
+                        .map_err(|source| OpenError::Disk { dir, source })?;
+                    disks.push((disk_name.clone(), disk.clone()));
+                    disk
+                }
+            };
+            let dir = replica_dir(&config.data_dir, &disk_name, partition);
+            let store = Store::open_on(&disk, &dir, options.clone())
                 .map_err(|source| OpenError::Replica { dir, source })?;
             stores.insert(partition, store);
         }
@@ -63,6 +83,7 @@ impl StorageNode {
             },
             clock: Clock::new(limits.max_clock_skew),
             stores,
+            disks,
         })
     }
 
@@ -74,6 +95,11 @@ impl StorageNode {
         self.stores.iter()
     }
 
+    /// The disks this node's replicas are on, by the cluster map's disk name.
+    pub fn disks(&self) -> impl Iterator<Item = (&str, &Disk)> {
+        self.disks.iter().map(|(name, disk)| (name.as_str(), disk))
+    }
+
     /// Syncs and checkpoints every store (clean shutdown).
     pub fn close(&self) {
         for (partition, store) in &self.stores {
@@ -82,6 +108,64 @@ impl StorageNode {
             }
         }
     }
+}
+
+/// Writes a blob. A record small enough to be batched is only encoded, checksummed and copied
+/// into its log's batch, here on the async thread; a larger one is written to its segment on a
+/// blocking thread. Either way the task then awaits the commit round that makes it durable:
+/// no thread is parked while the disk syncs.
+pub(crate) async fn put_blob(
+    store: &Store,
+    key: &str,
+    meta: BlobMeta,
+    chunks: &[Bytes],
+) -> larder_store::Result<PutOutcome> {
+    let size = chunks.iter().map(|c| c.len() as u64).sum();
+    let commit = if larder_store::is_batched(key.len(), meta.props.len(), size) {
+        store.begin_put_blob(key.as_bytes(), meta, chunks)
+    } else {
+        let (store, key, chunks) = (store.clone(), key.to_owned(), chunks.to_vec());
+        blocking(move || store.begin_put_blob(key.as_bytes(), meta, &chunks)).await
+    };
+    commit.await
+}
+
+/// Writes a tombstone (always batched: see [`put_blob`]).
+pub(crate) async fn delete_blob(
+    store: &Store,
+    key: &str,
+    time_ms: u64,
+) -> larder_store::Result<DeleteOutcome> {
+    store.begin_delete_blob(key.as_bytes(), time_ms).await
+}
+
+/// Writes a document version (batched when small: see [`put_blob`]).
+pub(crate) async fn put_doc(
+    store: &Store,
+    key: &str,
+    version: u64,
+    time_ms: u64,
+    json: Bytes,
+) -> larder_store::Result<DocOutcome> {
+    let commit = if larder_store::is_batched(key.len(), 0, json.len() as u64) {
+        store.begin_put_doc(key.as_bytes(), version, time_ms, json)
+    } else {
+        let (store, key) = (store.clone(), key.to_owned());
+        blocking(move || store.begin_put_doc(key.as_bytes(), version, time_ms, json)).await
+    };
+    commit.await
+}
+
+/// Writes a versioned document tombstone (always batched: see [`put_blob`]).
+pub(crate) async fn remove_doc(
+    store: &Store,
+    key: &str,
+    version: u64,
+    time_ms: u64,
+) -> larder_store::Result<DocOutcome> {
+    store
+        .begin_remove_doc(key.as_bytes(), version, time_ms)
+        .await
 }
 
 /// Runs blocking store work off the async threads.

@@ -20,7 +20,6 @@ use crate::body::Buffered;
 use crate::config::ReplicationConfig;
 use crate::error::Error;
 use crate::metrics::PeerLabels;
-use crate::node::blocking;
 use crate::validate::{header_number, now_ms};
 use crate::StorageNode;
 
@@ -328,11 +327,11 @@ impl Worker {
                 let (version, time_ms) = self.doc_headers(&parts.headers)?;
                 let body = self.read(body).await?;
                 let json = body.concat();
-                blocking(move || store.put_doc(key.as_bytes(), version, time_ms, json)).await
+                crate::node::put_doc(&store, &key, version, time_ms, json).await
             }
             StatusCode::GONE => {
                 let (version, time_ms) = self.doc_headers(&parts.headers)?;
-                blocking(move || store.remove_doc(key.as_bytes(), version, time_ms)).await
+                crate::node::remove_doc(&store, &key, version, time_ms).await
             }
             status => {
                 let what = format!("fetching document {key}");
@@ -394,15 +393,13 @@ impl Worker {
                 expected: change.size,
             });
         }
-        let (store, key) = (link.store.clone(), change.key.clone());
-        let put = blocking(move || store.put_blob(key.as_bytes(), meta, &body.chunks)).await;
+        let put = crate::node::put_blob(&link.store, &change.key, meta, &body.chunks).await;
         put.map(|_| ()).map_err(|e| classify(e.into()))
     }
 }
 
 async fn delete_locally(store: &Store, key: &str, time_ms: u64) -> Result<()> {
-    let (store, key) = (store.clone(), key.to_owned());
-    let deleted = blocking(move || store.delete_blob(key.as_bytes(), time_ms)).await;
+    let deleted = crate::node::delete_blob(store, key, time_ms).await;
     deleted.map(|_| ()).map_err(|e| classify(e.into()))
 }
 

@@ -1,6 +1,8 @@
 //! Log store benchmark: durable puts/s at several record sizes and writer counts, next to `dd`
-//! with `conv=fdatasync` on the same disk, and recovery time of a replica holding 1M small
-//! records (with a checkpoint and with a full replay). Prints markdown.
+//! with `conv=fdatasync` on the same disk; 32 stores on one disk with 256 writers spread over
+//! them (as a storage node hosts its partitions), with the disk's fdatasyncs per second; and
+//! recovery time of a replica holding 1M small records (with a checkpoint and with a full
+//! replay). Prints markdown. `LARDER_BENCH_ONLY_DISK=1` runs only the 32-store row.
 //!
 //! Usage: `store_bench DIR [SECONDS_PER_CELL]` (DIR must be on the disk under test, not tmpfs).
 
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use larder_store::{BlobMeta, Durability, Options, PutOutcome, Store};
+use larder_store::{BlobMeta, Disk, DiskOptions, Durability, Options, PutOutcome, Store};
 
 const SIZES: [(usize, &str); 3] = [(1 << 10, "1 KiB"), (64 << 10, "64 KiB"), (4 << 20, "4 MiB")];
 const WRITERS: [usize; 3] = [1, 16, 256];
@@ -57,6 +59,11 @@ fn main() {
     let secs: f64 = args.get(2).map_or(3.0, |s| s.parse().expect("seconds"));
     let reps: usize = args.get(3).map_or(3, |s| s.parse().expect("repetitions"));
     std::fs::create_dir_all(&root).unwrap();
+    if std::env::var("LARDER_BENCH_ONLY_DISK").is_ok_and(|v| v == "1") {
+        let shared = disk_row(&root, secs, reps);
+        report_disk(&shared);
+        return;
+    }
     // This VM's disk and memory are noisy (first touch of fresh guest memory is slow, other
     // builds share the 2 cores), so dd and every cell run `reps` times and the median counts.
     let dd: Vec<f64> = (0..reps).map(|_| dd_mb_per_s(&root)).collect();
@@ -90,7 +97,9 @@ fn main() {
             cells.push(runs.swap_remove(reps / 2));
         }
     }
+    let shared = disk_row(&root, secs, reps);
     if only.as_ref().is_some_and(|o| !o.is_empty()) {
+        report_disk(&shared);
         return;
     }
     let (with_ckpt, replay) = recovery(&root.join("recovery"));
@@ -99,6 +108,106 @@ fn main() {
         return;
     }
     report(&cells, &dd, with_ckpt, replay);
+    report_disk(&shared);
+}
+
+/// Stores on one disk and writers spread over them, as a storage node runs its partitions.
+const DISK_STORES: usize = 32;
+const DISK_WRITERS: usize = 256;
+const DISK_RECORD: usize = 1 << 10;
+
+struct DiskCell {
+    puts_per_s: f64,
+    fdatasyncs_per_s: f64,
+}
+
+/// The 32-store row, `reps` times; the median by puts/s.
+fn disk_row(root: &Path, secs: f64, reps: usize) -> DiskCell {
+    let mut runs: Vec<DiskCell> = (0..reps)
+        .map(|r| {
+            disk_cell(
+                &root.join(format!("disk-{r}")),
+                Duration::from_secs_f64(secs),
+            )
+        })
+        .collect();
+    runs.sort_by(|a, b| a.puts_per_s.total_cmp(&b.puts_per_s));
+    let all: Vec<String> = runs
+        .iter()
+        .map(|c| {
+            format!(
+                "{:.0} puts/s {:.0} fdatasyncs/s",
+                c.puts_per_s, c.fdatasyncs_per_s
+            )
+        })
+        .collect();
+    eprintln!(
+        "{DISK_STORES} stores x {DISK_WRITERS} writers: {}",
+        all.join(", ")
+    );
+    runs.swap_remove(reps / 2)
+}
+
+/// Opens the stores of the row: every one on one disk, sharing its journal and commit rounds.
+fn open_disk_stores(root: &Path) -> (Disk, Vec<Store>) {
+    let disk = Disk::open(root, DiskOptions::default()).unwrap();
+    let stores = (0..DISK_STORES)
+        .map(|i| Store::open_on(&disk, root.join(format!("p{i}")), store_options()).unwrap())
+        .collect();
+    (disk, stores)
+}
+
+fn disk_cell(root: &Path, run: Duration) -> DiskCell {
+    let (disk, stores) = open_disk_stores(root);
+    let data = [Bytes::from(vec![7u8; DISK_RECORD])];
+    let syncs_before = disk.stats().fdatasyncs();
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + run;
+    let threads: Vec<_> = (0..DISK_WRITERS)
+        .map(|t| {
+            let (store, data, done) = (stores[t % DISK_STORES].clone(), data.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let key = format!("w{t}-{i}");
+                    let meta = BlobMeta {
+                        props: Bytes::new(),
+                        time_ms: i,
+                        expires_ms: None,
+                    };
+                    let put = store.put_blob(key.as_bytes(), meta, &data).unwrap();
+                    assert_eq!(put, PutOutcome::Stored);
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let elapsed = start.elapsed().as_secs_f64();
+    let syncs = disk.stats().fdatasyncs() - syncs_before;
+    drop(stores);
+    drop(disk);
+    std::fs::remove_dir_all(root).unwrap();
+    DiskCell {
+        puts_per_s: done.load(Ordering::Relaxed) as f64 / elapsed,
+        fdatasyncs_per_s: syncs as f64 / elapsed,
+    }
+}
+
+fn report_disk(c: &DiskCell) {
+    println!();
+    println!(
+        "| {DISK_STORES} stores on one disk, {DISK_WRITERS} writers spread over them, 1 KiB | durable puts/s | fdatasyncs/s (disk) | puts per fdatasync |"
+    );
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| this build | {:.0} | {:.0} | {:.1} |",
+        c.puts_per_s,
+        c.fdatasyncs_per_s,
+        c.puts_per_s / c.fdatasyncs_per_s.max(f64::MIN_POSITIVE)
+    );
 }
 
 fn store_options() -> Options {

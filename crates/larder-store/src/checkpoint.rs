@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::api::{BlobMeta, Cursor, Error, Location, Result};
+use crate::engine::Engine;
 use crate::format::{head_len, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::{BlobState, DocState, Index, LiveBlob};
 use crate::segment::{sync_dir, Segment};
-use crate::store::Inner;
+use crate::types::{BlobMeta, Cursor, Error, Location, Result};
 
 pub(crate) const CHECKPOINT_FILE: &str = "index.ckpt";
 pub(crate) const TMP_PREFIX: &str = "index.ckpt.tmp";
@@ -45,7 +45,7 @@ impl CheckpointState {
     }
 }
 
-impl Inner {
+impl Engine {
     /// Counts published records and starts a background checkpoint when enough accumulated, so
     /// writers never wait for one.
     pub(crate) fn note_published(&self, records: u64) {
@@ -58,11 +58,11 @@ impl Inner {
         let spawned = std::thread::Builder::new()
             .name("larder-checkpoint".into())
             .spawn(move || {
-                if let Some(inner) = me.upgrade() {
-                    if let Err(e) = inner.write_checkpoint() {
+                if let Some(engine) = me.upgrade() {
+                    if let Err(e) = engine.write_checkpoint() {
                         tracing::warn!(error = %e, "background index checkpoint failed");
                     }
-                    inner.ckpt.running.store(false, Ordering::Release);
+                    engine.ckpt.running.store(false, Ordering::Release);
                 }
             });
         if spawned.is_err() {
@@ -264,7 +264,7 @@ fn decode(bytes: &[u8], segs: &Segs) -> Result<Index, Bad> {
 fn key(rd: &mut Rd) -> Result<(u8, Bytes), Bad> {
     let tag = rd.u8()?;
     let len = rd.u16()? as usize;
-    if len == 0 || len > crate::api::MAX_KEY_LEN {
+    if len == 0 || len > crate::types::MAX_KEY_LEN {
         return Err(Bad::Corrupt("bad key length"));
     }
     Ok((tag, Bytes::copy_from_slice(rd.take(len)?)))

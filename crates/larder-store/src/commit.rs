@@ -1,15 +1,17 @@
-//! The write path and group commit.
+//! The write path: appending to a log, and the log's side of its disk's commit rounds.
 //!
 //! Writers encode and checksum their record outside any lock, then append it under the log mutex
 //! (so records never interleave and the "already exists / stale" decision is atomic with the
-//! append). A small record is only copied into a batch under the mutex; the next sync round
-//! writes the batch with one `pwrite` before its `fdatasync` (one system call per batch instead
-//! of per record, and a far shorter hold of the mutex). Writers then wait until a sync covers
-//! their record: a writer that finds no sync in progress becomes the leader, releases the mutex,
-//! `fdatasync`s for everyone appended so far, publishes those records to the index and wakes the
-//! others (see `waiters`), handing the lead of the next round to one of those still waiting.
-//! Records are published only after they are durable, so readers and the change feed never see
-//! a write that could be lost.
+//! append). A small record is only copied into the log's batch under the mutex; the writer marks
+//! the log dirty with its disk and gets a completion to wait on (blocking or awaited). The disk's
+//! commit thread (`disk`) then, for every dirty log, writes its batch to the segment with one
+//! `pwrite`, appends the same bytes to the disk's journal, syncs the journal once for all the
+//! logs of the round, and only then publishes the records to the index and completes their
+//! writers. Records are published only after they are durable, so readers and the change feed
+//! never see a write that could be lost.
+//!
+//! A record too large to batch is written to its segment by its writer (a blocking `pwrite`, as
+//! before) and its segment file is synced by the next round instead of being journaled.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -18,17 +20,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parking_lot::MutexGuard;
 
-use crate::api::{Cursor, Durability, Error, Location, Op, Result};
+use crate::completion::{pair, Completer, Completion, Outcome};
+use crate::engine::Engine;
 use crate::format::{block_crcs, encode_head, RecordInfo, FILE_HEADER_LEN};
 use crate::index::Index;
-use crate::segment::{create_segment, fdatasync, io_error, Segment};
-use crate::store::Inner;
-use crate::waiters::{self, Waiter, Wake};
+use crate::segment::{create_segment, io_error, Segment};
+use crate::types::{Cursor, Durability, Error, Location, Op, Result};
 
 /// Records up to this size (head included) are batched; larger ones are written at once.
-const BATCH_RECORD_MAX: u64 = 64 << 10;
+pub(crate) const BATCH_RECORD_MAX: u64 = 64 << 10;
 /// A batch is written out once it would grow past this, without waiting for the sync round.
 const BATCH_MAX: usize = 1 << 20;
 
@@ -46,6 +47,33 @@ struct Queued {
     loc: Location,
 }
 
+/// Bytes written to a segment (page cache only) that the next round must put in the journal.
+pub(crate) struct Frame {
+    pub segment: u32,
+    pub offset: u64,
+    pub file: Arc<File>,
+    pub bytes: Vec<u8>,
+}
+
+/// What one log hands to a commit round.
+pub(crate) struct Collected {
+    pub frames: Vec<Frame>,
+    /// Segment files to sync in the round (a record written unbatched, or a sealed segment).
+    pub sync: Vec<Arc<File>>,
+    /// The end of the last record the round covers.
+    pub goal: Cursor,
+}
+
+/// How an append ended before the commit round.
+pub(crate) enum Appended<R> {
+    /// The check answered; nothing was written.
+    Early(R),
+    /// Written and already published (relaxed mode).
+    Done,
+    /// Written; durable once the completion says so.
+    Waiting(Completion),
+}
+
 pub(crate) struct LogState {
     pub active: Segment,
     pub active_len: u64,
@@ -56,13 +84,19 @@ pub(crate) struct LogState {
     /// Small records appended to the active segment but not yet written to it: the bytes just
     /// before `active_len`.
     batch: Vec<u8>,
+    /// Batches written to their segment but not yet journaled.
+    frames: Vec<Frame>,
     /// End of the last record known durable and published.
     durable: Cursor,
-    /// Sealed segments whose tail still needs a sync before anything after it counts as durable.
+    /// Segment files the next round must sync (sealed ones, and one that got an unbatched record).
     unsynced: Vec<Arc<File>>,
-    syncing: bool,
-    /// Writers parked until a sync covers their record.
-    waiting: Vec<Arc<Waiter>>,
+    /// Whether the log is queued for the next round of its disk.
+    dirty: bool,
+    /// Writers waiting for a round to cover their record, by the end of their record.
+    waiting: Vec<(Cursor, Completer)>,
+    /// Writers whose records were cut from the log, told by the round's end (never under a lock,
+    /// nor while the round still holds the store).
+    lost: Vec<(Completer, Outcome)>,
     queue: VecDeque<Queued>,
     /// Effects of queued records, consulted with the index so decisions see pending writes.
     pub pending_blobs: HashMap<Bytes, (Cursor, PendingBlob)>,
@@ -83,10 +117,12 @@ impl LogState {
             sealed_bytes,
             written: end,
             batch: Vec::new(),
+            frames: Vec::new(),
             durable: end,
             unsynced: Vec::new(),
-            syncing: false,
+            dirty: false,
             waiting: Vec::new(),
+            lost: Vec::new(),
             queue: VecDeque::new(),
             pending_blobs: HashMap::new(),
             pending_docs: HashMap::new(),
@@ -94,24 +130,43 @@ impl LogState {
             closed: false,
         }
     }
+
+    fn needs_sync(&mut self, file: &Arc<File>) {
+        if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, file)) {
+            self.unsynced.push(file.clone());
+        }
+    }
 }
 
-impl Inner {
+impl Drop for LogState {
+    fn drop(&mut self) {
+        // A store dropped with writes in flight: their writers must not wait forever.
+        for (completer, outcome) in self.lost.drain(..) {
+            completer.complete(outcome);
+        }
+        for (_, completer) in self.waiting.drain(..) {
+            completer.complete(Outcome::Failed("store was dropped".into()));
+        }
+    }
+}
+
+impl Engine {
     /// Appends `info` + `data` unless `check` (run under the log lock, seeing pending writes and
-    /// the index) returns an early answer. Returns `None` once the record is durable.
+    /// the index) returns an early answer. A small record is only copied into the batch; a large
+    /// one is written to its segment here (blocking). Durability comes with the next round.
     pub(crate) fn append<R>(
         &self,
         info: RecordInfo,
         data: &[Bytes],
         check: impl FnOnce(&LogState, &Index) -> Option<R>,
-    ) -> Result<Option<R>> {
+    ) -> Result<Appended<R>> {
         // Data checksums, the expensive part, outside the lock; the head (which checksums the
         // record's position) once the position is known.
         let crcs = block_crcs(data);
         let mut st = self.log.lock();
-        writable(&st)?;
+        self.writable(&st)?;
         if let Some(early) = check(&st, &self.index.read()) {
-            return Ok(Some(early));
+            return Ok(Appended::Early(early));
         }
         self.maybe_rotate(&mut st, info.head_len() + info.size)?;
         let head = encode_head(&info, &crcs, st.active.id, st.active_len);
@@ -129,69 +184,82 @@ impl Inner {
         };
         st.queue.push_back(Queued { end, info, loc });
         self.counters.appended.fetch_add(1, Ordering::Relaxed);
-        self.wait_durable(st, end)?;
-        Ok(None)
-    }
-
-    fn wait_durable<'a>(&'a self, mut st: MutexGuard<'a, LogState>, target: Cursor) -> Result<()> {
         if self.opts.durability == Durability::RelaxedNoSyncForBenchmarks {
-            self.publish(&mut st, target);
-            return Ok(());
+            self.publish(&mut st, end);
+            return Ok(Appended::Done);
         }
-        // Registered even while leading: the round that covers the record, or cuts it off after a
-        // failed batch write, says so through it like to any other writer.
-        let me = Waiter::new(target);
-        st.waiting.push(me.clone());
-        loop {
-            match me.take() {
-                Some(Wake::Durable) => return Ok(()),
-                Some(Wake::Lost(e)) => return Err(io_error(e)),
-                Some(Wake::Recheck) => st.waiting.push(me.clone()),
-                None => {}
-            }
-            if let Some(why) = &st.failed {
-                return Err(Error::Unavailable(why.clone()));
-            }
-            if !st.syncing {
-                self.sync_round(&mut st)?;
-                continue;
-            }
-            drop(st);
-            match me.wait() {
-                Wake::Durable => return Ok(()),
-                Wake::Lost(e) => return Err(io_error(e)),
-                Wake::Recheck => {
-                    st = self.log.lock();
-                    st.waiting.push(me.clone());
-                }
-            }
+        let (completer, completion) = pair();
+        st.waiting.push((end, completer));
+        let queue = !std::mem::replace(&mut st.dirty, true);
+        drop(st);
+        if queue {
+            let me = self.me.upgrade().expect("a writer holds the store");
+            self.disk.shared().mark_dirty(me);
+        }
+        Ok(Appended::Waiting(completion))
+    }
+
+    /// The log's part of a commit round, under its mutex: write the batch out (page cache only)
+    /// and hand over what the round must journal and sync.
+    pub(crate) fn collect_for_round(&self) -> Collected {
+        let mut st = self.log.lock();
+        st.dirty = false;
+        // A failed batch write cuts off (and fails) only the batched records; the rest still
+        // needs its round.
+        let _ = self.write_batch(&mut st);
+        Collected {
+            frames: std::mem::take(&mut st.frames),
+            sync: std::mem::take(&mut st.unsynced),
+            goal: st.written,
         }
     }
 
-    /// One group commit: sync everything appended so far, outside the lock, then publish it.
-    fn sync_round(&self, st: &mut MutexGuard<'_, LogState>) -> Result<()> {
-        // A failed batch write cuts off (and fails) only the batched records; the rest still
-        // needs its sync.
-        let _ = self.write_batch(st);
-        st.syncing = true;
-        let goal = st.written;
-        let mut files = std::mem::take(&mut st.unsynced);
-        files.push(st.active.file.clone());
-        let res = MutexGuard::unlocked(st, || self.sync_files(&files));
-        st.syncing = false;
+    /// The end of a round: on success publish everything up to `goal`; on failure refuse writes
+    /// from now on. Returns the writers to tell (the caller tells them without holding a lock).
+    pub(crate) fn finish_round(
+        &self,
+        goal: Cursor,
+        failed: Option<&String>,
+    ) -> Vec<(Completer, Outcome)> {
+        let mut st = self.log.lock();
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        match &res {
-            Ok(()) => self.publish(st, goal),
-            // After a failed fsync the page cache state is unknown (the kernel may have dropped
-            // the dirty pages), so retrying could acknowledge lost data: refuse writes instead.
-            Err(e) => st.failed = Some(format!("fdatasync failed: {e}")),
+        let mut done = std::mem::take(&mut st.lost);
+        done.extend(self.round_outcomes(&mut st, goal, failed));
+        done
+    }
+
+    fn round_outcomes(
+        &self,
+        st: &mut LogState,
+        goal: Cursor,
+        failed: Option<&String>,
+    ) -> Vec<(Completer, Outcome)> {
+        match failed {
+            Some(why) => {
+                // After a failed fsync the page cache state is unknown (the kernel may have
+                // dropped the dirty pages), so retrying could acknowledge lost data.
+                let why = format!("fdatasync failed: {why}");
+                st.failed.get_or_insert(why.clone());
+                let outcome = Outcome::Failed(why);
+                st.waiting
+                    .drain(..)
+                    .map(|(_, c)| (c, outcome.clone()))
+                    .collect()
+            }
+            None => {
+                self.publish(st, goal);
+                let durable = st.durable;
+                let mut done = Vec::new();
+                st.waiting.retain(|(end, c)| {
+                    let covered = *end <= durable;
+                    if covered {
+                        done.push((c.clone(), Outcome::Durable));
+                    }
+                    !covered
+                });
+                done
+            }
         }
-        let everyone = st.failed.is_some();
-        let durable = st.durable;
-        let woken = waiters::to_wake(&mut st.waiting, durable, everyone);
-        self.synced.notify_all();
-        MutexGuard::unlocked(st, || waiters::wake(woken));
-        res.map_err(io_error)
     }
 
     /// Moves queued records up to `upto` into the index and advances the durable cursor.
@@ -223,7 +291,7 @@ impl Inner {
         let seg = create_segment(&self.dir, st.active.id + 1, durable)?;
         let old = std::mem::replace(&mut st.active, seg.clone());
         if durable {
-            st.unsynced.push(old.file);
+            st.needs_sync(&old.file);
         }
         st.sealed_bytes += st.active_len;
         st.active_len = FILE_HEADER_LEN;
@@ -260,8 +328,17 @@ impl Inner {
         }
         let start = st.active_len - st.batch.len() as u64;
         let res = self.write_at(&st.active.file, start, &[&st.batch]);
-        st.batch.clear();
-        let Err(e) = res else { return Ok(()) };
+        let bytes = std::mem::take(&mut st.batch);
+        let Err(e) = res else {
+            let frame = Frame {
+                segment: st.active.id,
+                offset: start,
+                file: st.active.file.clone(),
+                bytes,
+            };
+            st.frames.push(frame);
+            return Ok(());
+        };
         if let Err(te) = self.truncate(&st.active.file, start) {
             tracing::error!(error = %te, "cannot truncate after a failed write; refusing writes");
             st.failed = Some(format!("truncate after failed write failed: {te}"));
@@ -292,7 +369,16 @@ impl Inner {
         for (info, end) in &queued {
             remember_pending(st, info, *end);
         }
-        waiters::lose_after(&mut st.waiting, from, why);
+        let outcome = Outcome::lost(why);
+        let mut lost = Vec::new();
+        st.waiting.retain(|(end, c)| {
+            let cut = *end > from;
+            if cut {
+                lost.push((c.clone(), outcome.clone()));
+            }
+            !cut
+        });
+        st.lost.extend(lost);
     }
 
     /// Writes one record at the end of the active segment. On failure the file is cut back to
@@ -310,6 +396,10 @@ impl Inner {
             return Err(io_error(e));
         }
         st.active_len = start + bufs.iter().map(|b| b.len() as u64).sum::<u64>();
+        if self.opts.durability == Durability::Durable {
+            let file = st.active.file.clone();
+            st.needs_sync(&file);
+        }
         Ok(start)
     }
 
@@ -321,14 +411,6 @@ impl Inner {
         crate::segment::write_all_vectored_at(file, offset, bufs)
     }
 
-    fn sync_files(&self, files: &[Arc<File>]) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(e) = self.fail.sync() {
-            return Err(e);
-        }
-        files.iter().try_for_each(|f| fdatasync(f))
-    }
-
     fn truncate(&self, file: &File, len: u64) -> io::Result<()> {
         #[cfg(test)]
         if self.fail.truncate_fails() {
@@ -337,20 +419,39 @@ impl Inner {
         file.set_len(len)
     }
 
-    /// Final sync and publish; afterwards writes are refused.
+    /// A last round for what was appended, then the active segment synced, so the journal no
+    /// longer needs to replay into this store; afterwards writes are refused.
     pub(crate) fn close_log(&self) -> Result<()> {
         let mut st = self.log.lock();
         if st.closed {
             return Ok(());
         }
         st.closed = true;
-        while st.syncing {
-            self.synced.wait(&mut st);
-        }
-        if st.failed.is_some() {
+        // A failed log or disk has nothing more it could make durable.
+        if st.failed.is_some() || self.disk.shared().failed().is_some() {
             return Ok(());
         }
-        self.sync_round(&mut st)
+        if self.opts.durability != Durability::Durable {
+            // Nothing waits for a round in relaxed mode; a clean close still syncs the log.
+            let active = st.active.file.clone();
+            drop(st);
+            return crate::segment::fdatasync(&active).map_err(io_error);
+        }
+        let (completer, completion) = pair();
+        let target = st.written;
+        st.waiting.push((target, completer));
+        let queue = !std::mem::replace(&mut st.dirty, true);
+        let active = st.active.file.clone();
+        drop(st);
+        if queue {
+            let me = self
+                .me
+                .upgrade()
+                .expect("the closing caller holds the store");
+            self.disk.shared().mark_dirty(me);
+        }
+        completion.wait()?;
+        self.disk.shared().sync_segment(&active).map_err(io_error)
     }
 
     /// Total bytes of all segment files.
@@ -360,13 +461,18 @@ impl Inner {
     }
 }
 
-fn writable(st: &LogState) -> Result<()> {
-    if st.closed {
-        return Err(Error::Unavailable("store is closed".into()));
-    }
-    match &st.failed {
-        Some(why) => Err(Error::Unavailable(why.clone())),
-        None => Ok(()),
+impl Engine {
+    fn writable(&self, st: &LogState) -> Result<()> {
+        if st.closed {
+            return Err(Error::Unavailable("store is closed".into()));
+        }
+        if let Some(why) = &st.failed {
+            return Err(Error::Unavailable(why.clone()));
+        }
+        match self.disk.shared().failed() {
+            Some(why) => Err(Error::Unavailable(why)),
+            None => Ok(()),
+        }
     }
 }
 

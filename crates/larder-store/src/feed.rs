@@ -4,12 +4,12 @@
 //! "records after a cursor" are simply the records found by scanning from it, and the durable
 //! cursor bounds the scan without any per-record bookkeeping.
 
-use crate::api::{Change, ChangeBatch, Cursor, Result};
+use crate::engine::Engine;
 use crate::format::FILE_HEADER_LEN;
 use crate::scan::{Found, Scanner};
-use crate::store::Inner;
+use crate::types::{Change, ChangeBatch, Cursor, Result};
 
-impl Inner {
+impl Engine {
     pub(crate) fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
         let durable = self.index.read().durable;
         let segments = self.segments.read().clone();

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 
-use crate::api::Op;
+use crate::types::Op;
 
 /// Version written into every segment header and record header.
 pub(crate) const FORMAT_VERSION: u8 = 1;
@@ -129,7 +129,7 @@ pub(crate) fn parse_fixed(b: &[u8]) -> Result<Fixed, HeadError> {
         return Err(HeadError::BadField("flags"));
     }
     let key_len = u16_at(b, 8) as usize;
-    if key_len == 0 || key_len > crate::api::MAX_KEY_LEN {
+    if key_len == 0 || key_len > crate::types::MAX_KEY_LEN {
         return Err(HeadError::BadField("key length"));
     }
     let props_len = u32_at(b, 12) as usize;

@@ -35,7 +35,7 @@ pub fn encode_record_for_fuzz(
     expires_ms: Option<u64>,
 ) -> Vec<u8> {
     let info = crate::format::RecordInfo {
-        op: crate::api::Op::PutBlob,
+        op: crate::types::Op::PutBlob,
         key: bytes::Bytes::copy_from_slice(key),
         props: bytes::Bytes::copy_from_slice(props),
         time_ms,
@@ -51,4 +51,25 @@ pub fn encode_record_for_fuzz(
     );
     out.extend_from_slice(data);
     out
+}
+
+/// Parses `data` as the frames of a journal file (after its header) exactly as recovery does.
+/// Must never panic; every accepted frame re-encodes to the same bytes, which this asserts.
+/// Returns the number of frames accepted before the first invalid byte.
+pub fn parse_journal_for_fuzz(data: &[u8]) -> usize {
+    let _ = crate::journal::check_file_header(data);
+    let mut rest = data;
+    let mut frames = 0;
+    while let Some((target, payload, len)) = crate::journal::parse_frame(rest) {
+        let mut again = crate::journal::encode_frame_head(&target, payload);
+        again.extend_from_slice(payload);
+        assert_eq!(
+            &again[..],
+            &rest[..len],
+            "accepted frame must re-encode identically"
+        );
+        rest = &rest[len..];
+        frames += 1;
+    }
+    frames
 }

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::api::{BlobMeta, Cursor, Location, Op};
 use crate::format::RecordInfo;
+use crate::types::{BlobMeta, Cursor, Location, Op};
 
 #[derive(Clone, Debug)]
 pub(crate) struct LiveBlob {

@@ -4,24 +4,35 @@
 //! above it relies on one promise: **an acknowledged write survives a crash, and nothing that fails
 //! its checksum is ever returned.**
 //!
-//! The API is blocking (file I/O and `fdatasync`); async callers run it on a blocking thread pool.
-//! Writes return only once their record is on stable storage; concurrent writers share one sync
-//! (group commit). See `FORMAT.md` in this crate for the on-disk format.
+//! Stores live on a [`Disk`]: one journal and one commit thread per disk directory, shared by
+//! every store opened there ([`Store::open_on`]; [`Store::open`] gives a store a private disk).
+//! A commit round syncs the journal once for the writes of every store on the disk. Writes are
+//! acknowledged only once their record is on stable storage. The blocking methods (`put_blob`...)
+//! wait on the calling thread; the `begin_*` methods return a [`Commit`], a plain `std` future
+//! (no async runtime here) an async caller awaits, also `wait()`able. See `FORMAT.md` in this
+//! crate for the on-disk format.
 //!
-//! Layout of the implementation: `format` (record encoding), `segment` (files and I/O), `scan`
-//! (sequential reading), `index`, `checkpoint`, `commit` (write path and group commit),
-//! `waiters` (writers parked on a group commit),
-//! `recovery` (open), `reader` (verified reads), `space` (the free-space reserve), `feed` (change feed), `store` (operations).
+//! Layout of the implementation, leaves first: `types` (the public types; imports nothing from
+//! the crate), `format` (record encoding), `segment` (files and I/O), `scan` (sequential reading),
+//! `index`, `completion` (a writer's wait for durability), `journal` (the disk journal's format),
+//! `reader` (verified reads), `space` (the free-space reserve); then `engine` (the state of one
+//! open store and the decisions of each operation), with its parts `commit` (write path, the log's
+//! side of a commit round), `checkpoint`, `recovery` (open) and `feed` (change feed); `disk` (the
+//! journal and commit thread shared by the stores of a disk, and journal replay); and last
+//! `store`, the public facade over an `engine`.
 
-mod api;
 mod checkpoint;
 mod commit;
+mod completion;
 mod cursor;
+mod disk;
+mod engine;
 #[cfg(test)]
 mod failpoint;
 mod feed;
 mod format;
 mod index;
+mod journal;
 mod lock;
 mod reader;
 mod recovery;
@@ -31,10 +42,12 @@ mod space;
 mod store;
 #[cfg(test)]
 mod tests;
-mod waiters;
+mod types;
 
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use api::*;
 pub use cursor::ParseCursorError;
+pub use disk::Disk;
+pub use store::{is_batched, BlobReader, Commit, Store};
+pub use types::*;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::api::{Error, Location, Result};
 use crate::format::{head_len, parse_fixed, verify_head, BLOCK_SIZE};
 use crate::segment::read_exact_at;
+use crate::types::{Error, Location, Result};
 
 fn corrupt(loc: &Location, detail: impl Into<String>) -> Error {
     Error::Corrupt {

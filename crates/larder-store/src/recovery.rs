@@ -9,18 +9,19 @@ use std::path::Path;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
-use crate::api::{Cursor, Error, Location, Options, Result};
 use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
 use crate::commit::LogState;
+use crate::disk::Disk;
+use crate::engine::{Counters, Engine};
 use crate::format::{check_file_header, FileHeader, RecordInfo, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::Index;
 use crate::scan::{Found, Scanned, Scanner};
 use crate::segment::{
     create_segment, list_segments, open_segment, read_exact_at, rewrite_header, Segment,
 };
-use crate::store::{Counters, Inner};
+use crate::types::{Cursor, DiskOptions, Error, Location, Options, Result};
 
 /// Records per batch handed from the scanning thread to the indexing thread.
 const BATCH: usize = 4096;
@@ -93,9 +94,17 @@ fn replay(segments: &mut [(Segment, u64)], from: Cursor, index: &mut Index) -> R
     })
 }
 
-pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
+/// Opens the store in `dir` on `disk`, or (`None`) on a private disk rooted at `dir` whose
+/// journal is replayed first.
+pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<Engine>> {
     std::fs::create_dir_all(dir)?;
     let lock = crate::lock::lock_dir(dir)?;
+    let private_disk = disk.is_none();
+    let disk = match disk {
+        Some(disk) => disk,
+        None => Disk::open(dir, DiskOptions::default())?,
+    };
+    let rel_path = disk.relative_path(dir)?;
     remove_stale_temp_files(dir);
     let mut corrupt = 0;
     let mut segments = open_segments(dir, &mut corrupt)?;
@@ -121,11 +130,13 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Arc<Inner>> {
     if corrupt > 0 {
         tracing::warn!(dir = %dir.display(), corrupt, "opened with corrupt records");
     }
-    Ok(Arc::new_cyclic(|me| Inner {
+    Ok(Arc::new_cyclic(|me| Engine {
         dir: dir.to_path_buf(),
         lock: parking_lot::Mutex::new(Some(lock)),
         log: Mutex::new(LogState::new(active, active_len, sealed)),
-        synced: Condvar::new(),
+        disk,
+        rel_path,
+        private_disk,
         index: RwLock::new(index),
         segments: RwLock::new(segments.into_iter().map(|(s, _)| s).collect()),
         counters: Counters {

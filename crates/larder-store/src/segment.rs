@@ -10,8 +10,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::api::{Error, Result};
 use crate::format::encode_file_header;
+use crate::types::{Error, Result};
 
 /// One segment file, shared by the writer and every reader.
 #[derive(Clone, Debug)]

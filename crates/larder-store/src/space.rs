@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::api::{Error, Result};
 use crate::segment::io_error;
+use crate::types::{Error, Result};
 
 /// `statvfs` at most this often; in between, accepted puts are subtracted from the last figure.
 const RECHECK: Duration = Duration::from_millis(100);

@@ -1,259 +1,237 @@
-//! The shared state behind a [`crate::Store`] and the decisions each operation makes before it
-//! reaches the log (validation, "already exists", tombstones win, last writer wins).
+//! The `Store` facade: the crate's public handle over one open store (an [`Engine`]), and the
+//! verified reader of a blob's data.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Weak;
+use std::future::Future;
+use std::ops::Range;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::api::*;
-use crate::checkpoint::CheckpointState;
-use crate::commit::{LogState, PendingBlob};
-use crate::format::{RecordInfo, MAX_PROPS_LEN};
-use crate::index::{BlobState, DocState, Index};
-use crate::segment::Segment;
+use crate::commit::{Appended, BATCH_RECORD_MAX};
+use crate::completion::Completion;
+use crate::disk::Disk;
+use crate::engine::Engine;
+use crate::reader::BlobReaderState;
+use crate::types::*;
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub appended: AtomicU64,
-    pub syncs: AtomicU64,
-    pub corrupt: AtomicU64,
+/// A replica's log store. Cheap to clone; all clones share one store.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) engine: Arc<Engine>,
 }
 
-pub(crate) struct Inner {
-    pub dir: PathBuf,
-    /// The directory's exclusive lock, held until `close` (after which this store never writes).
-    pub lock: parking_lot::Mutex<Option<std::fs::File>>,
-    pub opts: Options,
-    pub log: Mutex<LogState>,
-    /// Signalled after every sync round, for `close`, which waits out a round in progress
-    /// (writers are woken one by one through `commit::LogState::waiting`).
-    pub synced: Condvar,
-    pub index: RwLock<Index>,
-    /// Every segment, ascending by id; the last one is the active segment.
-    pub segments: RwLock<Vec<Segment>>,
-    pub counters: Counters,
-    pub space: crate::space::SpaceGuard,
-    pub ckpt: CheckpointState,
-    /// Lets `&self` methods hand an owning reference to the background checkpoint thread.
-    pub me: Weak<Inner>,
-    #[cfg(test)]
-    pub fail: crate::failpoint::FailPoints,
+/// Streams a byte range of a blob in verified pieces of at most [`Options::read_chunk_size`].
+/// Every piece is checked against its stored checksum before it is returned; a failing check
+/// yields [`Error::Corrupt`] and ends the stream.
+pub struct BlobReader {
+    state: BlobReaderState,
 }
 
-fn check_key(key: &[u8]) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::BadKey("empty key".into()));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(Error::BadKey(format!(
-            "{} bytes is longer than {MAX_KEY_LEN}",
-            key.len()
-        )));
-    }
-    Ok(())
-}
-
-fn check_size(size: u64, limit: u64) -> Result<()> {
-    if size > limit {
-        return Err(Error::TooLarge { size, limit });
-    }
-    Ok(())
-}
-
-/// A blob's state as writers must see it: pending (appended, not yet durable) first.
-fn blob_state(st: &LogState, index: &Index, key: &[u8]) -> Option<PendingBlob> {
-    if let Some((_, p)) = st.pending_blobs.get(key) {
-        return Some(*p);
-    }
-    index.blobs.get(key).map(|b| match b {
-        BlobState::Live(_) => PendingBlob::Live,
-        BlobState::Deleted { .. } => PendingBlob::Deleted,
-    })
-}
-
-fn doc_version(st: &LogState, index: &Index, key: &[u8]) -> Option<u64> {
-    match st.pending_docs.get(key) {
-        Some((_, v)) => Some(*v),
-        None => index.docs.get(key).map(DocState::version),
+impl Iterator for BlobReader {
+    type Item = Result<Bytes>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.state.next()
     }
 }
 
-impl Inner {
-    pub(crate) fn put_blob(
-        &self,
-        key: &[u8],
-        meta: BlobMeta,
-        data: &[Bytes],
-    ) -> Result<PutOutcome> {
-        check_key(key)?;
-        check_size(meta.props.len() as u64, MAX_PROPS_LEN as u64)?;
-        let size = data.iter().map(|d| d.len() as u64).sum();
-        check_size(size, self.opts.max_record_size)?;
-        let outcome = |state| match state {
-            PendingBlob::Live => PutOutcome::AlreadyExists,
-            PendingBlob::Deleted => PutOutcome::Deleted,
-        };
-        // Blob states never revert, so a durable answer is final: skip checksumming the data.
-        if let Some(s) = self.index.read().blobs.get(key) {
-            return Ok(outcome(match s {
-                BlobState::Live(_) => PendingBlob::Live,
-                BlobState::Deleted { .. } => PendingBlob::Deleted,
-            }));
+/// A write on its way to stable storage. Await it (async callers: no thread is parked, the
+/// commit thread wakes the task) or [`Commit::wait`] for it (blocking callers). It resolves to
+/// the write's outcome once the record is durable and visible, or to the error that lost it.
+#[must_use = "a write is acknowledged only once its commit resolved"]
+pub struct Commit<T> {
+    waiting: Option<Completion>,
+    then: Option<Result<T>>,
+}
+
+impl<T> Commit<T> {
+    fn new(appended: Result<Appended<T>>, written: T) -> Commit<T> {
+        match appended {
+            Ok(Appended::Waiting(completion)) => Commit {
+                waiting: Some(completion),
+                then: Some(Ok(written)),
+            },
+            Ok(Appended::Done) => Commit::ready(Ok(written)),
+            Ok(Appended::Early(outcome)) => Commit::ready(Ok(outcome)),
+            Err(e) => Commit::ready(Err(e)),
         }
-        let info = RecordInfo {
-            op: Op::PutBlob,
-            key: Bytes::copy_from_slice(key),
-            props: meta.props,
-            time_ms: meta.time_ms,
-            expires_ms: meta.expires_ms,
-            version: 0,
-            size,
-        };
-        self.space.admit(info.head_len() + size)?;
-        let early = self.append(info, data, |st, idx| blob_state(st, idx, key).map(outcome))?;
-        Ok(early.unwrap_or(PutOutcome::Stored))
     }
 
-    pub(crate) fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<DeleteOutcome> {
-        check_key(key)?;
-        let info = RecordInfo {
-            op: Op::DeleteBlob,
-            key: Bytes::copy_from_slice(key),
-            props: Bytes::new(),
-            time_ms,
-            expires_ms: None,
-            version: 0,
-            size: 0,
-        };
-        let early = self.append(info, &[], |st, idx| {
-            (blob_state(st, idx, key) == Some(PendingBlob::Deleted))
-                .then_some(DeleteOutcome::AlreadyDeleted)
-        })?;
-        Ok(early.unwrap_or(DeleteOutcome::Deleted))
+    fn ready(result: Result<T>) -> Commit<T> {
+        Commit {
+            waiting: None,
+            then: Some(result),
+        }
     }
 
-    pub(crate) fn get_blob(&self, key: &[u8], now_ms: u64) -> Result<BlobLookup> {
-        check_key(key)?;
-        let index = self.index.read();
-        Ok(match index.blobs.get(key) {
-            None => BlobLookup::NotFound,
-            Some(BlobState::Deleted { time_ms }) => BlobLookup::Deleted { time_ms: *time_ms },
-            Some(BlobState::Live(b)) => {
-                let rec = BlobRecord {
-                    key: Bytes::copy_from_slice(key),
-                    meta: b.meta.clone(),
-                    size: b.size,
-                    location: b.loc.clone(),
-                };
-                // Expiry is inclusive: at `expires_ms` the blob is already gone.
-                match b.meta.expires_ms {
-                    Some(exp) if now_ms >= exp => BlobLookup::Expired(rec),
-                    _ => BlobLookup::Found(rec),
+    /// Blocks the calling thread until the write is durable (or lost).
+    pub fn wait(mut self) -> Result<T> {
+        if let Some(completion) = self.waiting.take() {
+            completion.wait()?;
+        }
+        self.then.take().expect("a commit resolves once")
+    }
+}
+
+impl<T: Unpin> Future for Commit<T> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = self.get_mut();
+        if let Some(completion) = &mut this.waiting {
+            match Pin::new(completion).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    this.waiting = None;
+                    this.then = None;
+                    return Poll::Ready(Err(e));
                 }
+                Poll::Ready(Ok(())) => this.waiting = None,
             }
+        }
+        Poll::Ready(
+            this.then.take().unwrap_or_else(|| {
+                Err(Error::Unavailable("commit polled after it resolved".into()))
+            }),
+        )
+    }
+}
+
+/// Whether a record of this key, props and data length is small enough to be batched: its
+/// `begin_*` call then only encodes, checksums and copies it (no I/O), so an async caller may
+/// make it on its own thread. A larger record is written to its segment by the `begin_*` call
+/// (blocking I/O: run that call on a blocking thread).
+pub fn is_batched(key_len: usize, props_len: usize, data_len: u64) -> bool {
+    crate::format::head_len(key_len, props_len, data_len).saturating_add(data_len)
+        <= BATCH_RECORD_MAX
+}
+
+impl Store {
+    /// Opens (creating if needed) the replica directory `dir` on a private disk whose journal
+    /// lives in `dir` (standalone use: tests, tools): replays that journal, loads the newest
+    /// index checkpoint, replays the log after it, cuts off a torn tail, reports corrupt records.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        Ok(Store {
+            engine: crate::recovery::open(dir.as_ref(), options, None)?,
         })
     }
 
-    /// Shared by document puts and removes: both are versioned records under last-writer-wins.
-    pub(crate) fn write_doc(
+    /// Opens the replica directory `dir`, which must lie below `disk`'s root, on that disk: its
+    /// writes share the disk's journal and commit rounds with every other store opened there.
+    pub fn open_on(disk: &Disk, dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        Ok(Store {
+            engine: crate::recovery::open(dir.as_ref(), options, Some(disk.clone()))?,
+        })
+    }
+
+    /// Appends a blob whose data is the concatenation of `data` (chunks as they arrived; not
+    /// copied into one buffer). Returns once durable.
+    pub fn put_blob(&self, key: &[u8], meta: BlobMeta, data: &[Bytes]) -> Result<PutOutcome> {
+        self.begin_put_blob(key, meta, data).wait()
+    }
+
+    /// Starts [`Store::put_blob`]; the returned commit resolves once the record is durable.
+    /// Blocking I/O only for a record that is not [`is_batched`].
+    pub fn begin_put_blob(&self, key: &[u8], meta: BlobMeta, data: &[Bytes]) -> Commit<PutOutcome> {
+        Commit::new(self.engine.put_blob(key, meta, data), PutOutcome::Stored)
+    }
+
+    /// Appends a tombstone, also for a key never seen (a late put must not resurrect it).
+    pub fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<DeleteOutcome> {
+        self.begin_delete_blob(key, time_ms).wait()
+    }
+
+    /// Starts [`Store::delete_blob`] (a tombstone is always batched: no blocking I/O).
+    pub fn begin_delete_blob(&self, key: &[u8], time_ms: u64) -> Commit<DeleteOutcome> {
+        Commit::new(
+            self.engine.delete_blob(key, time_ms),
+            DeleteOutcome::Deleted,
+        )
+    }
+
+    /// Looks a blob up; `now_ms` decides TTL expiry.
+    pub fn get_blob(&self, key: &[u8], now_ms: u64) -> Result<BlobLookup> {
+        self.engine.get_blob(key, now_ms)
+    }
+
+    /// Streams `range` (clamped to the blob's size) of `blob`'s data.
+    pub fn read_blob(&self, blob: &BlobRecord, range: Range<u64>) -> Result<BlobReader> {
+        let state = BlobReaderState::open(
+            &blob.location,
+            &blob.key,
+            blob.meta.props.len(),
+            blob.size,
+            range,
+            self.engine.opts.read_chunk_size,
+        )?;
+        Ok(BlobReader { state })
+    }
+
+    /// Applies a document put if `version` is newer than what the store holds.
+    pub fn put_doc(
         &self,
-        op: Op,
         key: &[u8],
         version: u64,
         time_ms: u64,
         json: Bytes,
     ) -> Result<DocOutcome> {
-        check_key(key)?;
-        check_size(json.len() as u64, self.opts.max_record_size)?;
-        let info = RecordInfo {
-            op,
-            key: Bytes::copy_from_slice(key),
-            props: Bytes::new(),
-            time_ms,
-            expires_ms: None,
-            version,
-            size: json.len() as u64,
-        };
-        if op == Op::PutDoc {
-            self.space.admit(info.head_len() + info.size)?;
-        }
-        let data: &[Bytes] = if json.is_empty() {
-            &[]
-        } else {
-            std::slice::from_ref(&json)
-        };
-        let early = self.append(info, data, |st, idx| {
-            let current = doc_version(st, idx, key)?;
-            (version <= current).then_some(DocOutcome::Stale { current })
-        })?;
-        Ok(early.unwrap_or(DocOutcome::Applied))
+        self.begin_put_doc(key, version, time_ms, json).wait()
     }
 
-    pub(crate) fn get_doc(&self, key: &[u8]) -> Result<DocLookup> {
-        check_key(key)?;
-        let found = self.index.read().docs.get(key).cloned();
-        Ok(match found {
-            None => DocLookup::NotFound,
-            Some(DocState::Removed { version, time_ms }) => DocLookup::Removed { version, time_ms },
-            Some(DocState::Live {
-                version,
-                time_ms,
-                size,
-                loc,
-            }) => {
-                let json = crate::reader::read_whole(&loc, key, size)?;
-                DocLookup::Found {
-                    version,
-                    time_ms,
-                    json,
-                }
-            }
-        })
+    /// Starts [`Store::put_doc`]. Blocking I/O only for a document that is not [`is_batched`].
+    pub fn begin_put_doc(
+        &self,
+        key: &[u8],
+        version: u64,
+        time_ms: u64,
+        json: Bytes,
+    ) -> Commit<DocOutcome> {
+        let appended = self
+            .engine
+            .write_doc(Op::PutDoc, key, version, time_ms, json);
+        Commit::new(appended, DocOutcome::Applied)
     }
 
-    pub(crate) fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
-        // Copy first so `f` may call back into the store without holding the index lock.
-        let live: Vec<(Bytes, u64)> = self
-            .index
-            .read()
-            .docs
-            .iter()
-            .filter_map(|(k, d)| match d {
-                DocState::Live { version, .. } => Some((k.clone(), *version)),
-                DocState::Removed { .. } => None,
-            })
-            .collect();
-        for (key, version) in live {
-            if !f(&key, version) {
-                break;
-            }
-        }
+    /// Applies a versioned document remove (a tombstone) if `version` is newer.
+    pub fn remove_doc(&self, key: &[u8], version: u64, time_ms: u64) -> Result<DocOutcome> {
+        self.begin_remove_doc(key, version, time_ms).wait()
     }
 
-    pub(crate) fn stats(&self) -> Stats {
-        let (live_keys, durable_cursor) = {
-            let index = self.index.read();
-            (index.live_keys, index.durable)
-        };
-        Stats {
-            live_keys,
-            records_appended: self.counters.appended.load(Ordering::Relaxed),
-            syncs: self.counters.syncs.load(Ordering::Relaxed),
-            corrupt_records_found: self.counters.corrupt.load(Ordering::Relaxed),
-            bytes_on_disk: self.bytes_on_disk(),
-            segments: self.segments.read().len() as u64,
-            durable_cursor,
-        }
+    /// Starts [`Store::remove_doc`] (always batched: no blocking I/O).
+    pub fn begin_remove_doc(&self, key: &[u8], version: u64, time_ms: u64) -> Commit<DocOutcome> {
+        let appended = self
+            .engine
+            .write_doc(Op::RemoveDoc, key, version, time_ms, Bytes::new());
+        Commit::new(appended, DocOutcome::Applied)
     }
 
-    pub(crate) fn close(&self) -> Result<()> {
-        self.close_log()?;
-        self.write_checkpoint()?;
-        // Closed stores only read: another store may now open the directory and write.
-        self.lock.lock().take();
-        Ok(())
+    pub fn get_doc(&self, key: &[u8]) -> Result<DocLookup> {
+        self.engine.get_doc(key)
+    }
+
+    /// Durable records after `after`, at most `limit` of them, in log order.
+    pub fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
+        self.engine.changes(after, limit)
+    }
+
+    /// Calls `f` for every live document key (for visiting); stops when it returns false.
+    pub fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
+        self.engine.for_each_doc(f)
+    }
+
+    /// The disk whose journal and commit thread this store's writes go through.
+    pub fn disk(&self) -> &Disk {
+        &self.engine.disk
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Syncs, writes an index checkpoint and refuses further writes. Reads keep working.
+    pub fn close(&self) -> Result<()> {
+        self.engine.close()
     }
 }

@@ -40,7 +40,7 @@ fn enospc_mid_record_leaves_no_partial_record() {
     store.put_blob(b"before", meta(), &[data(1000, 1)]).unwrap();
     let len = segment_len(dir.path());
     for cut in [1, 51, 60, 70_000] {
-        store.inner.fail.fail_next_write_after(cut);
+        store.engine.fail.fail_next_write_after(cut);
         let res = store.put_blob(b"failed", meta(), &[data(50_000, 2), data(50_000, 3)]);
         assert!(
             matches!(res, Err(Error::OutOfSpace)),
@@ -76,8 +76,8 @@ fn failed_truncate_makes_store_refuse_writes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), Options::default()).unwrap();
     store.put_blob(b"kept", meta(), &[data(1000, 1)]).unwrap();
-    store.inner.fail.fail_next_write_after(80);
-    store.inner.fail.set_truncate_fails(true);
+    store.engine.fail.fail_next_write_after(80);
+    store.engine.fail.set_truncate_fails(true);
     assert!(matches!(
         store.put_blob(b"torn", meta(), &[data(5000, 2)]),
         Err(Error::OutOfSpace)
@@ -141,7 +141,7 @@ fn a_failed_fdatasync_fails_every_writer_waiting_on_it() {
     store.put_blob(b"kept", meta(), &[data(100, 1)]).unwrap();
     // A slow, failing sync: writers arriving meanwhile park behind it and must all hear of it.
     store
-        .inner
+        .engine
         .fail
         .fail_syncs_after(std::time::Duration::from_millis(200));
     let writers: Vec<_> = (0..64u8)
@@ -202,16 +202,19 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     // A slow sync leads; small records arriving meanwhile are batched for the next round, whose
     // batch write then runs out of space half-way.
     store
-        .inner
+        .engine
         .fail
         .slow_syncs(Some(std::time::Duration::from_millis(1000)));
     let leader = {
         let store = store.clone();
         std::thread::spawn(move || store.put_blob(b"leader", meta(), &[data(100, 2)]))
     };
-    while store.stats().records_appended < 2 {
+    // The commit round has written the leader's batch and is in its slow sync.
+    while store.stats().records_appended < 2 || segment_len(dir.path()) == len {
         std::thread::yield_now();
     }
+    // No round starts while the test holds the disk's queue: the records pile up in one batch.
+    let held = store.engine.disk.shared().queue.lock();
     let batched: Vec<_> = (0..32u8)
         .map(|i| {
             let store = store.clone();
@@ -221,7 +224,8 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     while store.stats().records_appended < 34 {
         std::thread::yield_now();
     }
-    store.inner.fail.fail_next_write_after(1000);
+    store.engine.fail.fail_next_write_after(1000);
+    drop(held);
     assert_eq!(leader.join().unwrap().unwrap(), PutOutcome::Stored);
     for (i, writer) in batched.into_iter().enumerate() {
         let res = writer.join().unwrap();
@@ -231,7 +235,7 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
             res.map(|_| ())
         );
     }
-    store.inner.fail.slow_syncs(None);
+    store.engine.fail.slow_syncs(None);
     let leader_len = segment_len(dir.path());
     assert!(leader_len > len, "the leader's record was written");
     for i in 0..32u8 {
@@ -252,4 +256,48 @@ fn a_failed_batch_write_loses_only_the_batched_records_and_the_log_goes_on() {
     assert_eq!(store.changes(Cursor::START, 100).unwrap().changes.len(), 3);
     assert_eq!(read(&store, b"leader").unwrap(), data(100, 2));
     assert_eq!(read(&store, &[b'b', 7]).unwrap(), data(200, 7));
+}
+
+#[test]
+fn a_failed_journal_sync_fails_the_rounds_writers_and_every_store_on_the_disk_refuses_writes() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    let b = Store::open_on(&disk, root.path().join("b"), Options::default()).unwrap();
+    // Not written to in the failed round: it must refuse writes all the same.
+    let c = Store::open_on(&disk, root.path().join("c"), Options::default()).unwrap();
+    a.put_blob(b"kept", meta(), &[data(100, 1)]).unwrap();
+    // The round's sync fails (slowly, so writers of both stores pile into it and the next one).
+    disk.shared()
+        .fail
+        .fail_syncs_after(std::time::Duration::from_millis(200));
+    let writers: Vec<_> = (0..32u8)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            std::thread::spawn(move || store.put_blob(&[b'k', i], meta(), &[data(100, i)]))
+        })
+        .collect();
+    for (i, writer) in writers.into_iter().enumerate() {
+        let res = writer.join().unwrap();
+        assert!(
+            matches!(res, Err(Error::Unavailable(_))),
+            "writer {i} was acknowledged after a failed journal sync: {:?}",
+            res.map(|_| ())
+        );
+    }
+    for store in [&a, &b, &c] {
+        assert!(matches!(
+            store.put_blob(b"after", meta(), &[data(10, 3)]),
+            Err(Error::Unavailable(_))
+        ));
+        assert!(matches!(
+            store.delete_blob(b"kept", 5),
+            Err(Error::Unavailable(_))
+        ));
+    }
+    assert_eq!(
+        read(&a, b"kept").unwrap(),
+        data(100, 1),
+        "reads keep working"
+    );
 }

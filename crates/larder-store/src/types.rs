@@ -1,7 +1,6 @@
-//! Public types of the store. Internals live in other modules.
+//! The store's public types: a leaf module (it imports nothing from the crate), so every other
+//! module can use them without a cycle. The `Store` facade lives in `store`.
 
-use std::ops::Range;
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,8 +11,9 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// How writes reach the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// A write returns only after `fdatasync` of its segment (and of the directory when the segment
-    /// is new). Concurrent writers share one sync. The only mode a server should run in.
+    /// A write returns only once it is on stable storage: in its disk's journal, synced by a
+    /// commit round that covers the writes of every store on the disk (and its segment synced
+    /// too when the record was too large to batch). The only mode a server should run in.
     #[default]
     Durable,
     /// Writes return after `write(2)`, without syncing. For benchmarks that want to measure
@@ -220,115 +220,53 @@ pub struct ChangeBatch {
     pub next: Cursor,
 }
 
+/// Options for [`crate::Disk::open`].
+#[derive(Clone, Debug)]
+pub struct DiskOptions {
+    /// A journal file is replaced by a new one once it reaches this size (after every segment
+    /// it holds records of was synced, so it can be deleted).
+    pub journal_file_size: u64,
+}
+
+impl Default for DiskOptions {
+    fn default() -> Self {
+        DiskOptions {
+            journal_file_size: 64 << 20,
+        }
+    }
+}
+
+/// Counters of one disk (shared by every store on it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Commit rounds run.
+    pub rounds: u64,
+    /// `fdatasync`s of the journal: one per round that had anything to make durable.
+    pub journal_syncs: u64,
+    /// `fdatasync`s of segment files: a segment that got a record too large to batch, a sealed
+    /// segment, and every segment a journal file covers before that file is deleted.
+    pub segment_syncs: u64,
+}
+
+impl DiskStats {
+    /// Every `fdatasync` the disk's commit thread issued.
+    pub fn fdatasyncs(&self) -> u64 {
+        self.journal_syncs + self.segment_syncs
+    }
+}
+
 /// Counters for metrics.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
     pub live_keys: u64,
     pub records_appended: u64,
+    /// Commit rounds that covered records of this store.
     pub syncs: u64,
+    /// The counters of the disk this store is on (shared with the other stores there).
+    pub disk: DiskStats,
     pub corrupt_records_found: u64,
     pub bytes_on_disk: u64,
     pub segments: u64,
     /// Position up to which the log is on stable storage.
     pub durable_cursor: Cursor,
-}
-
-/// A replica's log store. Cheap to clone; all clones share one store.
-#[derive(Clone)]
-pub struct Store {
-    pub(crate) inner: Arc<crate::store::Inner>,
-}
-
-/// Streams a byte range of a blob in verified pieces of at most [`Options::read_chunk_size`].
-/// Every piece is checked against its stored checksum before it is returned; a failing check
-/// yields [`Error::Corrupt`] and ends the stream.
-pub struct BlobReader {
-    state: crate::reader::BlobReaderState,
-}
-
-impl Iterator for BlobReader {
-    type Item = Result<Bytes>;
-    fn next(&mut self) -> Option<Self::Item> {
-        self.state.next()
-    }
-}
-
-impl Store {
-    /// Opens (creating if needed) the replica directory `dir`: loads the newest index checkpoint,
-    /// replays the log after it, cuts off a torn tail, reports corrupt records.
-    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
-        Ok(Store {
-            inner: crate::recovery::open(dir.as_ref(), options)?,
-        })
-    }
-
-    /// Appends a blob whose data is the concatenation of `data` (chunks as they arrived; not
-    /// copied into one buffer). Returns once durable.
-    pub fn put_blob(&self, key: &[u8], meta: BlobMeta, data: &[Bytes]) -> Result<PutOutcome> {
-        self.inner.put_blob(key, meta, data)
-    }
-
-    /// Appends a tombstone, also for a key never seen (a late put must not resurrect it).
-    pub fn delete_blob(&self, key: &[u8], time_ms: u64) -> Result<DeleteOutcome> {
-        self.inner.delete_blob(key, time_ms)
-    }
-
-    /// Looks a blob up; `now_ms` decides TTL expiry.
-    pub fn get_blob(&self, key: &[u8], now_ms: u64) -> Result<BlobLookup> {
-        self.inner.get_blob(key, now_ms)
-    }
-
-    /// Streams `range` (clamped to the blob's size) of `blob`'s data.
-    pub fn read_blob(&self, blob: &BlobRecord, range: Range<u64>) -> Result<BlobReader> {
-        let state = crate::reader::BlobReaderState::open(
-            &blob.location,
-            &blob.key,
-            blob.meta.props.len(),
-            blob.size,
-            range,
-            self.inner.opts.read_chunk_size,
-        )?;
-        Ok(BlobReader { state })
-    }
-
-    /// Applies a document put if `version` is newer than what the store holds.
-    pub fn put_doc(
-        &self,
-        key: &[u8],
-        version: u64,
-        time_ms: u64,
-        json: Bytes,
-    ) -> Result<DocOutcome> {
-        self.inner
-            .write_doc(Op::PutDoc, key, version, time_ms, json)
-    }
-
-    /// Applies a versioned document remove (a tombstone) if `version` is newer.
-    pub fn remove_doc(&self, key: &[u8], version: u64, time_ms: u64) -> Result<DocOutcome> {
-        self.inner
-            .write_doc(Op::RemoveDoc, key, version, time_ms, Bytes::new())
-    }
-
-    pub fn get_doc(&self, key: &[u8]) -> Result<DocLookup> {
-        self.inner.get_doc(key)
-    }
-
-    /// Durable records after `after`, at most `limit` of them, in log order.
-    pub fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
-        self.inner.changes(after, limit)
-    }
-
-    /// Calls `f` for every live document key (for visiting); stops when it returns false.
-    pub fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
-        self.inner.for_each_doc(f)
-    }
-
-    pub fn stats(&self) -> Stats {
-        self.inner.stats()
-    }
-
-    /// Syncs, writes an index checkpoint and refuses further writes. Reads keep working.
-    pub fn close(&self) -> Result<()> {
-        self.inner.close()
-    }
 }

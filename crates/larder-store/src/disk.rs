@@ -1,0 +1,568 @@
+//! A disk: the journal and the commit thread that every store on one disk shares, so that one
+//! `fdatasync` (of the journal) makes the writes of every store on the disk durable, however many
+//! logs they went to.
+//!
+//! Writers only copy small records into their log's batch and mark the log dirty here. Each round
+//! of the commit thread takes every dirty log, writes its batch to its segment (page cache only),
+//! appends the same bytes as framed records to the journal, syncs the journal once (plus the rare
+//! segment file that got a record too large to batch, or was sealed), then publishes each log's
+//! records to its index and completes its writers' completions. Recovery (`Disk::open`, before
+//! any store of the disk opens) writes back every journaled record whose bytes its segment lost.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::commit::Collected;
+use crate::engine::Engine;
+use crate::journal::{
+    encode_file_header, encode_frame_head, journal_name, parse_journal_name, JournalReader, Target,
+    FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
+};
+use crate::segment::{fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at};
+use crate::types::{DiskOptions, DiskStats, Error, Result};
+
+/// The journal and commit thread of one disk directory. Open it once per disk and pass it to
+/// every [`crate::Store`] opened below it ([`crate::Store::open_on`]). Cheap to clone; the
+/// commit thread stops once the last clone and the last store using it are gone, after syncing
+/// every segment the journal covers and emptying the journal (a clean close).
+#[derive(Clone)]
+pub struct Disk {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub(crate) struct Shared {
+    root: PathBuf,
+    /// Logs waiting for the next round. Tests hold it to keep rounds from starting.
+    pub(crate) queue: Mutex<Queue>,
+    wake: Condvar,
+    failed: Mutex<Option<String>>,
+    /// The sync stage's thread, which must not wait for the commit thread (see `Handle::stop`).
+    sync_thread: Mutex<Option<std::thread::ThreadId>>,
+    journal_syncs: AtomicU64,
+    segment_syncs: AtomicU64,
+    rounds: AtomicU64,
+    opts: DiskOptions,
+    /// Faults of the disk itself (the stores' own fault points are consulted too).
+    #[cfg(test)]
+    pub fail: crate::failpoint::FailPoints,
+}
+
+#[derive(Default)]
+pub(crate) struct Queue {
+    dirty: Vec<Arc<Engine>>,
+    stop: bool,
+}
+
+impl Disk {
+    /// Opens the disk rooted at `root` (creating it): replays its journal into the segments of
+    /// the stores below it, syncs them, empties the journal and starts the commit thread.
+    pub fn open(root: impl AsRef<Path>, opts: DiskOptions) -> Result<Disk> {
+        let root = root.as_ref().to_path_buf();
+        std::fs::create_dir_all(&root)?;
+        let lock = crate::lock::lock_file(&root.join(JOURNAL_LOCK), &root)?;
+        let next = replay(&root)?;
+        let journal = JournalFile::create(&root, next, lock)?;
+        let shared = Arc::new(Shared {
+            root,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            failed: Mutex::new(None),
+            sync_thread: Mutex::new(None),
+            journal_syncs: AtomicU64::new(0),
+            segment_syncs: AtomicU64::new(0),
+            rounds: AtomicU64::new(0),
+            opts,
+            #[cfg(test)]
+            fail: Default::default(),
+        });
+        let for_thread = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("larder-commit".into())
+            .spawn(move || run(for_thread, journal))?;
+        Ok(Disk {
+            handle: Arc::new(Handle {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.handle.shared.root
+    }
+
+    /// Counters of this disk: its commit rounds and fdatasyncs.
+    pub fn stats(&self) -> DiskStats {
+        self.handle.shared.stats()
+    }
+
+    /// Stops the commit thread after the rounds already queued, syncs the segments the journal
+    /// covers and empties it, and releases the journal directory. For a store's private disk,
+    /// when the store closes. Any later write on the disk is refused.
+    pub(crate) fn shut_down(&self) {
+        self.handle.stop();
+        self.handle
+            .shared
+            .failed
+            .lock()
+            .get_or_insert_with(|| "the disk was closed".into());
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.handle.shared
+    }
+
+    /// The path of `dir` below the root, as a frame names it; `dir` must be the root or below it.
+    pub(crate) fn relative_path(&self, dir: &Path) -> Result<Vec<u8>> {
+        let bad = || {
+            Error::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is not a directory below the disk {}",
+                    dir.display(),
+                    self.root().display()
+                ),
+            ))
+        };
+        let rel = dir.strip_prefix(self.root()).map_err(|_| bad())?;
+        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+            return Err(bad());
+        }
+        let bytes = rel.as_os_str().as_bytes().to_vec();
+        if bytes.len() > MAX_PATH_LEN {
+            return Err(bad());
+        }
+        Ok(bytes)
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Handle {
+    /// Stops the commit thread once its queue is empty; it then closes the journal cleanly.
+    fn stop(&self) {
+        self.shared.queue.lock().stop = true;
+        self.shared.wake.notify_all();
+        // The last store may be dropped by the commit or sync thread itself (it held the store
+        // during a round): then the commit thread stops on its own once the queue is empty (and
+        // waits for the sync thread, which must therefore not wait for it).
+        let me = std::thread::current().id();
+        if *self.shared.sync_thread.lock() == Some(me) {
+            return;
+        }
+        if let Some(thread) = self.thread.lock().take() {
+            if thread.thread().id() != me {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Queues a log for the next round (the caller marks its log dirty once per round).
+    pub(crate) fn mark_dirty(&self, engine: Arc<Engine>) {
+        let mut queue = self.queue.lock();
+        queue.dirty.push(engine);
+        if queue.dirty.len() == 1 {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Why writes on this disk are refused, once a journal write or sync failed.
+    pub(crate) fn failed(&self) -> Option<String> {
+        self.failed.lock().clone()
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!(disk = %self.root.display(), %why, "disk commit failed; refusing writes");
+        self.failed.lock().get_or_insert(why);
+    }
+
+    pub(crate) fn stats(&self) -> DiskStats {
+        DiskStats {
+            rounds: self.rounds.load(Ordering::Relaxed),
+            journal_syncs: self.journal_syncs.load(Ordering::Relaxed),
+            segment_syncs: self.segment_syncs.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn sync_segment(&self, file: &File) -> io::Result<()> {
+        self.segment_syncs.fetch_add(1, Ordering::Relaxed);
+        fdatasync(file)
+    }
+}
+
+/// The journal file being appended to, and the segment files it holds records of.
+struct JournalFile {
+    dir: PathBuf,
+    number: u32,
+    file: Arc<File>,
+    len: u64,
+    /// Segment files with records in this journal file: all must be synced before it goes.
+    touched: HashMap<usize, Arc<File>>,
+    _lock: File,
+}
+
+impl JournalFile {
+    fn create(dir: &Path, number: u32, lock: File) -> Result<JournalFile> {
+        let file = Arc::new(new_journal_file(dir, number)?);
+        Ok(JournalFile {
+            dir: dir.to_path_buf(),
+            number,
+            file,
+            len: FILE_HEADER_LEN,
+            touched: HashMap::new(),
+            _lock: lock,
+        })
+    }
+
+    /// Syncs every segment file this journal file covers: after that nothing needs it.
+    fn sync_touched(&mut self, shared: &Shared) -> io::Result<()> {
+        for file in self.touched.values() {
+            shared.sync_segment(file)?;
+        }
+        self.touched.clear();
+        Ok(())
+    }
+
+    /// Starts the next journal file and deletes this one, once nothing needs it.
+    fn rotate(&mut self, shared: &Shared) -> io::Result<()> {
+        self.sync_touched(shared)?;
+        let next = self.number + 1;
+        let file = Arc::new(new_journal_file(&self.dir, next).map_err(io::Error::other)?);
+        let old = std::mem::replace(&mut self.file, file);
+        drop(old);
+        std::fs::remove_file(self.dir.join(journal_name(self.number)))?;
+        self.number = next;
+        self.len = FILE_HEADER_LEN;
+        Ok(())
+    }
+
+    /// Appends one frame per batch with one `pwritev` (no copy of the batches).
+    fn append(&mut self, rounds: &[(Arc<Engine>, Collected)]) -> io::Result<()> {
+        let mut heads = Vec::new();
+        for (engine, collected) in rounds {
+            for frame in &collected.frames {
+                let target = Target {
+                    path: &engine.rel_path,
+                    segment: frame.segment,
+                    offset: frame.offset,
+                };
+                heads.push(encode_frame_head(&target, &frame.bytes));
+                self.touched
+                    .entry(Arc::as_ptr(&frame.file) as usize)
+                    .or_insert_with(|| frame.file.clone());
+            }
+        }
+        if heads.is_empty() {
+            return Ok(());
+        }
+        let mut bufs: Vec<&[u8]> = Vec::with_capacity(heads.len() * 2);
+        let frames = rounds.iter().flat_map(|(_, c)| c.frames.iter());
+        for (head, frame) in heads.iter().zip(frames) {
+            bufs.push(head);
+            bufs.push(&frame.bytes);
+        }
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        write_all_vectored_at(&self.file, self.len, &bufs)?;
+        self.len += len;
+        Ok(())
+    }
+}
+
+fn new_journal_file(dir: &Path, number: u32) -> Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(dir.join(journal_name(number)))?;
+    file.write_all_at(&encode_file_header(), 0)?;
+    file.sync_all()?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// A round written to the journal, on its way to the sync stage.
+struct Written {
+    collected: Vec<(Arc<Engine>, Collected)>,
+    /// The journal file its frames went to (a rotation may have replaced it since).
+    journal: Arc<File>,
+    /// Why the round already failed (a failed write or rotation, or an earlier failure).
+    failed: Option<String>,
+}
+
+/// The commit thread: rounds while there is work; on stop a clean close of the journal.
+///
+/// A round runs in two stages on two threads, so that the next round is collected and written
+/// while the previous one's `fdatasync` is in flight: this thread collects the dirty logs and
+/// writes their frames to the journal, the sync thread (`sync_stage`) syncs and completes rounds
+/// in order. One `fdatasync` covers every byte written before it, so a round that waited behind
+/// another's sync has more company, not more syncs.
+fn run(shared: Arc<Shared>, mut journal: JournalFile) {
+    // Capacity 1: at most one written round waits while another syncs; beyond that the writer
+    // stage waits too, and the dirty logs pile up into one larger round.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Written>(1);
+    let for_sync = shared.clone();
+    let sync_thread = std::thread::Builder::new()
+        .name("larder-sync".into())
+        .spawn(move || sync_stage(&for_sync, rx));
+    let sync_thread = match sync_thread {
+        Ok(t) => t,
+        Err(e) => {
+            shared.fail(format!("cannot start the sync thread: {e}"));
+            // Without a sync stage every round fails at once, here.
+            return write_stage(&shared, &mut journal, None);
+        }
+    };
+    *shared.sync_thread.lock() = Some(sync_thread.thread().id());
+    write_stage(&shared, &mut journal, Some(&tx));
+    drop(tx);
+    let _ = sync_thread.join();
+    if shared.failed().is_some() {
+        return; // the journal stays for recovery to replay
+    }
+    // Every store is gone: make their segments durable so the journal is no longer needed.
+    match journal.sync_touched(&shared) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(journal.dir.join(journal_name(journal.number)));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "syncing segments at close failed; keeping the journal")
+        }
+    }
+}
+
+/// Collects and writes rounds until stopped with nothing queued.
+fn write_stage(
+    shared: &Shared,
+    journal: &mut JournalFile,
+    tx: Option<&std::sync::mpsc::SyncSender<Written>>,
+) {
+    loop {
+        let dirty = {
+            let mut queue = shared.queue.lock();
+            while queue.dirty.is_empty() && !queue.stop {
+                shared.wake.wait(&mut queue);
+            }
+            if queue.dirty.is_empty() {
+                return;
+            }
+            std::mem::take(&mut queue.dirty)
+        };
+        let collected: Vec<(Arc<Engine>, Collected)> = dirty
+            .into_iter()
+            .map(|engine| {
+                let c = engine.collect_for_round();
+                (engine, c)
+            })
+            .collect();
+        let failed = match shared.failed() {
+            Some(why) => Some(why),
+            None => write_round(shared, journal, &collected).err().map(|e| {
+                let why = format!("journal write failed: {e}");
+                shared.fail(why.clone());
+                why
+            }),
+        };
+        let written = Written {
+            collected,
+            journal: journal.file.clone(),
+            failed,
+        };
+        match tx {
+            Some(tx) => {
+                if let Err(back) = tx.send(written) {
+                    finish(shared, back.0, Some("the sync thread is gone".into()));
+                }
+            }
+            None => {
+                let why = shared.failed();
+                finish(shared, written, why);
+            }
+        }
+    }
+}
+
+/// Rotates the journal when it is due, then appends the round's frames.
+fn write_round(
+    shared: &Shared,
+    journal: &mut JournalFile,
+    collected: &[(Arc<Engine>, Collected)],
+) -> io::Result<()> {
+    if journal.len >= shared.opts.journal_file_size {
+        journal.rotate(shared)?;
+    }
+    journal.append(collected)
+}
+
+/// Syncs written rounds in order and completes their writers.
+fn sync_stage(shared: &Shared, rx: std::sync::mpsc::Receiver<Written>) {
+    for written in rx {
+        let failed = match written.failed.clone().or_else(|| shared.failed()) {
+            Some(why) => Some(why),
+            None => sync_round(shared, &written).err().map(|e| {
+                let why = format!("fdatasync failed: {e}");
+                shared.fail(why.clone());
+                why
+            }),
+        };
+        finish(shared, written, failed);
+    }
+}
+
+/// Syncs the segment files the round needs synced, then the journal.
+fn sync_round(shared: &Shared, written: &Written) -> io::Result<()> {
+    let mut synced: Vec<*const File> = Vec::new();
+    for (_, c) in &written.collected {
+        for file in &c.sync {
+            if !synced.contains(&Arc::as_ptr(file)) {
+                shared.sync_segment(file)?;
+                synced.push(Arc::as_ptr(file));
+            }
+        }
+    }
+    #[cfg(test)]
+    {
+        let stores = written.collected.iter().map(|(e, _)| &e.fail);
+        for fail in std::iter::once(&shared.fail).chain(stores) {
+            if let Some(e) = fail.sync() {
+                return Err(e);
+            }
+        }
+    }
+    shared.journal_syncs.fetch_add(1, Ordering::Relaxed);
+    fdatasync(&written.journal)
+}
+
+/// Publishes (or fails) the round's records in each log and tells their writers.
+fn finish(shared: &Shared, written: Written, failed: Option<String>) {
+    shared.rounds.fetch_add(1, Ordering::Relaxed);
+    let mut done = Vec::new();
+    for (engine, c) in &written.collected {
+        done.extend(engine.finish_round(c.goal, failed.as_ref()));
+    }
+    // The stores are let go before their writers hear back, so a writer that returns and drops
+    // its store is never the one keeping it open.
+    drop(written);
+    for (completer, outcome) in done {
+        completer.complete(outcome);
+    }
+}
+
+/// Replays every journal file under `root` into the segments it names, syncs them and removes
+/// the journal files. Returns the number for the next journal file.
+fn replay(root: &Path) -> Result<u32> {
+    let dir = root;
+    let mut numbers: Vec<u32> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(parse_journal_name))
+        .collect();
+    numbers.sort_unstable();
+    let mut segments = SegmentFiles::default();
+    for &n in &numbers {
+        let path = dir.join(journal_name(n));
+        let file = File::open(&path)?;
+        let Some(mut reader) = JournalReader::new(&file)? else {
+            tracing::warn!(journal = %path.display(), "journal file without a valid header; ignored");
+            continue;
+        };
+        let mut restored = 0u64;
+        while let Some((target, data)) = reader.next_frame()? {
+            if segments.restore(root, &target, data)? {
+                restored += 1;
+            }
+        }
+        if reader.has_tail() {
+            // A frame cut short by the crash: its round never completed, so nobody was told.
+            tracing::warn!(journal = %path.display(), at = reader.valid_len(), "torn journal tail cut");
+        }
+        if restored > 0 {
+            tracing::info!(journal = %path.display(), restored, "journal records written back");
+        }
+    }
+    segments.sync_all()?;
+    for &n in &numbers {
+        std::fs::remove_file(dir.join(journal_name(n)))?;
+    }
+    sync_dir(dir)?;
+    Ok(numbers.last().map_or(1, |n| n + 1))
+}
+
+/// The segment files replay touched, open until they are synced.
+#[derive(Default)]
+struct SegmentFiles {
+    open: HashMap<PathBuf, Option<File>>,
+}
+
+impl SegmentFiles {
+    /// Writes `data` at its place unless the segment already holds exactly those bytes. Returns
+    /// whether it wrote. A segment that is gone (its store was deleted, or compaction removed it
+    /// after syncing it) or that ends before the frame's offset (the frame followed a record that
+    /// was never made durable, so it was never acknowledged) is skipped.
+    fn restore(&mut self, root: &Path, target: &Target<'_>, data: &[u8]) -> Result<bool> {
+        let Some(store_dir) = store_dir(root, target.path) else {
+            tracing::warn!("journal frame names a path outside the disk; skipped");
+            return Ok(false);
+        };
+        let path = store_dir.join(segment_name(target.segment));
+        let file = match self.open.entry(path) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let file = match OpenOptions::new().read(true).write(true).open(v.key()) {
+                    Ok(f) => Some(f),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(Error::Io(e)),
+                };
+                v.insert(file)
+            }
+        };
+        let Some(file) = file else { return Ok(false) };
+        let len = file.metadata()?.len();
+        if len < target.offset {
+            return Ok(false);
+        }
+        let have = (len - target.offset).min(data.len() as u64) as usize;
+        let mut existing = vec![0u8; have];
+        file.read_exact_at(&mut existing, target.offset)?;
+        if existing == data {
+            return Ok(false);
+        }
+        file.write_all_at(data, target.offset).map_err(io_error)?;
+        Ok(true)
+    }
+
+    /// Every segment the journal named may hold records only the page cache had: sync them all.
+    fn sync_all(&self) -> Result<()> {
+        for file in self.open.values().flatten() {
+            fdatasync(file)?;
+        }
+        Ok(())
+    }
+}
+
+/// The store directory a frame's path names, if it stays below `root`.
+fn store_dir(root: &Path, rel: &[u8]) -> Option<PathBuf> {
+    let rel = Path::new(std::ffi::OsStr::from_bytes(rel));
+    if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return None;
+    }
+    Some(root.join(rel))
+}

@@ -1,0 +1,340 @@
+//! Many stores on one disk: one journal sync per commit round covers the writes of all of them,
+//! and the journal brings back what a power loss takes from the segments' page cache.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use larder_store::*;
+
+const STORES: usize = 8;
+
+fn opts() -> Options {
+    Options {
+        checkpoint_every_records: u64::MAX,
+        ..Options::default()
+    }
+}
+
+fn meta(key: &str) -> BlobMeta {
+    BlobMeta {
+        props: Bytes::copy_from_slice(key.as_bytes()),
+        time_ms: 1,
+        expires_ms: None,
+    }
+}
+
+/// Deterministic content for a key, so any stored byte can be checked.
+fn content(key: &str, len: usize) -> Bytes {
+    let seed = key
+        .bytes()
+        .fold(7u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn store_dir(root: &Path, i: usize) -> PathBuf {
+    root.join(format!("p{i}"))
+}
+
+fn open_all(disk: &Disk, root: &Path) -> Vec<Store> {
+    (0..STORES)
+        .map(|i| Store::open_on(disk, store_dir(root, i), opts()).unwrap())
+        .collect()
+}
+
+fn read(store: &Store, key: &str) -> Option<Bytes> {
+    let BlobLookup::Found(rec) = store.get_blob(key.as_bytes(), 0).unwrap() else {
+        return None;
+    };
+    let pieces: Result<Vec<Bytes>> = store.read_blob(&rec, 0..u64::MAX).unwrap().collect();
+    Some(pieces.unwrap().concat().into())
+}
+
+/// `writers` threads, each putting `per_writer` small blobs spread over every store. Returns the
+/// keys written to each store.
+fn write_spread(stores: &[Store], writers: usize, per_writer: usize) -> Vec<Vec<String>> {
+    let threads: Vec<_> = (0..writers)
+        .map(|t| {
+            let stores = stores.to_vec();
+            std::thread::spawn(move || {
+                let mut written = vec![Vec::new(); stores.len()];
+                for i in 0..per_writer {
+                    let s = (t + i) % stores.len();
+                    let key = format!("k-{t}-{i}");
+                    let put = stores[s].put_blob(key.as_bytes(), meta(&key), &[content(&key, 700)]);
+                    assert_eq!(put.unwrap(), PutOutcome::Stored);
+                    written[s].push(key);
+                }
+                written
+            })
+        })
+        .collect();
+    let mut all = vec![Vec::new(); stores.len()];
+    for t in threads {
+        for (s, keys) in t.join().unwrap().into_iter().enumerate() {
+            all[s].extend(keys);
+        }
+    }
+    all
+}
+
+#[test]
+fn stores_on_one_disk_share_one_journal_sync_per_round() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let stores = open_all(&disk, root.path());
+    let (writers, per_writer) = (64, 30);
+    let written = write_spread(&stores, writers, per_writer);
+    let writes = (writers * per_writer) as u64;
+    let stats = disk.stats();
+    // One journal sync per round, whatever the number of logs the round wrote: far fewer syncs
+    // than writes, and than (writes spread over 8 logs) / 8 would give with a sync per log.
+    assert!(stats.journal_syncs * 4 < writes, "{stats:?}");
+    assert_eq!(
+        stats.segment_syncs, 0,
+        "small records never sync a segment: {stats:?}"
+    );
+    assert_eq!(stats.fdatasyncs(), stats.journal_syncs);
+    let log_rounds: u64 = stores.iter().map(|s| s.stats().syncs).sum();
+    assert!(
+        log_rounds > stats.journal_syncs,
+        "rounds covered several logs at once: {log_rounds} log rounds, {stats:?}"
+    );
+    for (store, keys) in stores.iter().zip(&written) {
+        assert_eq!(
+            store.stats().disk,
+            disk.stats(),
+            "every store reports its disk"
+        );
+        for key in keys {
+            assert_eq!(read(store, key).unwrap(), content(key, 700));
+        }
+    }
+}
+
+/// What the segment files of `root` hold on stable storage after a power loss: the journal
+/// (synced by every round) and each segment up to `synced_len`; the rest of a segment was only
+/// in the page cache. Half the stores lose their tail entirely, half keep the size with zeros.
+fn power_loss_copy(root: &Path, to: &Path, synced_len: &[u64]) {
+    for entry in std::fs::read_dir(root).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if name.starts_with("journal-") {
+            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+        }
+    }
+    for (i, &synced) in synced_len.iter().enumerate() {
+        let (from, dest) = (store_dir(root, i), store_dir(to, i));
+        std::fs::create_dir_all(&dest).unwrap();
+        let seg = "seg-00000001.log";
+        let mut bytes = std::fs::read(from.join(seg)).unwrap();
+        assert!(
+            bytes.len() as u64 > synced,
+            "store {i} wrote past its synced length"
+        );
+        if i % 2 == 0 {
+            bytes.truncate(synced as usize);
+        } else {
+            bytes[synced as usize..].fill(0);
+        }
+        std::fs::write(dest.join(seg), bytes).unwrap();
+    }
+}
+
+fn segment_len(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("seg-00000001.log"))
+        .unwrap()
+        .len()
+}
+
+#[test]
+fn after_a_power_loss_the_journal_brings_back_every_acknowledged_write() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let stores = open_all(&disk, root.path());
+    // A record too large to batch is synced in its segment by its round: what follows it is
+    // only in the journal and the page cache.
+    let large: Vec<String> = (0..STORES).map(|i| format!("large-{i}")).collect();
+    for (store, key) in stores.iter().zip(&large) {
+        store
+            .put_blob(key.as_bytes(), meta(key), &[content(key, 100_000)])
+            .unwrap();
+    }
+    let synced: Vec<u64> = (0..STORES)
+        .map(|i| segment_len(&store_dir(root.path(), i)))
+        .collect();
+    let written = write_spread(&stores, 16, 40);
+    let deleted = "k-3-5";
+    let s = (3 + 5) % STORES;
+    assert_eq!(
+        stores[s].delete_blob(deleted.as_bytes(), 9).unwrap(),
+        DeleteOutcome::Deleted
+    );
+    // Power goes out now: the stores are still open, nothing was closed or synced further.
+    let after = tempfile::tempdir().unwrap();
+    power_loss_copy(root.path(), after.path(), &synced);
+    let disk = Disk::open(after.path(), DiskOptions::default()).unwrap();
+    let stores = open_all(&disk, after.path());
+    for (i, store) in stores.iter().enumerate() {
+        assert_eq!(store.stats().corrupt_records_found, 0, "store {i}");
+        assert_eq!(read(store, &large[i]).unwrap(), content(&large[i], 100_000));
+        for key in &written[i] {
+            if key == deleted {
+                assert!(matches!(
+                    store.get_blob(key.as_bytes(), 0).unwrap(),
+                    BlobLookup::Deleted { time_ms: 9 }
+                ));
+                continue;
+            }
+            assert_eq!(
+                read(store, key),
+                Some(content(key, 700)),
+                "store {i} lost {key}"
+            );
+        }
+    }
+    // The journal was replayed, synced into the segments and emptied: the stores go on.
+    assert_eq!(
+        stores[0]
+            .put_blob(b"after", meta("after"), &[content("after", 10)])
+            .unwrap(),
+        PutOutcome::Stored
+    );
+}
+
+#[test]
+fn a_torn_journal_tail_is_cut_and_what_came_before_it_is_kept() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let stores = open_all(&disk, root.path());
+    let synced: Vec<u64> = (0..STORES)
+        .map(|i| segment_len(&store_dir(root.path(), i)))
+        .collect();
+    let written = write_spread(&stores, 8, 20);
+    let after = tempfile::tempdir().unwrap();
+    power_loss_copy(root.path(), after.path(), &synced);
+    // The process died while appending a round's frames: half a frame (a copy of the first one's
+    // start) and some garbage follow the last complete frame.
+    let journal = std::fs::read_dir(after.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_str().unwrap().ends_with(".jnl"))
+        .unwrap();
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let torn = bytes[16..16 + 600].to_vec();
+    bytes.extend_from_slice(&torn);
+    bytes.extend_from_slice(&[0xAB; 77]);
+    std::fs::write(&journal, bytes).unwrap();
+    let disk = Disk::open(after.path(), DiskOptions::default()).unwrap();
+    assert!(!journal.exists(), "the replayed journal file is gone");
+    let stores = open_all(&disk, after.path());
+    for (i, store) in stores.iter().enumerate() {
+        assert_eq!(store.stats().corrupt_records_found, 0, "store {i}");
+        for key in &written[i] {
+            assert_eq!(
+                read(store, key),
+                Some(content(key, 700)),
+                "store {i} lost {key}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_store_outside_its_disk_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    assert!(Store::open_on(&disk, elsewhere.path(), opts()).is_err());
+    assert!(Store::open_on(&disk, root.path().join("p1/../../x"), opts()).is_err());
+}
+
+#[test]
+fn journal_files_rotate_and_the_old_ones_go() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(
+        root.path(),
+        DiskOptions {
+            journal_file_size: 64 << 10,
+        },
+    )
+    .unwrap();
+    let stores = open_all(&disk, root.path());
+    let written = write_spread(&stores, 8, 60);
+    let journals = || {
+        std::fs::read_dir(root.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .ends_with(".jnl")
+            })
+            .count()
+    };
+    assert_eq!(journals(), 1, "a rotated journal file is deleted");
+    let stats = disk.stats();
+    assert!(
+        stats.segment_syncs > 0,
+        "segments synced before a rotation: {stats:?}"
+    );
+    drop(stores);
+    drop(disk);
+    assert_eq!(journals(), 0, "a clean close empties the journal");
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let stores = open_all(&disk, root.path());
+    for (store, keys) in stores.iter().zip(&written) {
+        for key in keys {
+            assert_eq!(read(store, key), Some(content(key, 700)));
+        }
+    }
+}
+
+#[test]
+fn an_async_caller_awaits_its_commit_without_a_parked_thread() {
+    let root = tempfile::tempdir().unwrap();
+    let store = Store::open(root.path(), opts()).unwrap();
+    assert!(is_batched(10, 10, 1000));
+    assert!(!is_batched(10, 10, 70_000));
+    // A minimal executor: polls on this thread, sleeps until the waker fires.
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut commits: Vec<Option<Commit<PutOutcome>>> = (0..50)
+        .map(|i| {
+            let key = format!("a{i}");
+            Some(store.begin_put_blob(key.as_bytes(), meta(&key), &[content(&key, 100)]))
+        })
+        .collect();
+    while commits.iter().any(Option::is_some) {
+        for slot in &mut commits {
+            let Some(c) = slot else { continue };
+            if let std::task::Poll::Ready(r) =
+                std::future::Future::poll(std::pin::Pin::new(c), &mut cx)
+            {
+                assert_eq!(r.unwrap(), PutOutcome::Stored);
+                *slot = None;
+            }
+        }
+        if commits.iter().any(Option::is_some) {
+            std::thread::park_timeout(std::time::Duration::from_millis(100));
+        }
+    }
+    for i in 0..50 {
+        let key = format!("a{i}");
+        assert_eq!(read(&store, &key), Some(content(&key, 100)));
+    }
+    assert_eq!(
+        store.begin_put_blob(b"a1", meta("a1"), &[]).wait().unwrap(),
+        PutOutcome::AlreadyExists
+    );
+}
