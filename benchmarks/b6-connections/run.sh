@@ -45,6 +45,7 @@ target=${CARGO_TARGET_DIR:-$root/target}
 bench_workdir b6
 cargo build -q --profile "$profile" -p larder --features count-alloc --manifest-path "$root/Cargo.toml"
 cp "$target/$profile_dir/larder" "$work/larder-count-alloc"
+# (this also puts the ordinary larder binary back in place: both builds stay fresh side by side)
 cargo build -q --profile "$profile" -p larder --bin larder --example conn_hold --manifest-path "$root/Cargo.toml"
 conn_hold="$target/$profile_dir/examples/conn_hold"
 LARDER="$work/larder-count-alloc"
@@ -96,6 +97,7 @@ nginx_up() { # PROTOCOL
   cp "$work/1k" "$work/www/1k"
   local listen="127.0.0.1:$port"; [ "$1" = 2 ] && listen="$listen http2"
   cat > "$work/nginx/nginx.conf" <<NGINX
+$nginx_user
 worker_processes auto;
 worker_rlimit_nofile 65536;
 pid $work/nginx/nginx.pid;

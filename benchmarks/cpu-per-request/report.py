@@ -108,7 +108,7 @@ def rss_table():
 
 
 def profile_table():
-    print("| build | process | load | samples | `clear_page_erms` share | flame graph |")
+    print("| build | process | load | profile weight (sum of perf sample periods) | `clear_page_erms` share | flame graph |")
     print("| --- | --- | --- | ---: | ---: | --- |")
     for b in builds:
         for who in ("frontend", "storage"):
@@ -205,8 +205,9 @@ latency_table()
 print()
 print("## fdatasync and fsync calls per storage node under PUT 1 KiB")
 print()
-print("Counted with perf's `syscalls:sys_enter_fdatasync` and `sys_enter_fsync` tracepoints attached to")
-print("each node process (threads included) for the whole PUT 1 KiB load; all three nodes share one disk.")
+print("Counted with perf's `syscalls:sys_enter_fdatasync` and `sys_enter_fsync` tracepoints, recorded")
+print("system-wide during the PUT 1 KiB load and counted by node process (all its threads), per second of")
+print("load. All three nodes share one disk, so the disk sees the sum.")
 print()
 syncs_table()
 print()

@@ -115,7 +115,7 @@ measure() {
   for np in $procs; do record "$key.cpu_ms.${np%%=*}" $(($(cpu_ms "${np#*=}") - ${before[$np]})); done
   record "$key.rps" "$(h2load_rps < "$work/$key.out")"
   record "$key.ok" "$(h2load_2xx < "$work/$key.out")"
-  record "$key.done" "$(awk '/^requests:/ {gsub(",","",$8); print $8}' "$work/$key.out")"
+  record "$key.done" "$(awk '/^requests:/ {print $6}' "$work/$key.out")"
 }
 
 # The four loads, by name: h2load settings (the same for every server) and what each sends.
@@ -158,52 +158,55 @@ processes() { # the "name=pid" list of the running larder dev
   echo "frontend=$dev_pid s1=${nodes[0]} s2=${nodes[1]} s3=${nodes[2]}"
 }
 
-# fdatasync and fsync calls of each storage node while COMMAND runs, from perf's syscall
-# tracepoints (children and threads included).
+# fdatasync and fsync calls of each storage node while COMMAND runs: perf records the two
+# syscall tracepoints system-wide (one cheap event per call) and the calls are counted by process
+# id. (`perf stat -p` would miss the threads a node starts after it attaches.) Syncs submitted
+# through io_uring would not show here.
 count_syncs() { # KEY COMMAND...
   local key=$1; shift
-  local counters=() i
+  local recorder="" i
   if [ "$sync_count" = 1 ]; then
-    for i in 0 1 2; do
-      perf stat -x, -e syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync -p "${nodes[$i]}" \
-        -o "$work/$key.syncs.s$((i + 1))" 2>/dev/null &
-      counters+=($!); pids+=($!)
-    done
-    sleep 0.3
+    perf record -q -a -e syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync \
+      -o "$work/$key.syncs.data" 2>/dev/null &
+    recorder=$!; pids+=("$recorder")
+    sleep 0.5
   fi
-  local started=$SECONDS
   "$@"
-  for i in "${!counters[@]}"; do kill -INT "${counters[$i]}" 2>/dev/null || true; done
-  for i in "${!counters[@]}"; do
-    wait "${counters[$i]}" 2>/dev/null || true
-    record "$key.syncs.s$((i + 1))" "$(awk -F, '$3 ~ /sync/ {n += $1} END {print n + 0}' "$work/$key.syncs.s$((i + 1))")"
+  [ -n "$recorder" ] || return 0
+  kill -INT "$recorder" 2>/dev/null || true
+  wait "$recorder" 2>/dev/null || true
+  record "$key.sync_seconds" "$duration" # the load's length: no PUT, no sync outside it
+  perf script -i "$work/$key.syncs.data" -F pid 2>/dev/null | awk '{n[$1]++} END {for (p in n) print p, n[p]}' \
+    > "$work/$key.syncs"
+  for i in 0 1 2; do
+    record "$key.syncs.s$((i + 1))" "$(awk -v p="${nodes[$i]}" '$1 == p {print $2}' "$work/$key.syncs" | grep . || echo 0)"
   done
-  record "$key.sync_seconds" $((SECONDS - started))
 }
 
-# A flame graph of the frontend and of the first storage node under LOAD (get1k or put1k).
+# A flame graph of the frontend and of the first storage node under LOAD (get1k or put1k). perf
+# records the whole machine and the samples are split by process afterwards: `perf record -p`
+# would miss threads started after it attaches (the store's blocking threads come and go).
 profile() { # BUILD LOAD URL-or-args...
   local build=$1 load=$2; shift 2
-  local svgs="$here/flamegraphs" recorders=() who pid
+  local svgs="$here/flamegraphs" recorder who pid
   mkdir -p "$svgs"
-  for who in frontend storage; do
-    pid=$dev_pid; [ "$who" = storage ] && pid=${nodes[0]}
-    perf record -q -F 199 --call-graph "$call_graph" -p "$pid" -o "$work/perf-$who.data" 2>/dev/null &
-    recorders+=($!); pids+=($!)
-  done
+  perf record -q -a -F 199 --call-graph "$call_graph" -o "$work/perf.data" 2>/dev/null &
+  recorder=$!; pids+=("$recorder")
   sleep 0.5
   # shellcheck disable=SC2046
   h2load -D "$perf_seconds" $(load_args "$load") "$@" > /dev/null 2>&1 || true
-  for pid in "${recorders[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  for pid in "${recorders[@]}"; do wait "$pid" 2>/dev/null || true; done
+  kill -INT "$recorder" 2>/dev/null || true
+  wait "$recorder" 2>/dev/null || true
   for who in frontend storage; do
+    pid=$dev_pid; [ "$who" = storage ] && pid=${nodes[0]}
     local name="$build-$who-${load%1k}"
-    perf script -i "$work/perf-$who.data" 2>/dev/null | inferno-collapse-perf > "$work/$name.folded"
+    perf script -i "$work/perf.data" --pid "$pid" 2>/dev/null | inferno-collapse-perf > "$work/$name.folded"
     inferno-flamegraph --title "$build: $who under ${load%1k} 1 KiB (h2load 1 x 256)" \
       < "$work/$name.folded" > "$svgs/$name.svg" 2>/dev/null || true
     record "$build.$load.samples.$who" "$(awk '{n += $NF} END {print n + 0}' "$work/$name.folded")"
     record "$build.$load.clear_page.$who" "$(awk '/clear_page_erms/ {n += $NF} END {print n + 0}' "$work/$name.folded")"
   done
+  rm -f "$work/perf.data"
 }
 
 # --- Larder: each build in turn, on the real disk under target/ ---
@@ -276,6 +279,7 @@ nginx_port=$(free_port)
 # h2c with prior knowledge (as h2load speaks it); PUT through the DAV module, which reads the
 # whole body into a file and renames it into place (no fsync), as close to an upload as nginx goes.
 cat > "$work/nginx/nginx.conf" <<NGINX
+$nginx_user
 worker_processes auto;
 pid $work/nginx/nginx.pid;
 error_log $work/nginx/error.log;

@@ -107,17 +107,16 @@ async fn send(o: &Options, sender: &mut Sender, put: bool) -> anyhow::Result<u16
         true => (o.put_method.clone(), &o.put_path, o.put_body.clone()),
         false => (Method::GET, &o.get_path, Bytes::new()),
     };
-    // h2 needs the scheme and authority in the URI (its pseudo-headers); HTTP/1.1 wants the
-    // origin form on the request line.
-    let uri = match sender {
-        Sender::Http2(_) => format!("http://{}{}", o.connect, path),
-        Sender::Http1(_) => path.clone(),
-    };
-    let request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("host", o.connect.to_string())
-        .body(Full::new(body))?;
+    // h2 takes the scheme and authority from the URI (its pseudo-headers; nginx refuses a
+    // `host` header beside them); HTTP/1.1 wants the origin form and a `host` header.
+    let request = match sender {
+        Sender::Http2(_) => Request::builder().uri(format!("http://{}{}", o.connect, path)),
+        Sender::Http1(_) => Request::builder()
+            .uri(path.as_str())
+            .header("host", o.connect.to_string()),
+    }
+    .method(method)
+    .body(Full::new(body))?;
     let response = match sender {
         Sender::Http1(s) => {
             s.ready().await?;
