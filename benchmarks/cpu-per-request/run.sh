@@ -44,14 +44,18 @@ current_larder=$LARDER
 cargo build -q --profile "$(bench_profile)" -p larder --example hello_h2 --manifest-path "$root/Cargo.toml"
 hello="$target/$([ "$(bench_profile)" = dev ] && echo debug || echo release)/examples/hello_h2"
 
-# The baseline: `git worktree add` of BASELINE under target/, built in its own target dir (its
+# The baseline: BASELINE's tree exported under target/, built in its own target dir (its
 # dependencies copied from ours the first time, so only the workspace crates compile), reused
 # when its binary is already there.
 build_baseline() {
   local commit; commit=$(git -C "$root" rev-parse --short=12 "$1^{commit}")
   local dir="$target/bench-baseline-$commit"
   if [ ! -x "$dir/target/release/larder" ]; then
-    [ -d "$dir/src" ] || git -C "$root" worktree add -q --detach "$dir/src" "$commit"
+    if [ ! -d "$dir/src" ]; then # a plain export: no worktree to register or clean up
+      mkdir -p "$dir/src.partial"
+      git -C "$root" archive "$commit" | tar -x -C "$dir/src.partial"
+      mv "$dir/src.partial" "$dir/src"
+    fi
     if [ ! -d "$dir/target/release" ] && [ -d "$target/release/deps" ]; then
       mkdir -p "$dir/target" && cp -a "$target/release" "$dir/target/release"
     fi
@@ -135,7 +139,7 @@ larder_up() { # BINARY DATA_DIR
   pids+=("$dev_pid")
   wait_port "$port"
   larder="http://127.0.0.1:$port"
-  mapfile -t nodes < <(ps -o pid= --ppid "$dev_pid" | sort -n)
+  mapfile -t nodes < <(ps -o pid= --ppid "$dev_pid" | awk '{print $1}' | sort -n)
   [ "${#nodes[@]}" = 3 ] || { echo "expected 3 storage nodes under larder dev, found ${#nodes[@]}" >&2; exit 1; }
   pids+=("${nodes[@]}")
   # The storage nodes may still be opening their stores: the first upload retries.

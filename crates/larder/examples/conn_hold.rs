@@ -65,7 +65,9 @@ fn parse() -> anyhow::Result<Options> {
         put_body: Bytes::from(vec![b'x'; 1024]),
     };
     while let Some(flag) = args.next() {
-        let value = args.next().with_context(|| format!("{flag} needs a value"))?;
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--connect" => o.connect = value.parse()?,
             "--connections" => o.connections = value.parse()?,

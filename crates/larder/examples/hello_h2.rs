@@ -48,9 +48,17 @@ async fn main() -> std::io::Result<()> {
     }
 }
 
-async fn answer(request: Request<Incoming>, bytes: Bytes) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    request: Request<Incoming>,
+    bytes: Bytes,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() == Method::GET {
-        let n = request.uri().path().trim_start_matches('/').parse::<usize>().unwrap_or(0);
+        let n = request
+            .uri()
+            .path()
+            .trim_start_matches('/')
+            .parse::<usize>()
+            .unwrap_or(0);
         return Ok(Response::new(Full::new(bytes.slice(..n.min(MAX_ANSWER)))));
     }
     let mut body = request.into_body();
@@ -61,7 +69,9 @@ async fn answer(request: Request<Incoming>, bytes: Bytes) -> Result<Response<Ful
             Err(_) => break,
         }
     }
-    let mut response = Response::new(Full::new(Bytes::from(format!("{{\"received\":{received}}}"))));
+    let mut response = Response::new(Full::new(Bytes::from(format!(
+        "{{\"received\":{received}}}"
+    ))));
     *response.status_mut() = StatusCode::CREATED;
     Ok(response)
 }
