@@ -1,15 +1,31 @@
 """Renders benchmarks/cpu-per-request's RESULTS.md from the `key value` lines run.sh records.
 
-Usage: report.py RESULTS_FILE COMMAND_LINE MACHINE_DESCRIPTION
+Usage: report.py COMMAND_LINE MACHINE_DESCRIPTION RESULTS_FILE...
+Each results file is one round (or the references); a key found in several gets the median of
+its values, so every figure, and every ratio computed from figures, is a median over rounds.
 """
+import statistics
 import sys
 
-values = {}
-for line in open(sys.argv[1]):
-    if line.strip():
-        key, _, value = line.strip().partition(" ")
-        values[key] = value
-command_line, machine = sys.argv[2], sys.argv[3]
+command_line, machine = sys.argv[1], sys.argv[2]
+seen = {}
+for path in sys.argv[3:]:
+    for line in open(path):
+        if line.strip():
+            key, _, value = line.strip().partition(" ")
+            seen.setdefault(key, []).append(value)
+
+
+def median_of(texts):
+    try:
+        m = statistics.median(float(t) for t in texts)
+    except ValueError:
+        return texts[-1]
+    return str(int(m)) if m == int(m) else f"{m:.2f}"
+
+
+values = {k: median_of(v) for k, v in seen.items()}
+rounds = max((len(v) for v in seen.values()), default=1)
 builds = [b for b in ("baseline", "current") if f"{b}.get1k.rps" in values]
 LOADS = {"get1k": "GET 1 KiB", "put1k": "PUT 1 KiB", "get1m": "GET 1 MiB", "put1m": "PUT 1 MiB"}
 NODES = ("s1", "s2", "s3")
@@ -181,6 +197,8 @@ print("node processes. The bare hyper server (`crates/larder/examples/hello_h2.r
 print("bytes from memory and reads uploads to their end; nginx serves the same bytes as static files")
 print("(h2c) and takes PUTs with its DAV module (body to a temp file, renamed; no fsync). The baseline")
 print("is another Larder commit built by the script; every ratio compares figures of this one run.")
+print(f"Rounds: {rounds}; with more than one, each figure is the median of its rounds (each round")
+print("measures the baseline, then the current build, then the floor).")
 print("Client, servers and storage nodes share the machine's cores.")
 print()
 print("## Machine")

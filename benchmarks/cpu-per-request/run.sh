@@ -16,7 +16,7 @@
 # Usage: run.sh [--smoke]
 #   --smoke: the current build only (no baseline), 1 s loads, no perf, no 4 MiB rows; results to
 #   a temp file. Knobs (environment): BASELINE (commit, default 81108da), DURATION (s per load,
-#   default 10), PERF (1/0), PERF_SECONDS, PERF_CALL_GRAPH (default dwarf,16384: Rust's release
+#   default 10), ROUNDS (default 1; the report gives each figure's median over rounds), PERF (1/0), PERF_SECONDS, PERF_CALL_GRAPH (default dwarf,16384: Rust's release
 #   code has no frame pointers), OUT.
 # Needs: h2load, nginx, perf (for flame graphs and sync counts), iperf3, python3; inferno
 # (`cargo install inferno`, done by the script into target/bench-tools if missing).
@@ -27,13 +27,14 @@ source "$here/../lib.sh"
 
 baseline=${BASELINE:-81108da}
 duration=${DURATION:-10}
+rounds=${ROUNDS:-1}
 perf_on=${PERF:-1}
 perf_seconds=${PERF_SECONDS:-8}
 call_graph=${PERF_CALL_GRAPH:-dwarf,16384}
 out=${OUT:-$here/RESULTS.md}
 smoke=0
 if [ "${1:-}" = "--smoke" ]; then
-  smoke=1; baseline=""; duration=1; perf_on=0; out=$(mktemp)
+  smoke=1; baseline=""; duration=1; rounds=1; perf_on=0; out=$(mktemp)
 fi
 command -v perf >/dev/null || perf_on=0
 sync_count=$([ "$smoke" = 0 ] && command -v perf >/dev/null && echo 1 || echo 0)
@@ -80,7 +81,9 @@ fi
 bench_workdir cpu-per-request
 shm=/dev/shm/bench-cpu-per-request.$$ # 4 MiB PUTs on tmpfs; removed on any exit
 trap 'bench_cleanup; rm -rf "$shm"' EXIT
-results=$work/results # `key value` lines; the report is rendered from them at the end
+# `key value` lines, one file per round (and one for the references); the report is rendered
+# from them at the end.
+results=$work/results.references
 : > "$results"
 record() { echo "$1 $2" >> "$results"; }
 
@@ -214,115 +217,131 @@ profile() { # BUILD LOAD URL-or-args...
 }
 
 # --- Larder: each build in turn, on the real disk under target/ ---
-for build in "${builds[@]}"; do
-  larder_up "${binary[$build]}" "$work/$build-data"
-  get1k="$larder/v1/blobs/$(upload_blob "$work/1k" "$larder/v1/blobs")"
-  get1m="$larder/v1/blobs/$(upload_blob "$work/1m" "$larder/v1/blobs")"
-  record "$build.rss_idle.frontend" "$(rss_mib "$dev_pid")"
-  record "$build.rss_idle.s1" "$(rss_mib "${nodes[0]}")"
-  # Warm-up (pool connections open, caches warm), not measured.
-  h2load -n 2000 -c 1 -m 256 "$get1k" >/dev/null 2>&1 || true
-  for load in "${loads[@]}"; do
-    case $load in
-      get1k) what=("$get1k") ;; get1m) what=("$get1m") ;;
-      put1k) what=(-d "$work/1k" "$larder/v1/blobs") ;; put1m) what=(-d "$work/1m" "$larder/v1/blobs") ;;
-    esac
-    if [ "$load" = put1k ]; then
+measure_larder() {
+  for build in "${builds[@]}"; do
+    larder_up "${binary[$build]}" "$work/$build-data"
+    get1k="$larder/v1/blobs/$(upload_blob "$work/1k" "$larder/v1/blobs")"
+    get1m="$larder/v1/blobs/$(upload_blob "$work/1m" "$larder/v1/blobs")"
+    record "$build.rss_idle.frontend" "$(rss_mib "$dev_pid")"
+    record "$build.rss_idle.s1" "$(rss_mib "${nodes[0]}")"
+    # Warm-up (pool connections open, caches warm), not measured.
+    h2load -n 2000 -c 1 -m 256 "$get1k" >/dev/null 2>&1 || true
+    for load in "${loads[@]}"; do
+      case $load in
+        get1k) what=("$get1k") ;; get1m) what=("$get1m") ;;
+        put1k) what=(-d "$work/1k" "$larder/v1/blobs") ;; put1m) what=(-d "$work/1m" "$larder/v1/blobs") ;;
+      esac
+      if [ "$load" = put1k ]; then
+        # shellcheck disable=SC2046
+        count_syncs "$build.put1k" measure "$build.$load" "$(processes)" $(load_args "$load") "${what[@]}"
+      else
+        # shellcheck disable=SC2046
+        measure "$build.$load" "$(processes)" $(load_args "$load") "${what[@]}"
+      fi
+    done
+    record "$build.rss_loaded.frontend" "$(rss_mib "$dev_pid")"
+    record "$build.rss_loaded.s1" "$(rss_mib "${nodes[0]}")"
+    # Latency at a fixed offered load: half of the baseline's maximum rate (of this build's own
+    # when there is no baseline), for every build, so p50/p99 compare at the same load.
+    for load in get1k put1k; do
+      ref=$(awk -v k="${builds[0]}.$load.rps" '$1 == k {print $2}' "$results")
+      rate=$(python3 -c "print(max(1, int(float('${ref:-0}' or 0) / 2)))")
+      what=("$get1k"); [ "$load" = put1k ] && what=(-d "$work/1k" "$larder/v1/blobs")
+      h2load -c 1 -m 256 --rps "$rate" -D "$duration" --log-file "$work/$build.$load.fixed.log" \
+        "${what[@]}" > "$work/$build.$load.fixed.out" 2>&1 || true
+      touch "$work/$build.$load.fixed.log"
+      record "$build.$load.fixed.offered" "$rate"
+      record "$build.$load.fixed.achieved" "$(h2load_rps < "$work/$build.$load.fixed.out")"
+      read -r p50 p99 <<< "$(percentiles "$work/$build.$load.fixed.log")"
+      record "$build.$load.fixed.p50" "$p50"; record "$build.$load.fixed.p99" "$p99"
+    done
+    if [ "$perf_on" = 1 ]; then
+      profile "$build" get1k "$get1k"
+      profile "$build" put1k -d "$work/1k" "$larder/v1/blobs"
+    fi
+    if [ "$smoke" = 0 ]; then
       # shellcheck disable=SC2046
-      count_syncs "$build.put1k" measure "$build.$load" "$(processes)" $(load_args "$load") "${what[@]}"
-    else
+      measure "$build.put4m_disk" "$(processes)" $(load_args put4m) -d "$work/4m" "$larder/v1/blobs"
+    fi
+    larder_down
+    rm -rf "$work/$build-data"
+    if [ "$smoke" = 0 ]; then
+      mkdir -p "$shm"
+      larder_up "${binary[$build]}" "$shm/data"
+      h2load -n 8 -c 1 -m 8 -w 22 -W 26 -d "$work/4m" "$larder/v1/blobs" >/dev/null 2>&1 || true
       # shellcheck disable=SC2046
-      measure "$build.$load" "$(processes)" $(load_args "$load") "${what[@]}"
+      measure "$build.put4m_tmpfs" "$(processes)" $(load_args put4m) -d "$work/4m" "$larder/v1/blobs"
+      larder_down
+      rm -rf "$shm"
     fi
   done
-  record "$build.rss_loaded.frontend" "$(rss_mib "$dev_pid")"
-  record "$build.rss_loaded.s1" "$(rss_mib "${nodes[0]}")"
-  # Latency at a fixed offered load: half of the baseline's maximum rate (of this build's own
-  # when there is no baseline), for every build, so p50/p99 compare at the same load.
-  for load in get1k put1k; do
-    ref=$(awk -v k="${builds[0]}.$load.rps" '$1 == k {print $2}' "$results")
-    rate=$(python3 -c "print(max(1, int(float('${ref:-0}' or 0) / 2)))")
-    what=("$get1k"); [ "$load" = put1k ] && what=(-d "$work/1k" "$larder/v1/blobs")
-    h2load -c 1 -m 256 --rps "$rate" -D "$duration" --log-file "$work/$build.$load.fixed.log" \
-      "${what[@]}" > "$work/$build.$load.fixed.out" 2>&1 || true
-    touch "$work/$build.$load.fixed.log"
-    record "$build.$load.fixed.offered" "$rate"
-    record "$build.$load.fixed.achieved" "$(h2load_rps < "$work/$build.$load.fixed.out")"
-    read -r p50 p99 <<< "$(percentiles "$work/$build.$load.fixed.log")"
-    record "$build.$load.fixed.p50" "$p50"; record "$build.$load.fixed.p99" "$p99"
-  done
-  if [ "$perf_on" = 1 ]; then
-    profile "$build" get1k "$get1k"
-    profile "$build" put1k -d "$work/1k" "$larder/v1/blobs"
-  fi
-  if [ "$smoke" = 0 ]; then
-    # shellcheck disable=SC2046
-    measure "$build.put4m_disk" "$(processes)" $(load_args put4m) -d "$work/4m" "$larder/v1/blobs"
-  fi
-  larder_down
-  rm -rf "$work/$build-data"
-  if [ "$smoke" = 0 ]; then
-    mkdir -p "$shm"
-    larder_up "${binary[$build]}" "$shm/data"
-    h2load -n 8 -c 1 -m 8 -w 22 -W 26 -d "$work/4m" "$larder/v1/blobs" >/dev/null 2>&1 || true
-    # shellcheck disable=SC2046
-    measure "$build.put4m_tmpfs" "$(processes)" $(load_args put4m) -d "$work/4m" "$larder/v1/blobs"
-    larder_down
-    rm -rf "$shm"
-  fi
-done
+}
 
 # --- The floor: a bare hyper server and nginx, the same bytes and h2load settings ---
-hello_port=$(free_port)
-"$hello" "127.0.0.1:$hello_port" &
-hello_pid=$!
-pids+=("$hello_pid")
-mkdir -p "$work/www/up" "$work/nginx"
-cp "$work/1k" "$work/www/1k"; cp "$work/1m" "$work/www/1m"
-nginx_port=$(free_port)
-# h2c with prior knowledge (as h2load speaks it); PUT through the DAV module, which reads the
-# whole body into a file and renames it into place (no fsync), as close to an upload as nginx goes.
-cat > "$work/nginx/nginx.conf" <<NGINX
-$nginx_user
-worker_processes auto;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  http2_max_concurrent_streams 256;
-  http2_max_requests 1000000;
-  client_max_body_size 8m;
-  client_body_buffer_size 1m;
-  client_body_temp_path $work/nginx/body;
-  server {
-    listen 127.0.0.1:$nginx_port http2;
-    root $work/www;
-    location /up/ { dav_methods PUT; }
+measure_floor() {
+  hello_port=$(free_port)
+  "$hello" "127.0.0.1:$hello_port" &
+  hello_pid=$!
+  pids+=("$hello_pid")
+  mkdir -p "$work/www/up" "$work/nginx"
+  cp "$work/1k" "$work/www/1k"; cp "$work/1m" "$work/www/1m"
+  nginx_port=$(free_port)
+  # h2c with prior knowledge (as h2load speaks it); PUT through the DAV module, which reads the
+  # whole body into a file and renames it into place (no fsync), as close to an upload as nginx goes.
+  cat > "$work/nginx/nginx.conf" <<NGINX
+  $nginx_user
+  worker_processes auto;
+  pid $work/nginx/nginx.pid;
+  error_log $work/nginx/error.log;
+  events { worker_connections 4096; }
+  http {
+    access_log off;
+    keepalive_requests 1000000;
+    http2_max_concurrent_streams 256;
+    http2_max_requests 1000000;
+    client_max_body_size 8m;
+    client_body_buffer_size 1m;
+    client_body_temp_path $work/nginx/body;
+    server {
+      listen 127.0.0.1:$nginx_port http2;
+      root $work/www;
+      location /up/ { dav_methods PUT; }
+    }
   }
-}
 NGINX
-nginx -c "$work/nginx/nginx.conf" -g 'daemon off;' 2>/dev/null &
-nginx_pid=$!
-pids+=("$nginx_pid")
-wait_port "$hello_port"; wait_port "$nginx_port"
-nginx_all="$nginx_pid$(ps -o pid= --ppid "$nginx_pid" | awk '{printf "+%s", $1}')"
-for load in "${loads[@]}"; do
-  size=1024; [[ $load == *1m ]] && size=$((1 << 20))
-  file=$work/1k; [[ $load == *1m ]] && file=$work/1m
-  if [[ $load == get* ]]; then
-    hello_what=("http://127.0.0.1:$hello_port/$size")
-    nginx_what=("http://127.0.0.1:$nginx_port/${load#get}")
-  else
-    hello_what=(-d "$file" "http://127.0.0.1:$hello_port/up")
-    nginx_what=(-H ':method: PUT' -d "$file" "http://127.0.0.1:$nginx_port/up/blob")
-  fi
-  # shellcheck disable=SC2046
-  measure "hello.$load" "server=$hello_pid" $(load_args "$load") "${hello_what[@]}"
-  # shellcheck disable=SC2046
-  measure "nginx.$load" "server=$nginx_all" $(load_args "$load") "${nginx_what[@]}"
+  nginx -c "$work/nginx/nginx.conf" -g 'daemon off;' 2>/dev/null &
+  nginx_pid=$!
+  pids+=("$nginx_pid")
+  wait_port "$hello_port"; wait_port "$nginx_port"
+  nginx_all="$nginx_pid$(ps -o pid= --ppid "$nginx_pid" | awk '{printf "+%s", $1}')"
+  for load in "${loads[@]}"; do
+    size=1024; [[ $load == *1m ]] && size=$((1 << 20))
+    file=$work/1k; [[ $load == *1m ]] && file=$work/1m
+    if [[ $load == get* ]]; then
+      hello_what=("http://127.0.0.1:$hello_port/$size")
+      nginx_what=("http://127.0.0.1:$nginx_port/${load#get}")
+    else
+      hello_what=(-d "$file" "http://127.0.0.1:$hello_port/up")
+      nginx_what=(-H ':method: PUT' -d "$file" "http://127.0.0.1:$nginx_port/up/blob")
+    fi
+    # shellcheck disable=SC2046
+    measure "hello.$load" "server=$hello_pid" $(load_args "$load") "${hello_what[@]}"
+    # shellcheck disable=SC2046
+    measure "nginx.$load" "server=$nginx_all" $(load_args "$load") "${nginx_what[@]}"
+  done
+  kill "$hello_pid" "$nginx_pid" 2>/dev/null || true
+  wait "$hello_pid" "$nginx_pid" 2>/dev/null || true
+}
+
+# Each round measures every build and the floor in turn; the report takes each figure's median
+# over the rounds, so that one slow moment of the machine does not decide a ratio.
+for round in $(seq "$rounds"); do
+  results=$work/results.$round
+  : > "$results"
+  measure_larder
+  measure_floor
 done
+results=$work/results.references
 
 # --- References for the 4 MiB row: iperf3's one stream, dd's synced write rate ---
 if [ "$smoke" = 0 ]; then
@@ -339,6 +358,6 @@ m = re.search(r'(\d+) bytes.*?, ([0-9.]+) s,', t); print(round(int(m.group(1)) /
   rm -f "$work/dd"
 fi
 
-command_line="DURATION=$duration BASELINE=${baseline:-none} PERF=$perf_on benchmarks/cpu-per-request/run.sh"
-python3 "$here/report.py" "$results" "$command_line" "$(machine_description "$work")" > "$out"
+command_line="ROUNDS=$rounds DURATION=$duration BASELINE=${baseline:-none} PERF=$perf_on benchmarks/cpu-per-request/run.sh"
+python3 "$here/report.py" "$command_line" "$(machine_description "$work")" "$work"/results.* > "$out"
 cat "$out"
