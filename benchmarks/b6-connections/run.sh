@@ -14,7 +14,8 @@
 # and header timeouts of 10 minutes); nginx gets worker_connections and keepalive to match.
 #
 # Usage: run.sh [--smoke]   (--smoke: 64 connections, 1 s loads, results to a temp file)
-# Knobs (environment): CONNECTIONS ("1024 4096 16384"), SECONDS_OF_LOAD (5), OUT.
+# Knobs (environment): CONNECTIONS ("1024 4096 16384"), SECONDS_OF_LOAD (5), OUT. The servers'
+# and the client's logs of the last run are kept in target/bench-b6-logs/.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -51,7 +52,13 @@ conn_hold="$target/$profile_dir/examples/conn_hold"
 LARDER="$work/larder-count-alloc"
 export LARDER
 export LARDER_ALLOC_COUNT_FILE="$work/alloc" LARDER_ALLOC_COUNT_INTERVAL_MS=100
-trap 'cluster_down; bench_cleanup' EXIT
+# The logs outlive the run (bench_cleanup removes $work): a case with failed requests can be
+# looked into afterwards.
+keep_logs() {
+  mkdir -p "$target/bench-b6-logs"
+  cp "$work"/*.log "$work"/cluster/*.log "$target/bench-b6-logs/" 2>/dev/null || true
+}
+trap 'keep_logs; cluster_down; bench_cleanup' EXIT
 
 results=$work/results
 : > "$results"
@@ -79,7 +86,8 @@ larder_frontend_up() {
     echo "$frontend_toml" | sed "s/^listen = .*/listen = \"127.0.0.1:$port\"/"
     printf '[limits]\nmax_connections_per_ip = 0\nidle_timeout = "10m"\nheader_read_timeout = "10m"\n'
   } > "$work/cluster/frontend-b6.toml"
-  LARDER_LOG=warn "$LARDER" frontend --config "$work/cluster/frontend-b6.toml" >/dev/null 2>"$work/frontend.log" &
+  echo "--- $key" >> "$work/frontend.log"
+  LARDER_LOG=warn "$LARDER" frontend --config "$work/cluster/frontend-b6.toml" >/dev/null 2>>"$work/frontend.log" &
   server_pid=$!; pids+=("$server_pid"); server_all=$server_pid
   wait_port "$port"
   server_addr="127.0.0.1:$port"
@@ -165,6 +173,7 @@ for server in larder nginx; do
         record "$key.live_base" "$(alloc_counter "$server_pid" live_bytes)"
         record "$key.allocated_base" "$(alloc_counter "$server_pid" allocated_bytes)"
       fi
+      echo "--- $key" >> "$work/client.log"
       coproc CLIENT { "$conn_hold" --connect "$server_addr" --connections "$n" --http "$protocol" \
         --sources "$sources" --get-path "$get_path" --put-path "$put_path" \
         --put-method "$put_method" --put-size 1024 2>>"$work/client.log"; }
