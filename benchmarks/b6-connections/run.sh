@@ -32,8 +32,8 @@ sources=16
 largest=$(echo "$counts" | tr ' ' '\n' | sort -n | tail -1)
 [ "$(id -u)" = 0 ] && ulimit -Hn 1048576 2>/dev/null || true
 ulimit -n "$(( $(ulimit -Hn) < 65536 ? $(ulimit -Hn) : 65536 ))"
-if [ "$(ulimit -n)" -lt $((largest + 1024)) ]; then
-  echo "B6 needs $((largest + 1024)) file descriptors; the hard limit is $(ulimit -Hn)" >&2
+if [ "$(ulimit -n)" -lt $((largest + 256)) ]; then
+  echo "B6 needs $((largest + 256)) file descriptors; the hard limit is $(ulimit -Hn)" >&2
   exit 1
 fi
 

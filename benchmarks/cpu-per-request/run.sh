@@ -217,8 +217,15 @@ profile() { # BUILD LOAD URL-or-args...
 }
 
 # --- Larder: each build in turn, on the real disk under target/ ---
+declare -A fixed_ref=()
 measure_larder() {
-  for build in "${builds[@]}"; do
+  # Odd rounds measure the baseline first, even rounds the current build first, so that neither
+  # always inherits the other's disk state; and every cluster starts after the disk has written
+  # back what came before (`sync`).
+  local order=("${builds[@]}")
+  if [ $((round % 2)) = 0 ] && [ "${#builds[@]}" = 2 ]; then order=("${builds[1]}" "${builds[0]}"); fi
+  for build in "${order[@]}"; do
+    sync; sleep 1
     larder_up "${binary[$build]}" "$work/$build-data"
     get1k="$larder/v1/blobs/$(upload_blob "$work/1k" "$larder/v1/blobs")"
     get1m="$larder/v1/blobs/$(upload_blob "$work/1m" "$larder/v1/blobs")"
@@ -244,8 +251,12 @@ measure_larder() {
     # Latency at a fixed offered load: half of the baseline's maximum rate (of this build's own
     # when there is no baseline), for every build, so p50/p99 compare at the same load.
     for load in get1k put1k; do
-      ref=$(awk -v k="${builds[0]}.$load.rps" '$1 == k {print $2}' "$results")
-      rate=$(python3 -c "print(max(1, int(float('${ref:-0}' or 0) / 2)))")
+      # One offered load for every build and round: half of the baseline's rate in the first
+      # round (which measures the baseline first).
+      if [ -z "${fixed_ref[$load]:-}" ]; then
+        fixed_ref[$load]=$(awk -v k="$build.$load.rps" '$1 == k {print $2}' "$results")
+      fi
+      rate=$(python3 -c "print(max(1, int(float('${fixed_ref[$load]:-0}' or 0) / 2)))")
       what=("$get1k"); [ "$load" = put1k ] && what=(-d "$work/1k" "$larder/v1/blobs")
       h2load -c 1 -m 256 --rps "$rate" -D "$duration" --log-file "$work/$build.$load.fixed.log" \
         "${what[@]}" > "$work/$build.$load.fixed.out" 2>&1 || true
@@ -255,7 +266,7 @@ measure_larder() {
       read -r p50 p99 <<< "$(percentiles "$work/$build.$load.fixed.log")"
       record "$build.$load.fixed.p50" "$p50"; record "$build.$load.fixed.p99" "$p99"
     done
-    if [ "$perf_on" = 1 ]; then
+    if [ "$perf_on" = 1 ] && [ "$round" = 1 ]; then # profiles are not timings: one round's do
       profile "$build" get1k "$get1k"
       profile "$build" put1k -d "$work/1k" "$larder/v1/blobs"
     fi
