@@ -16,7 +16,7 @@
 # Usage: run.sh [--smoke]
 #   --smoke: the current build only (no baseline), 1 s loads, no perf, no 4 MiB rows; results to
 #   a temp file. Knobs (environment): BASELINE (commit, default 81108da), DURATION (s per load,
-#   default 10), ROUNDS (default 1; the report gives each figure's median over rounds), PERF (1/0), PERF_SECONDS, PERF_CALL_GRAPH (default dwarf,16384: Rust's release
+#   default 10), ROUNDS (default 3; the report gives each figure's median over rounds), PERF (1/0), PERF_SECONDS, PERF_CALL_GRAPH (default dwarf,16384: Rust's release
 #   code has no frame pointers), OUT.
 # Needs: h2load, nginx, perf (for flame graphs and sync counts), iperf3, python3; inferno
 # (`cargo install inferno`, done by the script into target/bench-tools if missing).
@@ -27,7 +27,7 @@ source "$here/../lib.sh"
 
 baseline=${BASELINE:-81108da}
 duration=${DURATION:-10}
-rounds=${ROUNDS:-1}
+rounds=${ROUNDS:-3}
 perf_on=${PERF:-1}
 perf_seconds=${PERF_SECONDS:-8}
 call_graph=${PERF_CALL_GRAPH:-dwarf,16384}
