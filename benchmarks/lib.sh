@@ -157,3 +157,7 @@ dev_up() {
 upload_blob() {
   curl -sS --data-binary @"$1" "$2" | python3 -c 'import sys,json; print(json.load(sys.stdin)["id"])'
 }
+
+# The `user` line of a benchmark's nginx.conf: started as root, nginx runs its workers as nobody,
+# who can neither read nor write a scratch folder made by mktemp -d (mode 0700).
+nginx_user=$([ "$(id -u)" = 0 ] && echo "user $(id -un) $(id -gn);" || true)

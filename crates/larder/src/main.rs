@@ -1,6 +1,8 @@
 //! `larder`: one binary for every role. Argument parsing and process wiring only; the work lives
 //! in the library crates.
 
+#[cfg(feature = "count-alloc")]
+mod alloc_count;
 mod allocator;
 mod bench;
 mod blob_cmd;
@@ -17,12 +19,21 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+#[cfg(not(feature = "count-alloc"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Benchmark builds only: the same allocator, counted (`benchmarks/b6-connections`).
+#[cfg(feature = "count-alloc")]
+#[global_allocator]
+static ALLOCATOR: alloc_count::Counting<mimalloc::MiMalloc> =
+    alloc_count::Counting(mimalloc::MiMalloc);
 
 fn main() -> ExitCode {
     allocator::configure();
     let cli = cli::Cli::parse();
+    #[cfg(feature = "count-alloc")]
+    alloc_count::start_reporting_from_env();
     // Every role logs through this one subscriber (`larder dev`'s storage nodes are this binary
     // too, with stderr inherited), so colours are decided here: only for a terminal, never for a
     // file such as `larder dev 2> dev.log`.
