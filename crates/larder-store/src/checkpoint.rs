@@ -16,12 +16,12 @@ use crate::engine::Engine;
 use crate::format::{head_len, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::{BlobState, DocState, Index, LiveBlob};
 use crate::segment::{sync_dir, Segment};
-use crate::types::{BlobMeta, Cursor, Error, Location, Result};
+use crate::types::{BlobMeta, Error, Location, LogPos, Result};
 
 pub(crate) const CHECKPOINT_FILE: &str = "index.ckpt";
 pub(crate) const TMP_PREFIX: &str = "index.ckpt.tmp";
 const MAGIC: &[u8; 8] = b"LRDRCKPT";
-const HEADER_LEN: usize = 40;
+const HEADER_LEN: usize = 48;
 const BLOB_LIVE: u8 = 1;
 const BLOB_DELETED: u8 = 2;
 const DOC_LIVE: u8 = 3;
@@ -117,6 +117,7 @@ pub(crate) fn encode(index: &Index) -> Vec<u8> {
     out.extend_from_slice(&index.durable.offset.to_le_bytes());
     out.extend_from_slice(&(index.blobs.len() as u64).to_le_bytes());
     out.extend_from_slice(&(index.docs.len() as u64).to_le_bytes());
+    out.extend_from_slice(&index.last_seq.to_le_bytes());
     for (key, blob) in &index.blobs {
         match blob {
             BlobState::Deleted { time_ms } => {
@@ -229,7 +230,7 @@ fn decode(bytes: &[u8], segs: &Segs) -> Result<Index, Bad> {
         return Err(Bad::Version(body[8]));
     }
     let mut rd = Rd(&body[12..]);
-    let durable = Cursor {
+    let durable = LogPos {
         segment: rd.u32()?,
         offset: rd.u64()?,
     };
@@ -237,9 +238,10 @@ fn decode(bytes: &[u8], segs: &Segs) -> Result<Index, Bad> {
         Some((_, len)) if durable.offset >= FILE_HEADER_LEN && durable.offset <= *len => {}
         _ => return Err(Bad::Corrupt("cursor beyond the log")),
     }
-    let (nblobs, ndocs) = (rd.u64()?, rd.u64()?);
+    let (nblobs, ndocs, last_seq) = (rd.u64()?, rd.u64()?, rd.u64()?);
     let mut index = Index {
         durable,
+        last_seq,
         ..Index::default()
     };
     // Capacity hints are bounded by the input so a forged count cannot exhaust memory.

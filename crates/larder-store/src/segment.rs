@@ -10,7 +10,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::encode_file_header;
+use crate::format::{encode_file_header, SegmentHeader};
 use crate::types::{Error, Result};
 
 /// One segment file, shared by the writer and every reader.
@@ -18,6 +18,9 @@ use crate::types::{Error, Result};
 pub(crate) struct Segment {
     pub id: u32,
     pub file: Arc<File>,
+    /// No record in the segment has a smaller sequence number: where the change feed starts
+    /// looking for a cursor it has no hint for.
+    pub first_seq: u64,
 }
 
 pub(crate) fn segment_name(id: u32) -> String {
@@ -51,7 +54,12 @@ pub(crate) fn open_segment(path: &Path) -> io::Result<File> {
 
 /// Creates segment `id` with its header. When `sync`, the file and the directory are synced so
 /// the new file (and its name) survive a crash before any record in it is acknowledged.
-pub(crate) fn create_segment(dir: &Path, id: u32, sync: bool) -> Result<Segment> {
+pub(crate) fn create_segment(
+    dir: &Path,
+    id: u32,
+    header: SegmentHeader,
+    sync: bool,
+) -> Result<Segment> {
     let path = dir.join(segment_name(id));
     let file = OpenOptions::new()
         .read(true)
@@ -59,7 +67,7 @@ pub(crate) fn create_segment(dir: &Path, id: u32, sync: bool) -> Result<Segment>
         .create_new(true)
         .open(&path)?;
     let result = (|| {
-        file.write_all_at(&encode_file_header(id), 0)?;
+        file.write_all_at(&encode_file_header(id, header), 0)?;
         if sync {
             file.sync_all()?;
             sync_dir(dir)?;
@@ -74,13 +82,14 @@ pub(crate) fn create_segment(dir: &Path, id: u32, sync: bool) -> Result<Segment>
     Ok(Segment {
         id,
         file: Arc::new(file),
+        first_seq: header.first_seq,
     })
 }
 
 /// Rewrites the header of a segment whose creation was cut short by a crash.
-pub(crate) fn rewrite_header(file: &File, id: u32) -> io::Result<()> {
+pub(crate) fn rewrite_header(file: &File, id: u32, header: SegmentHeader) -> io::Result<()> {
     file.set_len(0)?;
-    file.write_all_at(&encode_file_header(id), 0)?;
+    file.write_all_at(&encode_file_header(id, header), 0)?;
     file.sync_all()
 }
 

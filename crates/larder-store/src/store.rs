@@ -211,7 +211,10 @@ impl Store {
         self.engine.get_doc(key)
     }
 
-    /// Durable records after `after`, at most `limit` of them, in log order.
+    /// Durable records after `after`, at most `limit` of them, in log (= sequence) order. A
+    /// cursor of another incarnation starts from the beginning; one whose next records were
+    /// dropped by compaction resumes at the next surviving record. A page that reaches the end
+    /// returns the durable cursor as `next`.
     pub fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
         self.engine.changes(after, limit)
     }
@@ -224,6 +227,11 @@ impl Store {
     /// The disk whose journal and commit thread this store's writes go through.
     pub fn disk(&self) -> &Disk {
         &self.engine.disk
+    }
+
+    /// This replica's incarnation (see [`Stats::incarnation`]); cheap.
+    pub fn incarnation(&self) -> u64 {
+        self.engine.incarnation
     }
 
     pub fn stats(&self) -> Stats {
