@@ -29,8 +29,8 @@ const DOC_REMOVED: u8 = 4;
 
 #[derive(Default)]
 pub(crate) struct CheckpointState {
-    /// Serialises checkpoint writers (background and `close`).
-    lock: Mutex<()>,
+    /// Serialises checkpoint writers (background and `close`) and compaction's swaps.
+    pub lock: Mutex<()>,
     running: AtomicBool,
     since: AtomicU64,
     tmp_seq: AtomicU64,
@@ -72,6 +72,21 @@ impl Engine {
 
     pub(crate) fn write_checkpoint(&self) -> Result<()> {
         let _one_at_a_time = self.ckpt.lock.lock();
+        self.write_checkpoint_locked()
+    }
+
+    /// Removes the checkpoint (the caller holds `ckpt.lock`): before compaction changes the
+    /// layout of a segment the checkpoint's locations point into.
+    pub(crate) fn remove_checkpoint_locked(&self) -> Result<()> {
+        match std::fs::remove_file(self.dir.join(CHECKPOINT_FILE)) {
+            Ok(()) => sync_dir(&self.dir).map_err(crate::segment::io_error),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Engine::write_checkpoint`] for a caller that holds `ckpt.lock`.
+    pub(crate) fn write_checkpoint_locked(&self) -> Result<()> {
         let bytes = {
             let index = self.index.read();
             self.ckpt.since.store(0, Ordering::Relaxed);

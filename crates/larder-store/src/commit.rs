@@ -292,6 +292,35 @@ impl Engine {
         {
             return Ok(());
         }
+        self.rotate(st)
+    }
+
+    /// Seals the active segment (unless it is empty) so compaction may take it. Returns the
+    /// first segment that may still hold records not yet durable and published: compaction
+    /// takes only segments before it (an unpublished record is not in the index and would look
+    /// like garbage).
+    pub(crate) fn seal_active(&self, seal: bool) -> Result<u32> {
+        let mut st = self.log.lock();
+        if seal && st.active_len > FILE_HEADER_LEN {
+            self.writable(&st)?;
+            self.rotate(&mut st)?;
+        }
+        Ok(st.queue.front().map_or(st.active.id, |q| q.loc.segment))
+    }
+
+    /// Compaction rewrote sealed segment `segment` to `len` bytes: positions at its old end
+    /// (where the log was when it was sealed) move to its new end.
+    pub(crate) fn clamp_positions(&self, segment: u32, len: u64) {
+        let mut guard = self.log.lock();
+        let st = &mut *guard;
+        for pos in [&mut st.written, &mut st.durable] {
+            if pos.segment == segment {
+                pos.offset = pos.offset.min(len);
+            }
+        }
+    }
+
+    fn rotate(&self, st: &mut LogState) -> Result<()> {
         self.write_batch(st)?;
         let durable = self.opts.durability == Durability::Durable;
         let header = SegmentHeader {

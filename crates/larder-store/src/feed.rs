@@ -87,10 +87,12 @@ impl Engine {
                 FILE_HEADER_LEN
             };
             // Sealed segments are complete; in the durable position's segment stop there.
+            // (Clamped: compaction may have rewritten that segment shorter meanwhile.)
+            let len = seg.file.metadata()?.len();
             let to = if seg.id == durable.segment {
-                durable.offset
+                durable.offset.min(len)
             } else {
-                seg.file.metadata()?.len()
+                len
             };
             stop = self.scan_changes(seg, from, to, after_seq, limit, &mut batch)?;
             if matches!(stop, Stop::Full(_)) {

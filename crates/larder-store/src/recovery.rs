@@ -168,13 +168,15 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
     }))
 }
 
-/// Leftovers of checkpoints interrupted by a crash.
+/// Leftovers of checkpoints and compactions interrupted by a crash.
 fn remove_stale_temp_files(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(TMP_PREFIX) || name.ends_with(crate::compact::TMP_SUFFIX) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -193,11 +195,16 @@ fn new_incarnation() -> u64 {
 /// Opens every segment and checks its header. Returns each with its length, and the store's
 /// incarnation (from the headers; a new one for a directory without a valid header).
 fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<(Vec<(Segment, u64)>, u64)> {
-    let found = list_segments(dir)?;
+    let (found, stale) = list_segments(dir)?;
+    // A compaction that crashed after its rewrite was renamed into place: the older generation
+    // is garbage (the rewrite was synced before the rename).
+    for path in stale {
+        std::fs::remove_file(&path)?;
+    }
     let mut out = Vec::with_capacity(found.len());
     let mut incarnation = None;
     let mut short_last = None;
-    for (i, (id, path)) in found.iter().enumerate() {
+    for (i, crate::segment::Found { id, gen, path }) in found.iter().enumerate() {
         let file = open_segment(path)?;
         let mut len = file.metadata()?.len();
         let head = read_exact_at(&file, 0, len.min(FILE_HEADER_LEN) as usize)?;
@@ -237,6 +244,7 @@ fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<(Vec<(Segment, u64)>, 
                 id: *id,
                 file: Arc::new(file),
                 first_seq,
+                gen: *gen,
             },
             len,
         ));

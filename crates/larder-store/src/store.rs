@@ -229,6 +229,14 @@ impl Store {
         &self.engine.disk
     }
 
+    /// Rewrites the sealed segments whose garbage passes `opts.min_garbage_ratio` (and whose live
+    /// data fits in the free space), each crash-safely (`FORMAT.md`, "Compaction"). Readers
+    /// holding a record of a rewritten segment keep reading the old file; cursors stay valid.
+    /// Blocking I/O: call it off the async workers.
+    pub fn compact(&self, opts: &CompactOptions) -> Result<CompactReport> {
+        self.engine.compact(opts)
+    }
+
     /// This replica's incarnation (see [`Stats::incarnation`]); cheap.
     pub fn incarnation(&self) -> u64 {
         self.engine.incarnation

@@ -233,6 +233,32 @@ pub struct ChangeBatch {
     pub next: Cursor,
 }
 
+/// What [`crate::Store::compact`] does.
+#[derive(Clone, Debug)]
+pub struct CompactOptions {
+    /// A sealed segment is rewritten once at least this fraction of its bytes is garbage
+    /// (0.0: any garbage at all).
+    pub min_garbage_ratio: f64,
+    /// Expiry is decided at this time (ms since the Unix epoch): blobs expired by then are
+    /// dropped.
+    pub now_ms: u64,
+    /// Seal the active segment first, so every record written so far can be compacted (an
+    /// operator's "compact now"; a background pass leaves the active segment alone).
+    pub seal_active: bool,
+}
+
+/// What one [`crate::Store::compact`] pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    pub segments_compacted: u64,
+    /// Bytes of garbage the rewritten segments no longer hold.
+    pub bytes_reclaimed: u64,
+    /// Bytes of live records copied forward.
+    pub live_bytes_copied: u64,
+    /// Records whose data failed its checksum: dropped (never copied) and reported.
+    pub corrupt_records_dropped: u64,
+}
+
 /// Options for [`crate::Disk::open`].
 #[derive(Clone, Debug)]
 pub struct DiskOptions {
