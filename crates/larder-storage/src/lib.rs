@@ -4,6 +4,7 @@
 mod blobs;
 mod body;
 mod changes;
+mod compaction;
 mod config;
 mod connection;
 mod documents;
