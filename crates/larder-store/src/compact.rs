@@ -48,6 +48,17 @@ impl Plan {
     }
 }
 
+/// Sleeps until `copied` bytes are within `rate` bytes per second of `started` (0: no limit).
+fn throttle(started: std::time::Instant, copied: u64, rate: u64) {
+    if rate == 0 {
+        return;
+    }
+    let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
+    if let Some(wait) = due.checked_sub(started.elapsed()) {
+        std::thread::sleep(wait);
+    }
+}
+
 impl Engine {
     pub(crate) fn compact(&self, opts: &CompactOptions) -> Result<CompactReport> {
         let unpublished = self.seal_active(opts.seal_active)?;
@@ -72,7 +83,7 @@ impl Engine {
                     continue;
                 }
             }
-            self.rewrite(&seg, &plan)?;
+            self.rewrite(&seg, &plan, opts.max_bytes_per_sec)?;
             report.segments_compacted += 1;
             report.bytes_reclaimed += garbage;
             report.live_bytes_copied += plan.live_bytes();
@@ -140,7 +151,7 @@ impl Engine {
     }
 
     /// Writes the next generation of `seg` with the planned records, syncs it, swaps it in.
-    fn rewrite(&self, seg: &Segment, plan: &Plan) -> Result<()> {
+    fn rewrite(&self, seg: &Segment, plan: &Plan, rate: u64) -> Result<()> {
         let gen = seg.gen + 1;
         let final_name = segment_file_name(seg.id, gen);
         let tmp = self.dir.join(format!("{final_name}.tmp"));
@@ -150,7 +161,7 @@ impl Engine {
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        let moved = match self.copy_records(seg, plan, &file) {
+        let moved = match self.copy_records(seg, plan, &file, rate) {
             Ok(moved) => moved,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -179,7 +190,13 @@ impl Engine {
     }
 
     /// Copies every planned record, verified, to `file`; returns (old offset, new offset) pairs.
-    fn copy_records(&self, seg: &Segment, plan: &Plan, file: &File) -> Result<Vec<(u64, u64)>> {
+    fn copy_records(
+        &self,
+        seg: &Segment,
+        plan: &Plan,
+        file: &File,
+        rate: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let header = SegmentHeader {
             incarnation: self.incarnation,
             first_seq: seg.first_seq,
@@ -187,7 +204,10 @@ impl Engine {
         file.write_all_at(&encode_file_header(seg.id, header), 0)?;
         let mut at = FILE_HEADER_LEN;
         let mut moved = Vec::with_capacity(plan.keep.len());
+        let started = std::time::Instant::now();
+        let mut copied = 0u64;
         for k in &plan.keep {
+            throttle(started, copied, rate);
             let bytes =
                 crate::segment::read_exact_at(&seg.file, k.start, (k.end - k.start) as usize)?;
             // Verified again as read now: what is copied is exactly what passed its checksums.
@@ -207,6 +227,7 @@ impl Engine {
             crate::segment::write_all_vectored_at(file, at, &[&head, rec.data])?;
             moved.push((k.start, at));
             at += (head.len() + rec.data.len()) as u64;
+            copied += k.end - k.start;
         }
         file.sync_all()?;
         Ok(moved)

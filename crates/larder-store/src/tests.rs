@@ -320,6 +320,7 @@ fn compact_all(store: &Store) -> CompactReport {
         min_garbage_ratio: 0.0,
         now_ms: 0,
         seal_active: true,
+        max_bytes_per_sec: 0,
     };
     store.compact(&opts).unwrap()
 }
@@ -380,6 +381,7 @@ fn compaction_crash_at_each_step_is_recovered() {
             min_garbage_ratio: 0.0,
             now_ms: 0,
             seal_active: true,
+            max_bytes_per_sec: 0,
         };
         assert!(store.compact(&opts).is_err(), "point {point}");
         drop(store);

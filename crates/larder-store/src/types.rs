@@ -245,6 +245,9 @@ pub struct CompactOptions {
     /// Seal the active segment first, so every record written so far can be compacted (an
     /// operator's "compact now"; a background pass leaves the active segment alone).
     pub seal_active: bool,
+    /// Copy at most this many bytes per second (0: as fast as the disk goes), so foreground
+    /// reads and writes keep their share of the disk.
+    pub max_bytes_per_sec: u64,
 }
 
 /// What one [`crate::Store::compact`] pass did.

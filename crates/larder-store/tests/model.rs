@@ -203,6 +203,7 @@ impl Harness {
             min_garbage_ratio: 0.0,
             now_ms: now,
             seal_active: true,
+            max_bytes_per_sec: 0,
         };
         let report = self.store().compact(&opts).unwrap();
         assert_eq!(report.corrupt_records_dropped, 0);

@@ -125,3 +125,54 @@ async fn deleted_blobs_give_their_space_back() {
     check(&client, &ids, &deleted).await;
     assert!(data_dirs_size(&cluster) <= after + (1 << 20));
 }
+
+/// Background compaction is on by default: with small segments and a short interval, deleted
+/// blobs' space comes back without anyone asking, and the node's metrics count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_compaction_reclaims_without_being_asked() {
+    let cluster = Cluster::start_full(
+        3,
+        2,
+        "",
+        "[store]\nsegment_size = \"1 MiB\"\n[compaction]\ninterval = \"300ms\"\n",
+    );
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let mut ids = Vec::new();
+    for i in 0..BLOBS {
+        let (status, id, json) = client.put(blob(i)).await;
+        assert_eq!(status, StatusCode::CREATED, "{json}");
+        ids.push(id.unwrap());
+    }
+    let deleted: Vec<String> = ids.iter().take(BLOBS * 9 / 10).cloned().collect();
+    for id in &deleted {
+        let (status, _) = client
+            .request(Method::DELETE, &format!("/v1/blobs/{id}"), Bytes::new())
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    wait_deleted_everywhere(&cluster, &deleted).await;
+    let node = cluster.node_client(cluster.node_addr(0)).await;
+    let started = Instant::now();
+    loop {
+        let (status, body) = node
+            .request(Method::GET, "/internal/v1/metrics", Bytes::new())
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let text = String::from_utf8_lossy(&body);
+        let reclaimed: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("larder_storage_compaction_bytes_reclaimed_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        // Most deleted bytes of this node's replicas (the active segments keep some).
+        if reclaimed >= (deleted.len() * BLOB_SIZE) as u64 / 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "reclaimed only {reclaimed} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    check(&client, &ids, &deleted).await;
+}
