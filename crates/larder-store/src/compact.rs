@@ -61,6 +61,7 @@ fn throttle(started: std::time::Instant, copied: u64, rate: u64) {
 
 impl Engine {
     pub(crate) fn compact(&self, opts: &CompactOptions) -> Result<CompactReport> {
+        let _one_pass_at_a_time = self.compaction.lock();
         let unpublished = self.seal_active(opts.seal_active)?;
         let sealed: Vec<Segment> = self
             .segments

@@ -7,7 +7,9 @@
 //!
 //! Locks are taken in this order, never the reverse; none is held across a sync or a wake-up:
 //!
-//! 1. `ckpt.lock` (one checkpoint at a time), then `index` for reading;
+//! 0. `compaction` (one pass at a time) is taken before everything else;
+//! 1. `ckpt.lock` (one checkpoint at a time), then `index` for reading; compaction's swap holds
+//!    it while it takes `index`, `segments`, `feed_hints` and `log`, one at a time;
 //! 2. `log` (the append mutex), then `index` (read to decide, write to publish) or `segments`
 //!    (write, to add a segment on rotation) — never both at once;
 //! 3. `index` and `segments` are otherwise taken alone and briefly;
@@ -64,6 +66,8 @@ pub(crate) struct Engine {
     /// change feed cursor.
     pub incarnation: u64,
     pub feed_hints: Mutex<crate::feed::FeedHints>,
+    /// Held by a compaction pass for its whole run: one pass at a time per store.
+    pub compaction: Mutex<()>,
     /// Lets `&self` methods hand an owning reference to the background checkpoint thread.
     pub me: Weak<Engine>,
     #[cfg(test)]

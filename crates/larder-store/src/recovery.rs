@@ -160,6 +160,7 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
         ckpt: CheckpointState::with_since(replayed),
         incarnation,
         feed_hints: Default::default(),
+        compaction: Default::default(),
         space: crate::space::SpaceGuard::new(dir, opts.min_free_space),
         me: me.clone(),
         opts,
