@@ -2,6 +2,8 @@
 
 pub const HEALTH_PATH: &str = "/internal/v1/health";
 pub const METRICS_PATH: &str = "/internal/v1/metrics";
+/// `POST`: compact every replica of the node now.
+pub const COMPACTION_PATH: &str = "/internal/v1/compaction";
 const PARTITIONS: &str = "/internal/v1/partitions/";
 
 pub fn blob_path(partition: u32, key: &str) -> String {
@@ -17,6 +19,7 @@ pub fn changes_path(partition: u32, after: &str, limit: usize) -> String {
 pub enum InternalPath<'a> {
     Health,
     Metrics,
+    Compaction,
     Blob {
         partition: u32,
         key: &'a str,
@@ -38,6 +41,9 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     }
     if path == METRICS_PATH {
         return Some(InternalPath::Metrics);
+    }
+    if path == COMPACTION_PATH {
+        return Some(InternalPath::Compaction);
     }
     let rest = path.strip_prefix(PARTITIONS)?;
     let (partition, rest) = rest.split_once('/')?;

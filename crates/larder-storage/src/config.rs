@@ -37,6 +37,8 @@ pub struct StorageConfig {
     pub limits: Limits,
     #[serde(default)]
     pub replication: ReplicationConfig,
+    #[serde(default)]
+    pub compaction: CompactionConfig,
     /// Connections to peer storage nodes (replication), tuned like the frontend's pool.
     #[serde(default)]
     pub pool: larder_pool::PoolConfig,
@@ -214,8 +216,36 @@ impl StorageConfig {
             store: StoreSettings::default(),
             limits: Limits::default(),
             replication: ReplicationConfig::default(),
+            compaction: CompactionConfig::default(),
             pool: larder_pool::PoolConfig::default(),
             shutdown_grace: default_grace(),
+        }
+    }
+}
+
+/// Background compaction of a storage node's replicas (on by default).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// `false` turns background compaction off (benchmarks); `POST /internal/v1/compaction`
+    /// still works.
+    pub enabled: bool,
+    /// Pause between background passes over the node's replicas.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A sealed segment is rewritten once this fraction of its bytes is garbage.
+    pub min_garbage_ratio: f64,
+    /// Copy rate limit of a background pass, in MB/s (10^6 bytes; 0: unlimited).
+    pub rate_mb_per_s: u64,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            min_garbage_ratio: 0.5,
+            rate_mb_per_s: 64,
         }
     }
 }

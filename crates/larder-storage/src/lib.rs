@@ -4,6 +4,7 @@
 mod blobs;
 mod body;
 mod changes;
+mod compaction;
 mod config;
 mod connection;
 mod documents;
@@ -19,8 +20,8 @@ mod server;
 mod validate;
 
 pub use config::{
-    AuthSettings, ConfigError, Http2Settings, Limits, ReplicationConfig, StorageConfig,
-    StoreSettings,
+    AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, ReplicationConfig,
+    StorageConfig, StoreSettings,
 };
 pub use node::OpenError;
 pub use node::StorageNode;

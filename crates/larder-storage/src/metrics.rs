@@ -59,6 +59,9 @@ pub struct StorageMetrics {
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
     disk_fdatasyncs: Family<DiskSyncLabels, Counter>,
+    compaction_bytes_reclaimed: Family<PartitionLabels, Counter>,
+    compaction_segments: Family<PartitionLabels, Counter>,
+    compaction_corrupt_dropped: Family<PartitionLabels, Counter>,
     certificate_reloads: Family<ReloadLabels, Counter>,
     internal_auth_refusals: Family<AuthRefusalLabels, Counter>,
 }
@@ -76,6 +79,9 @@ impl StorageMetrics {
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
             disk_fdatasyncs: Family::default(),
+            compaction_bytes_reclaimed: Family::default(),
+            compaction_segments: Family::default(),
+            compaction_corrupt_dropped: Family::default(),
             certificate_reloads: Family::default(),
             internal_auth_refusals: Family::default(),
             registry: Registry::default(),
@@ -126,6 +132,21 @@ impl StorageMetrics {
             m.replication_refused.clone(),
         );
         registry.register("live_keys", "Live keys per replica", m.live_keys.clone());
+        registry.register(
+            "compaction_bytes_reclaimed",
+            "Garbage bytes compaction gave back per replica",
+            m.compaction_bytes_reclaimed.clone(),
+        );
+        registry.register(
+            "compaction_segments",
+            "Segments compaction rewrote per replica",
+            m.compaction_segments.clone(),
+        );
+        registry.register(
+            "compaction_corrupt_records_dropped",
+            "Records compaction dropped because their data failed its checksum",
+            m.compaction_corrupt_dropped.clone(),
+        );
         registry.register(
             "bytes_on_disk",
             "Segment bytes per replica",
@@ -182,6 +203,22 @@ impl StorageMetrics {
         self.internal_auth_refusals
             .get_or_create(&AuthRefusalLabels { reason })
             .inc();
+    }
+
+    /// Counts what one compaction of `partition` did.
+    pub fn record_compaction(&self, partition: PartitionId, report: &larder_store::CompactReport) {
+        let labels = PartitionLabels {
+            partition: partition.to_string(),
+        };
+        self.compaction_bytes_reclaimed
+            .get_or_create(&labels)
+            .inc_by(report.bytes_reclaimed);
+        self.compaction_segments
+            .get_or_create(&labels)
+            .inc_by(report.segments_compacted);
+        self.compaction_corrupt_dropped
+            .get_or_create(&labels)
+            .inc_by(report.corrupt_records_dropped);
     }
 
     /// Refreshes the store gauges and renders the text exposition.

@@ -25,6 +25,8 @@ pub struct StorageNode {
     stores: HashMap<PartitionId, Store>,
     /// One journal and commit thread per disk directory, shared by every replica on it.
     disks: Vec<(String, Disk)>,
+    /// Held by a compaction pass: background and operator passes never run at once.
+    pub(crate) compaction: std::sync::Mutex<()>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +86,7 @@ impl StorageNode {
             clock: Clock::new(limits.max_clock_skew),
             stores,
             disks,
+            compaction: std::sync::Mutex::new(()),
         })
     }
 

@@ -101,7 +101,7 @@ pub fn start(
             .replicas;
         for peer in replicas.iter().filter(|r| r.node != node.node_id) {
             let cursor_file = dir.join(format!("p{partition}-{}.cursor", peer.node));
-            let cursor = load_cursor(&cursor_file);
+            let cursor = load_cursor(&cursor_file, store.incarnation());
             let link = Link {
                 partition: *partition,
                 peer: peer.node.clone(),
@@ -125,20 +125,36 @@ pub fn start(
         .collect()
 }
 
-fn load_cursor(path: &Path) -> Cursor {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(Cursor::START)
+/// The saved position in a peer's feed, or the start when there is none, it is of the old
+/// physical form, or it was saved for another incarnation of the local replica (the replica was
+/// rebuilt: what it had pulled is gone, so everything must be pulled again). The peer's own
+/// incarnation is inside the cursor: the peer restarts a cursor of another of its incarnations.
+fn load_cursor(path: &Path, local_incarnation: u64) -> Cursor {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Cursor::START;
+    };
+    let mut parts = text.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(cursor), Some(local), None) if local == incarnation_text(local_incarnation) => {
+            cursor.parse().unwrap_or(Cursor::START)
+        }
+        _ => Cursor::START,
+    }
+}
+
+fn incarnation_text(incarnation: u64) -> String {
+    format!("{incarnation:016x}")
 }
 
 /// Saves a cursor durably: a crash must never move it past changes that are not applied here.
-/// (Moving it back is harmless: applying a change twice is a no-op.)
-fn save_cursor(path: &Path, cursor: Cursor) -> std::io::Result<()> {
+/// (Moving it back is harmless: applying a change twice is a no-op.) The file holds the peer's
+/// cursor and the local replica's incarnation: `<cursor> <local incarnation>`.
+fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(cursor.to_string().as_bytes())?;
+    let text = format!("{cursor} {}\n", incarnation_text(local_incarnation));
+    file.write_all(text.as_bytes())?;
     file.sync_data()?;
     std::fs::rename(&tmp, path)
 }
@@ -206,7 +222,9 @@ impl Worker {
                 .next
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
-            save_cursor(&link.cursor_file, link.cursor).map_err(ReplicationError::SaveCursor)?;
+            let local = link.store.incarnation();
+            save_cursor(&link.cursor_file, link.cursor, local)
+                .map_err(ReplicationError::SaveCursor)?;
         }
         Ok(())
     }
@@ -407,5 +425,30 @@ fn labels(link: &Link) -> PeerLabels {
     PeerLabels {
         partition: link.partition.to_string(),
         peer: link.peer.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_cursors_belong_to_the_local_incarnation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-s2.cursor");
+        assert_eq!(load_cursor(&path, 7), Cursor::START, "none saved");
+        let cursor = Cursor {
+            incarnation: 0xabc,
+            sequence: 42,
+        };
+        save_cursor(&path, cursor, 7).unwrap();
+        assert_eq!(load_cursor(&path, 7), cursor);
+        // The local replica was rebuilt: pull everything again.
+        assert_eq!(load_cursor(&path, 8), Cursor::START);
+        // A cursor of the old physical format (`<segment>.<offset>`) restarts too.
+        std::fs::write(&path, "3.1048576").unwrap();
+        assert_eq!(load_cursor(&path, 7), Cursor::START);
+        std::fs::write(&path, "garbage 0000000000000007").unwrap();
+        assert_eq!(load_cursor(&path, 7), Cursor::START);
     }
 }

@@ -37,6 +37,10 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
     match larder_proto::parse_path(path) {
         Some(InternalPath::Health) => Ok(health(&node)),
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
+        Some(InternalPath::Compaction) => match *req.method() {
+            Method::POST => Ok(crate::compaction::compact_now(node).await),
+            _ => Err(Error::MethodNotAllowed("POST")),
+        },
         Some(InternalPath::Blob { partition, key }) => {
             let store = hosted(&node, partition)?;
             match *req.method() {

@@ -71,7 +71,10 @@ pub async fn serve(
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
     let peers = peer_pool(&map_for_replication, &config, credentials)?;
-    let replicators = start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
+    let compactor = crate::compaction::start(node.clone(), config.compaction.clone(), stop.clone());
+    let mut replicators =
+        start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
+    replicators.extend(compactor);
     // Every connection that passed mutual TLS or the secret handshake is a peer's.
     let builder = connection_builder(&config.http2, trusted);
     let graceful = GracefulShutdown::new();

@@ -16,12 +16,12 @@ use crate::engine::Engine;
 use crate::format::{head_len, FILE_HEADER_LEN, FORMAT_VERSION};
 use crate::index::{BlobState, DocState, Index, LiveBlob};
 use crate::segment::{sync_dir, Segment};
-use crate::types::{BlobMeta, Cursor, Error, Location, Result};
+use crate::types::{BlobMeta, Error, Location, LogPos, Result};
 
 pub(crate) const CHECKPOINT_FILE: &str = "index.ckpt";
 pub(crate) const TMP_PREFIX: &str = "index.ckpt.tmp";
 const MAGIC: &[u8; 8] = b"LRDRCKPT";
-const HEADER_LEN: usize = 40;
+const HEADER_LEN: usize = 48;
 const BLOB_LIVE: u8 = 1;
 const BLOB_DELETED: u8 = 2;
 const DOC_LIVE: u8 = 3;
@@ -29,8 +29,8 @@ const DOC_REMOVED: u8 = 4;
 
 #[derive(Default)]
 pub(crate) struct CheckpointState {
-    /// Serialises checkpoint writers (background and `close`).
-    lock: Mutex<()>,
+    /// Serialises checkpoint writers (background and `close`) and compaction's swaps.
+    pub lock: Mutex<()>,
     running: AtomicBool,
     since: AtomicU64,
     tmp_seq: AtomicU64,
@@ -72,6 +72,21 @@ impl Engine {
 
     pub(crate) fn write_checkpoint(&self) -> Result<()> {
         let _one_at_a_time = self.ckpt.lock.lock();
+        self.write_checkpoint_locked()
+    }
+
+    /// Removes the checkpoint (the caller holds `ckpt.lock`): before compaction changes the
+    /// layout of a segment the checkpoint's locations point into.
+    pub(crate) fn remove_checkpoint_locked(&self) -> Result<()> {
+        match std::fs::remove_file(self.dir.join(CHECKPOINT_FILE)) {
+            Ok(()) => sync_dir(&self.dir).map_err(crate::segment::io_error),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Engine::write_checkpoint`] for a caller that holds `ckpt.lock`.
+    pub(crate) fn write_checkpoint_locked(&self) -> Result<()> {
         let bytes = {
             let index = self.index.read();
             self.ckpt.since.store(0, Ordering::Relaxed);
@@ -117,6 +132,7 @@ pub(crate) fn encode(index: &Index) -> Vec<u8> {
     out.extend_from_slice(&index.durable.offset.to_le_bytes());
     out.extend_from_slice(&(index.blobs.len() as u64).to_le_bytes());
     out.extend_from_slice(&(index.docs.len() as u64).to_le_bytes());
+    out.extend_from_slice(&index.last_seq.to_le_bytes());
     for (key, blob) in &index.blobs {
         match blob {
             BlobState::Deleted { time_ms } => {
@@ -229,7 +245,7 @@ fn decode(bytes: &[u8], segs: &Segs) -> Result<Index, Bad> {
         return Err(Bad::Version(body[8]));
     }
     let mut rd = Rd(&body[12..]);
-    let durable = Cursor {
+    let durable = LogPos {
         segment: rd.u32()?,
         offset: rd.u64()?,
     };
@@ -237,9 +253,10 @@ fn decode(bytes: &[u8], segs: &Segs) -> Result<Index, Bad> {
         Some((_, len)) if durable.offset >= FILE_HEADER_LEN && durable.offset <= *len => {}
         _ => return Err(Bad::Corrupt("cursor beyond the log")),
     }
-    let (nblobs, ndocs) = (rd.u64()?, rd.u64()?);
+    let (nblobs, ndocs, last_seq) = (rd.u64()?, rd.u64()?, rd.u64()?);
     let mut index = Index {
         durable,
+        last_seq,
         ..Index::default()
     };
     // Capacity hints are bounded by the input so a forged count cannot exhaust memory.

@@ -23,10 +23,10 @@ use bytes::Bytes;
 
 use crate::completion::{pair, Completer, Completion, Outcome};
 use crate::engine::Engine;
-use crate::format::{block_crcs, encode_head, RecordInfo, FILE_HEADER_LEN};
+use crate::format::{block_crcs, encode_head, RecordInfo, SegmentHeader, FILE_HEADER_LEN};
 use crate::index::Index;
 use crate::segment::{create_segment, io_error, Segment};
-use crate::types::{Cursor, Durability, Error, Location, Op, Result};
+use crate::types::{Durability, Error, Location, LogPos, Op, Result};
 
 /// Records up to this size (head included) are batched; larger ones are written at once.
 pub(crate) const BATCH_RECORD_MAX: u64 = 64 << 10;
@@ -42,7 +42,7 @@ pub(crate) enum PendingBlob {
 
 /// A record appended but not yet published to the index.
 struct Queued {
-    end: Cursor,
+    end: LogPos,
     info: RecordInfo,
     loc: Location,
 }
@@ -61,7 +61,7 @@ pub(crate) struct Collected {
     /// Segment files to sync in the round (a record written unbatched, or a sealed segment).
     pub sync: Vec<Arc<File>>,
     /// The end of the last record the round covers.
-    pub goal: Cursor,
+    pub goal: LogPos,
 }
 
 /// How an append ended before the commit round.
@@ -79,35 +79,38 @@ pub(crate) struct LogState {
     pub active_len: u64,
     /// Bytes in segments before the active one.
     pub sealed_bytes: u64,
+    /// The sequence number the next appended record gets. Never reused, even for a record cut
+    /// back after a failed write (gaps are allowed; order is what cursors rely on).
+    next_seq: u64,
     /// End of the last appended record.
-    written: Cursor,
+    written: LogPos,
     /// Small records appended to the active segment but not yet written to it: the bytes just
     /// before `active_len`.
     batch: Vec<u8>,
     /// Batches written to their segment but not yet journaled.
     frames: Vec<Frame>,
     /// End of the last record known durable and published.
-    durable: Cursor,
+    durable: LogPos,
     /// Segment files the next round must sync (sealed ones, and one that got an unbatched record).
     unsynced: Vec<Arc<File>>,
     /// Whether the log is queued for the next round of its disk.
     dirty: bool,
     /// Writers waiting for a round to cover their record, by the end of their record.
-    waiting: Vec<(Cursor, Completer)>,
+    waiting: Vec<(LogPos, Completer)>,
     /// Writers whose records were cut from the log, told by the round's end (never under a lock,
     /// nor while the round still holds the store).
     lost: Vec<(Completer, Outcome)>,
     queue: VecDeque<Queued>,
     /// Effects of queued records, consulted with the index so decisions see pending writes.
-    pub pending_blobs: HashMap<Bytes, (Cursor, PendingBlob)>,
-    pub pending_docs: HashMap<Bytes, (Cursor, u64)>,
+    pub pending_blobs: HashMap<Bytes, (LogPos, PendingBlob)>,
+    pub pending_docs: HashMap<Bytes, (LogPos, u64)>,
     failed: Option<String>,
     closed: bool,
 }
 
 impl LogState {
-    pub fn new(active: Segment, active_len: u64, sealed_bytes: u64) -> Self {
-        let end = Cursor {
+    pub fn new(active: Segment, active_len: u64, sealed_bytes: u64, next_seq: u64) -> Self {
+        let end = LogPos {
             segment: active.id,
             offset: active_len,
         };
@@ -115,6 +118,7 @@ impl LogState {
             active,
             active_len,
             sealed_bytes,
+            next_seq,
             written: end,
             batch: Vec::new(),
             frames: Vec::new(),
@@ -156,7 +160,7 @@ impl Engine {
     /// one is written to its segment here (blocking). Durability comes with the next round.
     pub(crate) fn append<R>(
         &self,
-        info: RecordInfo,
+        mut info: RecordInfo,
         data: &[Bytes],
         check: impl FnOnce(&LogState, &Index) -> Option<R>,
     ) -> Result<Appended<R>> {
@@ -169,13 +173,15 @@ impl Engine {
             return Ok(Appended::Early(early));
         }
         self.maybe_rotate(&mut st, info.head_len() + info.size)?;
+        info.seq = st.next_seq;
         let head = encode_head(&info, &crcs, st.active.id, st.active_len);
         let start = self.add_record(&mut st, &head, data)?;
-        let end = Cursor {
+        let end = LogPos {
             segment: st.active.id,
             offset: st.active_len,
         };
         st.written = end;
+        st.next_seq += 1;
         remember_pending(&mut st, &info, end);
         let loc = Location {
             segment: st.active.id,
@@ -218,7 +224,7 @@ impl Engine {
     /// from now on. Returns the writers to tell (the caller tells them without holding a lock).
     pub(crate) fn finish_round(
         &self,
-        goal: Cursor,
+        goal: LogPos,
         failed: Option<&String>,
     ) -> Vec<(Completer, Outcome)> {
         let mut st = self.log.lock();
@@ -231,7 +237,7 @@ impl Engine {
     fn round_outcomes(
         &self,
         st: &mut LogState,
-        goal: Cursor,
+        goal: LogPos,
         failed: Option<&String>,
     ) -> Vec<(Completer, Outcome)> {
         match failed {
@@ -263,7 +269,7 @@ impl Engine {
     }
 
     /// Moves queued records up to `upto` into the index and advances the durable cursor.
-    fn publish(&self, st: &mut LogState, upto: Cursor) {
+    fn publish(&self, st: &mut LogState, upto: LogPos) {
         let mut published = 0;
         {
             let mut index = self.index.write();
@@ -286,9 +292,42 @@ impl Engine {
         {
             return Ok(());
         }
+        self.rotate(st)
+    }
+
+    /// Seals the active segment (unless it is empty) so compaction may take it. Returns the
+    /// first segment that may still hold records not yet durable and published: compaction
+    /// takes only segments before it (an unpublished record is not in the index and would look
+    /// like garbage).
+    pub(crate) fn seal_active(&self, seal: bool) -> Result<u32> {
+        let mut st = self.log.lock();
+        if seal && st.active_len > FILE_HEADER_LEN {
+            self.writable(&st)?;
+            self.rotate(&mut st)?;
+        }
+        Ok(st.queue.front().map_or(st.active.id, |q| q.loc.segment))
+    }
+
+    /// Compaction rewrote sealed segment `segment` to `len` bytes: positions at its old end
+    /// (where the log was when it was sealed) move to its new end.
+    pub(crate) fn clamp_positions(&self, segment: u32, len: u64) {
+        let mut guard = self.log.lock();
+        let st = &mut *guard;
+        for pos in [&mut st.written, &mut st.durable] {
+            if pos.segment == segment {
+                pos.offset = pos.offset.min(len);
+            }
+        }
+    }
+
+    fn rotate(&self, st: &mut LogState) -> Result<()> {
         self.write_batch(st)?;
         let durable = self.opts.durability == Durability::Durable;
-        let seg = create_segment(&self.dir, st.active.id + 1, durable)?;
+        let header = SegmentHeader {
+            incarnation: self.incarnation,
+            first_seq: st.next_seq,
+        };
+        let seg = create_segment(&self.dir, st.active.id + 1, header, durable)?;
         let old = std::mem::replace(&mut st.active, seg.clone());
         if durable {
             st.needs_sync(&old.file);
@@ -343,7 +382,7 @@ impl Engine {
             tracing::error!(error = %te, "cannot truncate after a failed write; refusing writes");
             st.failed = Some(format!("truncate after failed write failed: {te}"));
         }
-        let from = Cursor {
+        let from = LogPos {
             segment: st.active.id,
             offset: start,
         };
@@ -352,7 +391,7 @@ impl Engine {
     }
 
     /// Forgets every record after `from` (none of them was written or published).
-    fn cut_back(&self, st: &mut LogState, from: Cursor, why: &io::Error) {
+    fn cut_back(&self, st: &mut LogState, from: LogPos, why: &io::Error) {
         st.active_len = from.offset;
         st.written = from;
         let mut dropped = 0;
@@ -364,7 +403,7 @@ impl Engine {
         // A dropped record may have replaced an earlier pending one of its key: rebuild.
         st.pending_blobs.clear();
         st.pending_docs.clear();
-        let queued: Vec<(RecordInfo, Cursor)> =
+        let queued: Vec<(RecordInfo, LogPos)> =
             st.queue.iter().map(|q| (q.info.clone(), q.end)).collect();
         for (info, end) in &queued {
             remember_pending(st, info, *end);
@@ -476,7 +515,7 @@ impl Engine {
     }
 }
 
-fn remember_pending(st: &mut LogState, info: &RecordInfo, end: Cursor) {
+fn remember_pending(st: &mut LogState, info: &RecordInfo, end: LogPos) {
     let key = info.key.clone();
     match info.op {
         Op::PutBlob => st

@@ -1,4 +1,9 @@
-//! The stable string form of a [`Cursor`]: `<segment>.<offset>` in decimal, e.g. `3.1048576`.
+//! The stable string form of a [`Cursor`]: `<incarnation>.<sequence>`, the incarnation as 16
+//! lowercase hex digits and the sequence in decimal, e.g. `00c0ffee12345678.1048576`.
+//!
+//! A cursor of the old physical form (`<segment>.<offset>`, format version 1) does not parse: a
+//! caller that saved one starts again from [`Cursor::START`], which is always safe (replication
+//! applies changes idempotently).
 
 use std::fmt;
 use std::str::FromStr;
@@ -7,13 +12,13 @@ use crate::types::Cursor;
 
 impl fmt::Display for Cursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.segment, self.offset)
+        write!(f, "{:016x}.{}", self.incarnation, self.sequence)
     }
 }
 
 /// A string that is not a cursor produced by [`Cursor`]'s `Display`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid cursor {0:?}: expected <segment>.<offset>")]
+#[error("invalid cursor {0:?}: expected <16 hex digits>.<sequence>")]
 pub struct ParseCursorError(pub String);
 
 impl FromStr for Cursor {
@@ -21,15 +26,22 @@ impl FromStr for Cursor {
 
     fn from_str(s: &str) -> Result<Cursor, ParseCursorError> {
         let bad = || ParseCursorError(s.chars().take(64).collect());
-        let (segment, offset) = s.split_once('.').ok_or_else(bad)?;
-        // Digits only: `u64::from_str` would also accept a leading '+'.
-        let digits = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit());
-        if !digits(segment) || !digits(offset) {
+        let (incarnation, sequence) = s.split_once('.').ok_or_else(bad)?;
+        // Exact forms only: `u64::from_str` would also accept a leading '+'.
+        let hex = incarnation.len() == 16
+            && incarnation
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+        // Canonical decimal (no leading zero), so one cursor has one string form.
+        let digits = !sequence.is_empty()
+            && sequence.bytes().all(|c| c.is_ascii_digit())
+            && (sequence == "0" || !sequence.starts_with('0'));
+        if !hex || !digits {
             return Err(bad());
         }
         Ok(Cursor {
-            segment: segment.parse().map_err(|_| bad())?,
-            offset: offset.parse().map_err(|_| bad())?,
+            incarnation: u64::from_str_radix(incarnation, 16).map_err(|_| bad())?,
+            sequence: sequence.parse().map_err(|_| bad())?,
         })
     }
 }
@@ -37,43 +49,57 @@ impl FromStr for Cursor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trips_and_rejects_garbage() {
         for c in [
             Cursor::START,
             Cursor {
-                segment: 7,
-                offset: 123_456,
+                incarnation: 0xc0ffee,
+                sequence: 123_456,
             },
             Cursor {
-                segment: u32::MAX,
-                offset: u64::MAX,
+                incarnation: u64::MAX,
+                sequence: u64::MAX,
             },
         ] {
             assert_eq!(c.to_string().parse::<Cursor>(), Ok(c));
         }
         assert_eq!(
             Cursor {
-                segment: 3,
-                offset: 16
+                incarnation: 0xab,
+                sequence: 16
             }
             .to_string(),
-            "3.16"
+            "00000000000000ab.16"
         );
         for bad in [
             "",
             "1",
-            "1.",
+            "3.1048576",
+            "00000000000000ab.",
             ".1",
-            "+1.2",
-            "1.2.3",
-            "a.b",
-            "1.-2",
-            "4294967296.0",
-            " 1.2",
+            "+000000000000000.2",
+            "00000000000000AB.2",
+            "00000000000000ab.2.3",
+            "00000000000000ab.-2",
+            "00000000000000ab.02",
+            "00000000000000ab.18446744073709551616",
+            " 00000000000000ab.2",
         ] {
             assert!(bad.parse::<Cursor>().is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn parsing_never_panics_and_round_trips(s in "\\PC{0,40}", i: u64, q: u64) {
+            if let Ok(c) = s.parse::<Cursor>() {
+                prop_assert_eq!(c.to_string(), s);
+            }
+            let c = Cursor { incarnation: i, sequence: q };
+            prop_assert_eq!(c.to_string().parse::<Cursor>(), Ok(c));
         }
     }
 }

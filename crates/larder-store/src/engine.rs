@@ -7,11 +7,13 @@
 //!
 //! Locks are taken in this order, never the reverse; none is held across a sync or a wake-up:
 //!
-//! 1. `ckpt.lock` (one checkpoint at a time), then `index` for reading;
+//! 0. `compaction` (one pass at a time) is taken before everything else;
+//! 1. `ckpt.lock` (one checkpoint at a time), then `index` for reading; compaction's swap holds
+//!    it while it takes `index`, `segments`, `feed_hints` and `log`, one at a time;
 //! 2. `log` (the append mutex), then `index` (read to decide, write to publish) or `segments`
 //!    (write, to add a segment on rotation) — never both at once;
 //! 3. `index` and `segments` are otherwise taken alone and briefly;
-//! 4. `lock` (the directory lock) and `space`'s own mutex are leaves;
+//! 4. `lock` (the directory lock), `feed_hints` and `space`'s own mutex are leaves;
 //! 5. the disk's queue and failure mutexes (`disk::Shared`) are leaves too: a writer queues its
 //!    log after releasing `log`, and the commit thread takes one log's `log` at a time, never
 //!    while holding the queue.
@@ -60,6 +62,12 @@ pub(crate) struct Engine {
     pub counters: Counters,
     pub space: crate::space::SpaceGuard,
     pub ckpt: CheckpointState,
+    /// Made when the directory was created (in every segment header): the first half of every
+    /// change feed cursor.
+    pub incarnation: u64,
+    pub feed_hints: Mutex<crate::feed::FeedHints>,
+    /// Held by a compaction pass for its whole run: one pass at a time per store.
+    pub compaction: Mutex<()>,
     /// Lets `&self` methods hand an owning reference to the background checkpoint thread.
     pub me: Weak<Engine>,
     #[cfg(test)]
@@ -134,6 +142,7 @@ impl Engine {
             expires_ms: meta.expires_ms,
             version: 0,
             size,
+            seq: 0,
         };
         self.space.admit(info.head_len() + size)?;
         self.append(info, data, |st, idx| blob_state(st, idx, key).map(outcome))
@@ -149,6 +158,7 @@ impl Engine {
             expires_ms: None,
             version: 0,
             size: 0,
+            seq: 0,
         };
         self.append(info, &[], |st, idx| {
             (blob_state(st, idx, key) == Some(PendingBlob::Deleted))
@@ -197,6 +207,7 @@ impl Engine {
             expires_ms: None,
             version,
             size: json.len() as u64,
+            seq: 0,
         };
         if op == Op::PutDoc {
             self.space.admit(info.head_len() + info.size)?;
@@ -254,9 +265,13 @@ impl Engine {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        let (live_keys, durable_cursor) = {
+        let (live_keys, last_seq) = {
             let index = self.index.read();
-            (index.live_keys, index.durable)
+            (index.live_keys, index.last_seq)
+        };
+        let durable_cursor = Cursor {
+            incarnation: self.incarnation,
+            sequence: last_seq,
         };
         Stats {
             live_keys,
@@ -267,6 +282,7 @@ impl Engine {
             segments: self.segments.read().len() as u64,
             disk: self.disk.stats(),
             durable_cursor,
+            incarnation: self.incarnation,
         }
     }
 

@@ -16,6 +16,9 @@ pub(crate) struct FailPoints {
     sync_fails_after: Mutex<Option<std::time::Duration>>,
     /// Every fdatasync waits this long first, then does its job.
     sync_delay: Mutex<Option<std::time::Duration>>,
+    /// Compaction stops with an error at this step (1: rewrite synced, 2: renamed into place,
+    /// 3: old generation deleted), as if the process died there.
+    compaction_stop: Mutex<Option<u8>>,
 }
 
 impl FailPoints {
@@ -58,6 +61,19 @@ impl FailPoints {
         let delay = (*self.sync_fails_after.lock())?;
         std::thread::sleep(delay);
         Some(io::Error::from_raw_os_error(libc::EIO))
+    }
+
+    pub fn stop_compaction_at(&self, point: Option<u8>) {
+        *self.compaction_stop.lock() = point;
+    }
+
+    pub fn compaction_point(&self, point: u8) -> crate::types::Result<()> {
+        if *self.compaction_stop.lock() == Some(point) {
+            return Err(crate::types::Error::Unavailable(format!(
+                "compaction stopped at fail point {point}"
+            )));
+        }
+        Ok(())
     }
 
     pub fn truncate_fails(&self) -> bool {

@@ -9,14 +9,19 @@ use bytes::Bytes;
 use crate::types::Op;
 
 /// Version written into every segment header and record header.
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// Version 2 added the sequence number to every record and the incarnation and first sequence
+/// to every segment header; version 1 directories are refused (`FORMAT.md`).
+pub(crate) const FORMAT_VERSION: u8 = 2;
 pub(crate) const SEGMENT_MAGIC: &[u8; 6] = b"LARDER";
 pub(crate) const SEGMENT_KIND: u8 = b'S';
-pub(crate) const FILE_HEADER_LEN: u64 = 16;
+pub(crate) const FILE_HEADER_LEN: u64 = 32;
+/// Length of a version 1 segment header, recognised only to refuse it clearly.
+const V1_FILE_HEADER_LEN: usize = 16;
 pub(crate) const RECORD_MAGIC: &[u8; 4] = b"LRec";
 /// Fixed part of a record header; the CRC sits in its last 4 bytes.
-pub(crate) const HEADER_LEN: usize = 52;
-const CRC_AT: usize = 48;
+pub(crate) const HEADER_LEN: usize = 60;
+const SEQ_AT: usize = 48;
+const CRC_AT: usize = 56;
 /// Data is checksummed in blocks of this size so range reads verify only what they touch.
 pub(crate) const BLOCK_SIZE: u64 = 64 << 10;
 /// Largest props a record may carry (props live in memory in the index).
@@ -55,6 +60,8 @@ pub(crate) struct RecordInfo {
     pub version: u64,
     /// Data length.
     pub size: u64,
+    /// The record's sequence number in its log (its change feed position); 0 until appended.
+    pub seq: u64,
 }
 
 impl RecordInfo {
@@ -82,6 +89,7 @@ pub(crate) struct Fixed {
     pub time_ms: u64,
     pub expires_ms: Option<u64>,
     pub version: u64,
+    pub seq: u64,
     crc: u32,
 }
 
@@ -153,6 +161,7 @@ pub(crate) fn parse_fixed(b: &[u8]) -> Result<Fixed, HeadError> {
         time_ms: u64_at(b, 24),
         expires_ms: (flags & FLAG_EXPIRES != 0).then_some(expires),
         version: u64_at(b, 40),
+        seq: u64_at(b, SEQ_AT),
         crc: u32_at(b, CRC_AT),
     })
 }
@@ -189,6 +198,7 @@ impl Head<'_> {
             expires_ms: f.expires_ms,
             version: f.version,
             size: f.size,
+            seq: f.seq,
         }
     }
     pub fn block_crc(&self, block: u64) -> u32 {
@@ -242,6 +252,7 @@ pub(crate) fn encode_head(info: &RecordInfo, crcs: &[u32], segment: u32, offset:
     b.extend_from_slice(&info.time_ms.to_le_bytes());
     b.extend_from_slice(&info.expires_ms.unwrap_or(0).to_le_bytes());
     b.extend_from_slice(&info.version.to_le_bytes());
+    b.extend_from_slice(&info.seq.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&info.key);
     b.extend_from_slice(&info.props);
@@ -317,21 +328,33 @@ pub(crate) fn decode_record(
     })
 }
 
-pub(crate) fn encode_file_header(segment: u32) -> [u8; FILE_HEADER_LEN as usize] {
-    let mut h = [0u8; FILE_HEADER_LEN as usize];
-    h[..6].copy_from_slice(SEGMENT_MAGIC);
-    h[6] = FORMAT_VERSION;
-    h[7] = SEGMENT_KIND;
-    h[8..12].copy_from_slice(&segment.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..12]);
-    h[12..].copy_from_slice(&crc.to_le_bytes());
-    h
+/// What a segment header says besides its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    /// The store's incarnation: the same in every segment of a directory.
+    pub incarnation: u64,
+    /// No record in the segment has a smaller sequence number (a lower bound: the segment may
+    /// start later, or be empty).
+    pub first_seq: u64,
+}
+
+pub(crate) fn encode_file_header(segment: u32, h: SegmentHeader) -> [u8; FILE_HEADER_LEN as usize] {
+    let mut b = [0u8; FILE_HEADER_LEN as usize];
+    b[..6].copy_from_slice(SEGMENT_MAGIC);
+    b[6] = FORMAT_VERSION;
+    b[7] = SEGMENT_KIND;
+    b[8..12].copy_from_slice(&segment.to_le_bytes());
+    b[12..20].copy_from_slice(&h.incarnation.to_le_bytes());
+    b[20..28].copy_from_slice(&h.first_seq.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..28]);
+    b[28..].copy_from_slice(&crc.to_le_bytes());
+    b
 }
 
 /// What a segment's first bytes say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FileHeader {
-    Valid,
+    Valid(SegmentHeader),
     /// Shorter than a header: the file was being created when the process died.
     Short,
     /// Fails its CRC or names another segment; the records are still scanned as this version.
@@ -341,11 +364,20 @@ pub(crate) enum FileHeader {
 }
 
 pub(crate) fn check_file_header(b: &[u8], segment: u32) -> FileHeader {
+    // A version 1 header (16 bytes, CRC of 0..12 at 12) is recognised first: such a directory is
+    // refused with a clear error rather than scanned as corrupt.
+    if b.len() >= V1_FILE_HEADER_LEN
+        && &b[..6] == SEGMENT_MAGIC
+        && b[6] == 1
+        && crc32c::crc32c(&b[..12]) == u32_at(b, 12)
+    {
+        return FileHeader::Unsupported(1);
+    }
     if b.len() < FILE_HEADER_LEN as usize {
         return FileHeader::Short;
     }
     // The CRC comes first so that a flipped version bit reads as corruption, not as a newer format.
-    if crc32c::crc32c(&b[..12]) != u32_at(b, 12) || &b[..6] != SEGMENT_MAGIC {
+    if crc32c::crc32c(&b[..28]) != u32_at(b, 28) || &b[..6] != SEGMENT_MAGIC {
         return FileHeader::Corrupt;
     }
     if b[6] != FORMAT_VERSION {
@@ -354,7 +386,10 @@ pub(crate) fn check_file_header(b: &[u8], segment: u32) -> FileHeader {
     if b[7] != SEGMENT_KIND || u32_at(b, 8) != segment {
         return FileHeader::Corrupt;
     }
-    FileHeader::Valid
+    FileHeader::Valid(SegmentHeader {
+        incarnation: u64_at(b, 12),
+        first_seq: u64_at(b, 20),
+    })
 }
 
 #[cfg(test)]
@@ -370,6 +405,7 @@ mod tests {
             expires_ms: Some(9),
             version: 0,
             size,
+            seq: 42,
         }
     }
 
@@ -408,15 +444,29 @@ mod tests {
 
     #[test]
     fn file_header_versions() {
-        let h = encode_file_header(3);
-        assert_eq!(check_file_header(&h, 3), FileHeader::Valid);
+        let sh = SegmentHeader {
+            incarnation: 0xfeed,
+            first_seq: 9,
+        };
+        let h = encode_file_header(3, sh);
+        assert_eq!(check_file_header(&h, 3), FileHeader::Valid(sh));
         assert_eq!(check_file_header(&h, 4), FileHeader::Corrupt);
         assert_eq!(check_file_header(&h[..5], 3), FileHeader::Short);
-        let mut v2 = h;
-        v2[6] = 2;
-        assert_eq!(check_file_header(&v2, 3), FileHeader::Corrupt);
-        let crc = crc32c::crc32c(&v2[..12]);
-        v2[12..].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(check_file_header(&v2, 3), FileHeader::Unsupported(2));
+        assert_eq!(check_file_header(&h[..20], 3), FileHeader::Short);
+        let mut v3 = h;
+        v3[6] = 3;
+        assert_eq!(check_file_header(&v3, 3), FileHeader::Corrupt);
+        let crc = crc32c::crc32c(&v3[..28]);
+        v3[28..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(check_file_header(&v3, 3), FileHeader::Unsupported(3));
+        // A version 1 header, as that format wrote it.
+        let mut v1 = [0u8; 16];
+        v1[..6].copy_from_slice(SEGMENT_MAGIC);
+        v1[6] = 1;
+        v1[7] = SEGMENT_KIND;
+        v1[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32c::crc32c(&v1[..12]);
+        v1[12..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(check_file_header(&v1, 3), FileHeader::Unsupported(1));
     }
 }

@@ -42,6 +42,7 @@ pub fn encode_record_for_fuzz(
         expires_ms,
         version: 0,
         size: data.len() as u64,
+        seq: 1,
     };
     let mut out = crate::format::encode_head(
         &info,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use crate::format::RecordInfo;
-use crate::types::{BlobMeta, Cursor, Location, Op};
+use crate::types::{BlobMeta, Location, LogPos, Op};
 
 #[derive(Clone, Debug)]
 pub(crate) struct LiveBlob {
@@ -54,7 +54,9 @@ pub(crate) struct Index {
     pub docs: HashMap<Bytes, DocState>,
     /// Everything before this position is durable and applied; published together with entries
     /// so a checkpoint snapshot and its cursor always agree.
-    pub durable: Cursor,
+    pub durable: LogPos,
+    /// The highest sequence number applied: the durable end of the change feed.
+    pub last_seq: u64,
     pub live_keys: u64,
 }
 
@@ -62,6 +64,7 @@ impl Index {
     /// Applies one record in log order. Returns whether it changed anything. Takes the record
     /// by value so the key moves into the map (replay inserts millions of them).
     pub fn apply(&mut self, rec: RecordInfo, loc: Location) -> bool {
+        self.last_seq = self.last_seq.max(rec.seq);
         match rec.op {
             Op::PutBlob => self.put_blob(rec, loc),
             Op::DeleteBlob => self.delete_blob(rec),

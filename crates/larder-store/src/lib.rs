@@ -23,6 +23,7 @@
 
 mod checkpoint;
 mod commit;
+mod compact;
 mod completion;
 mod cursor;
 mod disk;

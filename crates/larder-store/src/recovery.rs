@@ -15,13 +15,15 @@ use crate::checkpoint::{self, CheckpointState, TMP_PREFIX};
 use crate::commit::LogState;
 use crate::disk::Disk;
 use crate::engine::{Counters, Engine};
-use crate::format::{check_file_header, FileHeader, RecordInfo, FILE_HEADER_LEN, FORMAT_VERSION};
+use crate::format::{
+    check_file_header, FileHeader, RecordInfo, SegmentHeader, FILE_HEADER_LEN, FORMAT_VERSION,
+};
 use crate::index::Index;
 use crate::scan::{Found, Scanned, Scanner};
 use crate::segment::{
     create_segment, list_segments, open_segment, read_exact_at, rewrite_header, Segment,
 };
-use crate::types::{Cursor, DiskOptions, Error, Location, Options, Result};
+use crate::types::{DiskOptions, Error, Location, LogPos, Options, Result};
 
 /// Records per batch handed from the scanning thread to the indexing thread.
 const BATCH: usize = 4096;
@@ -59,7 +61,7 @@ impl Feed {
 
 /// Replays every segment from `from` into `index`. Returns (corrupt records, records replayed)
 /// and updates each segment's valid length.
-fn replay(segments: &mut [(Segment, u64)], from: Cursor, index: &mut Index) -> Result<(u64, u64)> {
+fn replay(segments: &mut [(Segment, u64)], from: LogPos, index: &mut Index) -> Result<(u64, u64)> {
     let (tx, rx) = sync_channel(4);
     std::thread::scope(|scope| {
         let scanner = scope.spawn(move || {
@@ -107,13 +109,24 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
     let rel_path = disk.relative_path(dir)?;
     remove_stale_temp_files(dir);
     let mut corrupt = 0;
-    let mut segments = open_segments(dir, &mut corrupt)?;
+    let (mut segments, incarnation) = open_segments(dir, &mut corrupt)?;
     let mut index = checkpoint::load(dir, &segments)?.unwrap_or_default();
     let from = index.durable;
     let (replay_corrupt, replayed) = replay(&mut segments, from, &mut index)?;
     corrupt += replay_corrupt;
+    let next_seq = index
+        .last_seq
+        .checked_add(1)
+        .ok_or_else(|| Error::Corrupt {
+            location: dir.display().to_string(),
+            detail: "sequence numbers exhausted".into(),
+        })?;
     if segments.is_empty() {
-        segments.push((create_segment(dir, 1, true)?, FILE_HEADER_LEN));
+        let header = SegmentHeader {
+            incarnation,
+            first_seq: next_seq,
+        };
+        segments.push((create_segment(dir, 1, header, true)?, FILE_HEADER_LEN));
     }
     let (active, active_len) = segments.last().cloned().expect("at least one segment");
     // Records replayed from the tail may never have been synced (the process died before its
@@ -123,7 +136,7 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
         .iter()
         .map(|(_, len)| len)
         .sum();
-    index.durable = Cursor {
+    index.durable = LogPos {
         segment: active.id,
         offset: active_len,
     };
@@ -133,7 +146,7 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
     Ok(Arc::new_cyclic(|me| Engine {
         dir: dir.to_path_buf(),
         lock: parking_lot::Mutex::new(Some(lock)),
-        log: Mutex::new(LogState::new(active, active_len, sealed)),
+        log: Mutex::new(LogState::new(active, active_len, sealed, next_seq)),
         disk,
         rel_path,
         private_disk,
@@ -145,6 +158,9 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
         },
         // A long replay is worth a checkpoint soon, so the next open is quick.
         ckpt: CheckpointState::with_since(replayed),
+        incarnation,
+        feed_hints: Default::default(),
+        compaction: Default::default(),
         space: crate::space::SpaceGuard::new(dir, opts.min_free_space),
         me: me.clone(),
         opts,
@@ -153,28 +169,59 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
     }))
 }
 
-/// Leftovers of checkpoints interrupted by a crash.
+/// Leftovers of checkpoints and compactions interrupted by a crash.
 fn remove_stale_temp_files(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(TMP_PREFIX) || name.ends_with(crate::compact::TMP_SUFFIX) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
 }
 
-/// Opens every segment and checks its header. Returns each with its length.
-fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<Vec<(Segment, u64)>> {
-    let found = list_segments(dir)?;
+/// A new store's incarnation: random and never 0 (0 is [`crate::Cursor::START`]'s).
+fn new_incarnation() -> u64 {
+    loop {
+        let i: u64 = rand::random();
+        if i != 0 {
+            return i;
+        }
+    }
+}
+
+/// Opens every segment and checks its header. Returns each with its length, and the store's
+/// incarnation (from the headers; a new one for a directory without a valid header).
+fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<(Vec<(Segment, u64)>, u64)> {
+    let (found, stale) = list_segments(dir)?;
+    // A compaction that crashed after its rewrite was renamed into place: the older generation
+    // is garbage (the rewrite was synced before the rename).
+    for path in stale {
+        std::fs::remove_file(&path)?;
+    }
     let mut out = Vec::with_capacity(found.len());
-    for (i, (id, path)) in found.iter().enumerate() {
+    let mut incarnation = None;
+    let mut short_last = None;
+    for (i, crate::segment::Found { id, gen, path }) in found.iter().enumerate() {
         let file = open_segment(path)?;
         let mut len = file.metadata()?.len();
         let head = read_exact_at(&file, 0, len.min(FILE_HEADER_LEN) as usize)?;
+        // A header that cannot be read keeps the previous segment's first sequence: still a
+        // lower bound for its records.
+        let mut first_seq = out.last().map_or(0, |(s, _): &(Segment, u64)| s.first_seq);
         match check_file_header(&head, *id) {
-            FileHeader::Valid => {}
+            FileHeader::Valid(h) => {
+                if *incarnation.get_or_insert(h.incarnation) != h.incarnation {
+                    return Err(Error::Corrupt {
+                        location: path.display().to_string(),
+                        detail: "segment of another incarnation".into(),
+                    });
+                }
+                first_seq = h.first_seq;
+            }
             FileHeader::Unsupported(found) => {
                 return Err(Error::UnsupportedVersion {
                     found,
@@ -183,8 +230,9 @@ fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<Vec<(Segment, u64)>> {
                 })
             }
             FileHeader::Short if i + 1 == found.len() => {
-                // Cut short while being created: nothing in it was ever acknowledged.
-                rewrite_header(&file, *id)?;
+                // Cut short while being created: nothing in it was ever acknowledged. Its header
+                // is rewritten below, once the incarnation is known.
+                short_last = Some(file.try_clone()?);
                 len = FILE_HEADER_LEN;
             }
             FileHeader::Short | FileHeader::Corrupt => {
@@ -196,11 +244,21 @@ fn open_segments(dir: &Path, corrupt: &mut u64) -> Result<Vec<(Segment, u64)>> {
             Segment {
                 id: *id,
                 file: Arc::new(file),
+                first_seq,
+                gen: *gen,
             },
             len,
         ));
     }
-    Ok(out)
+    let incarnation = incarnation.unwrap_or_else(new_incarnation);
+    if let (Some(file), Some((seg, _))) = (short_last, out.last()) {
+        let header = SegmentHeader {
+            incarnation,
+            first_seq: seg.first_seq,
+        };
+        rewrite_header(&file, seg.id, header)?;
+    }
+    Ok((out, incarnation))
 }
 
 /// Replays `seg` from `from`; returns its valid length (shorter than `len` after a torn tail).

@@ -10,7 +10,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::encode_file_header;
+use crate::format::{encode_file_header, SegmentHeader};
 use crate::types::{Error, Result};
 
 /// One segment file, shared by the writer and every reader.
@@ -18,31 +18,74 @@ use crate::types::{Error, Result};
 pub(crate) struct Segment {
     pub id: u32,
     pub file: Arc<File>,
+    /// No record in the segment has a smaller sequence number: where the change feed starts
+    /// looking for a cursor it has no hint for.
+    pub first_seq: u64,
+    /// How many times compaction rewrote it: part of its file name (`segment_file_name`).
+    pub gen: u32,
+}
+
+/// The file of generation `gen` of segment `id`: generation 0 is the name the log wrote (and the
+/// disk journal names); each compaction writes the next generation. A journal frame of a
+/// compacted segment therefore finds no file and is skipped: the rewrite copied those bytes and
+/// was synced before the old generation was deleted.
+pub(crate) fn segment_file_name(id: u32, gen: u32) -> String {
+    match gen {
+        0 => segment_name(id),
+        g => format!("seg-{id:08}-{g:08}.log"),
+    }
 }
 
 pub(crate) fn segment_name(id: u32) -> String {
     format!("seg-{id:08}.log")
 }
 
-pub(crate) fn parse_segment_name(name: &str) -> Option<u32> {
+pub(crate) fn parse_segment_name(name: &str) -> Option<(u32, u32)> {
     let digits = name.strip_prefix("seg-")?.strip_suffix(".log")?;
-    if digits.len() != 8 || !digits.bytes().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok().filter(|&id| id > 0)
+    let number = |d: &str| {
+        (d.len() == 8 && d.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| d.parse::<u32>().ok())
+            .flatten()
+    };
+    let (id, gen) = match digits.split_once('-') {
+        None => (number(digits)?, 0),
+        Some((id, gen)) => (number(id)?, number(gen).filter(|&g| g > 0)?),
+    };
+    (id > 0).then_some((id, gen))
 }
 
-/// Segment ids present in `dir`, ascending.
-pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(u32, PathBuf)>> {
-    let mut out = Vec::new();
+/// One segment file found in a directory.
+pub(crate) struct Found {
+    pub id: u32,
+    pub gen: u32,
+    pub path: PathBuf,
+}
+
+/// Segments in `dir`, ascending by id, the newest generation of each. Older generations (left by
+/// a compaction that crashed after its rewrite was in place) are returned in `stale`.
+pub(crate) fn list_segments(dir: &Path) -> io::Result<(Vec<Found>, Vec<PathBuf>)> {
+    let mut all = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if let Some(id) = entry.file_name().to_str().and_then(parse_segment_name) {
-            out.push((id, entry.path()));
+        if let Some((id, gen)) = entry.file_name().to_str().and_then(parse_segment_name) {
+            all.push(Found {
+                id,
+                gen,
+                path: entry.path(),
+            });
         }
     }
-    out.sort_unstable_by_key(|(id, _)| *id);
-    Ok(out)
+    all.sort_unstable_by_key(|f| (f.id, std::cmp::Reverse(f.gen)));
+    let mut out: Vec<Found> = Vec::with_capacity(all.len());
+    let mut stale = Vec::new();
+    for f in all {
+        if out.last().is_some_and(|newest| newest.id == f.id) {
+            stale.push(f.path);
+        } else {
+            out.push(f);
+        }
+    }
+    Ok((out, stale))
 }
 
 pub(crate) fn open_segment(path: &Path) -> io::Result<File> {
@@ -51,7 +94,12 @@ pub(crate) fn open_segment(path: &Path) -> io::Result<File> {
 
 /// Creates segment `id` with its header. When `sync`, the file and the directory are synced so
 /// the new file (and its name) survive a crash before any record in it is acknowledged.
-pub(crate) fn create_segment(dir: &Path, id: u32, sync: bool) -> Result<Segment> {
+pub(crate) fn create_segment(
+    dir: &Path,
+    id: u32,
+    header: SegmentHeader,
+    sync: bool,
+) -> Result<Segment> {
     let path = dir.join(segment_name(id));
     let file = OpenOptions::new()
         .read(true)
@@ -59,7 +107,7 @@ pub(crate) fn create_segment(dir: &Path, id: u32, sync: bool) -> Result<Segment>
         .create_new(true)
         .open(&path)?;
     let result = (|| {
-        file.write_all_at(&encode_file_header(id), 0)?;
+        file.write_all_at(&encode_file_header(id, header), 0)?;
         if sync {
             file.sync_all()?;
             sync_dir(dir)?;
@@ -74,13 +122,15 @@ pub(crate) fn create_segment(dir: &Path, id: u32, sync: bool) -> Result<Segment>
     Ok(Segment {
         id,
         file: Arc::new(file),
+        first_seq: header.first_seq,
+        gen: 0,
     })
 }
 
 /// Rewrites the header of a segment whose creation was cut short by a crash.
-pub(crate) fn rewrite_header(file: &File, id: u32) -> io::Result<()> {
+pub(crate) fn rewrite_header(file: &File, id: u32, header: SegmentHeader) -> io::Result<()> {
     file.set_len(0)?;
-    file.write_all_at(&encode_file_header(id), 0)?;
+    file.write_all_at(&encode_file_header(id, header), 0)?;
     file.sync_all()
 }
 
@@ -170,7 +220,15 @@ mod tests {
     #[test]
     fn names_round_trip() {
         assert_eq!(segment_name(12), "seg-00000012.log");
-        assert_eq!(parse_segment_name("seg-00000012.log"), Some(12));
+        assert_eq!(parse_segment_name("seg-00000012.log"), Some((12, 0)));
+        assert_eq!(segment_file_name(12, 3), "seg-00000012-00000003.log");
+        assert_eq!(
+            parse_segment_name("seg-00000012-00000003.log"),
+            Some((12, 3))
+        );
+        assert_eq!(parse_segment_name("seg-00000012-00000000.log"), None);
+        assert_eq!(parse_segment_name("seg-00000012-3.log"), None);
+        assert_eq!(parse_segment_name("seg-00000012-00000003.log.tmp"), None);
         assert_eq!(parse_segment_name("seg-00000000.log"), None);
         assert_eq!(parse_segment_name("seg-12.log"), None);
         assert_eq!(parse_segment_name("index.ckpt"), None);

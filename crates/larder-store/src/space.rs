@@ -49,6 +49,11 @@ impl SpaceGuard {
     }
 }
 
+/// Bytes available on the filesystem holding `dir`, if it can be asked.
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    available(dir).ok()
+}
+
 /// Bytes available to unprivileged writers on the filesystem holding `dir`.
 fn available(dir: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;

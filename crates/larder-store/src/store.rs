@@ -211,7 +211,10 @@ impl Store {
         self.engine.get_doc(key)
     }
 
-    /// Durable records after `after`, at most `limit` of them, in log order.
+    /// Durable records after `after`, at most `limit` of them, in log (= sequence) order. A
+    /// cursor of another incarnation starts from the beginning; one whose next records were
+    /// dropped by compaction resumes at the next surviving record. A page that reaches the end
+    /// returns the durable cursor as `next`.
     pub fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
         self.engine.changes(after, limit)
     }
@@ -224,6 +227,19 @@ impl Store {
     /// The disk whose journal and commit thread this store's writes go through.
     pub fn disk(&self) -> &Disk {
         &self.engine.disk
+    }
+
+    /// Rewrites the sealed segments whose garbage passes `opts.min_garbage_ratio` (and whose live
+    /// data fits in the free space), each crash-safely (`FORMAT.md`, "Compaction"). Readers
+    /// holding a record of a rewritten segment keep reading the old file; cursors stay valid.
+    /// Blocking I/O: call it off the async workers.
+    pub fn compact(&self, opts: &CompactOptions) -> Result<CompactReport> {
+        self.engine.compact(opts)
+    }
+
+    /// This replica's incarnation (see [`Stats::incarnation`]); cheap.
+    pub fn incarnation(&self) -> u64 {
+        self.engine.incarnation
     }
 
     pub fn stats(&self) -> Stats {

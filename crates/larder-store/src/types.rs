@@ -84,18 +84,31 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A position in the log: the change feed's cursor. Positions only grow. `Cursor::START` is before
-/// every record. Its string form (`Display`/`FromStr`) is stable and opaque to clients.
+/// A physical position in the log (segment id, byte offset): where replay and the commit path
+/// are. Private to the store: it changes when compaction copies records forward, so it never
+/// appears in a cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Cursor {
+pub(crate) struct LogPos {
     pub segment: u32,
     pub offset: u64,
 }
 
+/// A logical position in a replica's change feed (`DESIGN.md` 6.1): the replica's incarnation
+/// (random, made when the store directory was created) and the sequence number of the last
+/// record seen. Every record gets the next sequence number of its log when it is appended and
+/// keeps it when compaction copies it forward, so a cursor survives compaction and moves with the
+/// log. `Cursor::START` (incarnation 0) is before every record of every incarnation. Its string
+/// form (`Display`/`FromStr`) is stable and opaque to clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Cursor {
+    pub incarnation: u64,
+    pub sequence: u64,
+}
+
 impl Cursor {
     pub const START: Cursor = Cursor {
-        segment: 0,
-        offset: 0,
+        incarnation: 0,
+        sequence: 0,
     };
 }
 
@@ -220,6 +233,35 @@ pub struct ChangeBatch {
     pub next: Cursor,
 }
 
+/// What [`crate::Store::compact`] does.
+#[derive(Clone, Debug)]
+pub struct CompactOptions {
+    /// A sealed segment is rewritten once at least this fraction of its bytes is garbage
+    /// (0.0: any garbage at all).
+    pub min_garbage_ratio: f64,
+    /// Expiry is decided at this time (ms since the Unix epoch): blobs expired by then are
+    /// dropped.
+    pub now_ms: u64,
+    /// Seal the active segment first, so every record written so far can be compacted (an
+    /// operator's "compact now"; a background pass leaves the active segment alone).
+    pub seal_active: bool,
+    /// Copy at most this many bytes per second (0: as fast as the disk goes), so foreground
+    /// reads and writes keep their share of the disk.
+    pub max_bytes_per_sec: u64,
+}
+
+/// What one [`crate::Store::compact`] pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    pub segments_compacted: u64,
+    /// Bytes of garbage the rewritten segments no longer hold.
+    pub bytes_reclaimed: u64,
+    /// Bytes of live records copied forward.
+    pub live_bytes_copied: u64,
+    /// Records whose data failed its checksum: dropped (never copied) and reported.
+    pub corrupt_records_dropped: u64,
+}
+
 /// Options for [`crate::Disk::open`].
 #[derive(Clone, Debug)]
 pub struct DiskOptions {
@@ -267,6 +309,10 @@ pub struct Stats {
     pub corrupt_records_found: u64,
     pub bytes_on_disk: u64,
     pub segments: u64,
-    /// Position up to which the log is on stable storage.
+    /// The cursor of the last durable record (`sequence` 0: none yet): a change feed reader whose
+    /// `next` equals it has caught up.
     pub durable_cursor: Cursor,
+    /// This replica's incarnation: made when its directory was created, so a rebuilt replica
+    /// (new directory) has a new one and its peers' cursors restart from the beginning.
+    pub incarnation: u64,
 }

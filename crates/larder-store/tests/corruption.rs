@@ -309,14 +309,14 @@ fn checkpoint_of_newer_version_is_refused() {
     let fx = build(true);
     let ckpt = fx.dir.path().join("index.ckpt");
     let mut bytes = std::fs::read(&ckpt).unwrap();
-    bytes[8] = 2;
+    bytes[8] = 3;
     let n = bytes.len() - 4;
     let crc = crc32c(&bytes[..n]);
     bytes[n..].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&ckpt, bytes).unwrap();
     assert!(matches!(
         Store::open(fx.dir.path(), opts()),
-        Err(Error::UnsupportedVersion { found: 2, .. })
+        Err(Error::UnsupportedVersion { found: 3, .. })
     ));
 }
 
@@ -325,20 +325,20 @@ fn segment_of_newer_version_is_refused_but_a_flipped_version_is_corruption() {
     let fx = build(true);
     let seg = segments(fx.dir.path())[1].clone();
     let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[6] = 2;
+    bytes[6] = 3;
     std::fs::write(&seg, &bytes).unwrap();
     // Without a matching CRC the version byte is just a flipped bit.
     let store = Store::open(fx.dir.path(), opts()).unwrap();
     assert_eq!(store.stats().corrupt_records_found, 1);
     drop(store);
-    let crc = crc32c(&bytes[..12]);
-    bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c(&bytes[..28]);
+    bytes[28..32].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&seg, &bytes).unwrap();
     match Store::open(fx.dir.path(), opts()) {
         Err(
             e @ Error::UnsupportedVersion {
-                found: 2,
-                supported: 1,
+                found: 3,
+                supported: 2,
                 ..
             },
         ) => assert!(e.to_string().contains("seg-00000002.log")),
@@ -360,9 +360,9 @@ fn segment_with(dir: &Path, key: &str) -> PathBuf {
 fn find_record(bytes: &[u8], key: &str) -> usize {
     let pat = key.as_bytes();
     (0..bytes.len() - pat.len())
-        .find(|&i| &bytes[i..i + pat.len()] == pat && i >= 52 && &bytes[i - 52..i - 48] == b"LRec")
+        .find(|&i| &bytes[i..i + pat.len()] == pat && i >= 60 && &bytes[i - 60..i - 56] == b"LRec")
         .unwrap()
-        - 52
+        - 60
 }
 
 #[test]
@@ -378,7 +378,7 @@ fn bad_data_block_in_the_middle_is_reported_and_only_that_block_fails() {
     let seg = segment_with(fx.dir.path(), &key);
     let mut bytes = std::fs::read(&seg).unwrap();
     let rec = find_record(&bytes, &key);
-    let head = 52 + key.len() + key.len() + 4 * len.div_ceil(65536);
+    let head = 60 + key.len() + key.len() + 4 * len.div_ceil(65536);
     bytes[rec + head + 65536 + 10] ^= 0xff; // second data block
     std::fs::write(&seg, bytes).unwrap();
     let store = Store::open(fx.dir.path(), opts()).unwrap();
@@ -517,11 +517,11 @@ fn records_inside_a_blob_are_never_taken_for_real_ones() {
         .unwrap();
     drop(store);
     std::fs::remove_file(dir.path().join("index.ckpt")).ok();
-    // The backup is the segment's first record, right after the 16-byte file header: damage its
+    // The backup is the segment's first record, right after the 32-byte file header: damage its
     // fixed header so that recovery must resync.
     let path = &segments(dir.path())[0];
     let mut bytes = std::fs::read(path).unwrap();
-    bytes[16 + 20] ^= 0xff;
+    bytes[32 + 20] ^= 0xff;
     std::fs::write(path, bytes).unwrap();
 
     let store = Store::open(dir.path(), opts()).unwrap();

@@ -184,3 +184,62 @@ async fn sustained_writes_while_nodes_are_killed_and_restarted() {
         acknowledged.len()
     );
 }
+
+/// Every file in `dir` whose name ends with `.cursor`, with its contents.
+fn cursor_files(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".cursor"))
+                .map(|e| {
+                    let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                    (e.file_name().to_string_lossy().into_owned(), text)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// A replica rebuilt from scratch (its store directories removed while the node was down: a new
+/// incarnation) pulls everything from its peers again, although the cursors it saved say it
+/// had pulled it all: those cursors belonged to the replica that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_replica_pulls_everything_again() {
+    let mut cluster = Cluster::start(3, 2);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(put(&client, i).await);
+    }
+    let expected: Vec<(String, StatusCode)> =
+        ids.iter().map(|id| (id.clone(), StatusCode::OK)).collect();
+    wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
+    // Node 0 has pulled its peers' feeds to their ends: its cursors exist and stop moving.
+    let data_dir = cluster.dir.path().join(&cluster.map.nodes[0].id);
+    let replication_dir = data_dir.join("replication");
+    let started = Instant::now();
+    let mut last = cursor_files(&replication_dir);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = cursor_files(&replication_dir);
+        if now.len() == 4 && now == last {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "cursors: {now:?}"
+        );
+        last = now;
+    }
+    cluster.stop_node(0);
+    for entry in std::fs::read_dir(&data_dir).unwrap().flatten() {
+        if entry.file_name() != "replication" && entry.path().is_dir() {
+            std::fs::remove_dir_all(entry.path()).unwrap();
+        }
+    }
+    cluster.restart_node(0);
+    wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
+}

@@ -1,0 +1,309 @@
+//! Segment compaction: a sealed segment whose garbage passes a threshold gets its live records
+//! copied, in order and with their sequence numbers, into the segment's next generation, which
+//! then takes its place (protocol in `FORMAT.md`, "Compaction").
+//!
+//! Garbage: blob puts superseded by a tombstone or expired, document puts superseded by a newer
+//! version, and records whose data fails its checksum (dropped and reported, never copied: a
+//! copy would get a valid-looking head). Tombstones are kept in this version (see `FORMAT.md`).
+//! Every copied record is verified (head and every data block) before it is copied; its block
+//! checksum table is copied as stored, and only the head is re-encoded for its new offset.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use crate::engine::Engine;
+use crate::format::{
+    blocks_for, decode_record, encode_file_header, encode_head, RecordInfo, SegmentHeader,
+    FILE_HEADER_LEN,
+};
+use crate::index::{BlobState, DocState};
+use crate::scan::{Found, Scanner};
+use crate::segment::{io_error, segment_file_name, sync_dir, Segment};
+use crate::types::{CompactOptions, CompactReport, Location, Op, Result};
+
+/// A rewrite being written: `<next generation's name>.tmp`, removed on open.
+pub(crate) const TMP_SUFFIX: &str = ".log.tmp";
+
+/// A record of the segment that stays, where it was and its info.
+struct Keep {
+    info: RecordInfo,
+    start: u64,
+    end: u64,
+}
+
+/// What one scan of a sealed segment found.
+struct Plan {
+    keep: Vec<Keep>,
+    corrupt: u64,
+    len: u64,
+}
+
+impl Plan {
+    fn live_bytes(&self) -> u64 {
+        self.keep.iter().map(|k| k.end - k.start).sum()
+    }
+    fn garbage(&self) -> u64 {
+        self.len - FILE_HEADER_LEN - self.live_bytes()
+    }
+}
+
+/// Sleeps until `copied` bytes are within `rate` bytes per second of `started` (0: no limit).
+fn throttle(started: std::time::Instant, copied: u64, rate: u64) {
+    if rate == 0 {
+        return;
+    }
+    let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
+    if let Some(wait) = due.checked_sub(started.elapsed()) {
+        std::thread::sleep(wait);
+    }
+}
+
+impl Engine {
+    pub(crate) fn compact(&self, opts: &CompactOptions) -> Result<CompactReport> {
+        let _one_pass_at_a_time = self.compaction.lock();
+        let unpublished = self.seal_active(opts.seal_active)?;
+        let sealed: Vec<Segment> = self
+            .segments
+            .read()
+            .iter()
+            .filter(|s| s.id < unpublished)
+            .cloned()
+            .collect();
+        let mut report = CompactReport::default();
+        for seg in sealed {
+            let plan = self.plan(&seg, opts.now_ms)?;
+            let payload = plan.len - FILE_HEADER_LEN;
+            let garbage = plan.garbage();
+            if garbage == 0 || (garbage as f64) < opts.min_garbage_ratio * payload as f64 {
+                continue;
+            }
+            // A full disk can still compact: the rewrite needs room only for the live bytes.
+            if let Some(free) = crate::space::free_bytes(&self.dir) {
+                if free < plan.live_bytes() + FILE_HEADER_LEN {
+                    continue;
+                }
+            }
+            self.rewrite(&seg, &plan, opts.max_bytes_per_sec)?;
+            report.segments_compacted += 1;
+            report.bytes_reclaimed += garbage;
+            report.live_bytes_copied += plan.live_bytes();
+            report.corrupt_records_dropped += plan.corrupt;
+        }
+        Ok(report)
+    }
+
+    /// Whether the record at `start` of `seg` is what the index serves (or a tombstone).
+    fn is_live(&self, info: &RecordInfo, seg: &Segment, start: u64, now_ms: u64) -> bool {
+        let here = |loc: &Location| loc.segment == seg.id && loc.offset == start;
+        let index = self.index.read();
+        match info.op {
+            Op::DeleteBlob | Op::RemoveDoc => true,
+            Op::PutBlob => match index.blobs.get(&info.key) {
+                Some(BlobState::Live(b)) => {
+                    here(&b.loc) && b.meta.expires_ms.is_none_or(|exp| now_ms < exp)
+                }
+                _ => false,
+            },
+            Op::PutDoc => {
+                matches!(index.docs.get(&info.key), Some(DocState::Live { loc, .. }) if here(loc))
+            }
+        }
+    }
+
+    fn plan(&self, seg: &Segment, now_ms: u64) -> Result<Plan> {
+        let len = seg.file.metadata()?.len();
+        let mut scanner = Scanner::new(&seg.file, seg.id, len);
+        let mut plan = Plan {
+            keep: Vec::new(),
+            corrupt: 0,
+            len,
+        };
+        let mut pos = FILE_HEADER_LEN;
+        while pos < len {
+            match scanner.read_at(pos, true)? {
+                Found::Valid(rec) => {
+                    pos = rec.end;
+                    if self.is_live(&rec.info, seg, rec.start, now_ms) {
+                        plan.keep.push(Keep {
+                            info: rec.info,
+                            start: rec.start,
+                            end: rec.end,
+                        });
+                    }
+                }
+                Found::BadData(rec, block) => {
+                    tracing::warn!(
+                        segment = seg.id,
+                        offset = rec.start,
+                        block,
+                        "compaction drops a record whose data fails its checksum"
+                    );
+                    plan.corrupt += 1;
+                    pos = rec.end;
+                }
+                Found::Invalid => match scanner.resync(pos + 1)? {
+                    Some(next) => pos = next,
+                    None => break,
+                },
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Writes the next generation of `seg` with the planned records, syncs it, swaps it in.
+    fn rewrite(&self, seg: &Segment, plan: &Plan, rate: u64) -> Result<()> {
+        let gen = seg.gen + 1;
+        let final_name = segment_file_name(seg.id, gen);
+        let tmp = self.dir.join(format!("{final_name}.tmp"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        let moved = match self.copy_records(seg, plan, &file, rate) {
+            Ok(moved) => moved,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        self.fail_point(1)?;
+        // The commit point is the rename; the checkpoint (whose locations point into the old
+        // layout) goes first, and no checkpoint is written until the index points to the new.
+        let _no_checkpoint = self.ckpt.lock.lock();
+        self.remove_checkpoint_locked()?;
+        std::fs::rename(&tmp, self.dir.join(&final_name))?;
+        sync_dir(&self.dir).map_err(io_error)?;
+        self.fail_point(2)?;
+        std::fs::remove_file(self.dir.join(segment_file_name(seg.id, seg.gen)))?;
+        sync_dir(&self.dir).map_err(io_error)?;
+        self.fail_point(3)?;
+        let new = Segment {
+            id: seg.id,
+            file: Arc::new(file),
+            first_seq: seg.first_seq,
+            gen,
+        };
+        self.publish_rewrite(seg, &new, &moved, plan);
+        self.write_checkpoint_locked()
+    }
+
+    /// Copies every planned record, verified, to `file`; returns (old offset, new offset) pairs.
+    fn copy_records(
+        &self,
+        seg: &Segment,
+        plan: &Plan,
+        file: &File,
+        rate: u64,
+    ) -> Result<Vec<(u64, u64)>> {
+        let header = SegmentHeader {
+            incarnation: self.incarnation,
+            first_seq: seg.first_seq,
+        };
+        file.write_all_at(&encode_file_header(seg.id, header), 0)?;
+        let mut at = FILE_HEADER_LEN;
+        let mut moved = Vec::with_capacity(plan.keep.len());
+        let started = std::time::Instant::now();
+        let mut copied = 0u64;
+        for k in &plan.keep {
+            throttle(started, copied, rate);
+            let bytes =
+                crate::segment::read_exact_at(&seg.file, k.start, (k.end - k.start) as usize)?;
+            // Verified again as read now: what is copied is exactly what passed its checksums.
+            let rec = decode_record(&bytes, seg.id, k.start).map_err(|e| {
+                crate::types::Error::Corrupt {
+                    location: format!("{} offset {}", segment_file_name(seg.id, seg.gen), k.start),
+                    detail: format!("changed while compacting: {e:?}"),
+                }
+            })?;
+            let head_len = k.info.head_len() as usize;
+            let table = &bytes[head_len - 4 * blocks_for(k.info.size) as usize..head_len];
+            let crcs: Vec<u32> = table
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4-byte chunks")))
+                .collect();
+            let head = encode_head(&rec.info, &crcs, seg.id, at);
+            crate::segment::write_all_vectored_at(file, at, &[&head, rec.data])?;
+            moved.push((k.start, at));
+            at += (head.len() + rec.data.len()) as u64;
+            copied += k.end - k.start;
+        }
+        file.sync_all()?;
+        Ok(moved)
+    }
+
+    /// Points the index, the segment list and the byte count at the new generation.
+    fn publish_rewrite(&self, old: &Segment, new: &Segment, moved: &[(u64, u64)], plan: &Plan) {
+        let new_loc = |offset| Location {
+            segment: new.id,
+            offset,
+            file: new.file.clone(),
+        };
+        let is_old = |loc: &Location, offset| {
+            loc.segment == old.id && loc.offset == offset && Arc::ptr_eq(&loc.file, &old.file)
+        };
+        {
+            let mut index = self.index.write();
+            for (k, (from, to)) in plan.keep.iter().zip(moved) {
+                match k.info.op {
+                    Op::PutBlob => {
+                        if let Some(BlobState::Live(b)) = index.blobs.get_mut(&k.info.key) {
+                            if is_old(&b.loc, *from) {
+                                b.loc = new_loc(*to);
+                            }
+                        }
+                    }
+                    Op::PutDoc => {
+                        if let Some(DocState::Live { loc, .. }) = index.docs.get_mut(&k.info.key) {
+                            if is_old(loc, *from) {
+                                *loc = new_loc(*to);
+                            }
+                        }
+                    }
+                    Op::DeleteBlob | Op::RemoveDoc => {}
+                }
+            }
+            // What still points into the old generation was dropped (expired or corrupt): the
+            // index forgets it, so it stays bounded by live data.
+            let before = index.blobs.len();
+            index.blobs.retain(|_, b| match b {
+                BlobState::Live(b) => !Arc::ptr_eq(&b.loc.file, &old.file),
+                BlobState::Deleted { .. } => true,
+            });
+            let gone_blobs = (before - index.blobs.len()) as u64;
+            let before = index.docs.len();
+            index.docs.retain(|_, d| match d {
+                DocState::Live { loc, .. } => !Arc::ptr_eq(&loc.file, &old.file),
+                DocState::Removed { .. } => true,
+            });
+            let gone = gone_blobs + (before - index.docs.len()) as u64;
+            index.live_keys -= gone;
+        }
+        {
+            let mut segments = self.segments.write();
+            if let Some(slot) = segments.iter_mut().find(|s| s.id == old.id) {
+                *slot = new.clone();
+            }
+        }
+        self.feed_hints.lock().forget_segment(old.id);
+        let new_len = FILE_HEADER_LEN + plan.live_bytes();
+        self.log.lock().sealed_bytes -= plan.len - new_len;
+        self.clamp_positions(old.id, new_len);
+        let mut index = self.index.write();
+        if index.durable.segment == old.id {
+            index.durable.offset = index.durable.offset.min(new_len);
+        }
+    }
+
+    #[cfg(test)]
+    fn fail_point(&self, point: u8) -> Result<()> {
+        self.fail.compaction_point(point)
+    }
+
+    #[cfg(not(test))]
+    fn fail_point(&self, _point: u8) -> Result<()> {
+        Ok(())
+    }
+}
