@@ -4,9 +4,11 @@
 //! nothing in the store carries wrong data. Several rounds on the same directory, so some kills
 //! land during recovery or right after it.
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::ffi::OsStr;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -168,31 +170,12 @@ impl Acked {
 }
 
 fn run_child(dir: &std::path::Path, round: u64, kill_after: Duration, acked: &mut Acked) -> usize {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir)
-        .env(ROUND_ENV, round.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
-    std::thread::sleep(kill_after);
-    // SAFETY: plain syscall on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-    child.wait().unwrap();
-    let lines = reader.join().unwrap();
+    let round = round.to_string();
+    let envs = [
+        (CHILD_ENV, dir.as_os_str()),
+        (ROUND_ENV, OsStr::new(&round)),
+    ];
+    let lines = common::run_and_kill("crash_child_process", &envs, kill_after);
     lines.iter().for_each(|l| acked.record(l));
     lines.len()
 }

@@ -4,9 +4,11 @@
 //! (replaying its journal) and the stores, and checks that every acknowledged write is there and
 //! intact and that nothing stored carries wrong data. Several rounds on the same directories.
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use std::ffi::OsStr;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -146,31 +148,13 @@ impl Acked {
 }
 
 fn run_child(dir: &Path, round: u64, kill_after: Duration, acked: &mut Acked) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "disk_crash_child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir)
-        .env(ROUND_ENV, round.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
-    std::thread::sleep(kill_after);
-    // SAFETY: plain syscall on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-    child.wait().unwrap();
-    reader.join().unwrap().iter().for_each(|l| acked.record(l));
+    let round = round.to_string();
+    let envs = [
+        (CHILD_ENV, dir.as_os_str()),
+        (ROUND_ENV, OsStr::new(&round)),
+    ];
+    let lines = common::run_and_kill("disk_crash_child_process", &envs, kill_after);
+    lines.iter().for_each(|l| acked.record(l));
 }
 
 fn read_all(store: &Store, rec: &BlobRecord) -> Vec<u8> {
