@@ -87,7 +87,10 @@ fn load_or_init_map(args: &DevArgs, data_dir: &Path) -> anyhow::Result<ClusterMa
         .clone()
         .unwrap_or_else(|| vec!["dc1".to_owned()]);
     let spec = LayoutSpec {
-        node_addresses: free_loopback_addresses(args.nodes.unwrap_or(3 * datacenters.len()))?,
+        node_addresses: free_loopback_addresses(
+            args.nodes.unwrap_or(3 * datacenters.len()),
+            &frontend_ports(args, datacenters.len()),
+        )?,
         datacenters,
         partitions: args.partitions.unwrap_or(32),
         replicas_per_datacenter: args.replicas.unwrap_or(3),
@@ -141,15 +144,30 @@ fn warn_ignored_layout_flags(args: &DevArgs, map: &ClusterMap, data_dir: &Path) 
     }
 }
 
-/// Asks the kernel for `n` free loopback ports (all held at once so they differ).
-fn free_loopback_addresses(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
-    let listeners: Vec<StdListener> = (0..n)
-        .map(|_| StdListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()?;
-    Ok(listeners
-        .iter()
-        .map(|l| l.local_addr())
-        .collect::<Result<_, _>>()?)
+/// The ports the frontends will listen on: `--listen` and `--tls-listen`, one more of each per
+/// further datacenter.
+fn frontend_ports(args: &DevArgs, datacenters: usize) -> Vec<u16> {
+    let following = |first: u16| (0..datacenters).filter_map(move |i| first.checked_add(i as u16));
+    let mut ports: Vec<u16> = following(args.listen.port()).collect();
+    ports.extend(following(args.tls_listen.port()));
+    ports
+}
+
+/// Asks the kernel for `n` free loopback ports (all held at once so they differ), none of them
+/// one of `reserved`: a free port such as `--listen` can be handed out again by the kernel, and a
+/// storage node on it would keep the frontend from starting.
+fn free_loopback_addresses(n: usize, reserved: &[u16]) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut held = Vec::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let listener = StdListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        if !reserved.contains(&addr.port()) {
+            out.push(addr);
+        }
+        held.push(listener);
+    }
+    Ok(out)
 }
 
 /// Every internal connection proves the cluster secret (with `--tls`, mutual TLS does and the
@@ -254,24 +272,24 @@ fn serve_frontends(config_paths: &[PathBuf], map: &ClusterMap) -> anyhow::Result
         .enable_all()
         .build()?
         .block_on(async move {
+            // Listening before the banner: whoever reads it may stop us at once.
+            let terminate = signals::terminate();
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let mut frontends = Vec::new();
             for ((config, map), path) in configs.into_iter().zip(config_paths) {
+                let reload = signals::reload();
                 let listeners = cli::bind_frontend(&config).await?;
                 print_urls(&listeners, &config.datacenter, path)?;
                 let mut stop = stop_rx.clone();
                 let shutdown = Box::pin(async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;
                 });
-                let signals = larder_frontend::Signals {
-                    shutdown,
-                    reload: signals::reload(),
-                };
+                let signals = larder_frontend::Signals { shutdown, reload };
                 frontends.push(tokio::spawn(larder_frontend::serve(
                     config, map, listeners, signals,
                 )));
             }
-            signals::terminate().await;
+            terminate.await;
             let _ = stop_tx.send(true);
             for frontend in frontends {
                 frontend.await?.map_err(anyhow::Error::msg)?;

@@ -7,24 +7,36 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{curl, file_with, free_addresses, signal, wait_for_port, wait_timeout, LARDER};
+use common::{curl, file_with, free_addresses, signal, wait_timeout, LARDER};
 
 fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Child {
-    let child = Command::new(LARDER)
-        .args([
-            "dev",
-            "--data-dir",
-            data_dir,
-            "--listen",
-            &listen.to_string(),
-            "--partitions",
-            "12",
-        ])
-        .env("LARDER_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_port(listen);
+    let mut dev = Command::new(LARDER);
+    dev.args(["dev", "--data-dir", data_dir, "--partitions", "12"])
+        .args(["--listen", &listen.to_string()])
+        .env("LARDER_LOG", "warn");
+    spawn_until_banner(dev, listen)
+}
+
+/// Spawns `larder dev` and returns once it has printed its banner, which it does only after its
+/// frontend is listening (a port that merely accepts could be someone else's).
+fn spawn_until_banner(mut dev: Command, listen: std::net::SocketAddr) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = dev.stdout(Stdio::piped()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Drains stdout to the end, so the banner's later lines never meet a closed pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(banner) => assert!(banner.contains(&format!("http://{listen}")), "{banner}"),
+        Err(e) => {
+            let _ = child.kill();
+            panic!("larder dev printed no banner ({e}): {:?}", child.wait());
+        }
+    }
     child
 }
 
@@ -134,16 +146,13 @@ fn dev_tls_prints_both_urls_and_serves_https_with_its_own_ca() {
 /// Runs `larder dev` with its stderr (its own log and its storage nodes') in `log`, until the
 /// frontend answers, then stops it cleanly.
 fn run_dev_logging_to(data_dir: &str, listen: std::net::SocketAddr, extra: &[&str], log: &Path) {
-    let mut dev = Command::new(LARDER)
-        .args(["dev", "--data-dir", data_dir])
+    let mut dev = Command::new(LARDER);
+    dev.args(["dev", "--data-dir", data_dir])
         .args(["--listen", &listen.to_string()])
         .args(extra)
         .env("LARDER_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    wait_for_port(listen);
+        .stderr(std::fs::File::create(log).unwrap());
+    let mut dev = spawn_until_banner(dev, listen);
     signal(&dev, 15);
     let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("stops on SIGTERM");
     assert!(status.success(), "{status}");

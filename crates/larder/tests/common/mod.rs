@@ -355,7 +355,13 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::
 
 pub fn wait_for_port(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+    // A connection to an ephemeral port with nobody listening can land on itself (TCP
+    // simultaneous open): that is not the server.
+    let accepted = || {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+            .is_ok_and(|s| s.local_addr().ok() != Some(addr))
+    };
+    while !accepted() {
         assert!(
             Instant::now() < deadline,
             "{addr} never accepted connections"
