@@ -87,6 +87,10 @@ pub(crate) async fn tcp_connect(addr: SocketAddr, cfg: &PoolConfig) -> io::Resul
     Ok(stream)
 }
 
+/// Reset streams remembered per connection (for h2's 30 s), so late frames for them are
+/// dropped quietly: about 1,000 cancels in flight at once, some hundred KiB at most.
+const REMEMBERED_RESET_STREAMS: usize = 1024;
+
 async fn handshake<T>(
     stream: T,
     addr: SocketAddr,
@@ -105,6 +109,14 @@ where
         .keep_alive_interval(cfg.keepalive_interval)
         .keep_alive_timeout(cfg.keepalive_timeout)
         .keep_alive_while_idle(true)
+        // Cancelled requests (hedge losers, clients gone) reset their streams while the node's
+        // frames for them are in flight. h2 remembers only 10 reset streams by default; a frame
+        // for a forgotten one counts as the peer's protocol error, and 1,024 of those over the
+        // connection's life close it, failing every request on it (tests/cancelled_streams.rs).
+        // Remember more, and never hold it against a storage node: it proved the cluster secret
+        // (or mutual TLS) before any request, so it is no attacker flooding us with resets.
+        .max_concurrent_reset_streams(REMEMBERED_RESET_STREAMS)
+        .max_local_error_reset_streams(None)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(io::Error::other)?;
