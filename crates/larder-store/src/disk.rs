@@ -50,8 +50,8 @@ pub(crate) struct Shared {
     pub(crate) queue: Mutex<Queue>,
     wake: Condvar,
     failed: Mutex<Option<String>>,
-    /// The sync stage's thread, which must not wait for the commit thread (see `Handle::stop`).
-    sync_thread: Mutex<Option<std::thread::ThreadId>>,
+    /// The sync stage's threads, which must not wait for the commit thread (see `Handle::stop`).
+    sync_threads: Mutex<Vec<std::thread::ThreadId>>,
     journal_syncs: AtomicU64,
     segment_syncs: AtomicU64,
     rounds: AtomicU64,
@@ -81,7 +81,7 @@ impl Disk {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             failed: Mutex::new(None),
-            sync_thread: Mutex::new(None),
+            sync_threads: Mutex::new(Vec::new()),
             journal_syncs: AtomicU64::new(0),
             segment_syncs: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
@@ -161,11 +161,11 @@ impl Handle {
     fn stop(&self) {
         self.shared.queue.lock().stop = true;
         self.shared.wake.notify_all();
-        // The last store may be dropped by the commit or sync thread itself (it held the store
+        // The last store may be dropped by the commit or a sync thread itself (it held the store
         // during a round): then the commit thread stops on its own once the queue is empty (and
-        // waits for the sync thread, which must therefore not wait for it).
+        // waits for the sync threads, which must therefore not wait for it).
         let me = std::thread::current().id();
-        if *self.shared.sync_thread.lock() == Some(me) {
+        if self.shared.sync_threads.lock().contains(&me) {
             return;
         }
         if let Some(thread) = self.thread.lock().take() {
@@ -311,31 +311,43 @@ struct Written {
 
 /// The commit thread: rounds while there is work; on stop a clean close of the journal.
 ///
-/// A round runs in two stages on two threads, so that the next round is collected and written
-/// while the previous one's `fdatasync` is in flight: this thread collects the dirty logs and
-/// writes their frames to the journal, the sync thread (`sync_stage`) syncs and completes rounds
-/// in order. One `fdatasync` covers every byte written before it, so a round that waited behind
-/// another's sync has more company, not more syncs.
+/// A round runs in two stages, so that the next round is collected and written while earlier
+/// ones' `fdatasync`s are in flight: this thread collects the dirty logs and writes their frames
+/// to the journal, the sync threads (`sync_stage`) sync rounds and complete them in order. One
+/// `fdatasync` covers every byte written before it, so a round that waited behind another's sync
+/// has more company, not more syncs.
 fn run(shared: Arc<Shared>, mut journal: JournalFile) {
-    // Capacity 1: at most one written round waits while another syncs; beyond that the writer
+    // Capacity 1: at most one written round waits while others sync; beyond that the writer
     // stage waits too, and the dirty logs pile up into one larger round.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Written>(1);
-    let for_sync = shared.clone();
-    let sync_thread = std::thread::Builder::new()
-        .name("larder-sync".into())
-        .spawn(move || sync_stage(&for_sync, rx));
-    let sync_thread = match sync_thread {
-        Ok(t) => t,
-        Err(e) => {
-            shared.fail(format!("cannot start the sync thread: {e}"));
-            // Without a sync stage every round fails at once, here.
-            return write_stage(&shared, &mut journal, None);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Written)>(1);
+    let stage = Arc::new(SyncStage {
+        rounds: Mutex::new(rx),
+        in_order: Mutex::new(InOrder::default()),
+    });
+    let mut sync_threads = Vec::new();
+    let mut spawn_error = None;
+    // Concurrent `fdatasync`s of one file are fine: the kernel sorts out which flush covers what.
+    for _ in 0..shared.opts.sync_threads.max(1) {
+        let (for_thread, stage) = (shared.clone(), stage.clone());
+        let spawned = std::thread::Builder::new()
+            .name("larder-sync".into())
+            .spawn(move || sync_stage(&for_thread, &stage));
+        match spawned {
+            Ok(t) => sync_threads.push(t),
+            Err(e) => spawn_error = Some(e), // fewer sync threads are slower, not wrong
         }
-    };
-    *shared.sync_thread.lock() = Some(sync_thread.thread().id());
+    }
+    if sync_threads.is_empty() {
+        let e = spawn_error.map_or_else(String::new, |e| e.to_string());
+        shared.fail(format!("cannot start a sync thread: {e}"));
+        // Without a sync stage every round fails at once, here.
+        return write_stage(&shared, &mut journal, None);
+    }
     write_stage(&shared, &mut journal, Some(&tx));
     drop(tx);
-    let _ = sync_thread.join();
+    for thread in sync_threads {
+        let _ = thread.join();
+    }
     if shared.failed().is_some() {
         return; // the journal stays for recovery to replay
     }
@@ -354,8 +366,9 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
 fn write_stage(
     shared: &Shared,
     journal: &mut JournalFile,
-    tx: Option<&std::sync::mpsc::SyncSender<Written>>,
+    tx: Option<&std::sync::mpsc::SyncSender<(u64, Written)>>,
 ) {
+    let mut number: u64 = 0;
     loop {
         let dirty = {
             let mut queue = shared.queue.lock();
@@ -389,9 +402,10 @@ fn write_stage(
         };
         match tx {
             Some(tx) => {
-                if let Err(back) = tx.send(written) {
-                    finish(shared, back.0, Some("the sync thread is gone".into()));
+                if let Err(back) = tx.send((number, written)) {
+                    finish(shared, back.0 .1, Some("the sync threads are gone".into()));
                 }
+                number += 1;
             }
             None => {
                 let why = shared.failed();
@@ -413,9 +427,30 @@ fn write_round(
     journal.append(collected)
 }
 
-/// Syncs written rounds in order and completes their writers.
-fn sync_stage(shared: &Shared, rx: std::sync::mpsc::Receiver<Written>) {
-    for written in rx {
+/// What the sync threads share: the written rounds to take, and the synced ones waiting for
+/// their turn to complete.
+struct SyncStage {
+    rounds: Mutex<std::sync::mpsc::Receiver<(u64, Written)>>,
+    in_order: Mutex<InOrder>,
+}
+
+/// Synced rounds wait here until every earlier round is complete: a round is completed only
+/// after all before it, so a failure is never followed by a success (a later round's records
+/// sit after the failed round's in their logs, and recovery could not keep them without it).
+#[derive(Default)]
+struct InOrder {
+    next: u64,
+    synced: std::collections::BTreeMap<u64, (Written, Option<String>)>,
+}
+
+/// Syncs written rounds, each sync thread its own, and completes them in order.
+fn sync_stage(shared: &Shared, stage: &SyncStage) {
+    shared.sync_threads.lock().push(std::thread::current().id());
+    loop {
+        let taken = stage.rounds.lock().recv();
+        let Ok((number, written)) = taken else {
+            return;
+        };
         let failed = match written.failed.clone().or_else(|| shared.failed()) {
             Some(why) => Some(why),
             None => sync_round(shared, &written).err().map(|e| {
@@ -424,7 +459,18 @@ fn sync_stage(shared: &Shared, rx: std::sync::mpsc::Receiver<Written>) {
                 why
             }),
         };
-        finish(shared, written, failed);
+        // Completing under the lock keeps the order when both threads have rounds ready.
+        let mut in_order = stage.in_order.lock();
+        in_order.synced.insert(number, (written, failed));
+        while let Some((written, failed)) = {
+            let next = in_order.next;
+            in_order.synced.remove(&next)
+        } {
+            in_order.next += 1;
+            // An earlier round's failure fails this one too, even if its own sync succeeded.
+            let failed = failed.or_else(|| shared.failed());
+            finish(shared, written, failed);
+        }
     }
 }
 

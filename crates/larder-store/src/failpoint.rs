@@ -14,6 +14,8 @@ pub(crate) struct FailPoints {
     truncate_fails: AtomicBool,
     /// Every fdatasync waits this long, then fails with EIO (so writers pile up behind it).
     sync_fails_after: Mutex<Option<std::time::Duration>>,
+    /// The next fdatasync (only it) waits this long, then fails with EIO.
+    next_sync_fails_after: Mutex<Option<std::time::Duration>>,
     /// Every fdatasync waits this long first, then does its job.
     sync_delay: Mutex<Option<std::time::Duration>>,
     /// Compaction stops with an error at this step (1: rewrite synced, 2: renamed into place,
@@ -49,6 +51,10 @@ impl FailPoints {
         *self.sync_fails_after.lock() = Some(delay);
     }
 
+    pub fn fail_next_sync_after(&self, delay: std::time::Duration) {
+        *self.next_sync_fails_after.lock() = Some(delay);
+    }
+
     pub fn slow_syncs(&self, delay: Option<std::time::Duration>) {
         *self.sync_delay.lock() = delay;
     }
@@ -57,6 +63,11 @@ impl FailPoints {
     pub fn sync(&self) -> Option<io::Error> {
         if let Some(delay) = *self.sync_delay.lock() {
             std::thread::sleep(delay);
+        }
+        let next = self.next_sync_fails_after.lock().take();
+        if let Some(delay) = next {
+            std::thread::sleep(delay);
+            return Some(io::Error::from_raw_os_error(libc::EIO));
         }
         let delay = (*self.sync_fails_after.lock())?;
         std::thread::sleep(delay);

@@ -302,6 +302,33 @@ fn a_failed_journal_sync_fails_the_rounds_writers_and_every_store_on_the_disk_re
     );
 }
 
+#[test]
+fn a_round_synced_after_a_failed_one_is_not_acknowledged_either() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    let b = Store::open_on(&disk, root.path().join("b"), Options::default()).unwrap();
+    // The first round's sync fails late; the next round's sync, on the other sync thread,
+    // succeeds before it. Its records sit after the failed round's in the journal and could not
+    // be recovered without them: it must fail too.
+    disk.shared()
+        .fail
+        .fail_next_sync_after(std::time::Duration::from_millis(400));
+    let first = std::thread::spawn(move || a.put_blob(b"first", meta(), &[data(100, 1)]));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let second = b.put_blob(b"second", meta(), &[data(100, 2)]);
+    assert!(
+        matches!(second, Err(Error::Unavailable(_))),
+        "a round after a failed one was acknowledged: {:?}",
+        second.map(|_| ())
+    );
+    assert!(matches!(first.join().unwrap(), Err(Error::Unavailable(_))));
+    assert!(matches!(
+        b.get_blob(b"second", 0).unwrap(),
+        BlobLookup::NotFound
+    ));
+}
+
 /// Reopens `dir` once the dropped store's commit thread has let go of its lock.
 fn reopen(dir: &std::path::Path) -> Store {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -268,12 +268,17 @@ pub struct DiskOptions {
     /// A journal file is replaced by a new one once it reaches this size (after every segment
     /// it holds records of was synced, so it can be deleted).
     pub journal_file_size: u64,
+    /// Rounds whose `fdatasync` may be in flight at once (at least 1). With 2, a round written
+    /// while another's sync is in flight starts its own at once instead of waiting for it: a
+    /// writer waits about one sync rather than one and a half on average.
+    pub sync_threads: usize,
 }
 
 impl Default for DiskOptions {
     fn default() -> Self {
         DiskOptions {
             journal_file_size: 64 << 20,
+            sync_threads: 2,
         }
     }
 }

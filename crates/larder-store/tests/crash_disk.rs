@@ -32,6 +32,7 @@ fn disk_opts() -> DiskOptions {
     // Small journal files, so rotations (and their segment syncs) happen under the kill too.
     DiskOptions {
         journal_file_size: 512 << 10,
+        ..DiskOptions::default()
     }
 }
 

@@ -258,6 +258,7 @@ fn journal_files_rotate_and_the_old_ones_go() {
         root.path(),
         DiskOptions {
             journal_file_size: 64 << 10,
+            ..DiskOptions::default()
         },
     )
     .unwrap();
