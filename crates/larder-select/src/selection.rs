@@ -18,7 +18,7 @@
 //! are false (except `!=`). Anything else (arithmetic, functions, field paths into structs) is a
 //! 400, never a guess.
 //!
-//! Bounded (see `bounds`): a condition is at most `MAX_CONDITION_BYTES` long and nests
+//! Bounded (see `bounds`): a condition is at most `MAX_SELECTION_BYTES` long and nests
 //! parentheses and `not` at most `MAX_NESTING` deep; `and`/`or` chains are flat lists, not
 //! left-deep trees. So the parsed tree is at most `MAX_NESTING` levels deep, and the recursive
 //! descent, the recursive evaluation (`matches`) and the recursive drop of the tree are all
@@ -29,9 +29,9 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::bounds::{Depth, MAX_CONDITION_BYTES};
-use super::glob::Glob;
-use super::update::Fields;
+use crate::bounds::{Depth, MAX_SELECTION_BYTES};
+use crate::glob::Glob;
+use crate::Document;
 
 /// A parsed condition.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,17 +66,10 @@ pub enum Cmp {
     Ge,
 }
 
-/// What a condition is evaluated against: the document if it exists.
-pub struct Subject<'a> {
-    pub id: &'a str,
-    pub doctype: &'a str,
-    pub fields: Option<&'a Fields>,
-}
-
 pub fn parse(text: &str) -> Result<Condition, String> {
-    if text.len() > MAX_CONDITION_BYTES {
+    if text.len() > MAX_SELECTION_BYTES {
         return Err(format!(
-            "condition is longer than {MAX_CONDITION_BYTES} bytes"
+            "condition is longer than {MAX_SELECTION_BYTES} bytes"
         ));
     }
     let tokens = tokenize(text)?;
@@ -308,7 +301,7 @@ fn word_operand(word: &str) -> Result<Operand, String> {
 impl Condition {
     /// Whether the condition holds for `subject`. Recursive, and bounded: the tree is at most
     /// `MAX_NESTING` levels deep (see the module's docs).
-    pub fn matches(&self, subject: &Subject) -> bool {
+    pub fn matches(&self, subject: &Document) -> bool {
         match self {
             Condition::Or(all) => all.iter().any(|c| c.matches(subject)),
             Condition::And(all) => all.iter().all(|c| c.matches(subject)),
@@ -325,7 +318,7 @@ impl Condition {
 
 impl Operand {
     /// The operand's value; a field is borrowed, not copied (it may be megabytes of text).
-    fn value<'a>(&'a self, subject: &'a Subject) -> Cow<'a, Value> {
+    fn value<'a>(&'a self, subject: &'a Document) -> Cow<'a, Value> {
         match self {
             Operand::Literal(v) => Cow::Borrowed(v),
             Operand::Id => Cow::Owned(Value::String(subject.id.to_owned())),
@@ -377,7 +370,7 @@ mod tests {
 
     fn check(condition: &str, fields: Option<Value>, expected: bool) {
         let fields = fields.map(|f| f.as_object().unwrap().clone());
-        let subject = Subject {
+        let subject = Document {
             id: "id:ns:music::1",
             doctype: "music",
             fields: fields.as_ref(),
@@ -434,7 +427,7 @@ mod tests {
 
     #[test]
     fn nesting_is_bounded_and_long_chains_stay_flat() {
-        use super::super::bounds::MAX_NESTING;
+        use crate::bounds::MAX_NESTING;
         let nested = |n: usize| format!("{}music.x{}", "(".repeat(n), ")".repeat(n));
         assert!(parse(&nested(MAX_NESTING)).is_ok());
         let err = parse(&nested(MAX_NESTING + 1)).unwrap_err();
@@ -472,9 +465,9 @@ mod tests {
             text in "([()]|not |and |or |music\\.x|music| == | = |'a\\*'|1| ){0,400}"
         ) {
             if let Ok(condition) = parse(&text) {
-                proptest::prop_assert!(depth(&condition) <= super::super::bounds::MAX_NESTING);
+                proptest::prop_assert!(depth(&condition) <= crate::bounds::MAX_NESTING);
                 let fields = json!({"x": "abc"}).as_object().unwrap().clone();
-                let subject = Subject { id: "id:ns:music::1", doctype: "music", fields: Some(&fields) };
+                let subject = Document { id: "id:ns:music::1", doctype: "music", fields: Some(&fields) };
                 let _ = condition.matches(&subject);
             }
         }
@@ -489,7 +482,7 @@ mod tests {
     fn parsing_time_grows_linearly() {
         // The longest condition accepted, of the worst shapes: parsing must not take longer than
         // a small multiple of a condition a sixteenth its size (a generous linearity check).
-        use super::super::bounds::MAX_CONDITION_BYTES;
+        use crate::bounds::MAX_SELECTION_BYTES;
         for unit in [
             "(",
             "not ",
@@ -510,7 +503,7 @@ mod tests {
                     .min()
                     .expect("five runs")
             };
-            let (small, large) = (timed(MAX_CONDITION_BYTES / 16), timed(MAX_CONDITION_BYTES));
+            let (small, large) = (timed(MAX_SELECTION_BYTES / 16), timed(MAX_SELECTION_BYTES));
             assert!(
                 large < small * 64 + std::time::Duration::from_millis(100),
                 "{unit:?}: {small:?} then {large:?}"
