@@ -19,6 +19,17 @@ pub const MAX_SELECTION_BYTES: usize = 16 * 1024;
 /// at worst (and callers run matching off their async workers).
 pub const MAX_GLOB_CHARS: usize = 1024;
 
+/// Longest regular expression (the right-hand side of `=~`), in bytes.
+pub const MAX_REGEX_BYTES: usize = 1024;
+
+/// Largest compiled program of one regular expression (and of its lazy DFA's cache), in bytes:
+/// what bounds compile time and memory. The `regex` crate matches in time linear in the text.
+pub const REGEX_SIZE_LIMIT: usize = 256 * 1024;
+
+/// Most regular expressions in one selection: with `REGEX_SIZE_LIMIT`, a selection's compiled
+/// regexes take at most 4 MiB.
+pub const MAX_REGEXES: usize = 16;
+
 /// The nesting depth of a parser in progress: `enter` on each level opened, `leave` on each
 /// closed. Parsers call this rather than counting on their own so the limit stays one number.
 #[derive(Debug, Default)]
