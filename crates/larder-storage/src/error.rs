@@ -41,6 +41,9 @@ pub enum Error {
     BadRange(RangeError),
     #[error("{0}")]
     NotFound(&'static str),
+    /// A bounded resource (visit scan slots) stayed taken too long: try later or elsewhere.
+    #[error("{0}")]
+    Busy(&'static str),
     #[error("stored properties: {0}")]
     CorruptProperties(String),
     #[error(transparent)]

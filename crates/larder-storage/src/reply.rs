@@ -76,13 +76,14 @@ pub fn error_response(err: &Error) -> Response<Body> {
         }
         Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
         Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
+        Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
         Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
         Error::Store(err) => store_status(err),
     };
     let mut response = coded(code, stable, err);
     let headers = response.headers_mut();
     match err {
-        Error::BodyBudgetSpent { .. } => {
+        Error::BodyBudgetSpent { .. } | Error::Busy(_) => {
             headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
         }
         Error::BadRange(err @ RangeError::Unsatisfiable { size }) => {

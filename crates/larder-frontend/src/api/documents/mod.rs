@@ -7,6 +7,7 @@
 mod body;
 mod bounds;
 mod config;
+mod continuation;
 #[doc(hidden)]
 pub mod fuzzing;
 mod locks;
@@ -14,6 +15,7 @@ mod params;
 mod path;
 mod reply;
 mod update;
+mod visit;
 mod work;
 
 use std::sync::Arc;
@@ -58,9 +60,8 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
     .await;
     let doc = match path::parse(&path_id) {
         Ok(Target::Document(doc)) => doc,
-        Ok(Target::Collection) => {
-            let message = "visiting (a path without a document ID) is not supported yet";
-            return reply::failure(&path_id, None, Failure::BadRequest(message.into()));
+        Ok(Target::Collection(scope)) => {
+            return visiting(state, &path_id, scope, &parts, body).await;
         }
         Err(message) => return reply::failure(&path_id, None, Failure::BadRequest(message)),
     };
@@ -70,6 +71,41 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
         Err(failure) => Err(failure),
     };
     result.unwrap_or_else(|failure| reply::failure(&path_id, Some(&doc.id), failure))
+}
+
+/// A visit (`GET`), update-where (`PUT`) or delete-where (`DELETE`) of the documents of `scope`.
+async fn visiting(
+    state: &Arc<AppState>,
+    path_id: &str,
+    scope: path::Scope,
+    parts: &http::request::Parts,
+    body: Result<(Bytes, Reservation), Failure>,
+) -> Response<Body> {
+    let result = async {
+        // The reservation is held until the answer is built: the body lives that long.
+        let (body, _reservation) = body?;
+        let params = params::parse(parts.uri.query().unwrap_or("")).map_err(Failure::BadRequest)?;
+        if !matches!(parts.method, Method::GET | Method::PUT | Method::DELETE) {
+            return Err(Failure::MethodNotAllowed(format!(
+                "method {} is not allowed on a document selection; use GET, PUT or DELETE",
+                parts.method
+            )));
+        }
+        let partitions = state.documents.partition_count();
+        let plan = visit::Visit::plan(&params, scope, partitions, &parts.method)?;
+        let permit = state.visits.clone().try_acquire_owned().map_err(|_| {
+            Failure::Overloaded("too many visits in progress on this frontend".into())
+        })?;
+        match parts.method {
+            Method::GET => visit::get(state, path_id, plan, params.stream, permit).await,
+            ref method => {
+                let _permit = permit;
+                visit::write(state, path_id, plan, &params, method.clone(), body).await
+            }
+        }
+    }
+    .await;
+    result.unwrap_or_else(|failure| reply::failure(path_id, None, failure))
 }
 
 /// A reservation against this request's connection budget (put there by the connection) and
