@@ -5,13 +5,17 @@
 //! splits the corpus so that the slices together return every document exactly once), each a
 //! sequence of page requests that follows `continuation` until the server sends none. Pages are
 //! asked for with `stream=true` by default, so the server starts answering before a page is
-//! complete. Every document is written to the output as one JSON line (`{"id", "fields"}`, as
-//! the server sent it); a page's lines are written together, so lines never interleave.
-//! 429, 503 and transport errors are retried with backoff until the visit's per-page deadline.
+//! complete, and read as they stream in: each document is written to the output as one JSON line
+//! (`{"id", "fields"}`, as the server sent it, compacted) as soon as it has arrived (`scanner`),
+//! so memory is one document per slice, never a page. Lines never interleave (each chunk's
+//! lines are written together). 429, 503 and transport errors before a page's answer starts are
+//! retried with backoff until the per-page deadline; a page that breaks off once documents
+//! have been written is an error (retrying it would write them twice).
 //!
 //! It speaks only the public wire format, so it visits Vespa too.
 
-mod page;
+mod query;
+mod scanner;
 mod summary;
 
 use std::io::Write;
@@ -20,12 +24,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use parking_lot::Mutex;
 
 use crate::config::FeedConfig;
-use crate::transport::{Target, Transport};
-use page::{Page, PageQuery};
+use crate::transport::{Streaming, Target, Transport};
+use query::PageQuery;
+use scanner::{PageScanner, Tail};
 pub use summary::VisitSummary;
 use summary::{Counters, Progress};
 
@@ -193,38 +198,38 @@ impl Visit {
                 return Ok(()); // another slice failed: the visit is over
             }
             let uri = format!("{}?{}", self.path, query.to_query(continuation.as_deref()));
-            let body = self.page(&uri).await.map_err(|message| {
+            let tail = self.page(&uri).await.map_err(|message| {
                 self.counters.fail();
                 VisitError::Page { slice, message }
             })?;
-            let page = Page::parse(&body).map_err(|message| {
-                self.counters.fail();
-                VisitError::Page { slice, message }
-            })?;
-            let mut lines = Vec::with_capacity(body.len());
-            page.write_lines(&mut lines);
-            self.output.lock().write_all(&lines)?;
-            self.counters
-                .page(page.documents.len() as u64, body.len() as u64);
-            match page.next() {
+            self.counters.page();
+            match tail.next() {
                 Some(next) => continuation = Some(next.to_owned()),
                 None => return Ok(()),
             }
         }
     }
 
-    /// One page's body, retrying 429, 503 and transport errors with exponential backoff until
-    /// the deadline or the retries run out.
-    async fn page(&self, uri: &str) -> Result<Bytes, String> {
+    /// One page, its documents written as they arrive; retries 429, 503 and transport errors
+    /// (before the answer starts) with exponential backoff until the deadline or the retries
+    /// run out.
+    async fn page(&self, uri: &str) -> Result<Tail, String> {
         let connection = &self.config.connection;
         let deadline = Instant::now() + connection.timeout;
         let mut backoff = Duration::from_millis(50);
         let mut retries = 0;
         loop {
-            let failure = match self.transport.send(self.request(uri)?).await {
-                Ok((StatusCode::OK, body)) => return Ok(body),
-                Ok((status, body)) if retryable(status) => format!("{status}: {}", message(&body)),
-                Ok((status, body)) => return Err(format!("{status}: {}", message(&body))),
+            let failure = match self.transport.send_streaming(self.request(uri)?).await {
+                Ok(answer) if answer.response.status() == StatusCode::OK => {
+                    return self.read_page(answer).await;
+                }
+                Ok(answer) => {
+                    let (status, message) = refusal(answer).await;
+                    if !retryable(status) {
+                        return Err(format!("{status}: {message}"));
+                    }
+                    format!("{status}: {message}")
+                }
                 Err(transport) => transport,
             };
             retries += 1;
@@ -237,6 +242,38 @@ impl Visit {
             tokio::time::sleep(backoff + jitter).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+
+    /// Reads a page's body as it streams in, writing each chunk's documents as JSON lines.
+    async fn read_page(&self, answer: Streaming<'_>) -> Result<Tail, String> {
+        let mut body = answer.response.into_body();
+        let mut scanner = PageScanner::default();
+        let mut lines = Vec::new();
+        let mut written = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                format!("the page broke off after {written} of its documents were written: {e}")
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            let mut documents = 0;
+            scanner.feed(&data, &mut |document| {
+                lines.extend_from_slice(document);
+                lines.push(b'\n');
+                documents += 1;
+            })?;
+            if !lines.is_empty() {
+                self.output
+                    .lock()
+                    .write_all(&lines)
+                    .map_err(|e| format!("writing the documents failed: {e}"))?;
+                lines.clear();
+            }
+            written += documents;
+            self.counters.read(documents, data.len() as u64);
+        }
+        scanner.finish()
     }
 
     fn request(&self, uri: &str) -> Result<Request<Full<Bytes>>, String> {
@@ -254,6 +291,17 @@ impl Visit {
         }
         Ok(request)
     }
+}
+
+/// An answer other than 200: its status and message (from at most 64 KiB of its body).
+async fn refusal(answer: Streaming<'_>) -> (StatusCode, String) {
+    let status = answer.response.status();
+    let body = Limited::new(answer.response.into_body(), 64 << 10)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    (status, message(&body))
 }
 
 fn retryable(status: StatusCode) -> bool {

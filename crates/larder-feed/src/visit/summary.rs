@@ -17,10 +17,14 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    pub(crate) fn page(&self, documents: u64, bytes: u64) {
+    /// Documents written and page bytes read, as they come.
+    pub(crate) fn read(&self, documents: u64, bytes: u64) {
         self.documents.fetch_add(documents, Relaxed);
-        self.pages.fetch_add(1, Relaxed);
         self.bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub(crate) fn page(&self) {
+        self.pages.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn retry(&self) {
