@@ -6,12 +6,10 @@
 
 mod body;
 mod bounds;
-mod condition;
 mod config;
 mod continuation;
 #[doc(hidden)]
 pub mod fuzzing;
-mod glob;
 mod locks;
 mod params;
 mod path;
@@ -26,6 +24,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use larder_router::{DocError, DocState, Written};
+use larder_select::{Document, Selection};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
@@ -36,7 +35,6 @@ pub use work::DocWork;
 use crate::body::Body;
 use crate::body_budget::{BodyBudget, Reservation};
 use crate::state::AppState;
-use condition::{Condition, Subject};
 use params::Params;
 use path::{DocPath, Target};
 use reply::Failure;
@@ -193,10 +191,10 @@ impl Operation<'_> {
     }
 
     /// The condition of the query string, or else the body's: parsed within `bounds`' limits.
-    fn condition(&self, from_body: Option<&str>) -> Result<Option<Arc<Condition>>, Failure> {
+    fn condition(&self, from_body: Option<&str>) -> Result<Option<Arc<Selection>>, Failure> {
         let text = self.params.condition.as_deref().or(from_body);
         text.map(|t| {
-            condition::parse(t)
+            Selection::parse(t)
                 .map(Arc::new)
                 .map_err(|e| Failure::BadRequest(format!("bad condition: {e}")))
         })
@@ -204,7 +202,7 @@ impl Operation<'_> {
     }
 
     /// Reads the document and fails with 412 unless `condition` holds for it.
-    async fn check(&self, condition: &Arc<Condition>) -> Result<DocState, Failure> {
+    async fn check(&self, condition: &Arc<Selection>) -> Result<DocState, Failure> {
         let current = self.read().await?;
         let json = match &current {
             DocState::Found { json, .. } => Some(json.clone()),
@@ -222,12 +220,12 @@ impl Operation<'_> {
         let holds = self
             .off_worker(move || {
                 let fields = json.as_deref().map(parse_fields).transpose()?;
-                let subject = Subject {
+                let doc = Document {
                     id: &id,
                     doctype: &doctype,
                     fields: fields.as_ref(),
                 };
-                Ok(condition.matches(&subject))
+                Ok(condition.matches(&doc))
             })
             .await?;
         if !holds {
