@@ -55,6 +55,9 @@ pub struct PageRequest {
     pub after: Option<(u64, String)>,
     /// Most entries (live or not) per replica.
     pub limit: usize,
+    /// A document selection the replicas evaluate (`larder-select`); what it does not match
+    /// is left out of the page (after the merge, so a newer unmatched version still wins).
+    pub selection: Option<String>,
 }
 
 impl DocRouter {
@@ -80,7 +83,7 @@ impl DocRouter {
             last: request.last,
             after: request.after.clone(),
             limit: request.limit.clamp(1, larder_proto::VISIT_MAX_LIMIT),
-            selection: None,
+            selection: request.selection.clone(),
         }
         .path(partition);
         let mut answers = self.fan_out(&replicas, deadline, |_| {

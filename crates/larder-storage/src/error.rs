@@ -15,6 +15,8 @@ pub enum Error {
     BadQuery(&'static str),
     #[error("{0}")]
     BadKey(&'static str),
+    #[error("bad selection: {0}")]
+    BadSelection(String),
     #[error("{0}")]
     BadHeader(String),
     #[error(transparent)]

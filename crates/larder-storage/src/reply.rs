@@ -63,6 +63,7 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
         Error::BadQuery(_) => (S::BAD_REQUEST, "BadQuery"),
         Error::BadKey(_) => (S::BAD_REQUEST, "BadKey"),
+        Error::BadSelection(_) => (S::BAD_REQUEST, "BadSelection"),
         Error::BadHeader(_) => (S::BAD_REQUEST, "BadHeader"),
         Error::BadProperties(_) => (S::BAD_REQUEST, "BadProperties"),
         Error::FromTheFuture { .. } => (S::BAD_REQUEST, "FromTheFuture"),

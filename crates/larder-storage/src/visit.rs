@@ -1,6 +1,9 @@
 //! `GET .../visit`: a page of a replica's documents in visiting order (`larder_store::visit_hash`
 //! then key), live ones with their fields and removed ones as versioned tombstones, so that a
 //! frontend merging the pages of several replicas lets the newest version of each key win.
+//! A request's selection (`larder-select`) is evaluated here, where the documents are, on the
+//! blocking pool with the scan: a live document it does not match is returned as `unmatched`,
+//! without its fields (its version still takes part in the merge).
 //!
 //! A page's scan reads every document it returns from disk, so scans are I/O the node bounds:
 //! at most [`SCANS_AT_ONCE`] run at once, on the blocking pool; a request that waits longer
@@ -12,7 +15,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use larder_proto::{ItemState, VisitItem, VisitPage, VisitQuery};
-use larder_store::{Store, VisitFrom, VisitState};
+use larder_select::{Document, Selection};
+use larder_store::{Store, VisitEntry, VisitFrom, VisitState};
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
@@ -27,6 +31,39 @@ const SCAN_WAIT: Duration = Duration::from_secs(2);
 /// Fields bytes after which a page stops (a page holds at least one document).
 const PAGE_BYTES: u64 = 4 << 20;
 
+/// A page entry; a live document the selection does not match loses its fields.
+fn item(entry: VisitEntry, selection: Option<&Selection>) -> VisitItem {
+    let key = String::from_utf8_lossy(&entry.key).into_owned();
+    let state = match entry.state {
+        VisitState::Removed => ItemState::Removed,
+        VisitState::Live(fields) => match selection {
+            Some(selection) if !selects(selection, &key, &fields) => ItemState::Unmatched,
+            _ => ItemState::Live(fields),
+        },
+    };
+    VisitItem {
+        h: entry.h,
+        key,
+        version: entry.version,
+        time_ms: entry.time_ms,
+        state,
+    }
+}
+
+/// Whether `selection` holds for the document `key` with these stored fields. A document whose
+/// fields do not parse (never written so by a frontend) is not selected.
+fn selects(selection: &Selection, key: &str, fields: &[u8]) -> bool {
+    let Ok(fields) = serde_json::from_slice::<larder_select::Fields>(fields) else {
+        return false;
+    };
+    let doc = Document {
+        id: key,
+        doctype: key.split(':').nth(2).unwrap_or(""),
+        fields: Some(&fields),
+    };
+    selection.matches(&doc)
+}
+
 /// The node's visit scan slots.
 pub struct VisitScans(Semaphore);
 
@@ -38,11 +75,10 @@ impl Default for VisitScans {
 
 pub async fn page(scans: &VisitScans, store: Store, query: &str) -> Result<Response<Body>> {
     let query = VisitQuery::parse(query).map_err(|_| Error::BadQuery("bad visit query"))?;
-    if query.selection.is_some() {
-        return Err(Error::BadQuery(
-            "this node does not evaluate selections; the frontend does",
-        ));
-    }
+    let selection = match &query.selection {
+        Some(text) => Some(Selection::parse(text).map_err(|e| Error::BadSelection(e.to_string()))?),
+        None => None,
+    };
     let _slot = tokio::time::timeout(SCAN_WAIT, scans.0.acquire())
         .await
         .map_err(|_| Error::Busy("too many visit scans on this node"))?
@@ -52,21 +88,19 @@ pub async fn page(scans: &VisitScans, store: Store, query: &str) -> Result<Respo
         None => VisitFrom::Start(query.first),
     };
     let (last, limit) = (query.last, query.limit);
-    let page = blocking(move || store.visit_docs(&from, last, limit, PAGE_BYTES)).await?;
-    let items = page.entries.into_iter().map(|e| VisitItem {
-        h: e.h,
-        key: String::from_utf8_lossy(&e.key).into_owned(),
-        version: e.version,
-        time_ms: e.time_ms,
-        state: match e.state {
-            VisitState::Live(fields) => ItemState::Live(fields),
-            VisitState::Removed => ItemState::Removed,
-        },
-    });
-    let page = VisitPage {
-        more: page.more,
-        items: items.collect(),
-    };
+    let page = blocking(move || {
+        let page = store.visit_docs(&from, last, limit, PAGE_BYTES)?;
+        let items = page
+            .entries
+            .into_iter()
+            .map(|e| item(e, selection.as_ref()))
+            .collect();
+        Ok::<_, Error>(VisitPage {
+            more: page.more,
+            items,
+        })
+    })
+    .await?;
     let mut response = Response::new(reply::body(page.encode()));
     *response.status_mut() = StatusCode::OK;
     response.headers_mut().insert(

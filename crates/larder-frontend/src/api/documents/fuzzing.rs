@@ -24,3 +24,16 @@ pub fn document_body_for_fuzz(data: &[u8]) {
         let _ = super::updated(None, &update.fields);
     }
 }
+
+/// Parses `text` as a visiting continuation exactly as a request's `continuation` is parsed;
+/// a token it accepts must encode back to itself (modulo padding). Must never panic.
+pub fn continuation_for_fuzz(text: &str) -> bool {
+    match super::continuation::Position::decode(text) {
+        Ok(position) => {
+            let again = super::continuation::Position::decode(&position.encode());
+            assert_eq!(again.as_ref(), Ok(&position));
+            true
+        }
+        Err(_) => false,
+    }
+}

@@ -7,8 +7,10 @@
 //! turn, each in `(h, key)` order, one merged page of `write_quorum` replicas at a time
 //! (`DocRouter::visit_page`), so every document present for the whole visit is returned exactly
 //! once, by whichever frontends the requests of a visit go to, and N slices visited at once
-//! return each document once between them. Scope, selection and field set are applied to each
-//! page on the blocking pool (`work`), never on the async workers.
+//! return each document once between them. The selection is evaluated by the storage nodes,
+//! where the documents are (`larder-select`; documents it does not match come back without
+//! their fields); scope and field set are applied to each page on the blocking pool (`work`),
+//! never on the async workers.
 //!
 //! With `stream=true` the answer starts at once and each page's documents are written as they
 //! arrive (bounded by a small channel, so a slow client slows the visit, not the memory); a
@@ -33,7 +35,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use larder_select::{Document as Subject, Selection as Condition};
+use larder_select::Selection;
+
 use super::continuation::{slice_range, Position};
 use super::params::Params;
 use super::path::{doctype_of, DocPath, Scope};
@@ -80,10 +83,9 @@ fn field_set(text: Option<&str>) -> Result<FieldSet, String> {
     })
 }
 
-/// What a visit keeps of each document: scope, selection and field set.
+/// What a visit keeps of each document the storage nodes selected: scope and field set.
 struct Filter {
     scope: Scope,
-    selection: Option<Condition>,
     fields: FieldSet,
 }
 
@@ -97,7 +99,7 @@ struct Matched {
 impl Filter {
     /// Whether some documents of a page may be left out (so pages should be larger).
     fn narrows(&self) -> bool {
-        self.selection.is_some() || self.scope != Scope::default()
+        self.scope != Scope::default()
     }
 
     /// The page's documents this filter keeps, rendered. CPU work: runs on the blocking pool.
@@ -107,23 +109,12 @@ impl Filter {
             if !self.scope.covers(&doc.id) {
                 continue;
             }
-            let needs_parse = self.selection.is_some() || matches!(self.fields, FieldSet::Named(_));
-            let parsed: Option<Fields> = match needs_parse {
-                true => Some(serde_json::from_slice(&doc.fields).map_err(|e| {
+            let parsed: Option<Fields> = match self.fields {
+                FieldSet::Named(_) => Some(serde_json::from_slice(&doc.fields).map_err(|e| {
                     Failure::Internal(format!("stored document is not a JSON object: {e}"))
                 })?),
-                false => None,
+                _ => None,
             };
-            if let Some(selection) = &self.selection {
-                let subject = Subject {
-                    id: &doc.id,
-                    doctype: doctype_of(&doc.id),
-                    fields: parsed.as_ref(),
-                };
-                if !selection.matches(&subject) {
-                    continue;
-                }
-            }
             let mut rendered = format!("{{\"id\":{},\"fields\":", quoted(&doc.id)).into_bytes();
             match (&self.fields, &parsed) {
                 (FieldSet::All, _) => rendered.extend_from_slice(&doc.fields),
@@ -155,6 +146,8 @@ fn quoted(text: &str) -> String {
 /// One chunk of a visit: where it starts, what it keeps, when it stops.
 pub(super) struct Visit {
     filter: Arc<Filter>,
+    /// The selection's text, checked here, evaluated by the storage nodes.
+    selection: Option<String>,
     first: u64,
     last: u64,
     position: Position,
@@ -203,12 +196,11 @@ impl Visit {
                 position
             }
         };
-        let selection = params
-            .selection
-            .as_deref()
-            .map(Condition::parse)
-            .transpose()
-            .map_err(|e| bad(format!("bad selection: {e}")))?;
+        if let Some(text) = &params.selection {
+            // Checked here too, so a bad one is a 400 with its position, not a storage error.
+            Selection::parse(text).map_err(|e| bad(format!("bad selection: {e}")))?;
+        }
+        let selection = params.selection.clone();
         if *method != Method::GET {
             if params.cluster.is_none() {
                 return Err(bad(format!("{method} of a document selection needs the cluster parameter")));
@@ -228,11 +220,8 @@ impl Visit {
         let time_chunk = params.timeout.map_or(time_chunk, |t| t.min(time_chunk));
         let (first, last) = slice_range(slices, slice_id);
         Ok(Visit {
-            filter: Arc::new(Filter {
-                scope,
-                selection,
-                fields,
-            }),
+            filter: Arc::new(Filter { scope, fields }),
+            selection,
             first,
             last,
             position,
@@ -258,7 +247,7 @@ impl Visit {
                 return Ok(Some(position.encode()));
             }
             let remaining = self.wanted - count;
-            let limit = match self.filter.narrows() {
+            let limit = match self.filter.narrows() || self.selection.is_some() {
                 true => larder_proto::VISIT_MAX_LIMIT,
                 false => remaining.min(larder_proto::VISIT_MAX_LIMIT as u64) as usize,
             };
@@ -268,6 +257,7 @@ impl Visit {
                 last: self.last,
                 after: position.after.clone(),
                 limit,
+                selection: self.selection.clone(),
             };
             let deadline = Instant::now() + state.router.config().operation_timeout;
             let page = state.documents.visit_page(&request, deadline).await?;
