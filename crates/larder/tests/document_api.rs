@@ -303,7 +303,13 @@ fn conditions_parameters_gzip_and_statuses() {
         ),
         (
             400,
-            request(&cluster, "GET", "/document/v1/music/song/docid", None),
+            // Visiting is served now: a bad selection is its 400.
+            request(
+                &cluster,
+                "GET",
+                "/document/v1/music/song/docid?selection=song.x%20%3D%3D",
+                None,
+            ),
         ),
         (
             404,
