@@ -165,3 +165,84 @@ async fn a_refused_page_stops_the_visit_with_the_servers_message() {
         .unwrap_err();
     assert!(err.to_string().contains("at byte 3"), "{err}");
 }
+
+/// A response body sent chunk by chunk, as a streaming server sends a page.
+struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(hyper::body::Frame::data(c))))
+    }
+}
+
+/// Serves one page whose body is whatever the test sends on the returned channel.
+async fn serve_one_streamed_page() -> (SocketAddr, tokio::sync::mpsc::Sender<Bytes>) {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let rx = Arc::new(parking_lot::Mutex::new(Some(rx)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+            let body = Chunks(rx.lock().take().expect("one page only"));
+            async move { Ok::<_, Infallible>(Response::new(body)) }
+        });
+        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    });
+    (addr, tx)
+}
+
+/// A shared output the test can read while the visit writes it.
+#[derive(Clone, Default)]
+struct Shared(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn documents_are_written_while_their_page_is_still_streaming() {
+    let (addr, page) = serve_one_streamed_page().await;
+    let mut config = larder_feed::VisitConfig::new(&format!("http://{addr}/")).unwrap();
+    config.slices = 1;
+    let output = Shared::default();
+    let visit = tokio::spawn(larder_feed::visit(config, output.clone()));
+    let first = r#"{"pathId":"/document/v1/","documents":[{"id":"id:ns:t::1","fields":{"n":1}},"#;
+    page.send(Bytes::from(first)).await.unwrap();
+    // The page is not over, yet its first document must already be out.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while output.0.lock().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing written mid-page"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        &output.0.lock()[..],
+        b"{\"id\":\"id:ns:t::1\",\"fields\":{\"n\":1}}\n"
+    );
+    let rest = r#"{"id":"id:ns:t::2","fields":{}}],"documentCount":2}"#;
+    page.send(Bytes::from(rest)).await.unwrap();
+    drop(page);
+    let summary = visit.await.unwrap().unwrap();
+    assert_eq!(summary.documents, 2);
+    assert_eq!(output.0.lock().iter().filter(|&&b| b == b'\n').count(), 2);
+}
