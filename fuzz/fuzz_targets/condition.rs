@@ -1,5 +1,6 @@
-//! Feeds arbitrary text to `/document/v1`'s condition parser and evaluator, and arbitrary bytes
-//! to its put and update body parsers (with the update applied). They must never panic, never
+//! Feeds arbitrary text to the selection parser and evaluator (`larder_select`: `/document/v1`'s
+//! conditions and visit selections), and arbitrary bytes to the document API's
+//! put and update body parsers (with the update applied). They must never panic, never
 //! overflow the stack (nesting is bounded), and never take more than linear time (libFuzzer's
 //! `-timeout` catches a slow input).
 //!
@@ -12,7 +13,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        larder_frontend::fuzzing::condition_for_fuzz(text);
+        larder_select::fuzzing::selection_for_fuzz(text);
     }
     larder_frontend::fuzzing::document_body_for_fuzz(data);
 });

@@ -1,5 +1,6 @@
 //! `larder-feed`: a feed client for Vespa's `/document/v1` API (served by Larder's frontends and
-//! by Vespa itself), the library behind `larder feed`.
+//! by Vespa itself), the library behind `larder feed`; and a visit client, the library behind
+//! `larder visit` ([`visit`]: parallel sliced, streamed visiting to JSON lines).
 //!
 //! It reads Vespa's feed format as a stream (a JSON array or JSON lines, see [`FeedReader`]) and
 //! sends each operation as one HTTP/2 request over a few connections with many streams each.
@@ -26,6 +27,7 @@ mod reader;
 mod stats;
 mod throttle;
 mod transport;
+mod visit;
 
 pub use config::{Compression, ErrorSink, FeedConfig, FeedError};
 pub use engine::feed;
@@ -33,3 +35,4 @@ pub use operation::{document_path, Kind, Operation};
 pub use reader::{FeedReader, Malformed};
 pub use stats::{Latency, Summary};
 pub use throttle::Throttle;
+pub use visit::{visit, VisitConfig, VisitError, VisitSummary};

@@ -185,7 +185,7 @@ pub fn document_path(id: &str) -> Result<String, String> {
 
 /// Percent-encodes everything but RFC 3986 unreserved characters (so `/`, `+`, space and `?` in
 /// IDs survive the trip).
-fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {

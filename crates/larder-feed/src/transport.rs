@@ -116,6 +116,42 @@ impl Transport {
         connection: &Connection,
         request: Request<Full<Bytes>>,
     ) -> Result<Answer, String> {
+        let response = self.response_on(connection, request).await?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer failed: {e}"))?
+            .to_bytes();
+        Ok((status, body))
+    }
+
+    /// Sends one request on the least loaded connection; the answer's body is left to the
+    /// caller to read as it arrives (the connection counts as loaded until then).
+    pub async fn send_streaming(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Streaming<'_>, String> {
+        let connection = self
+            .connections
+            .iter()
+            .min_by_key(|c| c.inflight.load(Ordering::Relaxed))
+            .expect("at least one connection");
+        connection.inflight.fetch_add(1, Ordering::Relaxed);
+        let response = self.response_on(connection, request).await;
+        let inflight = Inflight(&connection.inflight);
+        Ok(Streaming {
+            response: response?,
+            _inflight: inflight,
+        })
+    }
+
+    async fn response_on(
+        &self,
+        connection: &Connection,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<hyper::body::Incoming>, String> {
         let current = connection
             .sender
             .lock()
@@ -132,18 +168,25 @@ impl Transport {
                 sender
             }
         };
-        let response: Response<_> = sender
+        sender
             .send_request(request)
             .await
-            .map_err(|e| format!("request failed: {}", larder_tls::error_chain(&e)))?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("reading the answer failed: {e}"))?
-            .to_bytes();
-        Ok((status, body))
+            .map_err(|e| format!("request failed: {}", larder_tls::error_chain(&e)))
+    }
+}
+
+/// An answer whose body is still arriving, and the load it puts on its connection.
+pub struct Streaming<'a> {
+    pub response: Response<hyper::body::Incoming>,
+    _inflight: Inflight<'a>,
+}
+
+/// One request in flight on a connection, until dropped.
+struct Inflight<'a>(&'a AtomicUsize);
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -84,7 +84,11 @@ pub async fn serve(
     let metrics = Metrics::new(router.metrics());
     config.documents.validate()?;
     let body_budget = BodyBudget::new(config.limits.buffered_bodies_per_process, "process");
+    let visits = Arc::new(tokio::sync::Semaphore::new(
+        config.documents.max_concurrent_visits,
+    ));
     let state = Arc::new(AppState {
+        visits,
         config,
         body_budget,
         documents: larder_router::DocRouter::new(router.clone()),

@@ -14,6 +14,8 @@ pub struct AppState {
     pub document_locks: crate::api::DocLocks,
     /// Bounds the document parsing and updating that runs on the blocking pool.
     pub document_work: crate::api::DocWork,
+    /// Slots for visits in progress (`documents.max_concurrent_visits`).
+    pub visits: Arc<tokio::sync::Semaphore>,
     pub metrics: Metrics,
     /// All buffered request bodies of this process (`limits.buffered_bodies_per_process`).
     pub body_budget: crate::body_budget::BodyBudget,

@@ -27,6 +27,10 @@ pub enum InternalPath<'a> {
     Changes {
         partition: u32,
     },
+    /// A page of the partition's documents in visiting order (`visit.rs`).
+    Visit {
+        partition: u32,
+    },
     /// A document record; `key` is still percent-encoded (see `decode_key`).
     Doc {
         partition: u32,
@@ -50,6 +54,9 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     let partition: u32 = partition.parse().ok()?;
     if rest == "changes" {
         return Some(InternalPath::Changes { partition });
+    }
+    if rest == "visit" {
+        return Some(InternalPath::Visit { partition });
     }
     if let Some(key) = rest.strip_prefix("docs/") {
         return (!key.is_empty() && !key.contains('/'))

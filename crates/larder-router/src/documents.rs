@@ -81,7 +81,7 @@ impl DocState {
 
 /// Routes document operations; owns the version clock.
 pub struct DocRouter {
-    router: Arc<Router>,
+    pub(crate) router: Arc<Router>,
     clock: Hlc,
 }
 
@@ -104,7 +104,7 @@ impl DocRouter {
         partition_for_key(id.as_bytes(), self.router.map().partitions.len() as u32)
     }
 
-    fn local_replicas(&self, partition: PartitionId) -> Vec<String> {
+    pub(crate) fn local_replicas(&self, partition: PartitionId) -> Vec<String> {
         let map = self.router.map();
         let partition = map
             .partitions
@@ -114,7 +114,7 @@ impl DocRouter {
         replicas_in(map, partition, self.router.datacenter())
     }
 
-    fn quorum(&self, replicas: usize) -> usize {
+    pub(crate) fn quorum(&self, replicas: usize) -> usize {
         self.router.config().write_quorum.clamp(1, replicas.max(1))
     }
 
@@ -186,7 +186,7 @@ impl DocRouter {
 
     /// Starts one request per node, each in its own task so that stragglers finish (and count
     /// against node health) after the caller has its quorum.
-    fn fan_out(
+    pub(crate) fn fan_out(
         &self,
         nodes: &[String],
         deadline: Instant,
@@ -310,7 +310,7 @@ async fn send(router: &Router, node: &str, request: Request<Body>) -> Answer {
     router.send(node, request).await
 }
 
-async fn recv_by<T>(rx: &mut mpsc::Receiver<T>, deadline: Instant) -> Result<Option<T>, DocError> {
+pub(crate) async fn recv_by<T>(rx: &mut mpsc::Receiver<T>, deadline: Instant) -> Result<Option<T>, DocError> {
     let received = tokio::time::timeout_at(deadline, rx.recv())
         .await
         .map_err(|_| DocError::Timeout)?;

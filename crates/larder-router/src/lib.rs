@@ -14,6 +14,7 @@ mod order;
 mod read;
 mod replies;
 mod router;
+mod visit;
 mod write;
 
 pub use chunked::{ChunkStream, ChunkingConfig, Upload};
@@ -23,6 +24,7 @@ pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, UploadJournal};
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
+pub use visit::{PageRequest, PartitionPage, VisitedDoc};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

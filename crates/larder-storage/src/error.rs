@@ -15,6 +15,8 @@ pub enum Error {
     BadQuery(&'static str),
     #[error("{0}")]
     BadKey(&'static str),
+    #[error("bad selection: {0}")]
+    BadSelection(String),
     #[error("{0}")]
     BadHeader(String),
     #[error(transparent)]
@@ -41,6 +43,9 @@ pub enum Error {
     BadRange(RangeError),
     #[error("{0}")]
     NotFound(&'static str),
+    /// A bounded resource (visit scan slots) stayed taken too long: try later or elsewhere.
+    #[error("{0}")]
+    Busy(&'static str),
     #[error("stored properties: {0}")]
     CorruptProperties(String),
     #[error(transparent)]

@@ -18,6 +18,7 @@ mod reply;
 mod routes;
 mod server;
 mod validate;
+mod visit;
 
 pub use config::{
     AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, ReplicationConfig,

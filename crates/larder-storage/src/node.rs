@@ -27,6 +27,8 @@ pub struct StorageNode {
     disks: Vec<(String, Disk)>,
     /// Held by a compaction pass: background and operator passes never run at once.
     pub(crate) compaction: std::sync::Mutex<()>,
+    /// Bounds the visit scans running at once (`visit.rs`).
+    pub(crate) visit_scans: crate::visit::VisitScans,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,7 @@ impl StorageNode {
             stores,
             disks,
             compaction: std::sync::Mutex::new(()),
+            visit_scans: Default::default(),
         })
     }
 

@@ -63,6 +63,7 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
         Error::BadQuery(_) => (S::BAD_REQUEST, "BadQuery"),
         Error::BadKey(_) => (S::BAD_REQUEST, "BadKey"),
+        Error::BadSelection(_) => (S::BAD_REQUEST, "BadSelection"),
         Error::BadHeader(_) => (S::BAD_REQUEST, "BadHeader"),
         Error::BadProperties(_) => (S::BAD_REQUEST, "BadProperties"),
         Error::FromTheFuture { .. } => (S::BAD_REQUEST, "FromTheFuture"),
@@ -76,13 +77,14 @@ pub fn error_response(err: &Error) -> Response<Body> {
         }
         Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
         Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
+        Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
         Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
         Error::Store(err) => store_status(err),
     };
     let mut response = coded(code, stable, err);
     let headers = response.headers_mut();
     match err {
-        Error::BodyBudgetSpent { .. } => {
+        Error::BodyBudgetSpent { .. } | Error::Busy(_) => {
             headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
         }
         Error::BadRange(err @ RangeError::Unsatisfiable { size }) => {

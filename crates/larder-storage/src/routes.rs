@@ -11,7 +11,7 @@ use larder_store::Store;
 
 use crate::error::{Error, Result};
 use crate::reply::{self, Body};
-use crate::{blobs, changes, documents, StorageNode};
+use crate::{blobs, changes, documents, visit, StorageNode};
 
 pub async fn handle(node: Arc<StorageNode>, req: Request<Incoming>) -> Response<Body> {
     let head = req.method() == Method::HEAD;
@@ -60,6 +60,13 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         Some(InternalPath::Changes { partition }) => {
             let store = hosted(&node, partition)?;
             changes::page(store, req.uri().query().unwrap_or("")).await
+        }
+        Some(InternalPath::Visit { partition }) => {
+            let store = hosted(&node, partition)?;
+            match *req.method() {
+                Method::GET => visit::page(&node.visit_scans, store, req.uri().query().unwrap_or("")).await,
+                _ => Err(Error::MethodNotAllowed("GET")),
+            }
         }
         None => Err(Error::NoSuchPath(path.to_owned())),
     }

@@ -52,6 +52,8 @@ impl DocState {
 pub(crate) struct Index {
     pub blobs: HashMap<Bytes, BlobState>,
     pub docs: HashMap<Bytes, DocState>,
+    /// Every key of `docs` in visiting order (`visit.rs`); may still hold keys `docs` dropped.
+    pub doc_order: crate::visit::DocOrder,
     /// Everything before this position is durable and applied; published together with entries
     /// so a checkpoint snapshot and its cursor always agree.
     pub durable: LogPos,
@@ -125,6 +127,7 @@ impl Index {
         let is_live = matches!(new, DocState::Live { .. });
         match self.docs.entry(rec.key) {
             Entry::Vacant(slot) => {
+                self.doc_order.insert(slot.key());
                 slot.insert(new);
             }
             Entry::Occupied(o) if o.get().version() >= rec.version => return false,

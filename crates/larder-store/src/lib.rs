@@ -44,6 +44,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 mod types;
+mod visit;
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -52,3 +53,4 @@ pub use cursor::ParseCursorError;
 pub use disk::Disk;
 pub use store::{is_batched, BlobReader, Commit, Store};
 pub use types::*;
+pub use visit::{visit_hash, VisitEntry, VisitFrom, VisitPage, VisitPos, VisitState};

@@ -111,6 +111,7 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
     let mut corrupt = 0;
     let (mut segments, incarnation) = open_segments(dir, &mut corrupt)?;
     let mut index = checkpoint::load(dir, &segments)?.unwrap_or_default();
+    index.doc_order.rebuild(index.docs.keys());
     let from = index.durable;
     let (replay_corrupt, replayed) = replay(&mut segments, from, &mut index)?;
     corrupt += replay_corrupt;

@@ -53,6 +53,8 @@ enum Command {
     Bench(BenchCommand),
     /// Feed Vespa feed-format operations (JSON array or JSON lines) to a /document/v1 endpoint.
     Feed(crate::feed::FeedArgs),
+    /// Visit documents from a /document/v1 endpoint in parallel slices, as JSON lines.
+    Visit(crate::visit::VisitArgs),
 }
 
 #[derive(Subcommand)]
@@ -113,6 +115,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => crate::blob_cmd::get(args),
         Command::Delete(args) => crate::blob_cmd::delete(args),
         Command::Feed(args) => std::process::exit(crate::feed::run(args)?),
+        Command::Visit(args) => std::process::exit(crate::visit::run(args)?),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())

@@ -13,6 +13,7 @@ mod dev;
 mod dev_certs;
 mod feed;
 mod signals;
+mod visit;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -199,11 +199,16 @@ fn conditions_parameters_gzip_and_statuses() {
         412,
         "a conditional remove of nothing"
     );
-    assert_eq!(
-        put(json!({}), "?condition=song.year%20%3E%3E%201"),
-        400,
-        "bad condition"
+    let bad = request(
+        &cluster,
+        "POST",
+        &format!("{path}?condition=song.year%20%3E%3E%201"),
+        Some(&json!({"fields": {}})),
     );
+    assert_eq!(bad.status, 400, "bad condition");
+    // The answer says where the condition went wrong: the second '>' is byte 11.
+    let message = bad.json()["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("at byte 11"), "{message}");
 
     // dryRun parses and answers but stores nothing; route and tracelevel are accepted.
     assert_eq!(put(json!({"x": 1}), "?dryRun=true"), 200);
@@ -298,7 +303,13 @@ fn conditions_parameters_gzip_and_statuses() {
         ),
         (
             400,
-            request(&cluster, "GET", "/document/v1/music/song/docid", None),
+            // Visiting is served now: a bad selection is its 400.
+            request(
+                &cluster,
+                "GET",
+                "/document/v1/music/song/docid?selection=song.x%20%3D%3D",
+                None,
+            ),
         ),
         (
             404,

@@ -82,6 +82,16 @@ async fn dispatch(
                 Err(e) => Err(e),
             },
         ),
+        // What Vespa's tools ask a container first: `vespa status` and every `-w` poll
+        // `/status.html`; `vespa visit` reads `/` for a document API handler.
+        "/status.html" => (
+            "status",
+            match read_only("GET, HEAD") {
+                Ok(()) => Ok(ops::status_html(state).await),
+                Err(e) => Err(e),
+            },
+        ),
+        "/" => ("root", read_only("GET, HEAD").map(|_| ops::handlers())),
         _ => match path.strip_prefix("/v1/blobs/") {
             Some(id) => ("blob", blobs::by_id(state, id, &parts).await),
             None => (

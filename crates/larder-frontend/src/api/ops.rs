@@ -1,4 +1,5 @@
-//! Operations endpoints: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
+//! Operations endpoints: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`, and the two that
+//! Vespa's tools probe: `/status.html` and `/`.
 
 use http::{header, HeaderValue, Response, StatusCode};
 use larder_router::NodeState;
@@ -35,6 +36,39 @@ pub async fn readyz(state: &Arc<AppState>) -> Response<Body> {
         status,
         serde_json::json!({"ready": readiness.is_ready(),
             "reachable_local_nodes": readiness.reachable_local_nodes, "needed": readiness.needed}),
+    )
+}
+
+/// Vespa's container status page, which `vespa status` and every `vespa … -w` poll until it
+/// answers 200: here, 200 exactly when `/readyz` would (a write quorum of local storage nodes
+/// answers), else 503, so that waiting on it waits for a cluster that can take documents.
+pub async fn status_html(state: &Arc<AppState>) -> Response<Body> {
+    let (status, text) = match state.router.ready().await.is_ready() {
+        true => (StatusCode::OK, "OK"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+    };
+    let mut response = Response::new(full(format!("<html><body>{text}</body></html>\n")));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html"));
+    response
+}
+
+/// The handler list a Vespa container serves at `/`, in its shape: `vespa visit` looks there
+/// for a handler whose class ends in `DocumentV1ApiHandler` bound to `/document/v1/` before it
+/// visits. Only the APIs Larder serves are listed, under Larder's own names.
+pub fn handlers() -> Response<Body> {
+    let handler = |id: &str, class: &str, binding: &str| {
+        serde_json::json!({"id": id, "class": class, "bundle": "larder",
+            "serverBindings": [format!("http://*{binding}"), format!("https://*{binding}")]})
+    };
+    json(
+        StatusCode::OK,
+        serde_json::json!({"handlers": [
+            handler("document-v1", "larder.DocumentV1ApiHandler", "/document/v1/*"),
+            handler("blobs-v1", "larder.BlobsV1ApiHandler", "/v1/blobs/*"),
+        ]}),
     )
 }
 

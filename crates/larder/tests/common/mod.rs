@@ -9,6 +9,7 @@ pub mod internal;
 pub mod metrics;
 pub mod stream;
 pub mod tls;
+pub mod vespa_cli;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -12,6 +12,10 @@ pub struct DocumentsConfig {
     /// FOR TESTS ONLY. The fraction (0.0 to 1.0) of `/document/v1` requests answered 429 or 503
     /// at random before they do anything, to exercise clients' retries. Must be 0 in production.
     pub testing_reject_ratio: f64,
+    /// Visits (and update-where, delete-where requests) this frontend runs at once; more answer
+    /// 429. Each holds at most one merged page and a chunk's answer (16 MiB) or a stream's
+    /// few pages.
+    pub max_concurrent_visits: usize,
 }
 
 impl Default for DocumentsConfig {
@@ -19,6 +23,7 @@ impl Default for DocumentsConfig {
         DocumentsConfig {
             max_document_size: ByteSize::mib(10),
             testing_reject_ratio: 0.0,
+            max_concurrent_visits: 64,
         }
     }
 }
@@ -27,6 +32,9 @@ impl DocumentsConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !(0.0..=1.0).contains(&self.testing_reject_ratio) {
             return Err("documents.testing_reject_ratio must be between 0 and 1".into());
+        }
+        if self.max_concurrent_visits == 0 {
+            return Err("documents.max_concurrent_visits must be at least 1".into());
         }
         Ok(())
     }

@@ -6,16 +6,16 @@
 
 mod body;
 mod bounds;
-mod condition;
 mod config;
+mod continuation;
 #[doc(hidden)]
 pub mod fuzzing;
-mod glob;
 mod locks;
 mod params;
 mod path;
 mod reply;
 mod update;
+mod visit;
 mod work;
 
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use larder_router::{DocError, DocState, Written};
+use larder_select::{Document, Selection};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
@@ -34,7 +35,6 @@ pub use work::DocWork;
 use crate::body::Body;
 use crate::body_budget::{BodyBudget, Reservation};
 use crate::state::AppState;
-use condition::{Condition, Subject};
 use params::Params;
 use path::{DocPath, Target};
 use reply::Failure;
@@ -60,9 +60,8 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
     .await;
     let doc = match path::parse(&path_id) {
         Ok(Target::Document(doc)) => doc,
-        Ok(Target::Collection) => {
-            let message = "visiting (a path without a document ID) is not supported yet";
-            return reply::failure(&path_id, None, Failure::BadRequest(message.into()));
+        Ok(Target::Collection(scope)) => {
+            return visiting(state, &path_id, scope, &parts, body).await;
         }
         Err(message) => return reply::failure(&path_id, None, Failure::BadRequest(message)),
     };
@@ -72,6 +71,41 @@ pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<B
         Err(failure) => Err(failure),
     };
     result.unwrap_or_else(|failure| reply::failure(&path_id, Some(&doc.id), failure))
+}
+
+/// A visit (`GET`), update-where (`PUT`) or delete-where (`DELETE`) of the documents of `scope`.
+async fn visiting(
+    state: &Arc<AppState>,
+    path_id: &str,
+    scope: path::Scope,
+    parts: &http::request::Parts,
+    body: Result<(Bytes, Reservation), Failure>,
+) -> Response<Body> {
+    let result = async {
+        // The reservation is held until the answer is built: the body lives that long.
+        let (body, _reservation) = body?;
+        let params = params::parse(parts.uri.query().unwrap_or("")).map_err(Failure::BadRequest)?;
+        if !matches!(parts.method, Method::GET | Method::PUT | Method::DELETE) {
+            return Err(Failure::MethodNotAllowed(format!(
+                "method {} is not allowed on a document selection; use GET, PUT or DELETE",
+                parts.method
+            )));
+        }
+        let partitions = state.documents.partition_count();
+        let plan = visit::Visit::plan(&params, scope, partitions, &parts.method)?;
+        let permit = state.visits.clone().try_acquire_owned().map_err(|_| {
+            Failure::Overloaded("too many visits in progress on this frontend".into())
+        })?;
+        match parts.method {
+            Method::GET => visit::get(state, path_id, plan, params.stream, permit).await,
+            ref method => {
+                let _permit = permit;
+                visit::write(state, path_id, plan, &params, method.clone(), body).await
+            }
+        }
+    }
+    .await;
+    result.unwrap_or_else(|failure| reply::failure(path_id, None, failure))
 }
 
 /// A reservation against this request's connection budget (put there by the connection) and
@@ -157,10 +191,10 @@ impl Operation<'_> {
     }
 
     /// The condition of the query string, or else the body's: parsed within `bounds`' limits.
-    fn condition(&self, from_body: Option<&str>) -> Result<Option<Arc<Condition>>, Failure> {
+    fn condition(&self, from_body: Option<&str>) -> Result<Option<Arc<Selection>>, Failure> {
         let text = self.params.condition.as_deref().or(from_body);
         text.map(|t| {
-            condition::parse(t)
+            Selection::parse(t)
                 .map(Arc::new)
                 .map_err(|e| Failure::BadRequest(format!("bad condition: {e}")))
         })
@@ -168,7 +202,7 @@ impl Operation<'_> {
     }
 
     /// Reads the document and fails with 412 unless `condition` holds for it.
-    async fn check(&self, condition: &Arc<Condition>) -> Result<DocState, Failure> {
+    async fn check(&self, condition: &Arc<Selection>) -> Result<DocState, Failure> {
         let current = self.read().await?;
         let json = match &current {
             DocState::Found { json, .. } => Some(json.clone()),
@@ -186,12 +220,12 @@ impl Operation<'_> {
         let holds = self
             .off_worker(move || {
                 let fields = json.as_deref().map(parse_fields).transpose()?;
-                let subject = Subject {
+                let doc = Document {
                     id: &id,
                     doctype: &doctype,
                     fields: fields.as_ref(),
                 };
-                Ok(condition.matches(&subject))
+                Ok(condition.matches(&doc))
             })
             .await?;
         if !holds {

@@ -1,5 +1,7 @@
 //! Query parameters of `/document/v1`: `create`, `dryRun`, `timeout`, `condition`, and `route`
-//! and `tracelevel` (accepted and ignored: Larder has one route).
+//! and `tracelevel` (accepted and ignored: Larder has one route); for visiting, `selection`,
+//! `continuation`, `wantedDocumentCount`, `concurrency`, `fieldSet`, `slices`, `sliceId`,
+//! `stream`, `timeChunk` and `cluster` (accepted; Larder has one content cluster).
 
 use std::time::Duration;
 
@@ -11,7 +13,20 @@ pub struct Params {
     pub dry_run: bool,
     pub timeout: Option<Duration>,
     pub condition: Option<String>,
+    pub selection: Option<String>,
+    pub continuation: Option<String>,
+    pub wanted_document_count: Option<u64>,
+    pub concurrency: Option<u32>,
+    pub field_set: Option<String>,
+    pub slices: Option<u32>,
+    pub slice_id: Option<u32>,
+    pub stream: bool,
+    pub time_chunk: Option<Duration>,
+    pub cluster: Option<String>,
 }
+
+/// Most slices a visit may be split into.
+pub const MAX_SLICES: u32 = 1 << 16;
 
 pub fn parse(query: &str) -> Result<Params, String> {
     let mut params = Params::default();
@@ -25,12 +40,35 @@ pub fn parse(query: &str) -> Result<Params, String> {
             "timeout" => params.timeout = Some(timeout(&value)?),
             "condition" if !value.trim().is_empty() => params.condition = Some(value),
             "condition" | "route" | "tracelevel" => {}
+            "selection" if !value.trim().is_empty() => params.selection = Some(value),
+            "continuation" if !value.is_empty() => params.continuation = Some(value),
+            "wantedDocumentCount" => params.wanted_document_count = Some(positive(name, &value)?),
+            "concurrency" => params.concurrency = Some(positive(name, &value)?.min(100) as u32),
+            "fieldSet" if !value.is_empty() => params.field_set = Some(value),
+            "slices" => params.slices = Some(positive(name, &value)?.min(u64::from(MAX_SLICES)) as u32),
+            "sliceId" => {
+                let id: u32 = value
+                    .parse()
+                    .map_err(|_| format!("sliceId must be a non-negative integer, not {value:?}"))?;
+                params.slice_id = Some(id);
+            }
+            "stream" => params.stream = boolean(name, &value)?,
+            "timeChunk" => params.time_chunk = Some(timeout(&value)?),
+            "cluster" if !value.is_empty() => params.cluster = Some(value),
             // Vespa ignores parameters it does not know; so does Larder, to stay compatible
             // with clients that send newer ones.
             _ => {}
         }
     }
     Ok(params)
+}
+
+fn positive(name: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{name} must be a positive integer, not {value:?}"))
 }
 
 fn boolean(name: &str, value: &str) -> Result<bool, String> {
@@ -83,6 +121,11 @@ mod tests {
         assert_eq!(p.timeout, Some(Duration::from_millis(29_995)));
         assert_eq!(p.condition.as_deref(), Some("music.year>2000"));
         assert!(parse("create=maybe").is_err());
+        let v = parse("selection=music.year%3E1&wantedDocumentCount=10&slices=4&sliceId=3&stream=true&timeChunk=2s&cluster=c&fieldSet=%5Bid%5D&concurrency=4").unwrap();
+        assert_eq!(v.selection.as_deref(), Some("music.year>1"));
+        assert_eq!((v.wanted_document_count, v.slices, v.slice_id), (Some(10), Some(4), Some(3)));
+        assert!(v.stream && v.cluster.is_some() && v.field_set.as_deref() == Some("[id]"));
+        assert!(parse("slices=0").is_err() && parse("sliceId=-1").is_err());
         assert_eq!(parse("").unwrap(), Params::default());
     }
 }

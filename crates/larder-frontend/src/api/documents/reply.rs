@@ -78,6 +78,12 @@ impl From<DocError> for Failure {
     }
 }
 
+/// The message a failure's answer carries (for a streamed answer that can no longer change
+/// its status).
+pub fn message_of(failure: &Failure) -> String {
+    failure.message().to_owned()
+}
+
 fn quoted(text: &str) -> String {
     serde_json::to_string(text).expect("strings serialise")
 }

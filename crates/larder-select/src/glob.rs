@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::bounds::MAX_GLOB_CHARS;
+use crate::bounds::MAX_GLOB_CHARS;
 
 /// A compiled glob pattern.
 #[derive(Debug, Clone)]
