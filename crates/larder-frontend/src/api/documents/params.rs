@@ -1,7 +1,8 @@
 //! Query parameters of `/document/v1`: `create`, `dryRun`, `timeout`, `condition`, and `route`
 //! and `tracelevel` (accepted and ignored: Larder has one route); for visiting, `selection`,
 //! `continuation`, `wantedDocumentCount`, `concurrency`, `fieldSet`, `slices`, `sliceId`,
-//! `stream`, `timeChunk` and `cluster` (accepted; Larder has one content cluster).
+//! `stream`, `timeChunk`, `cluster` and `bucketSpace` (Larder has one content cluster, and
+//! every document is in the `default` bucket space).
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ pub struct Params {
     pub stream: bool,
     pub time_chunk: Option<Duration>,
     pub cluster: Option<String>,
+    pub bucket_space: Option<String>,
 }
 
 /// Most slices a visit may be split into.
@@ -55,6 +57,7 @@ pub fn parse(query: &str) -> Result<Params, String> {
             "stream" => params.stream = boolean(name, &value)?,
             "timeChunk" => params.time_chunk = Some(timeout(&value)?),
             "cluster" if !value.is_empty() => params.cluster = Some(value),
+            "bucketSpace" if !value.is_empty() => params.bucket_space = Some(value),
             // Vespa ignores parameters it does not know; so does Larder, to stay compatible
             // with clients that send newer ones.
             _ => {}
