@@ -260,8 +260,13 @@ mod tests {
         let check = |store: &crate::Store| {
             let all = visit_all(store, 0, u64::MAX, 7);
             assert_eq!(all.len(), 300);
-            assert!(all.windows(2).all(|w| (w[0].h, &w[0].key) < (w[1].h, &w[1].key)));
-            let removed = all.iter().filter(|e| e.state == VisitState::Removed).count();
+            assert!(all
+                .windows(2)
+                .all(|w| (w[0].h, &w[0].key) < (w[1].h, &w[1].key)));
+            let removed = all
+                .iter()
+                .filter(|e| e.state == VisitState::Removed)
+                .count();
             assert_eq!(removed, 100);
             // Two halves of the hash space are a partition of the whole.
             let half = u64::MAX / 2;
@@ -272,10 +277,18 @@ mod tests {
         };
         check(&store);
         // An update moves nothing: a visit in progress sees the key once.
-        let page = store.visit_docs(&VisitFrom::Start(0), u64::MAX, 50, 1 << 20).unwrap();
+        let page = store
+            .visit_docs(&VisitFrom::Start(0), u64::MAX, 50, 1 << 20)
+            .unwrap();
         let pos = page.entries.last().map(|e| (e.h, e.key.clone())).unwrap();
-        for e in page.entries.iter().filter(|e| e.state != VisitState::Removed) {
-            store.put_doc(&e.key, 30, 1, Bytes::from_static(b"{}")).unwrap();
+        for e in page
+            .entries
+            .iter()
+            .filter(|e| e.state != VisitState::Removed)
+        {
+            store
+                .put_doc(&e.key, 30, 1, Bytes::from_static(b"{}"))
+                .unwrap();
         }
         let rest = store.visit_docs(&VisitFrom::After(pos.clone()), u64::MAX, 1000, 1 << 30);
         assert_eq!(rest.unwrap().entries.len(), 250);

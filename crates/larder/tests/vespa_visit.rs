@@ -50,7 +50,10 @@ fn vespa_visit_with_pages_selection_slices_and_field_sets() {
         return;
     };
     let feed: Vec<String> = (0..DOCUMENTS)
-        .map(|i| json!({"put": format!("id:music:song::{i}"), "fields": {"n": i, "odd": i % 2 == 1}}).to_string())
+        .map(|i| {
+            json!({"put": format!("id:music:song::{i}"), "fields": {"n": i, "odd": i % 2 == 1}})
+                .to_string()
+        })
         .collect();
     let file = cluster.path("feed.jsonl");
     std::fs::write(&file, feed.join("\n")).unwrap();
@@ -59,15 +62,28 @@ fn vespa_visit_with_pages_selection_slices_and_field_sets() {
     // Many pages of 37: every continuation carried by the tool itself.
     let all = printed(&vespa.run_ok(&["visit", "--chunk-count", "37"]));
     assert_eq!(as_set(&ids(&all)), expected(|_| true));
-    assert!(all.iter().all(|d| d["fields"]["n"].is_number()), "{:?}", all.first());
+    assert!(
+        all.iter().all(|d| d["fields"]["n"].is_number()),
+        "{:?}",
+        all.first()
+    );
 
-    let selected = printed(&vespa.run_ok(&["visit", "--selection", "song.n < 100 and song.odd == true"]));
+    let selected =
+        printed(&vespa.run_ok(&["visit", "--selection", "song.n < 100 and song.odd == true"]));
     assert_eq!(as_set(&ids(&selected)), expected(|i| i < 100 && i % 2 == 1));
 
     let mut union = BTreeSet::new();
     for slice in 0..3 {
         let slice = slice.to_string();
-        let part = printed(&vespa.run_ok(&["visit", "--slices", "3", "--slice-id", &slice, "--chunk-count", "50"]));
+        let part = printed(&vespa.run_ok(&[
+            "visit",
+            "--slices",
+            "3",
+            "--slice-id",
+            &slice,
+            "--chunk-count",
+            "50",
+        ]));
         for id in ids(&part) {
             assert!(union.insert(id), "slices overlap");
         }
@@ -76,10 +92,14 @@ fn vespa_visit_with_pages_selection_slices_and_field_sets() {
 
     let named = printed(&vespa.run_ok(&["visit", "--field-set", "song:n"]));
     assert_eq!(named.len(), DOCUMENTS);
-    assert!(named.iter().all(|d| d["fields"].as_object().is_some_and(|f| f.len() == 1 && f.contains_key("n"))));
+    assert!(named.iter().all(|d| d["fields"]
+        .as_object()
+        .is_some_and(|f| f.len() == 1 && f.contains_key("n"))));
     let only_ids = printed(&vespa.run_ok(&["visit", "--field-set", "[id]"]));
     assert_eq!(as_set(&ids(&only_ids)), expected(|_| true));
-    assert!(only_ids.iter().all(|d| d.get("fields").is_none_or(|f| f.as_object().is_some_and(|f| f.is_empty()))));
+    assert!(only_ids.iter().all(|d| d
+        .get("fields")
+        .is_none_or(|f| f.as_object().is_some_and(|f| f.is_empty()))));
 
     // A selection the language refuses is the tool's error, with the server's message.
     let bad = vespa.run(&["visit", "--selection", "song.n <"]);

@@ -223,10 +223,14 @@ impl Visit {
         let selection = params.selection.clone();
         if *method != Method::GET {
             if params.cluster.is_none() {
-                return Err(bad(format!("{method} of a document selection needs the cluster parameter")));
+                return Err(bad(format!(
+                    "{method} of a document selection needs the cluster parameter"
+                )));
             }
             if selection.is_none() {
-                return Err(bad(format!("{method} of a document selection needs a selection")));
+                return Err(bad(format!(
+                    "{method} of a document selection needs a selection"
+                )));
             }
         }
         let fields = field_set(params.field_set.as_deref()).map_err(bad)?;
@@ -249,7 +253,11 @@ impl Visit {
             first,
             last,
             position,
-            wanted: if *method == Method::GET { wanted } else { u64::MAX },
+            wanted: if *method == Method::GET {
+                wanted
+            } else {
+                u64::MAX
+            },
             time_chunk,
         })
     }
