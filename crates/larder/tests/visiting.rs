@@ -438,6 +438,10 @@ async fn update_where_and_delete_where_change_exactly_the_matching_documents() {
     assert_eq!(status, 400);
 
     let path = format!("{base}?selection=t.group%3D%3D1&cluster=c");
+    let (status, _) = client
+        .request(Method::PUT, &path, Bytes::from_static(b"{not json"))
+        .await;
+    assert_eq!(status, 400);
     let (status, body) = client.request(Method::PUT, &path, update).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let answer: Value = serde_json::from_slice(&body).unwrap();

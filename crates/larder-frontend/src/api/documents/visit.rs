@@ -517,6 +517,14 @@ pub(super) async fn write(
     method: Method,
     body: Bytes,
 ) -> Result<Response<Body>, Failure> {
+    if method == Method::PUT {
+        // A bad update is the request's fault once, not one failure per matching document.
+        let check = body.clone();
+        state
+            .document_work
+            .run(move || super::body::update(&check).map(drop))
+            .await?;
+    }
     let mut writes = Writes {
         state,
         method,
