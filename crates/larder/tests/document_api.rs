@@ -303,7 +303,13 @@ fn conditions_parameters_gzip_and_statuses() {
         ),
         (
             400,
-            request(&cluster, "GET", "/document/v1/music/song/docid", None),
+            // Visiting is served; a visit with a selection that does not parse is a 400.
+            request(
+                &cluster,
+                "GET",
+                "/document/v1/music/song/docid?selection=%28%28",
+                None,
+            ),
         ),
         (
             404,
