@@ -15,7 +15,9 @@ pub use documents::{decode_key, doc_path, encode_key, header as doc_header, perc
 pub use paths::{blob_path, changes_path, parse_path, InternalPath, HEALTH_PATH, METRICS_PATH};
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};
-pub use visit::{ItemState, VisitError, VisitItem, VisitPage, VisitQuery, MAX_LIMIT as VISIT_MAX_LIMIT};
+pub use visit::{
+    ItemState, VisitError, VisitItem, VisitPage, VisitQuery, MAX_LIMIT as VISIT_MAX_LIMIT,
+};
 
 /// Header names of the internal API (lower case, as HTTP/2 sends them).
 pub mod header {

@@ -93,7 +93,8 @@ impl VisitQuery {
                     parsed.after = Some((hex(h).ok_or(bad)?, key));
                 }
                 "selection" => {
-                    let text = percent_decode(value, false).ok_or(VisitError::Query("selection"))?;
+                    let text =
+                        percent_decode(value, false).ok_or(VisitError::Query("selection"))?;
                     parsed.selection = Some(text);
                 }
                 _ => {}

@@ -310,7 +310,10 @@ async fn send(router: &Router, node: &str, request: Request<Body>) -> Answer {
     router.send(node, request).await
 }
 
-pub(crate) async fn recv_by<T>(rx: &mut mpsc::Receiver<T>, deadline: Instant) -> Result<Option<T>, DocError> {
+pub(crate) async fn recv_by<T>(
+    rx: &mut mpsc::Receiver<T>,
+    deadline: Instant,
+) -> Result<Option<T>, DocError> {
     let received = tokio::time::timeout_at(deadline, rx.recv())
         .await
         .map_err(|_| DocError::Timeout)?;

@@ -24,7 +24,7 @@ pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, UploadJournal};
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
-pub use visit::{PageRequest, PartitionPage, VisitedDoc};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };
+pub use visit::{PageRequest, PartitionPage, VisitedDoc};

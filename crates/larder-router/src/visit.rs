@@ -117,7 +117,8 @@ impl DocRouter {
         if pages.len() < quorum {
             return Err(DocError::Unavailable("too few replicas answered".into()));
         }
-        merge(pages).map_err(|e| DocError::Unavailable(format!("visiting partition {partition}: {e}")))
+        merge(pages)
+            .map_err(|e| DocError::Unavailable(format!("visiting partition {partition}: {e}")))
     }
 }
 
@@ -153,7 +154,10 @@ async fn read_page(
 pub(crate) fn merge(pages: Vec<VisitPage>) -> Result<PartitionPage, &'static str> {
     let mut bound: Option<(u64, &str)> = None;
     for page in pages.iter().filter(|p| p.more) {
-        let last = page.items.last().ok_or("a replica's page was cut but empty")?;
+        let last = page
+            .items
+            .last()
+            .ok_or("a replica's page was cut but empty")?;
         let pos = (last.h, last.key.as_str());
         if bound.is_none_or(|b| pos < b) {
             bound = Some(pos);
@@ -226,7 +230,10 @@ mod tests {
         let merged = merge(vec![a, b]).unwrap();
         // "a" was removed later; "c" lies past the cut replica's last key: next page.
         assert_eq!(merged.docs.len(), 1);
-        assert_eq!((merged.docs[0].id.as_str(), merged.docs[0].version), ("b", 5));
+        assert_eq!(
+            (merged.docs[0].id.as_str(), merged.docs[0].version),
+            ("b", 5)
+        );
         assert_eq!(merged.next, Some((2, "b".into())));
     }
 

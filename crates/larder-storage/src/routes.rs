@@ -64,7 +64,9 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         Some(InternalPath::Visit { partition }) => {
             let store = hosted(&node, partition)?;
             match *req.method() {
-                Method::GET => visit::page(&node.visit_scans, store, req.uri().query().unwrap_or("")).await,
+                Method::GET => {
+                    visit::page(&node.visit_scans, store, req.uri().query().unwrap_or("")).await
+                }
                 _ => Err(Error::MethodNotAllowed("GET")),
             }
         }

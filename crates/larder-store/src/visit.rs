@@ -116,18 +116,25 @@ impl Engine {
         limit: usize,
         max_bytes: u64,
     ) -> Result<VisitPage> {
-        let (planned, more, dropped) = {
-            let index = self.index.read();
-            plan(&index, from, last, limit.max(1), max_bytes)
-        };
-        if !dropped.is_empty() {
-            let mut index = self.index.write();
-            for pos in &dropped {
-                if !index.docs.contains_key(&pos.1) {
-                    index.doc_order.remove(pos);
+        let (planned, more) = loop {
+            let (planned, more, dropped) = {
+                let index = self.index.read();
+                plan(&index, from, last, limit.max(1), max_bytes)
+            };
+            if !dropped.is_empty() {
+                let mut index = self.index.write();
+                for pos in &dropped {
+                    if !index.docs.contains_key(&pos.1) {
+                        index.doc_order.remove(pos);
+                    }
                 }
             }
-        }
+            // A scan cut by dropped keys alone returned nothing: those are pruned now, so the
+            // next scan gets further.
+            if !(planned.is_empty() && more) {
+                break (planned, more);
+            }
+        };
         let mut page = VisitPage {
             entries: Vec::with_capacity(planned.len()),
             more,
@@ -168,6 +175,10 @@ impl crate::Store {
 
 type PlannedEntry = (VisitPos, u64, u64, Planned);
 
+/// Most keys the map no longer has that one scan steps over before it returns.
+/// (Smaller in tests, so that a test crosses it with few writes.)
+const MAX_DROPPED_PER_SCAN: usize = if cfg!(test) { 64 } else { 4096 };
+
 /// The page's entries as index states, whether more follow, and the positions whose key the
 /// map no longer has (to prune).
 fn plan(
@@ -188,7 +199,10 @@ fn plan(
         if pos.0 > last {
             return (planned, false, dropped);
         }
-        if planned.len() >= limit || (bytes >= max_bytes && !planned.is_empty()) {
+        let spent = bytes >= max_bytes && !planned.is_empty();
+        // Bounds the time the read lock is held over keys the map dropped (after a mass
+        // delete whose tombstones were dropped): the caller prunes them and scans again.
+        if planned.len() >= limit || spent || dropped.len() >= MAX_DROPPED_PER_SCAN {
             return (planned, true, dropped);
         }
         let (version, time_ms, state) = match index.docs.get(&pos.1) {
@@ -227,6 +241,38 @@ mod tests {
         assert_ne!(visit_hash(b"id:n:t::1"), visit_hash(b"id:n:t::2"));
     }
 
+    #[test]
+    fn keys_the_map_dropped_are_skipped_and_pruned_a_bounded_number_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::Store::open(dir.path(), crate::Options::default()).unwrap();
+        let n = 3 * MAX_DROPPED_PER_SCAN as u64;
+        for i in 0..n {
+            let key = format!("id:n:t::{i}");
+            store
+                .begin_put_doc(key.as_bytes(), 1, 1, Bytes::from_static(b"{}"))
+                .wait()
+                .unwrap();
+        }
+        // What compaction (or dropping tombstones) does: the map forgets keys, the set not yet.
+        store
+            .engine
+            .index
+            .write()
+            .docs
+            .retain(|k, _| k.as_ref() == b"id:n:t::7" || k.as_ref() == b"id:n:t::9");
+        let all = visit_all(&store, 0, u64::MAX, 5);
+        let mut keys: Vec<_> = all.iter().map(|e| e.key.clone()).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                Bytes::from_static(b"id:n:t::7"),
+                Bytes::from_static(b"id:n:t::9")
+            ]
+        );
+        assert_eq!(store.engine.index.read().doc_order.keys.len(), 2);
+    }
+
     /// Every page of a visit, with `after` positions carried, from `first` through `last`.
     fn visit_all(store: &crate::Store, first: u64, last: u64, limit: usize) -> Vec<VisitEntry> {
         let mut from = VisitFrom::Start(first);
@@ -260,8 +306,13 @@ mod tests {
         let check = |store: &crate::Store| {
             let all = visit_all(store, 0, u64::MAX, 7);
             assert_eq!(all.len(), 300);
-            assert!(all.windows(2).all(|w| (w[0].h, &w[0].key) < (w[1].h, &w[1].key)));
-            let removed = all.iter().filter(|e| e.state == VisitState::Removed).count();
+            assert!(all
+                .windows(2)
+                .all(|w| (w[0].h, &w[0].key) < (w[1].h, &w[1].key)));
+            let removed = all
+                .iter()
+                .filter(|e| e.state == VisitState::Removed)
+                .count();
             assert_eq!(removed, 100);
             // Two halves of the hash space are a partition of the whole.
             let half = u64::MAX / 2;
@@ -272,10 +323,18 @@ mod tests {
         };
         check(&store);
         // An update moves nothing: a visit in progress sees the key once.
-        let page = store.visit_docs(&VisitFrom::Start(0), u64::MAX, 50, 1 << 20).unwrap();
+        let page = store
+            .visit_docs(&VisitFrom::Start(0), u64::MAX, 50, 1 << 20)
+            .unwrap();
         let pos = page.entries.last().map(|e| (e.h, e.key.clone())).unwrap();
-        for e in page.entries.iter().filter(|e| e.state != VisitState::Removed) {
-            store.put_doc(&e.key, 30, 1, Bytes::from_static(b"{}")).unwrap();
+        for e in page
+            .entries
+            .iter()
+            .filter(|e| e.state != VisitState::Removed)
+        {
+            store
+                .put_doc(&e.key, 30, 1, Bytes::from_static(b"{}"))
+                .unwrap();
         }
         let rest = store.visit_docs(&VisitFrom::After(pos.clone()), u64::MAX, 1000, 1 << 30);
         assert_eq!(rest.unwrap().entries.len(), 250);

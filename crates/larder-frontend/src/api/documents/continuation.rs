@@ -71,7 +71,8 @@ impl Position {
         if rd.take(1)? != [VERSION] {
             return Err(bad("unknown version"));
         }
-        let (slices, slice_id, partitions, partition) = (rd.u32()?, rd.u32()?, rd.u32()?, rd.u32()?);
+        let (slices, slice_id, partitions, partition) =
+            (rd.u32()?, rd.u32()?, rd.u32()?, rd.u32()?);
         if slices == 0 || slice_id >= slices || partitions == 0 || partition >= partitions {
             return Err(bad("inconsistent numbers"));
         }
@@ -114,7 +115,9 @@ impl<'a> Reader<'a> {
     }
 
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
 }
 
@@ -137,7 +140,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn position() -> impl Strategy<Value = Position> {
-        (1u32..100, any::<u32>(), 1u32..1000, any::<u32>(), proptest::option::of((any::<u64>(), ".{0,40}")))
+        (
+            1u32..100,
+            any::<u32>(),
+            1u32..1000,
+            any::<u32>(),
+            proptest::option::of((any::<u64>(), ".{0,40}")),
+        )
             .prop_map(|(slices, id, partitions, p, after)| Position {
                 slices,
                 slice_id: id % slices,

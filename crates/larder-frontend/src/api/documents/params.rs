@@ -1,7 +1,8 @@
 //! Query parameters of `/document/v1`: `create`, `dryRun`, `timeout`, `condition`, and `route`
 //! and `tracelevel` (accepted and ignored: Larder has one route); for visiting, `selection`,
 //! `continuation`, `wantedDocumentCount`, `concurrency`, `fieldSet`, `slices`, `sliceId`,
-//! `stream`, `timeChunk` and `cluster` (accepted; Larder has one content cluster).
+//! `stream`, `timeChunk`, `cluster` and `bucketSpace` (Larder has one content cluster, and
+//! every document is in the `default` bucket space).
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ pub struct Params {
     pub stream: bool,
     pub time_chunk: Option<Duration>,
     pub cluster: Option<String>,
+    pub bucket_space: Option<String>,
 }
 
 /// Most slices a visit may be split into.
@@ -45,16 +47,19 @@ pub fn parse(query: &str) -> Result<Params, String> {
             "wantedDocumentCount" => params.wanted_document_count = Some(positive(name, &value)?),
             "concurrency" => params.concurrency = Some(positive(name, &value)?.min(100) as u32),
             "fieldSet" if !value.is_empty() => params.field_set = Some(value),
-            "slices" => params.slices = Some(positive(name, &value)?.min(u64::from(MAX_SLICES)) as u32),
+            "slices" => {
+                params.slices = Some(positive(name, &value)?.min(u64::from(MAX_SLICES)) as u32)
+            }
             "sliceId" => {
-                let id: u32 = value
-                    .parse()
-                    .map_err(|_| format!("sliceId must be a non-negative integer, not {value:?}"))?;
+                let id: u32 = value.parse().map_err(|_| {
+                    format!("sliceId must be a non-negative integer, not {value:?}")
+                })?;
                 params.slice_id = Some(id);
             }
             "stream" => params.stream = boolean(name, &value)?,
             "timeChunk" => params.time_chunk = Some(timeout(&value)?),
             "cluster" if !value.is_empty() => params.cluster = Some(value),
+            "bucketSpace" if !value.is_empty() => params.bucket_space = Some(value),
             // Vespa ignores parameters it does not know; so does Larder, to stay compatible
             // with clients that send newer ones.
             _ => {}
@@ -123,7 +128,10 @@ mod tests {
         assert!(parse("create=maybe").is_err());
         let v = parse("selection=music.year%3E1&wantedDocumentCount=10&slices=4&sliceId=3&stream=true&timeChunk=2s&cluster=c&fieldSet=%5Bid%5D&concurrency=4").unwrap();
         assert_eq!(v.selection.as_deref(), Some("music.year>1"));
-        assert_eq!((v.wanted_document_count, v.slices, v.slice_id), (Some(10), Some(4), Some(3)));
+        assert_eq!(
+            (v.wanted_document_count, v.slices, v.slice_id),
+            (Some(10), Some(4), Some(3))
+        );
         assert!(v.stream && v.cluster.is_some() && v.field_set.as_deref() == Some("[id]"));
         assert!(parse("slices=0").is_err() && parse("sliceId=-1").is_err());
         assert_eq!(parse("").unwrap(), Params::default());

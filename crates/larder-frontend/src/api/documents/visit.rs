@@ -50,6 +50,9 @@ use crate::state::AppState;
 const MAX_BUFFERED_DOCUMENTS: u64 = 1024;
 /// A buffered chunk stops after the page that takes it past this many bytes.
 pub const BUFFERED_BYTES: usize = 16 << 20;
+/// The name of Larder's one content cluster, as a visit of `cluster=*` lists it: Vespa's
+/// command-line tool visits every cluster named in that answer.
+pub const CONTENT_CLUSTER: &str = "larder";
 /// Vespa's default `timeChunk`.
 const DEFAULT_TIME_CHUNK: Duration = Duration::from_secs(60);
 /// Pages of rendered documents a streamed answer buffers ahead of a slow client.
@@ -164,6 +167,23 @@ impl Visit {
         method: &Method,
     ) -> Result<Visit, Failure> {
         let bad = Failure::BadRequest;
+        if params.cluster.as_deref() == Some("*") {
+            // Vespa's answer, word for word: `vespa visit` reads the cluster names out of it.
+            return Err(bad(format!(
+                "Your Vespa deployment has no content cluster '*', only '{CONTENT_CLUSTER}'"
+            )));
+        }
+        // Every document is in the default bucket space; the global one (documents Vespa
+        // copies to every node) is empty.
+        let global = match params.bucket_space.as_deref() {
+            None | Some("default") => false,
+            Some("global") => true,
+            Some(other) => {
+                return Err(bad(format!(
+                    "bucketSpace must be default or global, not {other:?}"
+                )))
+            }
+        };
         let (slices, slice_id) = match (params.slices, params.slice_id) {
             (None, None) => (1, 0),
             (Some(s), Some(id)) if id < s => (s, id),
@@ -203,10 +223,14 @@ impl Visit {
         let selection = params.selection.clone();
         if *method != Method::GET {
             if params.cluster.is_none() {
-                return Err(bad(format!("{method} of a document selection needs the cluster parameter")));
+                return Err(bad(format!(
+                    "{method} of a document selection needs the cluster parameter"
+                )));
             }
             if selection.is_none() {
-                return Err(bad(format!("{method} of a document selection needs a selection")));
+                return Err(bad(format!(
+                    "{method} of a document selection needs a selection"
+                )));
             }
         }
         let fields = field_set(params.field_set.as_deref()).map_err(bad)?;
@@ -219,13 +243,21 @@ impl Visit {
         let time_chunk = params.time_chunk.unwrap_or(DEFAULT_TIME_CHUNK);
         let time_chunk = params.timeout.map_or(time_chunk, |t| t.min(time_chunk));
         let (first, last) = slice_range(slices, slice_id);
+        let mut position = position;
+        if global {
+            position.partition = partitions;
+        }
         Ok(Visit {
             filter: Arc::new(Filter { scope, fields }),
             selection,
             first,
             last,
             position,
-            wanted: if *method == Method::GET { wanted } else { u64::MAX },
+            wanted: if *method == Method::GET {
+                wanted
+            } else {
+                u64::MAX
+            },
             time_chunk,
         })
     }
@@ -485,6 +517,14 @@ pub(super) async fn write(
     method: Method,
     body: Bytes,
 ) -> Result<Response<Body>, Failure> {
+    if method == Method::PUT {
+        // A bad update is the request's fault once, not one failure per matching document.
+        let check = body.clone();
+        state
+            .document_work
+            .run(move || super::body::update(&check).map(drop))
+            .await?;
+    }
     let mut writes = Writes {
         state,
         method,
