@@ -79,6 +79,8 @@ pub fn start(
                 now_ms: now_ms(),
                 seal_active: false,
                 max_bytes_per_sec: config.rate_mb_per_s.saturating_mul(1_000_000),
+                tombstone_horizon: None,
+                tombstone_retention_ms: 0,
             };
             blocking(move || pass(&node, &opts)).await;
         }
@@ -92,6 +94,8 @@ pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
             now_ms: now_ms(),
             seal_active: true,
             max_bytes_per_sec: 0,
+            tombstone_horizon: None,
+            tombstone_retention_ms: 0,
         };
         pass(&node, &opts)
     })

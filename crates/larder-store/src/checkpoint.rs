@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::engine::Engine;
 use crate::format::{head_len, FILE_HEADER_LEN, FORMAT_VERSION};
-use crate::index::{BlobState, DocState, Index, LiveBlob};
+use crate::index::{BlobState, DocState, Index, LiveBlob, Tomb};
 use crate::segment::{sync_dir, Segment};
 use crate::types::{BlobMeta, Error, Location, LogPos, Result};
 
@@ -23,9 +23,12 @@ pub(crate) const TMP_PREFIX: &str = "index.ckpt.tmp";
 const MAGIC: &[u8; 8] = b"LRDRCKPT";
 const HEADER_LEN: usize = 48;
 const BLOB_LIVE: u8 = 1;
-const BLOB_DELETED: u8 = 2;
-const DOC_LIVE: u8 = 3;
-const DOC_REMOVED: u8 = 4;
+// Tags 2, 3 and 4 (tombstones and live documents without the fields the tombstone drop rule
+// needs) were written before tombstones could be dropped: such a checkpoint is ignored and the
+// log replayed, which rebuilds those fields exactly.
+const BLOB_DELETED: u8 = 5;
+const DOC_LIVE: u8 = 6;
+const DOC_REMOVED: u8 = 7;
 
 #[derive(Default)]
 pub(crate) struct CheckpointState {
@@ -118,6 +121,12 @@ fn put_key(out: &mut Vec<u8>, tag: u8, key: &[u8]) {
     out.extend_from_slice(key);
 }
 
+/// The fields of a tombstone after its time: sequence and shadowed puts.
+fn put_tomb(out: &mut Vec<u8>, tomb: &Tomb) {
+    out.extend_from_slice(&tomb.seq.to_le_bytes());
+    out.extend_from_slice(&tomb.shadows.to_le_bytes());
+}
+
 fn put_loc(out: &mut Vec<u8>, size: u64, loc: &Location) {
     out.extend_from_slice(&size.to_le_bytes());
     out.extend_from_slice(&loc.segment.to_le_bytes());
@@ -135,9 +144,10 @@ pub(crate) fn encode(index: &Index) -> Vec<u8> {
     out.extend_from_slice(&index.last_seq.to_le_bytes());
     for (key, blob) in &index.blobs {
         match blob {
-            BlobState::Deleted { time_ms } => {
+            BlobState::Deleted(tomb) => {
                 put_key(&mut out, BLOB_DELETED, key);
-                out.extend_from_slice(&time_ms.to_le_bytes());
+                out.extend_from_slice(&tomb.time_ms.to_le_bytes());
+                put_tomb(&mut out, tomb);
             }
             BlobState::Live(b) => {
                 put_key(&mut out, BLOB_LIVE, key);
@@ -158,16 +168,23 @@ pub(crate) fn encode(index: &Index) -> Vec<u8> {
         };
         put_key(&mut out, tag, key);
         match doc {
-            DocState::Removed { version, time_ms }
-            | DocState::Live {
-                version, time_ms, ..
+            DocState::Removed { version, tomb } => {
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&tomb.time_ms.to_le_bytes());
+                put_tomb(&mut out, tomb);
+            }
+            DocState::Live {
+                version,
+                time_ms,
+                size,
+                loc,
+                shadows,
             } => {
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&time_ms.to_le_bytes());
+                out.extend_from_slice(&shadows.to_le_bytes());
+                put_loc(&mut out, *size, loc);
             }
-        }
-        if let DocState::Live { size, loc, .. } = doc {
-            put_loc(&mut out, *size, loc);
         }
     }
     let crc = crc32c::crc32c(&out);
@@ -316,7 +333,11 @@ fn decode_blob(rd: &mut Rd, segs: &Segs, index: &mut Index) -> Result<(), Bad> {
     let (tag, key) = key(rd)?;
     let time_ms = rd.u64()?;
     let state = match tag {
-        BLOB_DELETED => BlobState::Deleted { time_ms },
+        BLOB_DELETED => BlobState::Deleted(Tomb {
+            time_ms,
+            seq: rd.u64()?,
+            shadows: rd.u32()?,
+        }),
         BLOB_LIVE => {
             let has_expiry = rd.u8()?;
             let expires = rd.u64()?;
@@ -349,8 +370,16 @@ fn decode_doc(rd: &mut Rd, segs: &Segs, index: &mut Index) -> Result<(), Bad> {
     let (tag, key) = key(rd)?;
     let (version, time_ms) = (rd.u64()?, rd.u64()?);
     let state = match tag {
-        DOC_REMOVED => DocState::Removed { version, time_ms },
+        DOC_REMOVED => DocState::Removed {
+            version,
+            tomb: Tomb {
+                time_ms,
+                seq: rd.u64()?,
+                shadows: rd.u32()?,
+            },
+        },
         DOC_LIVE => {
+            let shadows = rd.u32()?;
             let (size, loc) = location(rd, segs, key.len(), 0)?;
             index.live_keys += 1;
             DocState::Live {
@@ -358,6 +387,7 @@ fn decode_doc(rd: &mut Rd, segs: &Segs, index: &mut Index) -> Result<(), Bad> {
                 time_ms,
                 size,
                 loc,
+                shadows,
             }
         }
         _ => return Err(Bad::Corrupt("bad doc tag")),

@@ -204,6 +204,8 @@ impl Harness {
             now_ms: now,
             seal_active: true,
             max_bytes_per_sec: 0,
+            tombstone_horizon: None,
+            tombstone_retention_ms: 0,
         };
         let report = self.store().compact(&opts).unwrap();
         assert_eq!(report.corrupt_records_dropped, 0);
