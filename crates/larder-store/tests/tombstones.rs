@@ -91,11 +91,7 @@ fn a_tombstone_goes_only_past_the_horizon_and_the_retention_and_stays_gone() {
     let tomb = seq_of(&store, Op::DeleteBlob, "gone");
     let late = 10 + RETENTION;
     // Too young, not past the horizon, or no horizon (a peer's position unknown): kept.
-    for (horizon, now) in [
-        (Some(tomb), late - 1),
-        (Some(tomb - 1), late),
-        (None, late),
-    ] {
+    for (horizon, now) in [(Some(tomb), late - 1), (Some(tomb - 1), late), (None, late)] {
         let report = compact(&store, 0.0, horizon, now);
         assert_eq!(report.tombstones_dropped, 0, "{horizon:?} {now}");
         assert!(is_deleted(&store, "gone"));
@@ -170,9 +166,13 @@ fn the_change_feed_from_the_beginning_hands_back_no_deleted_blob() {
     assert_eq!(ops, [Op::DeleteBlob]);
     assert_eq!(feed_of(&store, "b").len(), 1);
     // Documents: only the newest version of a key, put or remove.
-    store.put_doc(b"d", 1, 10, Bytes::from_static(b"{}")).unwrap();
+    store
+        .put_doc(b"d", 1, 10, Bytes::from_static(b"{}"))
+        .unwrap();
     store.remove_doc(b"d", 2, 10).unwrap();
-    store.put_doc(b"d", 3, 10, Bytes::from_static(b"{}")).unwrap();
+    store
+        .put_doc(b"d", 3, 10, Bytes::from_static(b"{}"))
+        .unwrap();
     let versions: Vec<(Op, u64)> = feed_of(&store, "d")
         .iter()
         .map(|c| (c.op, c.version))
