@@ -43,6 +43,14 @@ pub enum Error {
     NotFound(&'static str),
     #[error("stored properties: {0}")]
     CorruptProperties(String),
+    /// A peer replica asked for this replica's feed from a position before a tombstone this
+    /// replica dropped: it cannot have seen that delete, so it must be rebuilt, never rejoined.
+    #[error("replica of partition {partition} asked from sequence {after}, before tombstones dropped up to {dropped}: rebuild that replica")]
+    BehindDroppedTombstones {
+        partition: u32,
+        after: u64,
+        dropped: u64,
+    },
     #[error(transparent)]
     Store(#[from] larder_store::Error),
 }

@@ -27,6 +27,8 @@ pub struct StorageNode {
     disks: Vec<(String, Disk)>,
     /// Held by a compaction pass: background and operator passes never run at once.
     pub(crate) compaction: std::sync::Mutex<()>,
+    /// The peers' positions in this node's change feeds: the tombstone horizons.
+    pub(crate) horizons: crate::horizon::Horizons,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,11 @@ impl StorageNode {
             stores,
             disks,
             compaction: std::sync::Mutex::new(()),
+            horizons: crate::horizon::Horizons::new(
+                map,
+                &config.node_id,
+                config.compaction.tombstone_retention,
+            ),
         })
     }
 

@@ -156,7 +156,13 @@ fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::
     let text = format!("{cursor} {}\n", incarnation_text(local_incarnation));
     file.write_all(text.as_bytes())?;
     file.sync_data()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    // The rename must be durable too: a cursor that went back after a power loss would ask
+    // the peer for a position before tombstones it may have dropped since (a 409: rebuild).
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 struct Worker {
@@ -197,6 +203,9 @@ impl Worker {
 
     /// Up to `max_pages_per_round` pages of the peer's feed; stops early once caught up.
     async fn round(&self, link: &mut Link) -> Result<()> {
+        if !self.is_source(link) {
+            return Ok(());
+        }
         for _ in 0..self.config.max_pages_per_round {
             let page = self.fetch_page(link).await?;
             self.record_lag(link, &page.changes);
@@ -218,13 +227,16 @@ impl Worker {
                 .replicated_records
                 .get_or_create(&labels(link))
                 .inc_by(count);
-            link.cursor = page
+            let next = page
                 .next
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
             let local = link.store.incarnation();
-            save_cursor(&link.cursor_file, link.cursor, local)
-                .map_err(ReplicationError::SaveCursor)?;
+            save_cursor(&link.cursor_file, next, local).map_err(ReplicationError::SaveCursor)?;
+            // Only once saved: the peer reads our next request's cursor as our position in its
+            // feed (its tombstone horizon), which must never be ahead of what a restart of
+            // ours would resume from.
+            link.cursor = next;
         }
         Ok(())
     }
@@ -245,6 +257,24 @@ impl Worker {
             }
             other => other,
         }
+    }
+
+    /// Once this replica dropped tombstones, a peer is a source only after it has shown (by
+    /// pulling our feed) that it is past all of them: a peer that was not a replica when they
+    /// were dropped, or whose data went back, may still hold what those deletes removed and
+    /// would hand it back. It learns so itself (our feed answers it 409) and must be rebuilt.
+    fn is_source(&self, link: &Link) -> bool {
+        let dropped = link.store.dropped_through();
+        let ok = dropped == 0
+            || self
+                .node
+                .horizons
+                .has_passed(link.partition, &link.peer, dropped);
+        if !ok {
+            tracing::debug!(partition = link.partition, peer = %link.peer, dropped,
+                "not pulling from a peer that has not yet pulled past our dropped tombstones");
+        }
+        ok
     }
 
     fn record_lag(&self, link: &Link, changes: &[ChangeEntry]) {
@@ -289,8 +319,15 @@ impl Worker {
             &link.cursor.to_string(),
             self.config.page_size,
         );
+        // Naming ourselves makes our cursor our position in the peer's feed (its horizon).
+        let path = format!("{path}&replica={}", self.node.node_id);
         let response = self.get(&link.peer, path).await?;
         let status = response.status();
+        if status == StatusCode::CONFLICT {
+            tracing::error!(partition = link.partition, peer = %link.peer, cursor = %link.cursor,
+                "the peer dropped tombstones this replica never saw: rebuild this replica \
+                 (move its directory away and restart)");
+        }
         if status != StatusCode::OK {
             let what = "change feed".to_owned();
             return Err(ReplicationError::Status { what, status });

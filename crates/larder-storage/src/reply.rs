@@ -77,6 +77,7 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
         Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
         Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
+        Error::BehindDroppedTombstones { .. } => (S::CONFLICT, "ReplicaMustBeRebuilt"),
         Error::Store(err) => store_status(err),
     };
     let mut response = coded(code, stable, err);
