@@ -7,6 +7,7 @@ use larder_proto::{ChangeEntry, ChangePage};
 use larder_store::{Cursor, Op, Store};
 
 use crate::error::{Error, Result};
+use crate::horizon::Serve;
 use crate::node::blocking;
 use crate::reply::{self, Body};
 use crate::StorageNode;
@@ -28,6 +29,11 @@ pub async fn page(
     } = parse_query(query)?;
     if let Some(peer) = replica {
         note_peer(node, partition, &store, peer, after)?;
+        match node.horizons.may_serve(partition, peer) {
+            Serve::Yes => {}
+            Serve::NotChecked => return Err(Error::NotCheckedYet { partition }),
+            Serve::Behind => return Err(Error::MustBeRebuilt { partition }),
+        }
     }
     let head = store.stats().durable_cursor.to_string();
     let batch = blocking(move || store.changes(after, limit)).await?;
@@ -54,6 +60,9 @@ fn note_peer(
     if after.incarnation == store.incarnation() && after.sequence < dropped {
         tracing::error!(partition, peer, after = %after, dropped,
             "a peer replica is behind tombstones this replica dropped: it must be rebuilt");
+        // Its position is that low now: no tombstone after it is dropped.
+        node.horizons
+            .pulled(partition, peer, after, store.incarnation());
         return Err(Error::BehindDroppedTombstones {
             partition,
             after: after.sequence,

@@ -51,6 +51,13 @@ pub enum Error {
         after: u64,
         dropped: u64,
     },
+    /// A peer replica asked for our feed before our own pull of it was answered since this
+    /// node started (`horizon.rs`): retried.
+    #[error("partition {partition}: not serving peers before this replica has pulled from them")]
+    NotCheckedYet { partition: u32 },
+    /// This replica is behind tombstones a peer dropped: it serves no peer until rebuilt.
+    #[error("partition {partition}: this replica is behind tombstones a peer dropped and must be rebuilt")]
+    MustBeRebuilt { partition: u32 },
     #[error(transparent)]
     Store(#[from] larder_store::Error),
 }

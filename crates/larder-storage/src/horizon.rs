@@ -8,6 +8,9 @@
 //! every position is unknown until that peer pulls again, and an unknown position means no
 //! horizon (nothing is dropped). A position in another incarnation of the local replica (the
 //! peer pulled from an older one, or starts from the beginning) counts as 0.
+//!
+//! It also holds the other half of "rebuilt, never rejoined": whether this replica may serve a
+//! peer at all (`may_serve`), from how that peer answered our own pulls since we started.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,16 +23,39 @@ struct Peer {
     node: String,
     /// The sequence (in the local replica's current incarnation) it last pulled after.
     seq: Option<u64>,
+    /// Since this process started, the peer answered our pull of its feed without refusing
+    /// our cursor: the local replica is not behind tombstones the peer dropped.
+    checked: bool,
+    /// The peer refused our cursor (409): the local replica is behind tombstones it dropped
+    /// and must be rebuilt.
+    behind: bool,
+}
+
+/// Whether a peer replica may pull the local replica's feed (`Horizons::may_serve`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Serve {
+    Yes,
+    /// Not before our own pull of that peer was answered (425 Too Early, it retries).
+    NotChecked,
+    /// Never: that peer said the local replica is behind its dropped tombstones (409).
+    Behind,
 }
 
 pub struct Horizons {
     retention: Duration,
+    /// Without replication this node never pulls, so it can never check itself: it serves.
+    check_before_serving: bool,
     partitions: HashMap<PartitionId, Mutex<Vec<Peer>>>,
 }
 
 impl Horizons {
     /// Every other current replica, from the cluster map, of each partition `node_id` hosts.
-    pub fn new(map: &ClusterMap, node_id: &str, retention: Duration) -> Horizons {
+    pub fn new(
+        map: &ClusterMap,
+        node_id: &str,
+        retention: Duration,
+        check_before_serving: bool,
+    ) -> Horizons {
         let partitions = map
             .replicas_on(node_id)
             .into_iter()
@@ -41,6 +67,8 @@ impl Horizons {
                     .map(|r| Peer {
                         node: r.node.clone(),
                         seq: None,
+                        checked: false,
+                        behind: false,
                     })
                     .collect();
                 Some((partition, Mutex::new(peers)))
@@ -48,6 +76,7 @@ impl Horizons {
             .collect();
         Horizons {
             retention,
+            check_before_serving,
             partitions,
         }
     }
@@ -100,13 +129,31 @@ impl Horizons {
             .try_fold(u64::MAX, |min, p| p.seq.map(|s| min.min(s)))
     }
 
-    /// Whether `peer` has shown (by pulling) that it is at or past `seq` of the local replica.
-    pub fn has_passed(&self, partition: PartitionId, peer: &str, seq: u64) -> bool {
-        self.peers(partition).is_some_and(|peers| {
-            peers
-                .iter()
-                .any(|p| p.node == peer && p.seq.is_some_and(|s| s >= seq))
-        })
+    /// Notes how `peer` answered our pull of its feed: `refused` when it said our cursor is
+    /// behind tombstones it dropped.
+    pub fn answered(&self, partition: PartitionId, peer: &str, refused: bool) {
+        if let Some(mut peers) = self.peers(partition) {
+            if let Some(p) = peers.iter_mut().find(|p| p.node == peer) {
+                p.checked = true;
+                p.behind |= refused;
+            }
+        }
+    }
+
+    /// Whether `peer` may pull the local replica's feed. A replica whose data went back (a
+    /// restore, a replica re-added to the map with old data) may hold blobs whose tombstones a
+    /// peer dropped; it finds out when it pulls that peer (409), and until then it must not
+    /// hand anything to it. So after every start a replica serves a peer only once its own
+    /// pull of that peer was answered without a refusal: no race with the peer's pulls.
+    pub fn may_serve(&self, partition: PartitionId, peer: &str) -> Serve {
+        let Some(peers) = self.peers(partition) else {
+            return Serve::Yes;
+        };
+        match peers.iter().find(|p| p.node == peer) {
+            Some(p) if p.behind => Serve::Behind,
+            Some(p) if !p.checked && self.check_before_serving => Serve::NotChecked,
+            _ => Serve::Yes,
+        }
     }
 }
 
@@ -131,7 +178,7 @@ mod tests {
 
     #[test]
     fn the_horizon_waits_for_every_peer_and_follows_the_slowest() {
-        let h = Horizons::new(&map(), "s1", Duration::from_secs(1));
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
         let at = |sequence| Cursor {
             incarnation: 7,
             sequence,
@@ -145,7 +192,20 @@ mod tests {
         // s3 pulls from the beginning (rebuilt) or from another incarnation of ours.
         assert!(h.pulled(0, "s3", at(50), 8));
         assert_eq!(h.horizon(0), Some(0));
-        assert!(h.has_passed(0, "s2", 40) && !h.has_passed(0, "s2", 41));
         assert_eq!(h.horizon(1), None, "not hosted");
+    }
+
+    #[test]
+    fn a_peer_is_served_only_once_our_pull_of_it_was_not_refused() {
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        assert_eq!(h.may_serve(0, "s2"), Serve::NotChecked);
+        h.answered(0, "s2", false);
+        assert_eq!(h.may_serve(0, "s2"), Serve::Yes);
+        h.answered(0, "s3", true);
+        assert_eq!(h.may_serve(0, "s3"), Serve::Behind);
+        h.answered(0, "s3", false);
+        assert_eq!(h.may_serve(0, "s3"), Serve::Behind, "until rebuilt");
+        let unchecked = Horizons::new(&map(), "s1", Duration::from_secs(1), false);
+        assert_eq!(unchecked.may_serve(0, "s2"), Serve::Yes);
     }
 }

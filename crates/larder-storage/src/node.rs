@@ -93,6 +93,7 @@ impl StorageNode {
                 map,
                 &config.node_id,
                 config.compaction.tombstone_retention,
+                config.replication.enabled,
             ),
         })
     }

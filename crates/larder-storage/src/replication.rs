@@ -203,9 +203,6 @@ impl Worker {
 
     /// Up to `max_pages_per_round` pages of the peer's feed; stops early once caught up.
     async fn round(&self, link: &mut Link) -> Result<()> {
-        if !self.is_source(link) {
-            return Ok(());
-        }
         for _ in 0..self.config.max_pages_per_round {
             let page = self.fetch_page(link).await?;
             self.record_lag(link, &page.changes);
@@ -259,24 +256,6 @@ impl Worker {
         }
     }
 
-    /// Once this replica dropped tombstones, a peer is a source only after it has shown (by
-    /// pulling our feed) that it is past all of them: a peer that was not a replica when they
-    /// were dropped, or whose data went back, may still hold what those deletes removed and
-    /// would hand it back. It learns so itself (our feed answers it 409) and must be rebuilt.
-    fn is_source(&self, link: &Link) -> bool {
-        let dropped = link.store.dropped_through();
-        let ok = dropped == 0
-            || self
-                .node
-                .horizons
-                .has_passed(link.partition, &link.peer, dropped);
-        if !ok {
-            tracing::debug!(partition = link.partition, peer = %link.peer, dropped,
-                "not pulling from a peer that has not yet pulled past our dropped tombstones");
-        }
-        ok
-    }
-
     fn record_lag(&self, link: &Link, changes: &[ChangeEntry]) {
         let labels = labels(link);
         let oldest = changes.iter().map(|c| c.time_ms).min();
@@ -323,7 +302,16 @@ impl Worker {
         let path = format!("{path}&replica={}", self.node.node_id);
         let response = self.get(&link.peer, path).await?;
         let status = response.status();
-        if status == StatusCode::CONFLICT {
+        // A page (200) or "too early" (425: the peer has not pulled from us yet) means the peer
+        // checked our cursor and found it is not behind its dropped tombstones (409): this
+        // replica may serve that peer from now on (`Horizons::may_serve`).
+        let refused = status == StatusCode::CONFLICT;
+        if refused || status == StatusCode::OK || status == StatusCode::TOO_EARLY {
+            self.node
+                .horizons
+                .answered(link.partition, &link.peer, refused);
+        }
+        if refused {
             tracing::error!(partition = link.partition, peer = %link.peer, cursor = %link.cursor,
                 "the peer dropped tombstones this replica never saw: rebuild this replica \
                  (move its directory away and restart)");
