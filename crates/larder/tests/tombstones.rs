@@ -1,0 +1,207 @@
+//! Tombstones are dropped, safely, with real storage nodes (`larder-store/FORMAT.md`, "Dropping
+//! tombstones"): once every replica has replicated past them and `tombstone_retention` (1 s
+//! here) has passed, compaction drops them; deleted blobs then answer 404 (never found again),
+//! also after restarts and on a replica rebuilt from scratch. A replica that has not pulled
+//! keeps every drop waiting; one whose data went back behind the drops (restored from a copy)
+//! is refused and hands nothing back.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::h2::H2Client;
+use common::Cluster;
+use http::{Method, StatusCode};
+use larder_cluster::BlobId;
+
+const STORAGE: &str = "[compaction]\nenabled = false\ntombstone_retention = \"1s\"\n";
+
+fn blob(i: usize) -> Bytes {
+    Bytes::from(format!("tombstone test blob {i} ").repeat(1 + i % 40))
+}
+
+async fn put_blobs(client: &H2Client, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let (status, id, json) = client.put(blob(i)).await;
+        assert_eq!(status, StatusCode::CREATED, "{json}");
+        ids.push(id.unwrap());
+    }
+    ids
+}
+
+async fn delete(client: &H2Client, ids: &[String]) {
+    for id in ids {
+        let path = format!("/v1/blobs/{id}");
+        let (status, _) = client.request(Method::DELETE, &path, Bytes::new()).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+}
+
+/// `HEAD` of `id` on storage node `i`, through the internal API.
+async fn on_node(cluster: &Cluster, i: usize, id: &str) -> StatusCode {
+    let parsed: BlobId = id.parse().unwrap();
+    let path = larder_proto::blob_path(parsed.partition, id);
+    let client = cluster.node_client(cluster.node_addr(i)).await;
+    client.request(Method::HEAD, &path, Bytes::new()).await.0
+}
+
+/// Waits until `id` answers `want` on node `i` for every id.
+async fn wait_for(cluster: &Cluster, nodes: &[usize], ids: &[String], want: StatusCode) {
+    let started = Instant::now();
+    for &i in nodes {
+        for id in ids {
+            loop {
+                let got = on_node(cluster, i, id).await;
+                if got == want {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "node {i}, {id}: {got}, want {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// `POST /internal/v1/compaction` on node `i`: the tombstones it dropped.
+async fn compact(cluster: &Cluster, i: usize) -> u64 {
+    let client = cluster.node_client(cluster.node_addr(i)).await;
+    let (status, body) = client
+        .request(Method::POST, "/internal/v1/compaction", Bytes::new())
+        .await;
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let partitions = json["partitions"].as_object().unwrap();
+    partitions
+        .values()
+        .map(|p| p["tombstones_dropped"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Compacts `nodes` until each has dropped `want` tombstones (they go once the peers have
+/// pulled past them and the retention passed).
+async fn compact_until_dropped(cluster: &Cluster, nodes: &[usize], want: u64) {
+    let started = Instant::now();
+    let mut dropped = vec![0; nodes.len()];
+    while dropped.iter().any(|d| *d < want) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "dropped only {dropped:?} of {want}"
+        );
+        for (n, &i) in nodes.iter().enumerate() {
+            dropped[n] += compact(cluster, i).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(dropped.iter().all(|d| *d == want), "{dropped:?}");
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+fn data_dir(cluster: &Cluster, i: usize) -> std::path::PathBuf {
+    cluster.dir.path().join(&cluster.map.nodes[i].id)
+}
+
+async fn check_public(client: &H2Client, ids: &[String], deleted: &[String], gone: StatusCode) {
+    for (i, id) in ids.iter().enumerate() {
+        let (status, body) = client.get(id).await;
+        if deleted.contains(id) {
+            assert_eq!(status, gone, "deleted blob {i}");
+        } else {
+            assert_eq!(status, StatusCode::OK, "blob {i}");
+            assert!(body == blob(i), "blob {i} differs");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tombstones_go_once_every_replica_has_them_and_deleted_blobs_stay_gone() {
+    let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let ids = put_blobs(&client, 12).await;
+    let deleted: Vec<String> = ids[..6].to_vec();
+    delete(&client, &deleted).await;
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::GONE).await;
+    // Every node holds a replica of every partition: 6 tombstones each.
+    compact_until_dropped(&cluster, &[0, 1, 2], deleted.len() as u64).await;
+    // Gone from every index: a deleted blob is now just not found (404), like one never written.
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
+    check_public(&client, &ids, &deleted, StatusCode::NOT_FOUND).await;
+    // Nothing comes back from a replay.
+    for i in 0..3 {
+        cluster.stop_node(i);
+        cluster.restart_node(i);
+    }
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
+    // A replica rebuilt from scratch pulls its peers' feeds from the beginning: the survivors
+    // come back to it, the deleted blobs do not.
+    cluster.stop_node(2);
+    std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
+    cluster.restart_node(2);
+    wait_for(&cluster, &[2], &ids[6..], StatusCode::OK).await;
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
+    check_public(&client, &ids, &deleted, StatusCode::NOT_FOUND).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_refused() {
+    let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let ids = put_blobs(&client, 8).await;
+    let deleted: Vec<String> = ids[..4].to_vec();
+    wait_for(&cluster, &[2], &ids, StatusCode::OK).await;
+    // Node 2 goes away with the blobs; a copy of its data is kept (a backup to restore later).
+    cluster.stop_node(2);
+    let backup = tempfile::tempdir().unwrap();
+    copy_tree(&data_dir(&cluster, 2), backup.path());
+    delete(&client, &deleted).await;
+    wait_for(&cluster, &[0, 1], &deleted, StatusCode::GONE).await;
+    // Past the retention, but node 2 has not replicated the deletes: nothing is dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..3 {
+        assert_eq!(compact(&cluster, 0).await + compact(&cluster, 1).await, 0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    wait_for(&cluster, &[0, 1], &deleted, StatusCode::GONE).await;
+    // Node 2 comes back, replicates the deletes, and then they can go everywhere.
+    cluster.restart_node(2);
+    wait_for(&cluster, &[2], &deleted, StatusCode::GONE).await;
+    compact_until_dropped(&cluster, &[0, 1, 2], deleted.len() as u64).await;
+    // Node 2's data goes back to before the deletes (a restore): it still holds the blobs and
+    // asks its peers from before their drops. It is refused and hands nothing back.
+    cluster.stop_node(2);
+    std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
+    copy_tree(backup.path(), &data_dir(&cluster, 2));
+    cluster.restart_node(2);
+    wait_for(&cluster, &[2], &ids, StatusCode::OK).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_for(&cluster, &[0, 1], &deleted, StatusCode::NOT_FOUND).await;
+    // It knows it must be rebuilt: it serves its feed to no peer.
+    let parsed: BlobId = deleted[0].parse().unwrap();
+    let path = format!(
+        "{}&replica={}",
+        larder_proto::changes_path(parsed.partition, "0.0", 10),
+        cluster.map.nodes[0].id
+    );
+    let node2 = cluster.node_client(cluster.node_addr(2)).await;
+    let (status, body) = node2.request(Method::GET, &path, Bytes::new()).await;
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    assert!(text.contains("ThisReplicaMustBeRebuilt"), "{text}");
+}
