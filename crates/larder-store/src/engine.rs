@@ -129,7 +129,8 @@ impl Engine {
             PendingBlob::Live => PutOutcome::AlreadyExists,
             PendingBlob::Deleted => PutOutcome::Deleted,
         };
-        // Blob states never revert, so a durable answer is final: skip checksumming the data.
+        // A durable state answers now (a tombstone is dropped only long after every write of
+        // its key could still be in flight): skip checksumming the data.
         if let Some(s) = self.index.read().blobs.get(key) {
             return Ok(Appended::Early(outcome(match s {
                 BlobState::Live(_) => PendingBlob::Live,
