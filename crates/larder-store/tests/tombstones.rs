@@ -211,3 +211,27 @@ fn a_document_remove_goes_only_with_every_older_version() {
     assert_eq!(store.get_doc(b"doc").unwrap(), DocLookup::NotFound);
     assert!(feed_of(&store, "doc").is_empty());
 }
+
+/// The index stays bounded by live data: a segment whose droppable tombstones outnumber its
+/// live records is rewritten even when their bytes are far below the garbage ratio.
+#[test]
+fn many_small_tombstones_next_to_live_data_are_dropped_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    put(&store, "big", 12_000);
+    for i in 0..20 {
+        // Deletes of IDs never written here (any client that may delete can make them).
+        store
+            .delete_blob(format!("never{i}").as_bytes(), 10)
+            .unwrap();
+    }
+    assert_eq!(store.stats().segments, 1);
+    let horizon = store.stats().durable_cursor.sequence;
+    let report = compact(&store, 0.5, Some(horizon), 10 + RETENTION);
+    assert_eq!(report.tombstones_dropped, 20, "{report:?}");
+    assert!(is_absent(&store, "never7"));
+    assert!(matches!(
+        store.get_blob(b"big", 0).unwrap(),
+        BlobLookup::Found(_)
+    ));
+}
