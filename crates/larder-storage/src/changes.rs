@@ -1,20 +1,40 @@
 //! `GET .../changes`: a page of a replica's change feed (durable records only), which peers
-//! replicate from.
+//! replicate from. A peer names itself (`replica=<node id>`): its cursor is its position in
+//! this replica's feed, from which the tombstone horizon is computed (`horizon.rs`).
 
 use http::{Response, StatusCode};
 use larder_proto::{ChangeEntry, ChangePage};
 use larder_store::{Cursor, Op, Store};
 
 use crate::error::{Error, Result};
+use crate::horizon::Serve;
 use crate::node::blocking;
 use crate::reply::{self, Body};
+use crate::StorageNode;
 
 /// Changes per page unless the query says otherwise, and the most it may ask for.
 const DEFAULT_LIMIT: usize = 1000;
 const MAX_LIMIT: usize = 10_000;
 
-pub async fn page(store: Store, query: &str) -> Result<Response<Body>> {
-    let (after, limit) = parse_query(query)?;
+pub async fn page(
+    node: &StorageNode,
+    partition: u32,
+    store: Store,
+    query: &str,
+) -> Result<Response<Body>> {
+    let Query {
+        after,
+        limit,
+        replica,
+    } = parse_query(query)?;
+    if let Some(peer) = replica {
+        note_peer(node, partition, &store, peer, after)?;
+        match node.horizons.may_serve(partition, peer) {
+            Serve::Yes => {}
+            Serve::NotChecked => return Err(Error::NotCheckedYet { partition }),
+            Serve::Behind => return Err(Error::MustBeRebuilt { partition }),
+        }
+    }
     let head = store.stats().durable_cursor.to_string();
     let batch = blocking(move || store.changes(after, limit)).await?;
     let changes = batch.changes.into_iter().map(change_entry).collect();
@@ -26,9 +46,46 @@ pub async fn page(store: Store, query: &str) -> Result<Response<Body>> {
     Ok(reply::json(StatusCode::OK, &page))
 }
 
-fn parse_query(query: &str) -> Result<(Cursor, usize)> {
+/// A peer replica's pull: refused if it asks from before a tombstone this replica dropped (its
+/// own cursor went back, or it was not a replica when the drop happened: it may hold data that
+/// delete removed, so it must be rebuilt); otherwise its position feeds the horizon.
+fn note_peer(
+    node: &StorageNode,
+    partition: u32,
+    store: &Store,
+    peer: &str,
+    after: Cursor,
+) -> Result<()> {
+    let dropped = store.dropped_through();
+    if after.incarnation == store.incarnation() && after.sequence < dropped {
+        tracing::error!(partition, peer, after = %after, dropped,
+            "a peer replica is behind tombstones this replica dropped: it must be rebuilt");
+        // Its position is that low now: no tombstone after it is dropped.
+        node.horizons
+            .pulled(partition, peer, after, store.incarnation());
+        return Err(Error::BehindDroppedTombstones {
+            partition,
+            after: after.sequence,
+            dropped,
+        });
+    }
+    node.horizons
+        .pulled(partition, peer, after, store.incarnation());
+    Ok(())
+}
+
+struct Query<'a> {
+    after: Cursor,
+    limit: usize,
+    /// The node id of the peer replica pulling (replication names itself; other readers
+    /// don't).
+    replica: Option<&'a str>,
+}
+
+fn parse_query(query: &str) -> Result<Query<'_>> {
     let mut after = Cursor::START;
     let mut limit = DEFAULT_LIMIT;
+    let mut replica = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
@@ -43,10 +100,15 @@ fn parse_query(query: &str) -> Result<(Cursor, usize)> {
                     .map_err(|_| Error::BadQuery("limit is not a number"))?;
                 limit = asked.clamp(1, MAX_LIMIT);
             }
+            "replica" => replica = Some(value),
             _ => {}
         }
     }
-    Ok((after, limit))
+    Ok(Query {
+        after,
+        limit,
+        replica,
+    })
 }
 
 fn change_entry(change: larder_store::Change) -> ChangeEntry {

@@ -2,7 +2,8 @@
 //! (sealed segments past `min_garbage_ratio`, copying at most `rate_mb_per_s`), and
 //! `POST /internal/v1/compaction`, an operator's "compact now" (the active segment is sealed
 //! first, any garbage counts, no rate limit). Replicas are compacted one after the other on a
-//! blocking thread; a pass runs alone (one mutex), so the two never compete for the disk.
+//! blocking thread; a pass runs alone (one mutex), so the two never compete for the disk. Both
+//! drop tombstones past the partition's horizon and `tombstone_retention` (`horizon.rs`).
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ fn report_json(r: &CompactReport) -> serde_json::Value {
         "bytes_reclaimed": r.bytes_reclaimed,
         "live_bytes_copied": r.live_bytes_copied,
         "corrupt_records_dropped": r.corrupt_records_dropped,
+        "tombstones_dropped": r.tombstones_dropped,
     })
 }
 
@@ -39,7 +41,14 @@ fn pass(
     let mut partitions = serde_json::Map::new();
     let mut failed = false;
     for (partition, store) in node.partitions() {
-        let value = match store.compact(opts) {
+        // Tombstones go once every peer replica has replicated past them and they are old
+        // enough (`horizon.rs`); the horizon is read per replica, just before its turn.
+        let opts = CompactOptions {
+            tombstone_horizon: node.horizons.horizon(*partition),
+            tombstone_retention_ms: node.horizons.retention_ms(),
+            ..opts.clone()
+        };
+        let value = match store.compact(&opts) {
             Ok(report) => {
                 node.metrics.record_compaction(*partition, &report);
                 report_json(&report)
@@ -79,6 +88,9 @@ pub fn start(
                 now_ms: now_ms(),
                 seal_active: false,
                 max_bytes_per_sec: config.rate_mb_per_s.saturating_mul(1_000_000),
+                // Set per replica by `pass`.
+                tombstone_horizon: None,
+                tombstone_retention_ms: 0,
             };
             blocking(move || pass(&node, &opts)).await;
         }
@@ -92,6 +104,9 @@ pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
             now_ms: now_ms(),
             seal_active: true,
             max_bytes_per_sec: 0,
+            // Set per replica by `pass`.
+            tombstone_horizon: None,
+            tombstone_retention_ms: 0,
         };
         pass(&node, &opts)
     })

@@ -237,6 +237,16 @@ pub struct CompactionConfig {
     pub min_garbage_ratio: f64,
     /// Copy rate limit of a background pass, in MB/s (10^6 bytes; 0: unlimited).
     pub rate_mb_per_s: u64,
+    /// How old (by its operation time) a tombstone must be before compaction may drop it, on
+    /// top of every other current replica having replicated past it (`DESIGN.md` 6.1). The
+    /// peers' positions already cover convergence (an absent replica blocks every drop), so
+    /// this only has to outlast anything that can still carry an older write of the key: a
+    /// request or body in flight (timeouts of seconds to a minute), a clock up to
+    /// `limits.max_clock_skew` (5 min) ahead. A day leaves a wide margin and keeps a day of
+    /// deletes at most. Tests set it short; never set it below `max_clock_skew` plus the
+    /// longest request deadline.
+    #[serde(with = "humantime_serde")]
+    pub tombstone_retention: Duration,
 }
 
 impl Default for CompactionConfig {
@@ -246,6 +256,7 @@ impl Default for CompactionConfig {
             interval: Duration::from_secs(60),
             min_garbage_ratio: 0.5,
             rate_mb_per_s: 64,
+            tombstone_retention: Duration::from_secs(24 * 3600),
         }
     }
 }

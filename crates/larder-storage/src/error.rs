@@ -48,6 +48,21 @@ pub enum Error {
     Busy(&'static str),
     #[error("stored properties: {0}")]
     CorruptProperties(String),
+    /// A peer replica asked for this replica's feed from a position before a tombstone this
+    /// replica dropped: it cannot have seen that delete, so it must be rebuilt, never rejoined.
+    #[error("replica of partition {partition} asked from sequence {after}, before tombstones dropped up to {dropped}: rebuild that replica")]
+    BehindDroppedTombstones {
+        partition: u32,
+        after: u64,
+        dropped: u64,
+    },
+    /// A peer replica asked for our feed before our own pull of it was answered since this
+    /// node started (`horizon.rs`): retried.
+    #[error("partition {partition}: not serving peers before this replica has pulled from them")]
+    NotCheckedYet { partition: u32 },
+    /// This replica is behind tombstones a peer dropped: it serves no peer until rebuilt.
+    #[error("partition {partition}: this replica is behind tombstones a peer dropped and must be rebuilt")]
+    MustBeRebuilt { partition: u32 },
     #[error(transparent)]
     Store(#[from] larder_store::Error),
 }

@@ -9,6 +9,7 @@ mod config;
 mod connection;
 mod documents;
 mod error;
+mod horizon;
 mod internal_auth;
 mod metrics;
 mod node;

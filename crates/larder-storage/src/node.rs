@@ -29,6 +29,8 @@ pub struct StorageNode {
     pub(crate) compaction: std::sync::Mutex<()>,
     /// Bounds the visit scans running at once (`visit.rs`).
     pub(crate) visit_scans: crate::visit::VisitScans,
+    /// The peers' positions in this node's change feeds: the tombstone horizons.
+    pub(crate) horizons: crate::horizon::Horizons,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +92,12 @@ impl StorageNode {
             disks,
             compaction: std::sync::Mutex::new(()),
             visit_scans: Default::default(),
+            horizons: crate::horizon::Horizons::new(
+                map,
+                &config.node_id,
+                config.compaction.tombstone_retention,
+                config.replication.enabled,
+            ),
         })
     }
 

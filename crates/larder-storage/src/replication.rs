@@ -79,6 +79,8 @@ struct Link {
     store: Store,
     cursor: Cursor,
     cursor_file: PathBuf,
+    /// When the cursor file was last written (ms since the epoch).
+    saved_ms: u64,
 }
 
 /// Starts one replication task per peer node; they stop when `stop` turns true.
@@ -101,14 +103,16 @@ pub fn start(
             .replicas;
         for peer in replicas.iter().filter(|r| r.node != node.node_id) {
             let cursor_file = dir.join(format!("p{partition}-{}.cursor", peer.node));
-            let cursor = load_cursor(&cursor_file, store.incarnation());
+            let (cursor, saved_ms) = load_cursor(&cursor_file, store.incarnation());
             let link = Link {
                 partition: *partition,
                 peer: peer.node.clone(),
                 store: store.clone(),
                 cursor,
                 cursor_file,
+                saved_ms: saved_ms.unwrap_or(0),
             };
+            check_link(&node, &link, saved_ms);
             by_peer.entry(peer.node.clone()).or_default().push(link);
         }
     }
@@ -125,20 +129,49 @@ pub fn start(
         .collect()
 }
 
-/// The saved position in a peer's feed, or the start when there is none, it is of the old
-/// physical form, or it was saved for another incarnation of the local replica (the replica was
-/// rebuilt: what it had pulled is gone, so everything must be pulled again). The peer's own
-/// incarnation is inside the cursor: the peer restarts a cursor of another of its incarnations.
-fn load_cursor(path: &Path, local_incarnation: u64) -> Cursor {
+/// A link whose position cannot be shown to a peer: the local replica holds data but has no
+/// cursor for that peer (files lost, or a copy restored from before its first pull), or only
+/// the start one, saved longer ago than the tombstone retention (it was away). It could be
+/// behind tombstones the peer dropped without the peer being able to tell (a cursor from the
+/// start looks like a new replica's), so it counts as behind that peer: it serves it nothing
+/// until rebuilt. A new replica (no data yet) saves its start cursors now, with the time.
+fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
+    let has_data = link.store.stats().durable_cursor.sequence > 0;
+    let at_start = link.cursor.sequence == 0;
+    let retention = node.horizons.retention_ms();
+    let away = saved_ms.is_none_or(|t| t.saturating_add(retention) < now_ms());
+    if has_data && at_start && away {
+        tracing::error!(partition = link.partition, peer = %link.peer,
+            "this replica holds data but no recent position in the peer's feed: it may be \
+             behind tombstones the peer dropped; rebuild this replica (move its directory away \
+             and restart)");
+        node.horizons.answered(link.partition, &link.peer, true);
+    } else if saved_ms.is_none() {
+        let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
+        if let Err(err) = saved {
+            tracing::warn!(partition = link.partition, peer = %link.peer, %err, "saving a new cursor");
+        }
+    }
+}
+
+/// The saved position in a peer's feed and when it was saved, or the start when there is none,
+/// it is of the old physical form, or it was saved for another incarnation of the local replica
+/// (the replica was rebuilt: what it had pulled is gone, so everything must be pulled again).
+/// The peer's own incarnation is inside the cursor: the peer restarts a cursor of another of its
+/// incarnations. A file without a time (an older build) counts as saved now.
+fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<u64>) {
     let Ok(text) = std::fs::read_to_string(path) else {
-        return Cursor::START;
+        return (Cursor::START, None);
     };
     let mut parts = text.split_whitespace();
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(cursor), Some(local), None) if local == incarnation_text(local_incarnation) => {
-            cursor.parse().unwrap_or(Cursor::START)
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(cursor), Some(local), saved, None)
+            if local == incarnation_text(local_incarnation) =>
+        {
+            let saved = saved.map_or(Some(now_ms()), |t| t.parse().ok());
+            (cursor.parse().unwrap_or(Cursor::START), saved)
         }
-        _ => Cursor::START,
+        _ => (Cursor::START, None),
     }
 }
 
@@ -148,15 +181,26 @@ fn incarnation_text(incarnation: u64) -> String {
 
 /// Saves a cursor durably: a crash must never move it past changes that are not applied here.
 /// (Moving it back is harmless: applying a change twice is a no-op.) The file holds the peer's
-/// cursor and the local replica's incarnation: `<cursor> <local incarnation>`.
+/// cursor, the local replica's incarnation and when it was saved:
+/// `<cursor> <local incarnation> <ms since the epoch>`.
 fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
-    let text = format!("{cursor} {}\n", incarnation_text(local_incarnation));
+    let text = format!(
+        "{cursor} {} {}\n",
+        incarnation_text(local_incarnation),
+        now_ms()
+    );
     file.write_all(text.as_bytes())?;
     file.sync_data()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    // The rename must be durable too: a cursor that went back after a power loss would ask
+    // the peer for a position before tombstones it may have dropped since (a 409: rebuild).
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 struct Worker {
@@ -201,7 +245,7 @@ impl Worker {
             let page = self.fetch_page(link).await?;
             self.record_lag(link, &page.changes);
             if page.changes.is_empty() {
-                return Ok(());
+                return self.keep_fresh(link, &page.next);
             }
             let mut pending = Vec::with_capacity(page.changes.len());
             for change in &page.changes {
@@ -218,13 +262,36 @@ impl Worker {
                 .replicated_records
                 .get_or_create(&labels(link))
                 .inc_by(count);
-            link.cursor = page
+            let next = page
                 .next
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
             let local = link.store.incarnation();
-            save_cursor(&link.cursor_file, link.cursor, local)
+            save_cursor(&link.cursor_file, next, local).map_err(ReplicationError::SaveCursor)?;
+            link.saved_ms = now_ms();
+            // Only once saved: the peer reads our next request's cursor as our position in its
+            // feed (its tombstone horizon), which must never be ahead of what a restart of
+            // ours would resume from.
+            link.cursor = next;
+        }
+        Ok(())
+    }
+
+    /// Saves the cursor of a link with nothing new when it moved (into the peer's incarnation,
+    /// or past records the feed left out) or its file is older than a quarter of the retention,
+    /// so an idle link's file still shows that this replica was here (`check_link`).
+    fn keep_fresh(&self, link: &mut Link, next: &str) -> Result<()> {
+        let next: Cursor = next
+            .parse()
+            .map_err(|_| ReplicationError::BadCursor(next.to_owned()))?;
+        let retention = self.node.horizons.retention_ms();
+        let stale = now_ms().saturating_sub(link.saved_ms) > retention / 4;
+        let moved = next != link.cursor;
+        if moved || stale {
+            save_cursor(&link.cursor_file, next, link.store.incarnation())
                 .map_err(ReplicationError::SaveCursor)?;
+            link.cursor = next;
+            link.saved_ms = now_ms();
         }
         Ok(())
     }
@@ -289,8 +356,24 @@ impl Worker {
             &link.cursor.to_string(),
             self.config.page_size,
         );
+        // Naming ourselves makes our cursor our position in the peer's feed (its horizon).
+        let path = format!("{path}&replica={}", self.node.node_id);
         let response = self.get(&link.peer, path).await?;
         let status = response.status();
+        // A page (200) or "too early" (425: the peer has not pulled from us yet) means the peer
+        // checked our cursor and found it is not behind its dropped tombstones (409): this
+        // replica may serve that peer from now on (`Horizons::may_serve`).
+        let refused = status == StatusCode::CONFLICT;
+        if refused || status == StatusCode::OK || status == StatusCode::TOO_EARLY {
+            self.node
+                .horizons
+                .answered(link.partition, &link.peer, refused);
+        }
+        if refused {
+            tracing::error!(partition = link.partition, peer = %link.peer, cursor = %link.cursor,
+                "the peer dropped tombstones this replica never saw: rebuild this replica \
+                 (move its directory away and restart)");
+        }
         if status != StatusCode::OK {
             let what = "change feed".to_owned();
             return Err(ReplicationError::Status { what, status });
@@ -436,19 +519,27 @@ mod tests {
     fn saved_cursors_belong_to_the_local_incarnation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p1-s2.cursor");
-        assert_eq!(load_cursor(&path, 7), Cursor::START, "none saved");
+        assert_eq!(load_cursor(&path, 7), (Cursor::START, None), "none saved");
         let cursor = Cursor {
             incarnation: 0xabc,
             sequence: 42,
         };
+        let before = now_ms();
         save_cursor(&path, cursor, 7).unwrap();
-        assert_eq!(load_cursor(&path, 7), cursor);
+        let (loaded, saved) = load_cursor(&path, 7);
+        assert_eq!(loaded, cursor);
+        assert!(saved.unwrap() >= before, "saved with its time");
         // The local replica was rebuilt: pull everything again.
-        assert_eq!(load_cursor(&path, 8), Cursor::START);
+        assert_eq!(load_cursor(&path, 8).0, Cursor::START);
         // A cursor of the old physical format (`<segment>.<offset>`) restarts too.
         std::fs::write(&path, "3.1048576").unwrap();
-        assert_eq!(load_cursor(&path, 7), Cursor::START);
+        assert_eq!(load_cursor(&path, 7).0, Cursor::START);
         std::fs::write(&path, "garbage 0000000000000007").unwrap();
-        assert_eq!(load_cursor(&path, 7), Cursor::START);
+        assert_eq!(load_cursor(&path, 7).0, Cursor::START);
+        // Written by a build that saved no time: counts as saved now.
+        std::fs::write(&path, "0000000000000abc.42 0000000000000007\n").unwrap();
+        let (loaded, saved) = load_cursor(&path, 7);
+        assert_eq!(loaded, cursor);
+        assert!(saved.unwrap() >= before);
     }
 }

@@ -79,6 +79,9 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
         Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
         Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
+        Error::BehindDroppedTombstones { .. } => (S::CONFLICT, "ReplicaMustBeRebuilt"),
+        Error::NotCheckedYet { .. } => (S::TOO_EARLY, "ReplicaNotCheckedYet"),
+        Error::MustBeRebuilt { .. } => (S::SERVICE_UNAVAILABLE, "ThisReplicaMustBeRebuilt"),
         Error::Store(err) => store_status(err),
     };
     let mut response = coded(code, stable, err);

@@ -59,7 +59,7 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         }
         Some(InternalPath::Changes { partition }) => {
             let store = hosted(&node, partition)?;
-            changes::page(store, req.uri().query().unwrap_or("")).await
+            changes::page(&node, partition, store, req.uri().query().unwrap_or("")).await
         }
         Some(InternalPath::Visit { partition }) => {
             let store = hosted(&node, partition)?;

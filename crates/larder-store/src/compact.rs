@@ -2,22 +2,27 @@
 //! copied, in order and with their sequence numbers, into the segment's next generation, which
 //! then takes its place (protocol in `FORMAT.md`, "Compaction").
 //!
-//! Garbage: blob puts superseded by a tombstone or expired, document puts superseded by a newer
-//! version, and records whose data fails its checksum (dropped and reported, never copied: a
-//! copy would get a valid-looking head). Tombstones are kept in this version (see `FORMAT.md`).
+//! Garbage: blob puts superseded by a tombstone or expired, document puts and removes superseded
+//! by a newer version, records whose data fails its checksum (dropped and reported, never
+//! copied: a copy would get a valid-looking head), and tombstones the drop rule lets go (past
+//! the caller's horizon and retention, shadowing no put left in the log: `FORMAT.md`).
 //! Every copied record is verified (head and every data block) before it is copied; its block
 //! checksum table is copied as stored, and only the head is re-encoded for its new offset.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 use crate::engine::Engine;
 use crate::format::{
     blocks_for, decode_record, encode_file_header, encode_head, RecordInfo, SegmentHeader,
     FILE_HEADER_LEN,
 };
-use crate::index::{BlobState, DocState};
+use crate::index::{BlobState, DocState, Index, Tomb};
 use crate::scan::{Found, Scanner};
 use crate::segment::{io_error, segment_file_name, sync_dir, Segment};
 use crate::types::{CompactOptions, CompactReport, Location, Op, Result};
@@ -35,6 +40,14 @@ struct Keep {
 /// What one scan of a sealed segment found.
 struct Plan {
     keep: Vec<Keep>,
+    /// Put records left out that a newer state of their key shadowed: once the rewrite is
+    /// committed, their keys' shadow counts go down (`index::Tomb`).
+    shadowed: Vec<RecordInfo>,
+    /// Tombstones left out under the drop rule: removed from the index once committed.
+    tombstones: Vec<RecordInfo>,
+    /// How many of `shadowed` each key has (they go in the same atomic rewrite as a tombstone
+    /// after them in this segment).
+    shadowed_per_key: HashMap<Bytes, u32>,
     corrupt: u64,
     len: u64,
 }
@@ -46,6 +59,44 @@ impl Plan {
     fn garbage(&self) -> u64 {
         self.len - FILE_HEADER_LEN - self.live_bytes()
     }
+    fn shadow(&mut self, put: RecordInfo) {
+        *self.shadowed_per_key.entry(put.key.clone()).or_default() += 1;
+        self.shadowed.push(put);
+    }
+
+    /// Whether rewriting pays: enough garbage bytes, or more droppable tombstones than records
+    /// to copy (tombstones are small, but each costs an index entry: this keeps the index
+    /// bounded by live records even where garbage bytes stay under the ratio).
+    fn worth_it(&self, min_garbage_ratio: f64) -> bool {
+        let garbage = self.garbage();
+        let payload = self.len - FILE_HEADER_LEN;
+        garbage > 0
+            && ((garbage as f64) >= min_garbage_ratio * payload as f64
+                || self.tombstones.len() > self.keep.len())
+    }
+}
+
+/// What compaction does with one record.
+enum Fate {
+    Keep,
+    /// Garbage nothing refers to (an expired or corrupt put, a superseded remove).
+    Drop,
+    /// A put a newer state of its key supersedes: that state counts it among its shadows.
+    DropShadowed,
+    /// A tombstone the drop rule lets go.
+    DropTombstone,
+}
+
+/// The drop rule (`FORMAT.md`, "Dropping tombstones"): past the peers' horizon, older than the
+/// retention, and no older put of the key left anywhere in this log once this rewrite is
+/// committed (`dropping`: the key's shadowed puts this same rewrite leaves out).
+fn may_drop(tomb: &Tomb, dropping: u32, opts: &CompactOptions) -> bool {
+    tomb.shadows <= dropping
+        && opts.tombstone_horizon.is_some_and(|h| tomb.seq <= h)
+        && tomb
+            .time_ms
+            .checked_add(opts.tombstone_retention_ms)
+            .is_some_and(|due| due <= opts.now_ms)
 }
 
 /// Sleeps until `copied` bytes are within `rate` bytes per second of `started` (0: no limit).
@@ -72,12 +123,14 @@ impl Engine {
             .collect();
         let mut report = CompactReport::default();
         for seg in sealed {
-            let plan = self.plan(&seg, opts.now_ms)?;
-            let payload = plan.len - FILE_HEADER_LEN;
-            let garbage = plan.garbage();
-            if garbage == 0 || (garbage as f64) < opts.min_garbage_ratio * payload as f64 {
+            // Planned after the previous segment's rewrite was published: a put it dropped no
+            // longer shadows a tombstone here (segments go oldest first, and a key's older
+            // puts lie in this segment or before it).
+            let plan = self.plan(&seg, opts)?;
+            if !plan.worth_it(opts.min_garbage_ratio) {
                 continue;
             }
+            let garbage = plan.garbage();
             // A full disk can still compact: the rewrite needs room only for the live bytes.
             if let Some(free) = crate::space::free_bytes(&self.dir) {
                 if free < plan.live_bytes() + FILE_HEADER_LEN {
@@ -89,33 +142,70 @@ impl Engine {
             report.bytes_reclaimed += garbage;
             report.live_bytes_copied += plan.live_bytes();
             report.corrupt_records_dropped += plan.corrupt;
+            report.tombstones_dropped += plan.tombstones.len() as u64;
         }
         Ok(report)
     }
 
-    /// Whether the record at `start` of `seg` is what the index serves (or a tombstone).
-    fn is_live(&self, info: &RecordInfo, seg: &Segment, start: u64, now_ms: u64) -> bool {
+    /// What happens to the record at `start` of `seg`, decided from the index.
+    fn fate(
+        &self,
+        info: &RecordInfo,
+        seg: &Segment,
+        start: u64,
+        plan: &Plan,
+        opts: &CompactOptions,
+    ) -> Fate {
         let here = |loc: &Location| loc.segment == seg.id && loc.offset == start;
+        let dropping = plan.shadowed_per_key.get(&info.key).copied().unwrap_or(0);
         let index = self.index.read();
         match info.op {
-            Op::DeleteBlob | Op::RemoveDoc => true,
             Op::PutBlob => match index.blobs.get(&info.key) {
-                Some(BlobState::Live(b)) => {
-                    here(&b.loc) && b.meta.expires_ms.is_none_or(|exp| now_ms < exp)
+                Some(BlobState::Live(b)) if here(&b.loc) => {
+                    if b.meta.expires_ms.is_none_or(|exp| opts.now_ms < exp) {
+                        Fate::Keep
+                    } else {
+                        Fate::Drop
+                    }
                 }
-                _ => false,
+                Some(BlobState::Deleted(_)) => Fate::DropShadowed,
+                _ => Fate::Drop,
             },
-            Op::PutDoc => {
-                matches!(index.docs.get(&info.key), Some(DocState::Live { loc, .. }) if here(loc))
-            }
+            Op::PutDoc => match index.docs.get(&info.key) {
+                Some(DocState::Live { loc, .. }) if here(loc) => Fate::Keep,
+                Some(state) if state.version() > info.version => Fate::DropShadowed,
+                _ => Fate::Drop,
+            },
+            // A tombstone that is not exactly the index's is kept: only the rule drops one.
+            Op::DeleteBlob => match index.blobs.get(&info.key) {
+                Some(BlobState::Deleted(t)) if t.seq == info.seq && may_drop(t, dropping, opts) => {
+                    Fate::DropTombstone
+                }
+                _ => Fate::Keep,
+            },
+            Op::RemoveDoc => match index.docs.get(&info.key) {
+                Some(DocState::Removed { tomb, .. }) if tomb.seq == info.seq => {
+                    if may_drop(tomb, dropping, opts) {
+                        Fate::DropTombstone
+                    } else {
+                        Fate::Keep
+                    }
+                }
+                // Superseded by a newer put: every older put loses to that one anyway.
+                Some(state) if state.version() > info.version => Fate::Drop,
+                _ => Fate::Keep,
+            },
         }
     }
 
-    fn plan(&self, seg: &Segment, now_ms: u64) -> Result<Plan> {
+    fn plan(&self, seg: &Segment, opts: &CompactOptions) -> Result<Plan> {
         let len = seg.file.metadata()?.len();
         let mut scanner = Scanner::new(&seg.file, seg.id, len);
         let mut plan = Plan {
             keep: Vec::new(),
+            shadowed: Vec::new(),
+            tombstones: Vec::new(),
+            shadowed_per_key: HashMap::new(),
             corrupt: 0,
             len,
         };
@@ -124,15 +214,24 @@ impl Engine {
             match scanner.read_at(pos, true)? {
                 Found::Valid(rec) => {
                     pos = rec.end;
-                    if self.is_live(&rec.info, seg, rec.start, now_ms) {
-                        plan.keep.push(Keep {
+                    match self.fate(&rec.info, seg, rec.start, &plan, opts) {
+                        Fate::Keep => plan.keep.push(Keep {
                             info: rec.info,
                             start: rec.start,
                             end: rec.end,
-                        });
+                        }),
+                        Fate::Drop => {}
+                        Fate::DropShadowed => plan.shadow(rec.info),
+                        Fate::DropTombstone => plan.tombstones.push(rec.info),
                     }
                 }
                 Found::BadData(rec, block) => {
+                    if matches!(
+                        self.fate(&rec.info, seg, rec.start, &plan, opts),
+                        Fate::DropShadowed
+                    ) {
+                        plan.shadow(rec.info.clone());
+                    }
                     tracing::warn!(
                         segment = seg.id,
                         offset = rec.start,
@@ -170,6 +269,7 @@ impl Engine {
             }
         };
         self.fail_point(1)?;
+        self.record_dropped(plan)?;
         // The commit point is the rename; the checkpoint (whose locations point into the old
         // layout) goes first, and no checkpoint is written until the index points to the new.
         let _no_checkpoint = self.ckpt.lock.lock();
@@ -188,6 +288,19 @@ impl Engine {
         };
         self.publish_rewrite(seg, &new, &moved, plan);
         self.write_checkpoint_locked()
+    }
+
+    /// Before a rewrite that drops tombstones commits: `tombstones.dropped` covers them.
+    fn record_dropped(&self, plan: &Plan) -> Result<()> {
+        let Some(newest) = plan.tombstones.iter().map(|t| t.seq).max() else {
+            return Ok(());
+        };
+        if newest <= self.dropped_through.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        crate::dropped::save(&self.dir, newest).map_err(io_error)?;
+        self.dropped_through.store(newest, Ordering::Release);
+        Ok(())
     }
 
     /// Copies every planned record, verified, to `file`; returns (old offset, new offset) pairs.
@@ -265,12 +378,13 @@ impl Engine {
                     Op::DeleteBlob | Op::RemoveDoc => {}
                 }
             }
+            forget_dropped(&mut index, plan);
             // What still points into the old generation was dropped (expired or corrupt): the
             // index forgets it, so it stays bounded by live data.
             let before = index.blobs.len();
             index.blobs.retain(|_, b| match b {
                 BlobState::Live(b) => !Arc::ptr_eq(&b.loc.file, &old.file),
-                BlobState::Deleted { .. } => true,
+                BlobState::Deleted(_) => true,
             });
             let gone_blobs = (before - index.blobs.len()) as u64;
             let before = index.docs.len();
@@ -305,5 +419,43 @@ impl Engine {
     #[cfg(not(test))]
     fn fail_point(&self, _point: u8) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Once a rewrite is committed: each shadowed put it left out no longer shadows its key's
+/// state, and each tombstone it dropped leaves the index (unless a newer write of the key
+/// replaced it meanwhile: that state stands, and carries the count).
+fn forget_dropped(index: &mut Index, plan: &Plan) {
+    for put in &plan.shadowed {
+        let shadows = match put.op {
+            Op::PutBlob => match index.blobs.get_mut(&put.key) {
+                Some(BlobState::Deleted(t)) => Some(&mut t.shadows),
+                _ => None,
+            },
+            _ => match index.docs.get_mut(&put.key) {
+                Some(DocState::Live { shadows, .. }) => Some(shadows),
+                Some(DocState::Removed { tomb, .. }) => Some(&mut tomb.shadows),
+                None => None,
+            },
+        };
+        if let Some(n) = shadows {
+            *n = n.saturating_sub(1);
+        }
+    }
+    for tomb in &plan.tombstones {
+        let same = |t: &Tomb| t.seq == tomb.seq;
+        match tomb.op {
+            Op::DeleteBlob => {
+                if matches!(index.blobs.get(&tomb.key), Some(BlobState::Deleted(t)) if same(t)) {
+                    index.blobs.remove(&tomb.key);
+                }
+            }
+            _ => {
+                if matches!(index.docs.get(&tomb.key), Some(DocState::Removed { tomb: t, .. }) if same(t))
+                {
+                    index.docs.remove(&tomb.key);
+                }
+            }
+        }
     }
 }

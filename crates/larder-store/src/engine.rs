@@ -68,6 +68,8 @@ pub(crate) struct Engine {
     pub feed_hints: Mutex<crate::feed::FeedHints>,
     /// Held by a compaction pass for its whole run: one pass at a time per store.
     pub compaction: Mutex<()>,
+    /// The largest sequence of a tombstone compaction dropped (`dropped.rs`).
+    pub dropped_through: AtomicU64,
     /// Lets `&self` methods hand an owning reference to the background checkpoint thread.
     pub me: Weak<Engine>,
     #[cfg(test)]
@@ -101,7 +103,7 @@ fn blob_state(st: &LogState, index: &Index, key: &[u8]) -> Option<PendingBlob> {
     }
     index.blobs.get(key).map(|b| match b {
         BlobState::Live(_) => PendingBlob::Live,
-        BlobState::Deleted { .. } => PendingBlob::Deleted,
+        BlobState::Deleted(_) => PendingBlob::Deleted,
     })
 }
 
@@ -127,11 +129,12 @@ impl Engine {
             PendingBlob::Live => PutOutcome::AlreadyExists,
             PendingBlob::Deleted => PutOutcome::Deleted,
         };
-        // Blob states never revert, so a durable answer is final: skip checksumming the data.
+        // A durable state answers now (a tombstone is dropped only long after every write of
+        // its key could still be in flight): skip checksumming the data.
         if let Some(s) = self.index.read().blobs.get(key) {
             return Ok(Appended::Early(outcome(match s {
                 BlobState::Live(_) => PendingBlob::Live,
-                BlobState::Deleted { .. } => PendingBlob::Deleted,
+                BlobState::Deleted(_) => PendingBlob::Deleted,
             })));
         }
         let info = RecordInfo {
@@ -171,7 +174,9 @@ impl Engine {
         let index = self.index.read();
         Ok(match index.blobs.get(key) {
             None => BlobLookup::NotFound,
-            Some(BlobState::Deleted { time_ms }) => BlobLookup::Deleted { time_ms: *time_ms },
+            Some(BlobState::Deleted(tomb)) => BlobLookup::Deleted {
+                time_ms: tomb.time_ms,
+            },
             Some(BlobState::Live(b)) => {
                 let rec = BlobRecord {
                     key: Bytes::copy_from_slice(key),
@@ -228,12 +233,16 @@ impl Engine {
         let found = self.index.read().docs.get(key).cloned();
         Ok(match found {
             None => DocLookup::NotFound,
-            Some(DocState::Removed { version, time_ms }) => DocLookup::Removed { version, time_ms },
+            Some(DocState::Removed { version, tomb }) => DocLookup::Removed {
+                version,
+                time_ms: tomb.time_ms,
+            },
             Some(DocState::Live {
                 version,
                 time_ms,
                 size,
                 loc,
+                ..
             }) => {
                 let json = crate::reader::read_whole(&loc, key, size)?;
                 DocLookup::Found {

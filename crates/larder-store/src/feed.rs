@@ -8,15 +8,18 @@
 //! with the `next` it got starts exactly there) or else from the start of the last segment whose
 //! first sequence is not past the cursor, so a cold cursor costs at most one segment's headers.
 //! A cursor whose records compaction dropped resumes at the next surviving record; a cursor of
-//! another incarnation (a rebuilt replica) starts from the beginning.
+//! another incarnation (a rebuilt replica) starts from the beginning. Records the index no
+//! longer serves (superseded puts and removes) are left out even before compaction drops them.
 
 use std::collections::BTreeMap;
 
 use crate::engine::Engine;
+use crate::format::RecordInfo;
 use crate::format::FILE_HEADER_LEN;
+use crate::index::BlobState;
 use crate::scan::{Found, Scanner};
 use crate::segment::Segment;
-use crate::types::{Change, ChangeBatch, Cursor, LogPos, Result};
+use crate::types::{Change, ChangeBatch, Cursor, LogPos, Op, Result};
 
 /// Most hints kept; the smallest sequences are forgotten first (readers move forward).
 const MAX_HINTS: usize = 256;
@@ -133,6 +136,24 @@ impl Engine {
         }
     }
 
+    /// Whether the index still serves this record: the feed leaves out garbage (puts a
+    /// tombstone or a newer version superseded, superseded removes), which compaction will drop
+    /// anyway. What a peer pulls is then the same before and after compaction, it never fetches
+    /// a blob only to be told it is gone, and nothing the index no longer knows is handed out.
+    /// Blobs have at most one put record per key and a key's document versions are unique, so
+    /// key and version identify the record whatever segment generation it was read from.
+    fn in_feed(&self, info: &RecordInfo) -> bool {
+        let index = self.index.read();
+        match info.op {
+            Op::PutBlob => matches!(index.blobs.get(&info.key), Some(BlobState::Live(_))),
+            Op::DeleteBlob => matches!(index.blobs.get(&info.key), Some(BlobState::Deleted(_))),
+            Op::PutDoc | Op::RemoveDoc => index
+                .docs
+                .get(&info.key)
+                .is_some_and(|d| d.version() == info.version),
+        }
+    }
+
     fn scan_changes(
         &self,
         seg: &Segment,
@@ -163,7 +184,7 @@ impl Engine {
             };
             pos = rec.end;
             let info = rec.info;
-            if info.seq <= after_seq {
+            if info.seq <= after_seq || !self.in_feed(&info) {
                 continue;
             }
             let cursor = Cursor {

@@ -16,15 +16,28 @@ pub(crate) struct LiveBlob {
     pub loc: Location,
 }
 
+/// A tombstone in the index: its record's time and sequence (which the drop rule reads), and
+/// how many put records of the key it shadows may still be in the log (older puts it made
+/// garbage). It may be dropped only once that count is 0: otherwise a replay without it would
+/// find the older put and bring the data back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tomb {
+    pub time_ms: u64,
+    pub seq: u64,
+    pub shadows: u32,
+}
+
 #[derive(Clone, Debug)]
 pub(crate) enum BlobState {
     Live(LiveBlob),
-    /// Tombstones are permanent: a later put of the key is refused.
-    Deleted {
-        time_ms: u64,
-    },
+    /// A later put of the key is refused for as long as the tombstone is kept (until
+    /// compaction drops it: `FORMAT.md`, "Dropping tombstones").
+    Deleted(Tomb),
 }
 
+/// A document's newest version. `shadows` counts the key's older put records that may still be
+/// in the log (superseded: garbage until compaction drops them); a remove is dropped only once
+/// it is 0, so a replay without the remove cannot bring an older version back.
 #[derive(Clone, Debug)]
 pub(crate) enum DocState {
     Live {
@@ -32,10 +45,11 @@ pub(crate) enum DocState {
         time_ms: u64,
         size: u64,
         loc: Location,
+        shadows: u32,
     },
     Removed {
         version: u64,
-        time_ms: u64,
+        tomb: Tomb,
     },
 }
 
@@ -43,6 +57,20 @@ impl DocState {
     pub fn version(&self) -> u64 {
         match self {
             DocState::Live { version, .. } | DocState::Removed { version, .. } => *version,
+        }
+    }
+
+    pub fn shadows(&self) -> u32 {
+        match self {
+            DocState::Live { shadows, .. } => *shadows,
+            DocState::Removed { tomb, .. } => tomb.shadows,
+        }
+    }
+
+    fn shadows_mut(&mut self) -> &mut u32 {
+        match self {
+            DocState::Live { shadows, .. } => shadows,
+            DocState::Removed { tomb, .. } => &mut tomb.shadows,
         }
     }
 }
@@ -75,9 +103,16 @@ impl Index {
     }
 
     fn put_blob(&mut self, rec: RecordInfo, loc: Location) -> bool {
-        let Entry::Vacant(slot) = self.blobs.entry(rec.key) else {
-            // Blobs are immutable and tombstones win, whichever came first.
-            return false;
+        let slot = match self.blobs.entry(rec.key) {
+            Entry::Vacant(slot) => slot,
+            // Blobs are immutable and tombstones win, whichever came first. (A put found after
+            // its tombstone only by a replay: still a record the tombstone shadows.)
+            Entry::Occupied(mut o) => {
+                if let BlobState::Deleted(tomb) = o.get_mut() {
+                    tomb.shadows = tomb.shadows.saturating_add(1);
+                }
+                return false;
+            }
         };
         let meta = BlobMeta {
             props: rec.props,
@@ -94,17 +129,21 @@ impl Index {
     }
 
     fn delete_blob(&mut self, rec: RecordInfo) -> bool {
-        let tomb = BlobState::Deleted {
+        let mut tomb = Tomb {
             time_ms: rec.time_ms,
+            seq: rec.seq,
+            shadows: 0,
         };
         match self.blobs.entry(rec.key) {
             Entry::Vacant(slot) => {
-                slot.insert(tomb);
+                slot.insert(BlobState::Deleted(tomb));
             }
             // The first tombstone's time stands.
-            Entry::Occupied(o) if matches!(o.get(), BlobState::Deleted { .. }) => return false,
+            Entry::Occupied(o) if matches!(o.get(), BlobState::Deleted(_)) => return false,
             Entry::Occupied(mut o) => {
-                o.insert(tomb);
+                // The put it replaces stays in the log (garbage) until compaction drops it.
+                tomb.shadows = 1;
+                o.insert(BlobState::Deleted(tomb));
                 self.live_keys -= 1;
             }
         }
@@ -112,31 +151,46 @@ impl Index {
     }
 
     fn apply_doc(&mut self, rec: RecordInfo, loc: Location) -> bool {
-        let new = match rec.op {
-            Op::PutDoc => DocState::Live {
+        let is_put = rec.op == Op::PutDoc;
+        let mut new = if is_put {
+            DocState::Live {
                 version: rec.version,
                 time_ms: rec.time_ms,
                 size: rec.size,
                 loc,
-            },
-            _ => DocState::Removed {
+                shadows: 0,
+            }
+        } else {
+            DocState::Removed {
                 version: rec.version,
-                time_ms: rec.time_ms,
-            },
+                tomb: Tomb {
+                    time_ms: rec.time_ms,
+                    seq: rec.seq,
+                    shadows: 0,
+                },
+            }
         };
-        let is_live = matches!(new, DocState::Live { .. });
         match self.docs.entry(rec.key) {
             Entry::Vacant(slot) => {
                 self.doc_order.insert(slot.key());
                 slot.insert(new);
             }
-            Entry::Occupied(o) if o.get().version() >= rec.version => return false,
+            Entry::Occupied(mut o) if o.get().version() >= rec.version => {
+                // Only a replay meets an older version in the log: a put of it is shadowed.
+                let shadows = o.get_mut().shadows_mut();
+                *shadows = shadows.saturating_add(is_put as u32);
+                return false;
+            }
             Entry::Occupied(mut o) => {
-                let old = o.insert(new);
-                self.live_keys -= matches!(old, DocState::Live { .. }) as u64;
+                let was_live = matches!(o.get(), DocState::Live { .. });
+                // Every older put record of the key (the one replaced, if live, and those it
+                // shadowed) may still be in the log.
+                *new.shadows_mut() = o.get().shadows().saturating_add(was_live as u32);
+                o.insert(new);
+                self.live_keys -= was_live as u64;
             }
         }
-        self.live_keys += is_live as u64;
+        self.live_keys += is_put as u64;
         true
     }
 }

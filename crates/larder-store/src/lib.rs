@@ -27,6 +27,7 @@ mod compact;
 mod completion;
 mod cursor;
 mod disk;
+mod dropped;
 mod engine;
 #[cfg(test)]
 mod failpoint;

@@ -115,6 +115,12 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
     let from = index.durable;
     let (replay_corrupt, replayed) = replay(&mut segments, from, &mut index)?;
     corrupt += replay_corrupt;
+    // Compaction may have dropped the newest records of sealed segments (a tombstone, an
+    // expired put); the last segment's first sequence still says how far sequences went, so
+    // none is ever handed out twice.
+    if let Some((last, _)) = segments.last() {
+        index.last_seq = index.last_seq.max(last.first_seq.saturating_sub(1));
+    }
     let next_seq = index
         .last_seq
         .checked_add(1)
@@ -129,6 +135,7 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
         };
         segments.push((create_segment(dir, 1, header, true)?, FILE_HEADER_LEN));
     }
+    let dropped_through = crate::dropped::load(dir, index.last_seq)?;
     let (active, active_len) = segments.last().cloned().expect("at least one segment");
     // Records replayed from the tail may never have been synced (the process died before its
     // group commit); sync them before they are served as durable.
@@ -162,6 +169,7 @@ pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<
         incarnation,
         feed_hints: Default::default(),
         compaction: Default::default(),
+        dropped_through: dropped_through.into(),
         space: crate::space::SpaceGuard::new(dir, opts.min_free_space),
         me: me.clone(),
         opts,

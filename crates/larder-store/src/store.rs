@@ -237,6 +237,15 @@ impl Store {
         self.engine.compact(opts)
     }
 
+    /// The largest sequence number of a tombstone compaction ever dropped here (0: none). A
+    /// peer reading the change feed from a position of this incarnation before it cannot have
+    /// seen every tombstone (`FORMAT.md`, "Dropping tombstones"); cheap.
+    pub fn dropped_through(&self) -> u64 {
+        self.engine
+            .dropped_through
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// This replica's incarnation (see [`Stats::incarnation`]); cheap.
     pub fn incarnation(&self) -> u64 {
         self.engine.incarnation

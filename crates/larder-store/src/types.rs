@@ -248,6 +248,12 @@ pub struct CompactOptions {
     /// Copy at most this many bytes per second (0: as fast as the disk goes), so foreground
     /// reads and writes keep their share of the disk.
     pub max_bytes_per_sec: u64,
+    /// Tombstones (blob deletes, document removes) whose sequence is at most this may be
+    /// dropped: every other current replica of the partition has replicated past them (the
+    /// caller knows its peers; the store does not). `None`: keep every tombstone.
+    pub tombstone_horizon: Option<u64>,
+    /// ... and only once their operation time is at least this old at `now_ms`.
+    pub tombstone_retention_ms: u64,
 }
 
 /// What one [`crate::Store::compact`] pass did.
@@ -260,6 +266,9 @@ pub struct CompactReport {
     pub live_bytes_copied: u64,
     /// Records whose data failed its checksum: dropped (never copied) and reported.
     pub corrupt_records_dropped: u64,
+    /// Tombstones dropped from the log and the index (past the horizon and the retention, and
+    /// shadowing no put left in the log).
+    pub tombstones_dropped: u64,
 }
 
 /// Options for [`crate::Disk::open`].

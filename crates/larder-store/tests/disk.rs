@@ -380,6 +380,8 @@ fn journal_frames_of_a_compacted_segment_are_not_replayed_into_it() {
         now_ms: 0,
         seal_active: true,
         max_bytes_per_sec: 0,
+        tombstone_horizon: None,
+        tombstone_retention_ms: 0,
     };
     let report = store.compact(&compact).unwrap();
     assert!(report.segments_compacted > 0, "{report:?}");

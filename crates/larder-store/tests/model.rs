@@ -1,5 +1,6 @@
 //! Model-based test: random operation sequences against the store and a BTreeMap model, with
-//! crashes (drop without close) and clean reopens in between. Small segments force rotation and
+//! crashes (drop without close) and clean reopens in between, and compaction that drops
+//! tombstones (a horizon and a time as inputs): nothing deleted ever comes back. Small segments force rotation and
 //! a small checkpoint interval makes background checkpoints part of the story.
 
 use std::collections::BTreeMap;
@@ -47,9 +48,14 @@ enum Step {
     },
     Crash,
     CloseReopen,
-    /// Compact everything (seal the active segment, any garbage) with expiry decided at `now`.
+    /// Compact everything (seal the active segment, any garbage) with expiry decided at `now`;
+    /// tombstones up to `horizon` percent of the sequences handed out so far (none: no
+    /// horizon, a peer's position unknown) and older than `RETENTION` may be dropped.
     Compact {
         now: u64,
+        horizon: Option<u64>,
+        /// Only segments at least half garbage (otherwise any garbage at all).
+        partial: bool,
     },
 }
 
@@ -68,7 +74,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0usize..60, 0usize..8).prop_map(|(from, limit)| Step::Changes { from, limit }),
         1 => Just(Step::Crash),
         1 => Just(Step::CloseReopen),
-        2 => (0u64..120).prop_map(|now| Step::Compact { now }),
+        3 => (0u64..120, proptest::option::of(0u64..=100), proptest::bool::ANY)
+            .prop_map(|(now, horizon, partial)| Step::Compact { now, horizon, partial }),
     ]
 }
 
@@ -81,6 +88,7 @@ enum MBlob {
     },
     Deleted {
         time: u64,
+        seq: u64,
     },
 }
 
@@ -94,16 +102,56 @@ enum MDoc {
     Removed {
         version: u64,
         time: u64,
+        seq: u64,
     },
 }
+
+/// How old a tombstone must be (by its operation time) before compaction may drop it.
+const RETENTION: u64 = 10;
+
+/// A record of the log: (op, key, size, version, sequence).
+type Entry = (Op, Vec<u8>, u64, u64, u64);
 
 #[derive(Default)]
 struct Model {
     blobs: BTreeMap<u8, MBlob>,
     docs: BTreeMap<u8, MDoc>,
-    /// The change feed the store must produce: (op, key, size, version).
-    log: Vec<(Op, Vec<u8>, u64, u64)>,
+    /// Every record appended and not yet compacted away, in log order.
+    log: Vec<Entry>,
+    /// Sequence numbers handed out (one per appended record).
+    seqs: u64,
     clock: u64,
+}
+
+impl Model {
+    fn append(&mut self, op: Op, key: u8, size: u64, version: u64) -> u64 {
+        self.seqs += 1;
+        self.log
+            .push((op, key_bytes(key), size, version, self.seqs));
+        self.seqs
+    }
+
+    /// Whether the store's feed shows this record: only what the index still serves.
+    fn in_feed(&self, (op, key, _, version, seq): &Entry) -> bool {
+        let k: u8 = std::str::from_utf8(&key[4..]).unwrap().parse().unwrap();
+        match op {
+            Op::PutBlob => matches!(self.blobs.get(&k), Some(MBlob::Live { .. })),
+            Op::DeleteBlob => {
+                matches!(self.blobs.get(&k), Some(MBlob::Deleted { seq: s, .. }) if s == seq)
+            }
+            Op::PutDoc | Op::RemoveDoc => self.docs.get(&k).is_some_and(|d| match d {
+                MDoc::Live { version: v, .. } | MDoc::Removed { version: v, .. } => v == version,
+            }),
+        }
+    }
+
+    fn feed(&self) -> Vec<Entry> {
+        self.log
+            .iter()
+            .filter(|e| self.in_feed(e))
+            .cloned()
+            .collect()
+    }
 }
 
 fn key_bytes(key: u8) -> Vec<u8> {
@@ -192,39 +240,69 @@ impl Harness {
                 drop(self.store.take());
                 self.reopen();
             }
-            Step::Compact { now } => self.compact(now),
+            Step::Compact {
+                now,
+                horizon,
+                partial,
+            } => self.compact(now, horizon, partial),
         }
     }
 
-    /// Every garbage record goes: expired blobs are gone (not found), superseded and deleted
-    /// puts leave the feed; tombstones, live data and its order stay.
-    fn compact(&mut self, now: u64) {
+    /// Every garbage record goes: expired blobs are gone (not found), superseded puts and
+    /// removes leave the log; so do tombstones past the horizon and the retention (a full pass
+    /// drops a key's older puts, oldest segment first, before it comes to the tombstone);
+    /// live data and its order stay.
+    fn compact(&mut self, now: u64, horizon: Option<u64>, partial: bool) {
+        let horizon = horizon.map(|pct| self.model.seqs * pct / 100);
         let opts = CompactOptions {
-            min_garbage_ratio: 0.0,
+            min_garbage_ratio: if partial { 0.5 } else { 0.0 },
             now_ms: now,
             seal_active: true,
             max_bytes_per_sec: 0,
+            tombstone_horizon: horizon,
+            tombstone_retention_ms: RETENTION,
         };
         let report = self.store().compact(&opts).unwrap();
         assert_eq!(report.corrupt_records_dropped, 0);
+        let droppable =
+            |time: u64, seq: u64| horizon.is_some_and(|h| seq <= h) && time + RETENTION <= now;
+        // A full pass drops every expired blob and droppable tombstone. A partial one drops
+        // those in the segments it rewrote, which the model does not know: it asks the store,
+        // which may say "gone" only for those (and reopens later check nothing comes back).
+        let store = self.store.as_ref().unwrap();
+        let gone = |key: u8| -> bool {
+            if !partial {
+                return true;
+            }
+            let k = key_bytes(key);
+            let blob = store.get_blob(&k, now).unwrap();
+            matches!(blob, BlobLookup::NotFound)
+        };
+        let doc_gone =
+            |key: u8| !partial || store.get_doc(&key_bytes(key)).unwrap() == DocLookup::NotFound;
         let m = &mut self.model;
-        m.blobs.retain(|_, b| match b {
+        let mut dropped = 0;
+        m.blobs.retain(|k, b| match b {
             MBlob::Live {
                 expires: Some(exp), ..
-            } => now < *exp,
+            } => now < *exp || !gone(*k),
+            MBlob::Deleted { time, seq } => {
+                let keep = !droppable(*time, *seq) || !gone(*k);
+                dropped += !keep as u64;
+                keep
+            }
             _ => true,
         });
-        let (blobs, docs) = (&m.blobs, &m.docs);
-        m.log.retain(|(op, key, _, version)| {
-            let k: u8 = std::str::from_utf8(&key[4..]).unwrap().parse().unwrap();
-            match op {
-                Op::PutBlob => matches!(blobs.get(&k), Some(MBlob::Live { .. })),
-                Op::PutDoc => {
-                    matches!(docs.get(&k), Some(MDoc::Live { version: v, .. }) if v == version)
-                }
-                Op::DeleteBlob | Op::RemoveDoc => true,
+        m.docs.retain(|k, d| match d {
+            MDoc::Removed { time, seq, .. } => {
+                let keep = !droppable(*time, *seq) || !doc_gone(*k);
+                dropped += !keep as u64;
+                keep
             }
+            MDoc::Live { .. } => true,
         });
+        assert_eq!(report.tombstones_dropped, dropped, "{report:?}");
+        m.log = m.feed();
         let live = m
             .blobs
             .values()
@@ -284,9 +362,7 @@ impl Harness {
                         expires,
                     },
                 );
-                self.model
-                    .log
-                    .push((Op::PutBlob, key_bytes(key), len as u64, 0));
+                self.model.append(Op::PutBlob, key, len as u64, 0);
                 PutOutcome::Stored
             }
         };
@@ -298,8 +374,8 @@ impl Harness {
         let want = match self.model.blobs.get(&key) {
             Some(MBlob::Deleted { .. }) => DeleteOutcome::AlreadyDeleted,
             _ => {
-                self.model.blobs.insert(key, MBlob::Deleted { time });
-                self.model.log.push((Op::DeleteBlob, key_bytes(key), 0, 0));
+                let seq = self.model.append(Op::DeleteBlob, key, 0, 0);
+                self.model.blobs.insert(key, MBlob::Deleted { time, seq });
                 DeleteOutcome::Deleted
             }
         };
@@ -310,7 +386,7 @@ impl Harness {
         let got = self.store().get_blob(&key_bytes(key), now).unwrap();
         match (self.model.blobs.get(&key), got) {
             (None, BlobLookup::NotFound) => {}
-            (Some(MBlob::Deleted { time }), BlobLookup::Deleted { time_ms }) => {
+            (Some(MBlob::Deleted { time, .. }), BlobLookup::Deleted { time_ms }) => {
                 assert_eq!(*time, time_ms)
             }
             (
@@ -390,7 +466,11 @@ impl Harness {
             key,
             version,
             got,
-            MDoc::Removed { version, time },
+            MDoc::Removed {
+                version,
+                time,
+                seq: 0,
+            },
             Op::RemoveDoc,
             0,
         );
@@ -401,8 +481,12 @@ impl Harness {
             Some(current) if version <= current => assert_eq!(got, DocOutcome::Stale { current }),
             _ => {
                 assert_eq!(got, DocOutcome::Applied);
+                let seq = self.model.append(op, key, size, version);
+                let new = match new {
+                    MDoc::Removed { version, time, .. } => MDoc::Removed { version, time, seq },
+                    live => live,
+                };
                 self.model.docs.insert(key, new);
-                self.model.log.push((op, key_bytes(key), size, version));
             }
         }
     }
@@ -411,7 +495,7 @@ impl Harness {
         let got = self.store().get_doc(&key_bytes(key)).unwrap();
         let want = match self.model.docs.get(&key) {
             None => DocLookup::NotFound,
-            Some(MDoc::Removed { version, time }) => DocLookup::Removed {
+            Some(MDoc::Removed { version, time, .. }) => DocLookup::Removed {
                 version: *version,
                 time_ms: *time,
             },
@@ -438,9 +522,9 @@ impl Harness {
             .changes;
         let got: Vec<_> = all
             .iter()
-            .map(|c| (c.op, c.key.to_vec(), c.size, c.version))
+            .map(|c| (c.op, c.key.to_vec(), c.size, c.version, c.cursor.sequence))
             .collect();
-        assert_eq!(got, self.model.log);
+        assert_eq!(got, self.model.feed());
         let after = if from == 0 || all.is_empty() {
             Cursor::START
         } else {
@@ -453,10 +537,11 @@ impl Harness {
         let page = self.store().changes(after, limit).unwrap();
         let want = &all[start..(start.saturating_add(limit)).min(all.len())];
         assert_eq!(page.changes, want);
-        // A page that reaches the end of the feed moves the cursor to its durable end.
+        // A page that is not full reached the end of the feed: it moves the cursor to the
+        // durable end (past records the feed leaves out). A full page stops at its last change.
         let durable = self.store().stats().durable_cursor;
         // (A page of 0 changes does not look and does not move.)
-        let next = if limit == 0 || start.saturating_add(limit) < all.len() {
+        let next = if limit == 0 || want.len() == limit {
             want.last().map_or(
                 Cursor {
                     sequence: after.sequence,

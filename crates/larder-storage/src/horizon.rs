@@ -1,0 +1,211 @@
+//! What this node knows of its peers' positions in its own change feeds, and from it each
+//! partition's tombstone horizon (`DESIGN.md` 6.1, `larder-store/FORMAT.md` "Dropping
+//! tombstones").
+//!
+//! A peer replica pulling `GET .../changes?after=<cursor>&replica=<its node id>` has applied,
+//! durably, every change up to that cursor (a replication cursor moves only once its page is
+//! durable there). Kept in memory per partition and peer, from the last pull: after a restart
+//! every position is unknown until that peer pulls again, and an unknown position means no
+//! horizon (nothing is dropped). A position in another incarnation of the local replica (the
+//! peer pulled from an older one, or starts from the beginning) counts as 0.
+//!
+//! It also holds the other half of "rebuilt, never rejoined": whether this replica may serve a
+//! peer at all (`may_serve`), from how that peer answered our own pulls since we started.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use larder_cluster::{ClusterMap, PartitionId};
+use larder_store::Cursor;
+
+struct Peer {
+    node: String,
+    /// The sequence (in the local replica's current incarnation) it last pulled after.
+    seq: Option<u64>,
+    /// Since this process started, the peer answered our pull of its feed without refusing
+    /// our cursor: the local replica is not behind tombstones the peer dropped.
+    checked: bool,
+    /// The peer refused our cursor (409): the local replica is behind tombstones it dropped
+    /// and must be rebuilt.
+    behind: bool,
+}
+
+/// Whether a peer replica may pull the local replica's feed (`Horizons::may_serve`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Serve {
+    Yes,
+    /// Not before our own pull of that peer was answered (425 Too Early, it retries).
+    NotChecked,
+    /// Never: that peer said the local replica is behind its dropped tombstones (409).
+    Behind,
+}
+
+pub struct Horizons {
+    retention: Duration,
+    /// Without replication this node never pulls, so it can never check itself: it serves.
+    check_before_serving: bool,
+    partitions: HashMap<PartitionId, Mutex<Vec<Peer>>>,
+}
+
+impl Horizons {
+    /// Every other current replica, from the cluster map, of each partition `node_id` hosts.
+    pub fn new(
+        map: &ClusterMap,
+        node_id: &str,
+        retention: Duration,
+        check_before_serving: bool,
+    ) -> Horizons {
+        let partitions = map
+            .replicas_on(node_id)
+            .into_iter()
+            .filter_map(|(partition, _)| {
+                let replicas = &map.partition(partition)?.replicas;
+                let peers = replicas
+                    .iter()
+                    .filter(|r| r.node != node_id)
+                    .map(|r| Peer {
+                        node: r.node.clone(),
+                        seq: None,
+                        checked: false,
+                        behind: false,
+                    })
+                    .collect();
+                Some((partition, Mutex::new(peers)))
+            })
+            .collect();
+        Horizons {
+            retention,
+            check_before_serving,
+            partitions,
+        }
+    }
+
+    /// How old a tombstone must be before it may be dropped (`[compaction] tombstone_retention`).
+    pub fn retention_ms(&self) -> u64 {
+        u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn peers(&self, partition: PartitionId) -> Option<std::sync::MutexGuard<'_, Vec<Peer>>> {
+        let peers = self.partitions.get(&partition)?;
+        // A poisoned lock only means a panic elsewhere; positions stay meaningful.
+        Some(
+            peers
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    /// Notes that `peer` pulled the local replica (of incarnation `incarnation`) after `after`.
+    /// Returns false when `peer` is not a current replica of the partition (nothing noted).
+    pub fn pulled(
+        &self,
+        partition: PartitionId,
+        peer: &str,
+        after: Cursor,
+        incarnation: u64,
+    ) -> bool {
+        let Some(mut peers) = self.peers(partition) else {
+            return false;
+        };
+        let Some(p) = peers.iter_mut().find(|p| p.node == peer) else {
+            return false;
+        };
+        p.seq = Some(if after.incarnation == incarnation {
+            after.sequence
+        } else {
+            0
+        });
+        true
+    }
+
+    /// The largest sequence every other current replica has replicated past: tombstones up to
+    /// it may be dropped (once old enough). `None` while any peer's position is unknown. A
+    /// partition with no other replica has nothing to wait for.
+    pub fn horizon(&self, partition: PartitionId) -> Option<u64> {
+        let peers = self.peers(partition)?;
+        peers
+            .iter()
+            .try_fold(u64::MAX, |min, p| p.seq.map(|s| min.min(s)))
+    }
+
+    /// Notes how `peer` answered our pull of its feed: `refused` when it said our cursor is
+    /// behind tombstones it dropped.
+    pub fn answered(&self, partition: PartitionId, peer: &str, refused: bool) {
+        if let Some(mut peers) = self.peers(partition) {
+            if let Some(p) = peers.iter_mut().find(|p| p.node == peer) {
+                p.checked = true;
+                p.behind |= refused;
+            }
+        }
+    }
+
+    /// Whether `peer` may pull the local replica's feed. A replica whose data went back (a
+    /// restore, a replica re-added to the map with old data) may hold blobs whose tombstones a
+    /// peer dropped; it finds out when it pulls that peer (409), and until then it must not
+    /// hand anything to it. So after every start a replica serves a peer only once its own
+    /// pull of that peer was answered without a refusal: no race with the peer's pulls.
+    pub fn may_serve(&self, partition: PartitionId, peer: &str) -> Serve {
+        let Some(peers) = self.peers(partition) else {
+            return Serve::Yes;
+        };
+        match peers.iter().find(|p| p.node == peer) {
+            Some(p) if p.behind => Serve::Behind,
+            Some(p) if !p.checked && self.check_before_serving => Serve::NotChecked,
+            _ => Serve::Yes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> ClusterMap {
+        let node = |id: &str, port: u16| {
+            format!("[[nodes]]\nid = \"{id}\"\ndatacenter = \"dc1\"\naddress = \"127.0.0.1:{port}\"\ndisks = [\"d0\"]\n")
+        };
+        let text = format!(
+            "format_version = 1\n[[datacenters]]\nname = \"dc1\"\nid = 1\n{}{}{}\
+             [[partitions]]\nid = 0\nstate = \"read-write\"\nreplicas = [{{ node = \"s1\", disk = \"d0\" }}, \
+             {{ node = \"s2\", disk = \"d0\" }}, {{ node = \"s3\", disk = \"d0\" }}]\n",
+            node("s1", 1),
+            node("s2", 2),
+            node("s3", 3)
+        );
+        ClusterMap::from_toml(&text).unwrap()
+    }
+
+    #[test]
+    fn the_horizon_waits_for_every_peer_and_follows_the_slowest() {
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        let at = |sequence| Cursor {
+            incarnation: 7,
+            sequence,
+        };
+        assert_eq!(h.horizon(0), None, "nobody pulled yet");
+        assert!(h.pulled(0, "s2", at(40), 7));
+        assert_eq!(h.horizon(0), None, "s3 unknown");
+        assert!(!h.pulled(0, "s9", at(90), 7), "not a replica");
+        assert!(h.pulled(0, "s3", at(30), 7));
+        assert_eq!(h.horizon(0), Some(30));
+        // s3 pulls from the beginning (rebuilt) or from another incarnation of ours.
+        assert!(h.pulled(0, "s3", at(50), 8));
+        assert_eq!(h.horizon(0), Some(0));
+        assert_eq!(h.horizon(1), None, "not hosted");
+    }
+
+    #[test]
+    fn a_peer_is_served_only_once_our_pull_of_it_was_not_refused() {
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        assert_eq!(h.may_serve(0, "s2"), Serve::NotChecked);
+        h.answered(0, "s2", false);
+        assert_eq!(h.may_serve(0, "s2"), Serve::Yes);
+        h.answered(0, "s3", true);
+        assert_eq!(h.may_serve(0, "s3"), Serve::Behind);
+        h.answered(0, "s3", false);
+        assert_eq!(h.may_serve(0, "s3"), Serve::Behind, "until rebuilt");
+        let unchecked = Horizons::new(&map(), "s1", Duration::from_secs(1), false);
+        assert_eq!(unchecked.may_serve(0, "s2"), Serve::Yes);
+    }
+}
