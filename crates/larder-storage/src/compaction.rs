@@ -3,11 +3,20 @@
 //! `POST /internal/v1/compaction`, an operator's "compact now" (the active segment is sealed
 //! first, any garbage counts, no rate limit). Replicas are compacted one after the other on a
 //! blocking thread; a pass runs alone (one mutex), so the two never compete for the disk.
+//!
+//! Both give way to foreground work: the node counts its data requests in flight
+//! ([`Compaction::foreground`]) and the store's rewrite pauses while more than
+//! `busy_requests` are (`larder_store::Foreground`); the pass's thread also runs in the idle I/O
+//! class ([`IdleIo`]). `GET /internal/v1/compaction` shows what the last pass over each replica
+//! measured (garbage ratio) and how long ago it completed (the lag).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use larder_store::{CompactOptions, CompactReport};
+use larder_cluster::PartitionId;
+use larder_store::{CompactOptions, CompactReport, Foreground};
 use tokio::sync::watch;
 
 use crate::config::CompactionConfig;
@@ -17,12 +26,124 @@ use crate::reply::{self, Body};
 use crate::validate::now_ms;
 use crate::StorageNode;
 
+/// A node's compaction state: one pass at a time, the last pass over each replica, and the
+/// foreground load passes yield to.
+pub struct Compaction {
+    config: CompactionConfig,
+    /// Held by a pass: background and operator passes never run at once.
+    pass: Mutex<()>,
+    /// The last completed pass over each replica (absent: none since the node started).
+    replicas: Mutex<HashMap<PartitionId, LastPass>>,
+    /// Data requests in flight (counted in `routes`), which rewrites give way to.
+    pub foreground: Foreground,
+    started: Instant,
+}
+
+/// What the last pass over one replica did, and when it completed.
+#[derive(Clone, Debug)]
+pub struct LastPass {
+    pub finished: Instant,
+    pub finished_ms: u64,
+    pub outcome: Result<CompactReport, String>,
+}
+
+impl LastPass {
+    /// Garbage bytes over the bytes of the replica's sealed segments, as the pass measured them
+    /// (`None` after a failed pass; 0 when there are no sealed segments).
+    pub fn garbage_ratio(&self) -> Option<f64> {
+        let report = self.outcome.as_ref().ok()?;
+        Some(match report.sealed_bytes {
+            0 => 0.0,
+            sealed => report.garbage_bytes as f64 / sealed as f64,
+        })
+    }
+}
+
+/// Locks `mutex` even if a pass panicked while holding it: no state is shared through it that
+/// a panic could leave half-changed (each value is replaced whole).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Compaction {
+    pub fn new(config: &CompactionConfig) -> Compaction {
+        Compaction {
+            config: config.clone(),
+            pass: Mutex::new(()),
+            replicas: Mutex::new(HashMap::new()),
+            foreground: Foreground::new(config.busy_requests),
+            started: Instant::now(),
+        }
+    }
+
+    /// The last completed pass over `partition`.
+    pub fn last_pass(&self, partition: PartitionId) -> Option<LastPass> {
+        lock(&self.replicas).get(&partition).cloned()
+    }
+
+    /// Time since the last completed pass over `partition` (since the node started when none
+    /// has completed): grows without bound when passes stop completing.
+    pub fn lag(&self, partition: PartitionId) -> Duration {
+        match lock(&self.replicas).get(&partition) {
+            Some(last) => last.finished.elapsed(),
+            None => self.started.elapsed(),
+        }
+    }
+
+    fn record(&self, partition: PartitionId, outcome: Result<CompactReport, String>) {
+        let last = LastPass {
+            finished: Instant::now(),
+            finished_ms: now_ms(),
+            outcome,
+        };
+        lock(&self.replicas).insert(partition, last);
+    }
+}
+
+/// The pass's thread in the idle I/O class (`ioprio_set`), its old class restored on drop (the
+/// thread belongs to tokio's blocking pool and runs other work afterwards). Linux's
+/// mq-deadline and BFQ schedulers serve idle-class reads only when no other class waits (with
+/// aging, so they are never starved for good); `none` ignores it, and buffered writes are
+/// written back by the kernel's flusher threads whatever the class.
+struct IdleIo {
+    old: Option<libc::c_long>,
+}
+
+const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+const IOPRIO_CLASS_SHIFT: u32 = 13;
+
+impl IdleIo {
+    fn enter() -> IdleIo {
+        // SAFETY: plain syscalls on the calling thread (who = 0), no memory passed.
+        let old = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
+        let idle = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
+        let set = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, idle) };
+        IdleIo {
+            old: (old >= 0 && set == 0).then_some(old),
+        }
+    }
+}
+
+impl Drop for IdleIo {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            // SAFETY: as above.
+            unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, old) };
+        }
+    }
+}
+
 fn report_json(r: &CompactReport) -> serde_json::Value {
     serde_json::json!({
         "segments_compacted": r.segments_compacted,
         "bytes_reclaimed": r.bytes_reclaimed,
         "live_bytes_copied": r.live_bytes_copied,
         "corrupt_records_dropped": r.corrupt_records_dropped,
+        "sealed_bytes": r.sealed_bytes,
+        "garbage_bytes": r.garbage_bytes,
     })
 }
 
@@ -31,18 +152,16 @@ fn pass(
     node: &StorageNode,
     opts: &CompactOptions,
 ) -> (bool, serde_json::Map<String, serde_json::Value>) {
-    // A poisoned lock only means an earlier pass panicked; passes share no state through it.
-    let _one_pass_at_a_time = node
-        .compaction
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_pass_at_a_time = lock(&node.compaction.pass);
+    let _idle_io = IdleIo::enter();
     let mut partitions = serde_json::Map::new();
     let mut failed = false;
     for (partition, store) in node.partitions() {
-        let value = match store.compact(opts) {
+        let outcome = store.compact(opts);
+        let value = match &outcome {
             Ok(report) => {
-                node.metrics.record_compaction(*partition, &report);
-                report_json(&report)
+                node.metrics.record_compaction(*partition, report);
+                report_json(report)
             }
             Err(err) => {
                 tracing::warn!(partition, %err, "compaction failed");
@@ -50,6 +169,8 @@ fn pass(
                 serde_json::json!({"error": err.to_string()})
             }
         };
+        let outcome = outcome.map_err(|err| err.to_string());
+        node.compaction.record(*partition, outcome);
         partitions.insert(partition.to_string(), value);
     }
     (failed, partitions)
@@ -103,4 +224,43 @@ pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
         StatusCode::OK
     };
     reply::json(status, &serde_json::json!({"partitions": partitions}))
+}
+
+/// `GET /internal/v1/compaction`: the settings, and per replica what the last pass measured.
+pub fn status(node: &StorageNode) -> Response<Body> {
+    let compaction = &node.compaction;
+    let partitions: serde_json::Map<String, serde_json::Value> = node
+        .partitions()
+        .map(|(partition, store)| {
+            let last = compaction.last_pass(*partition);
+            let mut value = serde_json::json!({
+                "bytes_on_disk": store.stats().bytes_on_disk,
+                "lag_seconds": compaction.lag(*partition).as_secs_f64(),
+                "garbage_ratio": last.as_ref().and_then(LastPass::garbage_ratio),
+                "last_pass_ms": last.as_ref().map(|l| l.finished_ms),
+            });
+            match last.map(|l| l.outcome) {
+                Some(Ok(report)) => value["last_pass"] = report_json(&report),
+                Some(Err(error)) => value["last_error"] = error.into(),
+                None => {}
+            }
+            (partition.to_string(), value)
+        })
+        .collect();
+    let config = &compaction.config;
+    reply::json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "node": node.node_id,
+            "enabled": config.enabled,
+            "interval_seconds": config.interval.as_secs_f64(),
+            "min_garbage_ratio": config.min_garbage_ratio,
+            "rate_mb_per_s": config.rate_mb_per_s,
+            "busy_requests": config.busy_requests,
+            "running": compaction.pass.try_lock().is_err(),
+            "foreground_in_flight": compaction.foreground.in_flight(),
+            "yielded_seconds": compaction.foreground.yielded().as_secs_f64(),
+            "partitions": partitions,
+        }),
+    )
 }

@@ -237,6 +237,10 @@ pub struct CompactionConfig {
     pub min_garbage_ratio: f64,
     /// Copy rate limit of a background pass, in MB/s (10^6 bytes; 0: unlimited).
     pub rate_mb_per_s: u64,
+    /// The node is busy while more than this many blob and document requests (from frontends,
+    /// and peers fetching blobs) are in flight: compaction then pauses between
+    /// records, for at most 90% of its time (a node that is never idle still compacts).
+    pub busy_requests: u64,
 }
 
 impl Default for CompactionConfig {
@@ -246,6 +250,7 @@ impl Default for CompactionConfig {
             interval: Duration::from_secs(60),
             min_garbage_ratio: 0.5,
             rate_mb_per_s: 64,
+            busy_requests: 8,
         }
     }
 }

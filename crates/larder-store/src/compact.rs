@@ -48,13 +48,57 @@ impl Plan {
     }
 }
 
-/// Sleeps until `copied` bytes are within `rate` bytes per second of `started` (0: no limit).
-fn throttle(started: std::time::Instant, copied: u64, rate: u64) {
-    if rate == 0 {
+/// Share of a rewrite's time it may spend waiting for foreground work: a node that is never
+/// idle still compacts, at a tenth of the rate.
+const MAX_YIELD_SHARE: f64 = 0.9;
+/// How long a rewrite waits before it looks at the foreground again.
+const YIELD_STEP: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// How fast a rewrite may copy: `rate` bytes per second (0: no limit), counted over the time it
+/// did not spend yielding, and not while `foreground` is busy.
+struct Pace<'a> {
+    started: std::time::Instant,
+    rate: u64,
+    foreground: Option<&'a crate::types::Foreground>,
+    yielded: std::time::Duration,
+}
+
+impl<'a> Pace<'a> {
+    fn new(rate: u64, foreground: Option<&'a crate::types::Foreground>) -> Pace<'a> {
+        Pace {
+            started: std::time::Instant::now(),
+            rate,
+            foreground,
+            yielded: std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// Called before each record is copied, with the bytes copied so far: first gives way while the
+/// node is busy with foreground requests (one atomic load when it is not), within
+/// `MAX_YIELD_SHARE` of the time; then sleeps until `copied` is within the rate. Time spent
+/// yielding does not count toward the rate, so a rewrite never bursts to catch up afterwards.
+fn throttle(pace: &mut Pace, copied: u64) {
+    if let Some(foreground) = pace.foreground {
+        let waited_from = std::time::Instant::now();
+        while foreground.is_busy()
+            && pace.yielded.as_secs_f64() < MAX_YIELD_SHARE * pace.started.elapsed().as_secs_f64()
+        {
+            let step = std::time::Instant::now();
+            std::thread::sleep(YIELD_STEP);
+            pace.yielded += step.elapsed();
+        }
+        let waited = waited_from.elapsed();
+        if waited >= YIELD_STEP {
+            foreground.add_yielded(waited);
+        }
+    }
+    if pace.rate == 0 {
         return;
     }
-    let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
-    if let Some(wait) = due.checked_sub(started.elapsed()) {
+    let due = std::time::Duration::from_secs_f64(copied as f64 / pace.rate as f64);
+    let working = pace.started.elapsed().saturating_sub(pace.yielded);
+    if let Some(wait) = due.checked_sub(working) {
         std::thread::sleep(wait);
     }
 }
@@ -75,16 +119,24 @@ impl Engine {
             let plan = self.plan(&seg, opts.now_ms)?;
             let payload = plan.len - FILE_HEADER_LEN;
             let garbage = plan.garbage();
+            // What a segment left alone holds, for the report's garbage measure.
+            let left_alone = |report: &mut CompactReport| {
+                report.sealed_bytes += payload;
+                report.garbage_bytes += garbage;
+            };
             if garbage == 0 || (garbage as f64) < opts.min_garbage_ratio * payload as f64 {
+                left_alone(&mut report);
                 continue;
             }
             // A full disk can still compact: the rewrite needs room only for the live bytes.
             if let Some(free) = crate::space::free_bytes(&self.dir) {
                 if free < plan.live_bytes() + FILE_HEADER_LEN {
+                    left_alone(&mut report);
                     continue;
                 }
             }
             self.rewrite(&seg, &plan, opts.max_bytes_per_sec)?;
+            report.sealed_bytes += plan.live_bytes();
             report.segments_compacted += 1;
             report.bytes_reclaimed += garbage;
             report.live_bytes_copied += plan.live_bytes();
@@ -205,10 +257,10 @@ impl Engine {
         file.write_all_at(&encode_file_header(seg.id, header), 0)?;
         let mut at = FILE_HEADER_LEN;
         let mut moved = Vec::with_capacity(plan.keep.len());
-        let started = std::time::Instant::now();
+        let mut pace = Pace::new(rate, self.opts.compaction_yields_to.as_ref());
         let mut copied = 0u64;
         for k in &plan.keep {
-            throttle(started, copied, rate);
+            throttle(&mut pace, copied);
             let bytes =
                 crate::segment::read_exact_at(&seg.file, k.start, (k.end - k.start) as usize)?;
             // Verified again as read now: what is copied is exactly what passed its checksums.

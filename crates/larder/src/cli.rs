@@ -53,6 +53,9 @@ enum Command {
     Bench(BenchCommand),
     /// Feed Vespa feed-format operations (JSON array or JSON lines) to a /document/v1 endpoint.
     Feed(crate::feed::FeedArgs),
+    /// A storage node's compaction: garbage per replica, and compacting it now.
+    #[command(subcommand)]
+    Compaction(crate::compaction_cmd::CompactionCommand),
 }
 
 #[derive(Subcommand)]
@@ -113,6 +116,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => crate::blob_cmd::get(args),
         Command::Delete(args) => crate::blob_cmd::delete(args),
         Command::Feed(args) => std::process::exit(crate::feed::run(args)?),
+        Command::Compaction(command) => crate::compaction_cmd::run(command),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())
