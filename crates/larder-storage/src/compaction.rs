@@ -20,6 +20,7 @@ use larder_store::{CompactOptions, CompactReport, Foreground};
 use tokio::sync::watch;
 
 use crate::config::CompactionConfig;
+use crate::error::Error;
 
 use crate::node::blocking;
 use crate::reply::{self, Body};
@@ -37,6 +38,33 @@ pub struct Compaction {
     /// Data requests in flight (counted in `routes`), which rewrites give way to.
     pub foreground: Foreground,
     started: Instant,
+    /// The last completed pass over the whole node.
+    last_node_pass: Mutex<Option<NodePass>>,
+}
+
+/// What one pass over every replica of the node did, in total.
+#[derive(Clone, Debug, Default)]
+struct NodePass {
+    finished_ms: u64,
+    seconds: f64,
+    /// Copy rate limit of the pass in MB/s (0: none).
+    rate_mb_per_s: u64,
+    segments_compacted: u64,
+    bytes_reclaimed: u64,
+    live_bytes_copied: u64,
+}
+
+impl NodePass {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "finished_ms": self.finished_ms,
+            "seconds": self.seconds,
+            "rate_mb_per_s": self.rate_mb_per_s,
+            "segments_compacted": self.segments_compacted,
+            "bytes_reclaimed": self.bytes_reclaimed,
+            "live_bytes_copied": self.live_bytes_copied,
+        })
+    }
 }
 
 /// What the last pass over one replica did, and when it completed.
@@ -75,6 +103,7 @@ impl Compaction {
             replicas: Mutex::new(HashMap::new()),
             foreground: Foreground::new(config.busy_requests),
             started: Instant::now(),
+            last_node_pass: Mutex::new(None),
         }
     }
 
@@ -154,6 +183,11 @@ fn pass(
 ) -> (bool, serde_json::Map<String, serde_json::Value>) {
     let _one_pass_at_a_time = lock(&node.compaction.pass);
     let _idle_io = IdleIo::enter();
+    let started = Instant::now();
+    let mut total = NodePass {
+        rate_mb_per_s: opts.max_bytes_per_sec / 1_000_000,
+        ..NodePass::default()
+    };
     let mut partitions = serde_json::Map::new();
     let mut failed = false;
     for (partition, store) in node.partitions() {
@@ -161,6 +195,9 @@ fn pass(
         let value = match &outcome {
             Ok(report) => {
                 node.metrics.record_compaction(*partition, report);
+                total.segments_compacted += report.segments_compacted;
+                total.bytes_reclaimed += report.bytes_reclaimed;
+                total.live_bytes_copied += report.live_bytes_copied;
                 report_json(report)
             }
             Err(err) => {
@@ -173,6 +210,18 @@ fn pass(
         node.compaction.record(*partition, outcome);
         partitions.insert(partition.to_string(), value);
     }
+    total.seconds = started.elapsed().as_secs_f64();
+    total.finished_ms = now_ms();
+    if total.segments_compacted > 0 {
+        tracing::info!(
+            segments = total.segments_compacted,
+            reclaimed = total.bytes_reclaimed,
+            copied = total.live_bytes_copied,
+            seconds = total.seconds,
+            "compaction pass done"
+        );
+    }
+    *lock(&node.compaction.last_node_pass) = Some(total);
     (failed, partitions)
 }
 
@@ -206,13 +255,34 @@ pub fn start(
     }))
 }
 
-pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
+/// `POST /internal/v1/compaction[?rate_mb_per_s=N]`: the copy rate limit of this pass, in
+/// MB/s (absent or 0: none).
+fn parse_rate(query: Option<&str>) -> Result<u64, Error> {
+    let mut rate = 0;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("rate_mb_per_s", value)) if value.len() <= 12 => {
+                rate = value
+                    .parse()
+                    .map_err(|_| Error::BadQuery("rate_mb_per_s is not a whole number"))?;
+            }
+            _ => return Err(Error::BadQuery("the only parameter is rate_mb_per_s")),
+        }
+    }
+    Ok(rate)
+}
+
+pub async fn compact_now(
+    node: Arc<StorageNode>,
+    query: Option<&str>,
+) -> Result<Response<Body>, Error> {
+    let rate = parse_rate(query)?;
     let outcome = blocking(move || {
         let opts = CompactOptions {
             min_garbage_ratio: 0.0,
             now_ms: now_ms(),
             seal_active: true,
-            max_bytes_per_sec: 0,
+            max_bytes_per_sec: rate.saturating_mul(1_000_000),
         };
         pass(&node, &opts)
     })
@@ -223,7 +293,10 @@ pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
     } else {
         StatusCode::OK
     };
-    reply::json(status, &serde_json::json!({"partitions": partitions}))
+    Ok(reply::json(
+        status,
+        &serde_json::json!({"partitions": partitions}),
+    ))
 }
 
 /// `GET /internal/v1/compaction`: the settings, and per replica what the last pass measured.
@@ -260,7 +333,27 @@ pub fn status(node: &StorageNode) -> Response<Body> {
             "running": compaction.pass.try_lock().is_err(),
             "foreground_in_flight": compaction.foreground.in_flight(),
             "yielded_seconds": compaction.foreground.yielded().as_secs_f64(),
+            "last_pass": lock(&compaction.last_node_pass).as_ref().map(NodePass::json),
             "partitions": partitions,
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn the_rate_parameter_is_a_whole_number_and_the_only_one() {
+        assert_eq!(parse_rate(None).unwrap(), 0);
+        assert_eq!(parse_rate(Some("rate_mb_per_s=64")).unwrap(), 64);
+        for bad in [
+            "rate_mb_per_s=-1",
+            "rate_mb_per_s=1e3",
+            "x=1",
+            "rate_mb_per_s=1111111111111",
+        ] {
+            assert!(parse_rate(Some(bad)).is_err(), "{bad}");
+        }
+    }
 }

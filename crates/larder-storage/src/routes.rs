@@ -38,7 +38,7 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         Some(InternalPath::Health) => Ok(health(&node)),
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
         Some(InternalPath::Compaction) => match *req.method() {
-            Method::POST => Ok(crate::compaction::compact_now(node).await),
+            Method::POST => crate::compaction::compact_now(node, req.uri().query()).await,
             Method::GET => Ok(crate::compaction::status(&node)),
             _ => Err(Error::MethodNotAllowed("GET or POST")),
         },

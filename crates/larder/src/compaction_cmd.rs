@@ -18,7 +18,16 @@ pub enum CompactionCommand {
     Status(Target),
     /// Compact every replica of the node now (seal the active segment, rewrite every sealed
     /// segment holding any garbage); prints what each reclaimed.
-    Run(Target),
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Copy at most this many MB/s (10^6 bytes); default: as fast as the disk goes.
+    #[arg(long)]
+    rate: Option<u64>,
 }
 
 #[derive(Args)]
@@ -39,9 +48,17 @@ pub struct Target {
 }
 
 pub fn run(command: CompactionCommand) -> anyhow::Result<()> {
-    let (target, method) = match &command {
-        CompactionCommand::Status(t) => (t, http::Method::GET),
-        CompactionCommand::Run(t) => (t, http::Method::POST),
+    let (target, method, path) = match &command {
+        CompactionCommand::Status(t) => {
+            (t, http::Method::GET, larder_proto::COMPACTION_PATH.into())
+        }
+        CompactionCommand::Run(run) => {
+            let path = match run.rate {
+                Some(rate) => format!("{}?rate_mb_per_s={rate}", larder_proto::COMPACTION_PATH),
+                None => larder_proto::COMPACTION_PATH.to_owned(),
+            };
+            (&run.target, http::Method::POST, path)
+        }
     };
     let (config, map) = configs::storage(&target.config)?;
     let nodes: Vec<(String, std::net::SocketAddr)> = if target.all {
@@ -77,7 +94,7 @@ pub fn run(command: CompactionCommand) -> anyhow::Result<()> {
     let mut failed = false;
     for (id, addr) in &nodes {
         let (status, answer) = runtime
-            .block_on(ask(&pool, id, method.clone()))
+            .block_on(ask(&pool, id, method.clone(), &path))
             .with_context(|| format!("asking node {id} ({addr})"))?;
         failed |= !status.is_success();
         if target.json {
@@ -97,10 +114,11 @@ async fn ask(
     pool: &larder_pool::StoragePool,
     node: &str,
     method: http::Method,
+    path: &str,
 ) -> anyhow::Result<(http::StatusCode, serde_json::Value)> {
     let request = http::Request::builder()
         .method(method)
-        .uri(larder_proto::COMPACTION_PATH)
+        .uri(path)
         .body(larder_pool::empty())?;
     let response = pool.send(node, request).await?;
     let status = response.status();
