@@ -231,8 +231,8 @@ impl Engine {
         self.fail_point(2)?;
         std::fs::remove_file(self.dir.join(segment_file_name(seg.id, seg.gen)))?;
         sync_dir(&self.dir).map_err(io_error)?;
-        // The journal would hold the deleted file open (its space in use) until it rotates.
-        self.disk.shared().forget_deleted_segment(&seg.file);
+        // Held for a sync (by the log or the journal), the deleted file's space stays in use.
+        self.forget_deleted_segment(&seg.file);
         self.fail_point(3)?;
         let new = Segment {
             id: seg.id,

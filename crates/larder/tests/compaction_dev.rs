@@ -298,31 +298,50 @@ fn dev_cluster_gives_deleted_space_back_after_compaction() {
     dev.stop();
 }
 
-/// A tmpfs mounted for the test, unmounted on drop.
-struct Tmpfs(PathBuf);
+/// A tmpfs mounted for the test (owned by this user), unmounted on drop; `sudo` when not root.
+struct Tmpfs {
+    at: PathBuf,
+    sudo: bool,
+}
 
 impl Tmpfs {
-    /// `None` (and a note) when this process may not mount: the test needs root.
+    /// `None` (and a note) when this process may not mount: the test needs root or sudo.
     fn mount(at: &Path, size: usize) -> Option<Tmpfs> {
         std::fs::create_dir_all(at).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}")])
-            .args(["tmpfs".as_ref(), at.as_os_str()])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("SKIPPED: cannot mount a tmpfs here (needs root)");
-            return None;
+        // SAFETY: plain getters.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let options = format!("size={size},uid={uid},gid={gid},mode=0700");
+        for sudo in [false, true] {
+            let mut command = Command::new(if sudo { "sudo" } else { "mount" });
+            if sudo {
+                command.args(["-n", "mount"]);
+            }
+            let ok = command
+                .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
+                .arg(at)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return Some(Tmpfs {
+                    at: at.to_path_buf(),
+                    sudo,
+                });
+            }
         }
-        Some(Tmpfs(at.to_path_buf()))
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root or sudo)");
+        None
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazy: storage nodes of a failed test may still be closing their files.
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let mut command = Command::new(if self.sudo { "sudo" } else { "umount" });
+        if self.sudo {
+            command.args(["-n", "umount"]);
+        }
+        let _ = command.arg("-l").arg(&self.at).status();
     }
 }
 
@@ -334,7 +353,7 @@ fn full_disk_takes_uploads_again_once_deletes_are_compacted() {
     let Some(fs) = Tmpfs::mount(&tmp.path().join("mnt"), 296 * MIB) else {
         return;
     };
-    let data_dir = fs.0.join("larder-data");
+    let data_dir = fs.at.join("larder-data");
     let mut dev = Dev::start(&data_dir, free_addresses(1)[0]);
     let mut stored = Vec::new();
     let mut refused = false;
