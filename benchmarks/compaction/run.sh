@@ -14,7 +14,8 @@
 #     was compacting, next to the same load with no compaction just before. And MB/s reclaimed per
 #     node at the default rate.
 # Usage: run.sh [--smoke]   (--smoke: a few MiB, 1 s loads, results to a temp file)
-# Knobs: MIB (default 600), DURATION (s per load, default 8), RPS (default 300), OUT.
+# Knobs: MIB (default 600), DURATION (s per load, default 8), RPS (default 300), BUSY_REQUESTS
+# (the nodes' [compaction] busy_requests; default: theirs), OUT.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -24,7 +25,7 @@ source benchmarks/lib.sh
 mib=${MIB:-600}; duration=${DURATION:-8}; rps=${RPS:-300}; out=${OUT:-$here/RESULTS.md}
 if [ "${1:-}" = "--smoke" ]; then mib=12; duration=1; rps=50; out=$(mktemp); fi
 
-STORAGE_EXTRA=$'[compaction]\nenabled = false'
+STORAGE_EXTRA=$'[compaction]\nenabled = false'${BUSY_REQUESTS:+$'\nbusy_requests = '$BUSY_REQUESTS}
 bench_build
 work=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/bench-compaction.XXXX")
 trap 'stop_all "$work"; rm -rf "$work"' EXIT
@@ -34,11 +35,13 @@ start_frontend "$work" frontend "$port"
 url="http://127.0.0.1:$port"
 default_rate=$("$LARDER" config defaults | awk '/^rate_mb_per_s/ {print $3; exit}')
 
-# fill COUNT: uploads COUNT distinct 1 MiB blobs (8 at a time), then deletes 2 of every 3.
+# fill COUNT: uploads COUNT distinct 1 MiB blobs (8 at a time, each answer to its own file), then
+# deletes 2 of every 3.
 fill() {
+  rm -rf "$work/answers" && mkdir "$work/answers"
   seq 1 "$1" | xargs -P 8 -I{} sh -c \
-    "head -c 1048576 /dev/urandom | curl -sS --http2-prior-knowledge --data-binary @- -w '\n' '$url/v1/blobs'" \
-    | python3 -c 'import sys,json; [print(json.loads(l)["id"]) for l in sys.stdin if l.strip()]' > "$work/ids"
+    "head -c 1048576 /dev/urandom | curl -sS --http2-prior-knowledge --data-binary @- -o '$work/answers/{}' '$url/v1/blobs'"
+  cat "$work"/answers/* | python3 -c 'import sys,re,json; [print(m) for m in re.findall(r"\"id\":\"([^\"]+)\"", sys.stdin.read())]' > "$work/ids"
   awk 'NR % 3 != 0' "$work/ids" | xargs -P 8 -I{} curl -sS -o /dev/null -X DELETE "$url/v1/blobs/{}"
 }
 
@@ -90,8 +93,12 @@ p = lat[min(len(lat) - 1, max(0, math.ceil(0.99 * len(lat)) - 1))] if lat else f
 print(f"{p:.2f} {len(lat)}")
 PY
 }
+# Write-back of what came before (dd, the rewrites, the uploads) must not land in a measurement.
+settle() { sync; sleep 2; }
+settle
 load idle
 fill "$mib"
+settle
 began=$(date +%s.%N)
 pass_pids=()
 for n in s1 s2 s3; do
@@ -101,13 +108,21 @@ done
 load busy
 for p in "${pass_pids[@]}"; do wait "$p"; done
 first_end=$(sort -n "$work"/s?.ended | head -1)
+settle
+load after
 rows_default=()
 for n in s1 s2 s3; do
   read -r secs reclaimed copied < <(last_pass "$n")
   rows_default+=("| $n | $(python3 -c "print(f'{$secs:.2f}')") | $((reclaimed / 1000000)) | **$(mbps "$reclaimed" "$secs")** | $(mbps "$copied" "$secs") |")
 done
-read -r idle_get n_idle_get < <(p99 "$work/idle.get.log")
-read -r idle_put n_idle_put < <(p99 "$work/idle.put.log")
+read -r before_get n_idle_get < <(p99 "$work/idle.get.log")
+read -r before_put n_idle_put < <(p99 "$work/idle.put.log")
+read -r after_get _ < <(p99 "$work/after.get.log")
+read -r after_put _ < <(p99 "$work/after.put.log")
+# The stricter reference: the lower p99 of the runs without compaction (before and after).
+lower() { python3 -c "print(f'{min(float(\"$1\"), float(\"$2\")):.2f}')"; }
+idle_get=$(lower "$before_get" "$after_get")
+idle_put=$(lower "$before_put" "$after_put")
 read -r busy_get n_busy_get < <(p99 "$work/busy.get.log" "$began" "$first_end")
 read -r busy_put n_busy_put < <(p99 "$work/busy.put.log" "$began" "$first_end")
 ratio() { python3 -c "a, b = float('$1'), float('$2'); print(f'{a / b:.2f}' if b > 0 else '-')"; }
@@ -127,7 +142,7 @@ window=$(python3 -c "print(f'{$first_end - $began:.1f}')")
   echo
   echo "## Command"
   echo '```'
-  echo "MIB=$mib DURATION=$duration RPS=$rps benchmarks/compaction/run.sh"
+  echo "MIB=$mib DURATION=$duration RPS=$rps ${BUSY_REQUESTS:+BUSY_REQUESTS=$BUSY_REQUESTS }benchmarks/compaction/run.sh"
   echo '```'
   echo
   echo "## 1. Throughput, no rate limit, one node at a time"
@@ -146,12 +161,14 @@ window=$(python3 -c "print(f'{$first_end - $began:.1f}')")
   echo
   echo "Foreground: h2load, one connection per load, $rps req/s of 1 KiB GETs and $rps req/s of 1 KiB PUTs"
   echo "at the same time for $duration s; \"compacting\" counts only the requests that started while all"
-  echo "three nodes were compacting (the first ${window} s of the load)."
+  echo "three nodes were compacting (the first ${window} s of the load). The same load ran without"
+  echo "compaction before and after (\`sync\` and 2 s of rest before each load); the ratio is to the lower"
+  echo "of those two p99s."
   echo
-  echo "| load | p99 ms, no compaction | requests | p99 ms, compacting | requests | ratio |"
+  echo "| load | p99 ms, no compaction (before / after) | requests | p99 ms, compacting | requests | ratio |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-  echo "| GET 1 KiB | $idle_get | $n_idle_get | $busy_get | $n_busy_get | **$(ratio "$busy_get" "$idle_get")** |"
-  echo "| PUT 1 KiB | $idle_put | $n_idle_put | $busy_put | $n_busy_put | **$(ratio "$busy_put" "$idle_put")** |"
+  echo "| GET 1 KiB | $before_get / $after_get | $n_idle_get | $busy_get | $n_busy_get | **$(ratio "$busy_get" "$idle_get")** |"
+  echo "| PUT 1 KiB | $before_put / $after_put | $n_idle_put | $busy_put | $n_busy_put | **$(ratio "$busy_put" "$idle_put")** |"
   echo
   echo "Targets (issue 14): foreground p99 ≤ 1.5x while compacting at the default rate; the default"
   echo "rate reclaims ≥ 50 MB/s of garbage on this machine."
