@@ -12,7 +12,9 @@ mod visit;
 
 pub use changes::{ChangeEntry, ChangePage};
 pub use documents::{decode_key, doc_path, encode_key, header as doc_header, percent_decode};
-pub use paths::{blob_path, changes_path, parse_path, InternalPath, HEALTH_PATH, METRICS_PATH};
+pub use paths::{
+    blob_path, changes_path, parse_path, InternalPath, COMPACTION_PATH, HEALTH_PATH, METRICS_PATH,
+};
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};
 pub use visit::{

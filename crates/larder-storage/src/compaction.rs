@@ -4,19 +4,167 @@
 //! first, any garbage counts, no rate limit). Replicas are compacted one after the other on a
 //! blocking thread; a pass runs alone (one mutex), so the two never compete for the disk. Both
 //! drop tombstones past the partition's horizon and `tombstone_retention` (`horizon.rs`).
+//!
+//! Both give way to foreground work: the node counts its data requests in flight
+//! ([`Compaction::foreground`]) and the store's rewrite pauses while more than
+//! `busy_requests` are (`larder_store::Foreground`); the pass's thread also runs in the idle I/O
+//! class ([`IdleIo`]). `GET /internal/v1/compaction` shows what the last pass over each replica
+//! measured (garbage ratio) and how long ago it completed (the lag).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use larder_store::{CompactOptions, CompactReport};
+use larder_cluster::PartitionId;
+use larder_store::{CompactOptions, CompactReport, Foreground};
 use tokio::sync::watch;
 
 use crate::config::CompactionConfig;
+use crate::error::Error;
 
 use crate::node::blocking;
 use crate::reply::{self, Body};
 use crate::validate::now_ms;
 use crate::StorageNode;
+
+/// A node's compaction state: one pass at a time, the last pass over each replica, and the
+/// foreground load passes yield to.
+pub struct Compaction {
+    config: CompactionConfig,
+    /// Held by a pass: background and operator passes never run at once.
+    pass: Mutex<()>,
+    /// The last completed pass over each replica (absent: none since the node started).
+    replicas: Mutex<HashMap<PartitionId, LastPass>>,
+    /// Data requests in flight (counted in `routes`), which rewrites give way to.
+    pub foreground: Foreground,
+    started: Instant,
+    /// The last completed pass over the whole node.
+    last_node_pass: Mutex<Option<NodePass>>,
+}
+
+/// What one pass over every replica of the node did, in total.
+#[derive(Clone, Debug, Default)]
+struct NodePass {
+    finished_ms: u64,
+    seconds: f64,
+    /// Copy rate limit of the pass in MB/s (0: none).
+    rate_mb_per_s: u64,
+    segments_compacted: u64,
+    bytes_reclaimed: u64,
+    live_bytes_copied: u64,
+}
+
+impl NodePass {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "finished_ms": self.finished_ms,
+            "seconds": self.seconds,
+            "rate_mb_per_s": self.rate_mb_per_s,
+            "segments_compacted": self.segments_compacted,
+            "bytes_reclaimed": self.bytes_reclaimed,
+            "live_bytes_copied": self.live_bytes_copied,
+        })
+    }
+}
+
+/// What the last pass over one replica did, and when it completed.
+#[derive(Clone, Debug)]
+pub struct LastPass {
+    pub finished: Instant,
+    pub finished_ms: u64,
+    pub outcome: Result<CompactReport, String>,
+}
+
+impl LastPass {
+    /// Garbage bytes over the bytes of the replica's sealed segments, as the pass measured them
+    /// (`None` after a failed pass; 0 when there are no sealed segments).
+    pub fn garbage_ratio(&self) -> Option<f64> {
+        let report = self.outcome.as_ref().ok()?;
+        Some(match report.sealed_bytes {
+            0 => 0.0,
+            sealed => report.garbage_bytes as f64 / sealed as f64,
+        })
+    }
+}
+
+/// Locks `mutex` even if a pass panicked while holding it: no state is shared through it that
+/// a panic could leave half-changed (each value is replaced whole).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Compaction {
+    pub fn new(config: &CompactionConfig) -> Compaction {
+        Compaction {
+            config: config.clone(),
+            pass: Mutex::new(()),
+            replicas: Mutex::new(HashMap::new()),
+            foreground: Foreground::new(config.busy_requests),
+            started: Instant::now(),
+            last_node_pass: Mutex::new(None),
+        }
+    }
+
+    /// The last completed pass over `partition`.
+    pub fn last_pass(&self, partition: PartitionId) -> Option<LastPass> {
+        lock(&self.replicas).get(&partition).cloned()
+    }
+
+    /// Time since the last completed pass over `partition` (since the node started when none
+    /// has completed): grows without bound when passes stop completing.
+    pub fn lag(&self, partition: PartitionId) -> Duration {
+        match lock(&self.replicas).get(&partition) {
+            Some(last) => last.finished.elapsed(),
+            None => self.started.elapsed(),
+        }
+    }
+
+    fn record(&self, partition: PartitionId, outcome: Result<CompactReport, String>) {
+        let last = LastPass {
+            finished: Instant::now(),
+            finished_ms: now_ms(),
+            outcome,
+        };
+        lock(&self.replicas).insert(partition, last);
+    }
+}
+
+/// The pass's thread in the idle I/O class (`ioprio_set`), its old class restored on drop (the
+/// thread belongs to tokio's blocking pool and runs other work afterwards). Linux's
+/// mq-deadline and BFQ schedulers serve idle-class reads only when no other class waits (with
+/// aging, so they are never starved for good); `none` ignores it, and buffered writes are
+/// written back by the kernel's flusher threads whatever the class.
+struct IdleIo {
+    old: Option<libc::c_long>,
+}
+
+const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+const IOPRIO_CLASS_SHIFT: u32 = 13;
+
+impl IdleIo {
+    fn enter() -> IdleIo {
+        // SAFETY: plain syscalls on the calling thread (who = 0), no memory passed.
+        let old = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
+        let idle = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
+        let set = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, idle) };
+        IdleIo {
+            old: (old >= 0 && set == 0).then_some(old),
+        }
+    }
+}
+
+impl Drop for IdleIo {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            // SAFETY: as above.
+            unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, old) };
+        }
+    }
+}
 
 fn report_json(r: &CompactReport) -> serde_json::Value {
     serde_json::json!({
@@ -25,6 +173,8 @@ fn report_json(r: &CompactReport) -> serde_json::Value {
         "live_bytes_copied": r.live_bytes_copied,
         "corrupt_records_dropped": r.corrupt_records_dropped,
         "tombstones_dropped": r.tombstones_dropped,
+        "sealed_bytes": r.sealed_bytes,
+        "garbage_bytes": r.garbage_bytes,
     })
 }
 
@@ -33,11 +183,13 @@ fn pass(
     node: &StorageNode,
     opts: &CompactOptions,
 ) -> (bool, serde_json::Map<String, serde_json::Value>) {
-    // A poisoned lock only means an earlier pass panicked; passes share no state through it.
-    let _one_pass_at_a_time = node
-        .compaction
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_pass_at_a_time = lock(&node.compaction.pass);
+    let _idle_io = IdleIo::enter();
+    let started = Instant::now();
+    let mut total = NodePass {
+        rate_mb_per_s: opts.max_bytes_per_sec / 1_000_000,
+        ..NodePass::default()
+    };
     let mut partitions = serde_json::Map::new();
     let mut failed = false;
     for (partition, store) in node.partitions() {
@@ -48,10 +200,14 @@ fn pass(
             tombstone_retention_ms: node.horizons.retention_ms(),
             ..opts.clone()
         };
-        let value = match store.compact(&opts) {
+        let outcome = store.compact(&opts);
+        let value = match &outcome {
             Ok(report) => {
-                node.metrics.record_compaction(*partition, &report);
-                report_json(&report)
+                node.metrics.record_compaction(*partition, report);
+                total.segments_compacted += report.segments_compacted;
+                total.bytes_reclaimed += report.bytes_reclaimed;
+                total.live_bytes_copied += report.live_bytes_copied;
+                report_json(report)
             }
             Err(err) => {
                 tracing::warn!(partition, %err, "compaction failed");
@@ -59,8 +215,22 @@ fn pass(
                 serde_json::json!({"error": err.to_string()})
             }
         };
+        let outcome = outcome.map_err(|err| err.to_string());
+        node.compaction.record(*partition, outcome);
         partitions.insert(partition.to_string(), value);
     }
+    total.seconds = started.elapsed().as_secs_f64();
+    total.finished_ms = now_ms();
+    if total.segments_compacted > 0 {
+        tracing::info!(
+            segments = total.segments_compacted,
+            reclaimed = total.bytes_reclaimed,
+            copied = total.live_bytes_copied,
+            seconds = total.seconds,
+            "compaction pass done"
+        );
+    }
+    *lock(&node.compaction.last_node_pass) = Some(total);
     (failed, partitions)
 }
 
@@ -97,13 +267,34 @@ pub fn start(
     }))
 }
 
-pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
+/// `POST /internal/v1/compaction[?rate_mb_per_s=N]`: the copy rate limit of this pass, in
+/// MB/s (absent or 0: none).
+fn parse_rate(query: Option<&str>) -> Result<u64, Error> {
+    let mut rate = 0;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("rate_mb_per_s", value)) if value.len() <= 12 => {
+                rate = value
+                    .parse()
+                    .map_err(|_| Error::BadQuery("rate_mb_per_s is not a whole number"))?;
+            }
+            _ => return Err(Error::BadQuery("the only parameter is rate_mb_per_s")),
+        }
+    }
+    Ok(rate)
+}
+
+pub async fn compact_now(
+    node: Arc<StorageNode>,
+    query: Option<&str>,
+) -> Result<Response<Body>, Error> {
+    let rate = parse_rate(query)?;
     let outcome = blocking(move || {
         let opts = CompactOptions {
             min_garbage_ratio: 0.0,
             now_ms: now_ms(),
             seal_active: true,
-            max_bytes_per_sec: 0,
+            max_bytes_per_sec: rate.saturating_mul(1_000_000),
             // Set per replica by `pass`.
             tombstone_horizon: None,
             tombstone_retention_ms: 0,
@@ -117,5 +308,67 @@ pub async fn compact_now(node: Arc<StorageNode>) -> Response<Body> {
     } else {
         StatusCode::OK
     };
-    reply::json(status, &serde_json::json!({"partitions": partitions}))
+    Ok(reply::json(
+        status,
+        &serde_json::json!({"partitions": partitions}),
+    ))
+}
+
+/// `GET /internal/v1/compaction`: the settings, and per replica what the last pass measured.
+pub fn status(node: &StorageNode) -> Response<Body> {
+    let compaction = &node.compaction;
+    let partitions: serde_json::Map<String, serde_json::Value> = node
+        .partitions()
+        .map(|(partition, store)| {
+            let last = compaction.last_pass(*partition);
+            let mut value = serde_json::json!({
+                "bytes_on_disk": store.stats().bytes_on_disk,
+                "lag_seconds": compaction.lag(*partition).as_secs_f64(),
+                "garbage_ratio": last.as_ref().and_then(LastPass::garbage_ratio),
+                "last_pass_ms": last.as_ref().map(|l| l.finished_ms),
+            });
+            match last.map(|l| l.outcome) {
+                Some(Ok(report)) => value["last_pass"] = report_json(&report),
+                Some(Err(error)) => value["last_error"] = error.into(),
+                None => {}
+            }
+            (partition.to_string(), value)
+        })
+        .collect();
+    let config = &compaction.config;
+    reply::json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "node": node.node_id,
+            "enabled": config.enabled,
+            "interval_seconds": config.interval.as_secs_f64(),
+            "min_garbage_ratio": config.min_garbage_ratio,
+            "rate_mb_per_s": config.rate_mb_per_s,
+            "busy_requests": config.busy_requests,
+            "running": compaction.pass.try_lock().is_err(),
+            "foreground_in_flight": compaction.foreground.in_flight(),
+            "yielded_seconds": compaction.foreground.yielded().as_secs_f64(),
+            "last_pass": lock(&compaction.last_node_pass).as_ref().map(NodePass::json),
+            "partitions": partitions,
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn the_rate_parameter_is_a_whole_number_and_the_only_one() {
+        assert_eq!(parse_rate(None).unwrap(), 0);
+        assert_eq!(parse_rate(Some("rate_mb_per_s=64")).unwrap(), 64);
+        for bad in [
+            "rate_mb_per_s=-1",
+            "rate_mb_per_s=1e3",
+            "x=1",
+            "rate_mb_per_s=1111111111111",
+        ] {
+            assert!(parse_rate(Some(bad)).is_err(), "{bad}");
+        }
+    }
 }

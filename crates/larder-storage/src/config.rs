@@ -247,6 +247,10 @@ pub struct CompactionConfig {
     /// longest request deadline.
     #[serde(with = "humantime_serde")]
     pub tombstone_retention: Duration,
+    /// The node is busy while more than this many blob and document requests (from frontends,
+    /// and peers fetching blobs) are in flight: compaction then pauses between
+    /// records, for at most 90% of its time (a node that is never idle still compacts).
+    pub busy_requests: u64,
 }
 
 impl Default for CompactionConfig {
@@ -257,6 +261,7 @@ impl Default for CompactionConfig {
             min_garbage_ratio: 0.5,
             rate_mb_per_s: 64,
             tombstone_retention: Duration::from_secs(24 * 3600),
+            busy_requests: 8,
         }
     }
 }

@@ -62,6 +62,11 @@ pub struct StorageMetrics {
     compaction_bytes_reclaimed: Family<PartitionLabels, Counter>,
     compaction_segments: Family<PartitionLabels, Counter>,
     compaction_corrupt_dropped: Family<PartitionLabels, Counter>,
+    compaction_live_bytes_copied: Family<PartitionLabels, Counter>,
+    compaction_garbage_ratio: Family<PartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    compaction_garbage_bytes: Family<PartitionLabels, Gauge>,
+    compaction_lag_seconds: Family<PartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    compaction_yielded_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     certificate_reloads: Family<ReloadLabels, Counter>,
     internal_auth_refusals: Family<AuthRefusalLabels, Counter>,
 }
@@ -82,6 +87,11 @@ impl StorageMetrics {
             compaction_bytes_reclaimed: Family::default(),
             compaction_segments: Family::default(),
             compaction_corrupt_dropped: Family::default(),
+            compaction_live_bytes_copied: Family::default(),
+            compaction_garbage_ratio: Family::default(),
+            compaction_garbage_bytes: Family::default(),
+            compaction_lag_seconds: Family::default(),
+            compaction_yielded_seconds: Counter::default(),
             certificate_reloads: Family::default(),
             internal_auth_refusals: Family::default(),
             registry: Registry::default(),
@@ -146,6 +156,31 @@ impl StorageMetrics {
             "compaction_corrupt_records_dropped",
             "Records compaction dropped because their data failed its checksum",
             m.compaction_corrupt_dropped.clone(),
+        );
+        registry.register(
+            "compaction_live_bytes_copied",
+            "Bytes of live records compaction copied forward per replica",
+            m.compaction_live_bytes_copied.clone(),
+        );
+        registry.register(
+            "compaction_garbage_ratio",
+            "Garbage over the bytes of a replica's sealed segments, as the last pass measured",
+            m.compaction_garbage_ratio.clone(),
+        );
+        registry.register(
+            "compaction_garbage_bytes",
+            "Garbage bytes the last pass left in a replica's sealed segments",
+            m.compaction_garbage_bytes.clone(),
+        );
+        registry.register(
+            "compaction_lag_seconds",
+            "Seconds since the last completed compaction pass over a replica (or the node's start)",
+            m.compaction_lag_seconds.clone(),
+        );
+        registry.register(
+            "compaction_yielded_seconds",
+            "Time compaction paused for foreground requests",
+            m.compaction_yielded_seconds.clone(),
         );
         registry.register(
             "bytes_on_disk",
@@ -219,13 +254,32 @@ impl StorageMetrics {
         self.compaction_corrupt_dropped
             .get_or_create(&labels)
             .inc_by(report.corrupt_records_dropped);
+        self.compaction_live_bytes_copied
+            .get_or_create(&labels)
+            .inc_by(report.live_bytes_copied);
+        let ratio = match report.sealed_bytes {
+            0 => 0.0,
+            sealed => report.garbage_bytes as f64 / sealed as f64,
+        };
+        self.compaction_garbage_ratio
+            .get_or_create(&labels)
+            .set(ratio);
+        self.compaction_garbage_bytes
+            .get_or_create(&labels)
+            .set(i64::try_from(report.garbage_bytes).unwrap_or(i64::MAX));
     }
 
     /// Refreshes the store gauges and renders the text exposition.
     pub fn encode<'a>(
         &self,
         partitions: impl Iterator<Item = (&'a PartitionId, &'a Store)>,
+        compaction: &crate::compaction::Compaction,
     ) -> String {
+        let yielded = compaction.foreground.yielded().as_secs_f64();
+        let counted = self.compaction_yielded_seconds.get();
+        if yielded > counted {
+            self.compaction_yielded_seconds.inc_by(yielded - counted);
+        }
         let mut disks_seen: Vec<std::path::PathBuf> = Vec::new();
         for (partition, store) in partitions {
             let labels = PartitionLabels {
@@ -246,6 +300,9 @@ impl StorageMetrics {
             self.corrupt_records
                 .get_or_create(&labels)
                 .set(stats.corrupt_records_found as i64);
+            self.compaction_lag_seconds
+                .get_or_create(&labels)
+                .set(compaction.lag(*partition).as_secs_f64());
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -274,7 +331,8 @@ mod tests {
             store.delete_blob(format!("k{p}").as_bytes(), 1).unwrap();
         }
         let metrics = StorageMetrics::new();
-        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)));
+        let compaction = crate::compaction::Compaction::new(&Default::default());
+        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction);
         let journal = disk.stats().journal_syncs;
         assert!(journal >= 1);
         let line = format!(
@@ -282,7 +340,7 @@ mod tests {
         );
         assert!(text.contains(&line), "{text}");
         // Counted once per disk, not once per store on it.
-        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)));
+        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction);
         assert!(again.contains(&line), "{again}");
     }
 }

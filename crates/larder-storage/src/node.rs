@@ -25,8 +25,8 @@ pub struct StorageNode {
     stores: HashMap<PartitionId, Store>,
     /// One journal and commit thread per disk directory, shared by every replica on it.
     disks: Vec<(String, Disk)>,
-    /// Held by a compaction pass: background and operator passes never run at once.
-    pub(crate) compaction: std::sync::Mutex<()>,
+    /// Compaction passes (one at a time), what they measured, and the load they yield to.
+    pub(crate) compaction: crate::compaction::Compaction,
     /// Bounds the visit scans running at once (`visit.rs`).
     pub(crate) visit_scans: crate::visit::VisitScans,
     /// The peers' positions in this node's change feeds: the tombstone horizons.
@@ -57,7 +57,9 @@ impl StorageNode {
         if map.node(&config.node_id).is_none() {
             return Err(OpenError::NotInMap(config.node_id.clone()));
         }
-        let options = config.store.to_options()?;
+        let compaction = crate::compaction::Compaction::new(&config.compaction);
+        let mut options = config.store.to_options()?;
+        options.compaction_yields_to = Some(compaction.foreground.clone());
         let mut stores = HashMap::new();
         let mut disks: Vec<(String, Disk)> = Vec::new();
         for (partition, disk_name) in map.replicas_on(&config.node_id) {
@@ -90,7 +92,7 @@ impl StorageNode {
             clock: Clock::new(limits.max_clock_skew),
             stores,
             disks,
-            compaction: std::sync::Mutex::new(()),
+            compaction,
             visit_scans: Default::default(),
             horizons: crate::horizon::Horizons::new(
                 map,

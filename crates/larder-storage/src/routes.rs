@@ -38,10 +38,12 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         Some(InternalPath::Health) => Ok(health(&node)),
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
         Some(InternalPath::Compaction) => match *req.method() {
-            Method::POST => Ok(crate::compaction::compact_now(node).await),
-            _ => Err(Error::MethodNotAllowed("POST")),
+            Method::POST => crate::compaction::compact_now(node, req.uri().query()).await,
+            Method::GET => Ok(crate::compaction::status(&node)),
+            _ => Err(Error::MethodNotAllowed("GET or POST")),
         },
         Some(InternalPath::Blob { partition, key }) => {
+            let _busy = node.compaction.foreground.enter();
             let store = hosted(&node, partition)?;
             match *req.method() {
                 Method::PUT => blobs::put(&node, store, key.to_owned(), req).await,
@@ -53,6 +55,7 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
             }
         }
         Some(InternalPath::Doc { partition, key }) => {
+            let _busy = node.compaction.foreground.enter();
             let store = hosted(&node, partition)?;
             let key = key.to_owned();
             documents::handle(&node, store, &key, req).await
@@ -84,7 +87,8 @@ fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {
 }
 
 fn metrics(node: &StorageNode) -> Response<Body> {
-    let mut response = reply::body_response(node.metrics.encode(node.partitions()));
+    let mut response =
+        reply::body_response(node.metrics.encode(node.partitions(), &node.compaction));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),

@@ -308,6 +308,17 @@ impl Engine {
         Ok(st.queue.front().map_or(st.active.id, |q| q.loc.segment))
     }
 
+    /// Forgets `file`, a sealed segment compaction deleted after syncing its replacement: it
+    /// needs no sync any more, and every handle kept of it keeps its disk space in use (sealing
+    /// queues a sync for the next round, which never comes if the store is written no more).
+    pub(crate) fn forget_deleted_segment(&self, file: &Arc<File>) {
+        self.log
+            .lock()
+            .unsynced
+            .retain(|held| !Arc::ptr_eq(held, file));
+        self.disk.shared().forget_deleted_segment(file);
+    }
+
     /// Compaction rewrote sealed segment `segment` to `len` bytes: positions at its old end
     /// (where the log was when it was sealed) move to its new end.
     pub(crate) fn clamp_positions(&self, segment: u32, len: u64) {

@@ -99,13 +99,96 @@ fn may_drop(tomb: &Tomb, dropping: u32, opts: &CompactOptions) -> bool {
             .is_some_and(|due| due <= opts.now_ms)
 }
 
-/// Sleeps until `copied` bytes are within `rate` bytes per second of `started` (0: no limit).
-fn throttle(started: std::time::Instant, copied: u64, rate: u64) {
-    if rate == 0 {
+/// Share of a rewrite's time it may spend waiting for foreground work: a node that is never
+/// idle still compacts, at a tenth of the rate.
+const MAX_YIELD_SHARE: f64 = 0.9;
+/// How long a rewrite waits before it looks at the foreground again.
+const YIELD_STEP: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A rewrite hands its pages to the kernel's write-back every this many bytes, and waits for
+/// the previous such range to be on disk: its dirty pages stay bounded, so its final `fsync`
+/// is short and does not stall the journal's `fdatasync`s behind a segment's worth of write-back.
+const WRITEBACK_CHUNK: u64 = 8 << 20;
+
+/// How fast a rewrite may copy: `rate` bytes per second (0: no limit), counted over the time it
+/// did not spend yielding, and not while `foreground` is busy; and its write-back as it goes.
+struct Pace<'a> {
+    started: std::time::Instant,
+    rate: u64,
+    foreground: Option<&'a crate::types::Foreground>,
+    yielded: std::time::Duration,
+    /// The rewrite's file, and the end of the bytes already handed to write-back (from 0).
+    file: &'a File,
+    written_back: u64,
+}
+
+impl<'a> Pace<'a> {
+    fn new(
+        rate: u64,
+        foreground: Option<&'a crate::types::Foreground>,
+        file: &'a File,
+    ) -> Pace<'a> {
+        Pace {
+            started: std::time::Instant::now(),
+            rate,
+            foreground,
+            yielded: std::time::Duration::ZERO,
+            file,
+            written_back: 0,
+        }
+    }
+
+    /// Starts write-back of the bytes up to `end` once a chunk has gathered, after waiting for
+    /// the chunk before it. Advisory: errors are left to the final `fsync`, which is what counts.
+    fn write_back(&mut self, end: u64) {
+        use std::os::fd::AsRawFd;
+        if end < self.written_back + WRITEBACK_CHUNK {
+            return;
+        }
+        let fd = self.file.as_raw_fd();
+        let (from, len) = (self.written_back, end - self.written_back);
+        let previous = self.written_back.saturating_sub(WRITEBACK_CHUNK);
+        // SAFETY: plain syscalls on a file descriptor this rewrite owns for its whole life.
+        unsafe {
+            libc::sync_file_range(fd, from as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
+            let wait = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            // A length of 0 would mean "to the end of the file": the first chunk waits for none.
+            if from > previous {
+                libc::sync_file_range(fd, previous as i64, (from - previous) as i64, wait);
+            }
+        }
+        self.written_back = end;
+    }
+}
+
+/// Called before each record is copied, with the bytes copied so far: first gives way while the
+/// node is busy with foreground requests (one atomic load when it is not), within
+/// `MAX_YIELD_SHARE` of the time; then sleeps until `copied` is within the rate. Time spent
+/// yielding does not count toward the rate, so a rewrite never bursts to catch up afterwards.
+fn throttle(pace: &mut Pace, copied: u64) {
+    pace.write_back(FILE_HEADER_LEN + copied);
+    if let Some(foreground) = pace.foreground {
+        let waited_from = std::time::Instant::now();
+        while foreground.is_busy()
+            && pace.yielded.as_secs_f64() < MAX_YIELD_SHARE * pace.started.elapsed().as_secs_f64()
+        {
+            let step = std::time::Instant::now();
+            std::thread::sleep(YIELD_STEP);
+            pace.yielded += step.elapsed();
+        }
+        let waited = waited_from.elapsed();
+        if waited >= YIELD_STEP {
+            foreground.add_yielded(waited);
+        }
+    }
+    if pace.rate == 0 {
         return;
     }
-    let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
-    if let Some(wait) = due.checked_sub(started.elapsed()) {
+    let due = std::time::Duration::from_secs_f64(copied as f64 / pace.rate as f64);
+    let working = pace.started.elapsed().saturating_sub(pace.yielded);
+    if let Some(wait) = due.checked_sub(working) {
         std::thread::sleep(wait);
     }
 }
@@ -127,17 +210,26 @@ impl Engine {
             // longer shadows a tombstone here (segments go oldest first, and a key's older
             // puts lie in this segment or before it).
             let plan = self.plan(&seg, opts)?;
+            let payload = plan.len - FILE_HEADER_LEN;
+            let garbage = plan.garbage();
+            // What a segment left alone holds, for the report's garbage measure.
+            let left_alone = |report: &mut CompactReport| {
+                report.sealed_bytes += payload;
+                report.garbage_bytes += garbage;
+            };
             if !plan.worth_it(opts.min_garbage_ratio) {
+                left_alone(&mut report);
                 continue;
             }
-            let garbage = plan.garbage();
             // A full disk can still compact: the rewrite needs room only for the live bytes.
             if let Some(free) = crate::space::free_bytes(&self.dir) {
                 if free < plan.live_bytes() + FILE_HEADER_LEN {
+                    left_alone(&mut report);
                     continue;
                 }
             }
             self.rewrite(&seg, &plan, opts.max_bytes_per_sec)?;
+            report.sealed_bytes += plan.live_bytes();
             report.segments_compacted += 1;
             report.bytes_reclaimed += garbage;
             report.live_bytes_copied += plan.live_bytes();
@@ -279,6 +371,8 @@ impl Engine {
         self.fail_point(2)?;
         std::fs::remove_file(self.dir.join(segment_file_name(seg.id, seg.gen)))?;
         sync_dir(&self.dir).map_err(io_error)?;
+        // Held for a sync (by the log or the journal), the deleted file's space stays in use.
+        self.forget_deleted_segment(&seg.file);
         self.fail_point(3)?;
         let new = Segment {
             id: seg.id,
@@ -318,10 +412,10 @@ impl Engine {
         file.write_all_at(&encode_file_header(seg.id, header), 0)?;
         let mut at = FILE_HEADER_LEN;
         let mut moved = Vec::with_capacity(plan.keep.len());
-        let started = std::time::Instant::now();
+        let mut pace = Pace::new(rate, self.opts.compaction_yields_to.as_ref(), file);
         let mut copied = 0u64;
         for k in &plan.keep {
-            throttle(started, copied, rate);
+            throttle(&mut pace, copied);
             let bytes =
                 crate::segment::read_exact_at(&seg.file, k.start, (k.end - k.start) as usize)?;
             // Verified again as read now: what is copied is exactly what passed its checksums.

@@ -54,6 +54,10 @@ pub(crate) struct Shared {
     sync_threads: Mutex<Vec<std::thread::ThreadId>>,
     journal_syncs: AtomicU64,
     segment_syncs: AtomicU64,
+    /// Segment files with records in the current journal file: all must be synced before it
+    /// goes. Shared (not the commit thread's own) so that compaction can drop a file it deleted:
+    /// held here, its disk space would not come back until the journal file rotates.
+    touched: Mutex<HashMap<usize, Arc<File>>>,
     rounds: AtomicU64,
     opts: DiskOptions,
     /// Faults of the disk itself (the stores' own fault points are consulted too).
@@ -84,6 +88,7 @@ impl Disk {
             sync_threads: Mutex::new(Vec::new()),
             journal_syncs: AtomicU64::new(0),
             segment_syncs: AtomicU64::new(0),
+            touched: Mutex::new(HashMap::new()),
             rounds: AtomicU64::new(0),
             opts,
             #[cfg(test)]
@@ -204,6 +209,12 @@ impl Shared {
         }
     }
 
+    /// Forgets `file`, a segment compaction deleted after syncing its replacement: no journal
+    /// frame needs to replay into it any more (replay skips frames whose segment is gone).
+    pub(crate) fn forget_deleted_segment(&self, file: &Arc<File>) {
+        self.touched.lock().remove(&(Arc::as_ptr(file) as usize));
+    }
+
     pub(crate) fn sync_segment(&self, file: &File) -> io::Result<()> {
         self.segment_syncs.fetch_add(1, Ordering::Relaxed);
         fdatasync(file)
@@ -216,8 +227,6 @@ struct JournalFile {
     number: u32,
     file: Arc<File>,
     len: u64,
-    /// Segment files with records in this journal file: all must be synced before it goes.
-    touched: HashMap<usize, Arc<File>>,
     _lock: File,
 }
 
@@ -229,17 +238,17 @@ impl JournalFile {
             number,
             file,
             len: FILE_HEADER_LEN,
-            touched: HashMap::new(),
             _lock: lock,
         })
     }
 
     /// Syncs every segment file this journal file covers: after that nothing needs it.
     fn sync_touched(&mut self, shared: &Shared) -> io::Result<()> {
-        for file in self.touched.values() {
+        let mut touched = shared.touched.lock();
+        for file in touched.values() {
             shared.sync_segment(file)?;
         }
-        self.touched.clear();
+        touched.clear();
         Ok(())
     }
 
@@ -257,8 +266,9 @@ impl JournalFile {
     }
 
     /// Appends one frame per batch with one `pwritev` (no copy of the batches).
-    fn append(&mut self, rounds: &[(Arc<Engine>, Collected)]) -> io::Result<()> {
+    fn append(&mut self, shared: &Shared, rounds: &[(Arc<Engine>, Collected)]) -> io::Result<()> {
         let mut heads = Vec::new();
+        let mut touched = shared.touched.lock();
         for (engine, collected) in rounds {
             for frame in &collected.frames {
                 let target = Target {
@@ -267,11 +277,12 @@ impl JournalFile {
                     offset: frame.offset,
                 };
                 heads.push(encode_frame_head(&target, &frame.bytes));
-                self.touched
+                touched
                     .entry(Arc::as_ptr(&frame.file) as usize)
                     .or_insert_with(|| frame.file.clone());
             }
         }
+        drop(touched);
         if heads.is_empty() {
             return Ok(());
         }
@@ -424,7 +435,7 @@ fn write_round(
     if journal.len >= shared.opts.journal_file_size {
         journal.rotate(shared)?;
     }
-    journal.append(collected)
+    journal.append(shared, collected)
 }
 
 /// What the sync threads share: the written rounds to take, and the synced ones waiting for

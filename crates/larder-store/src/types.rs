@@ -36,6 +36,8 @@ pub struct Options {
     /// Blob and document puts are refused with [`Error::OutOfSpace`] while the filesystem has
     /// less than this many bytes free (deletes and removes are not). 0: no reserve.
     pub min_free_space: u64,
+    /// Foreground work compaction gives way to (none: compaction only keeps its rate limit).
+    pub compaction_yields_to: Option<Foreground>,
 }
 
 impl Default for Options {
@@ -47,6 +49,7 @@ impl Default for Options {
             checkpoint_every_records: 100_000,
             durability: Durability::Durable,
             min_free_space: 0,
+            compaction_yields_to: None,
         }
     }
 }
@@ -269,6 +272,11 @@ pub struct CompactReport {
     /// Tombstones dropped from the log and the index (past the horizon and the retention, and
     /// shadowing no put left in the log).
     pub tombstones_dropped: u64,
+    /// What the pass measured of the sealed segments it looked at, as they are after it: their
+    /// record bytes (segment headers excluded), and how many of those are garbage (in segments
+    /// it left alone: below the threshold, or no room to rewrite them).
+    pub sealed_bytes: u64,
+    pub garbage_bytes: u64,
 }
 
 /// Options for [`crate::Disk::open`].
@@ -329,4 +337,61 @@ pub struct Stats {
     /// This replica's incarnation: made when its directory was created, so a rebuilt replica
     /// (new directory) has a new one and its peers' cursors restart from the beginning.
     pub incarnation: u64,
+}
+
+/// Foreground work that compaction gives way to ([`Options::compaction_yields_to`]): its owner
+/// (the storage node) counts the requests it is serving; while more than `busy_above` are in
+/// flight, a rewrite waits before copying its next record, for at most 90% of its time, so that a
+/// node that is never idle still compacts at a tenth of its rate. Clones share the counters.
+#[derive(Clone, Debug, Default)]
+pub struct Foreground {
+    in_flight: Arc<std::sync::atomic::AtomicU64>,
+    yielded_us: Arc<std::sync::atomic::AtomicU64>,
+    busy_above: u64,
+}
+
+/// One foreground request in flight, counted until dropped ([`Foreground::enter`]).
+#[must_use = "the request counts only while the guard lives"]
+pub struct InFlight(Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Foreground {
+    /// Busy while more than `busy_above` requests are in flight.
+    pub fn new(busy_above: u64) -> Foreground {
+        Foreground {
+            busy_above,
+            ..Foreground::default()
+        }
+    }
+
+    /// Counts a request in flight until the guard is dropped.
+    pub fn enter(&self) -> InFlight {
+        self.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InFlight(self.in_flight.clone())
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.in_flight() > self.busy_above
+    }
+
+    /// Total time compactions waited for foreground work.
+    pub fn yielded(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.yielded_us.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn add_yielded(&self, waited: std::time::Duration) {
+        let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.yielded_us
+            .fetch_add(us, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -211,6 +211,7 @@ fn plan(
                 time_ms,
                 size,
                 loc,
+                ..
             }) => {
                 bytes = bytes.saturating_add(*size);
                 let live = Planned::Live {
@@ -219,7 +220,7 @@ fn plan(
                 };
                 (*version, *time_ms, live)
             }
-            Some(DocState::Removed { version, time_ms }) => (*version, *time_ms, Planned::Removed),
+            Some(DocState::Removed { version, tomb }) => (*version, tomb.time_ms, Planned::Removed),
             None => {
                 dropped.push(pos.clone());
                 continue;

@@ -181,6 +181,7 @@ fn opts() -> Options {
         checkpoint_every_records: 7,
         durability: Durability::Durable,
         min_free_space: 0,
+        compaction_yields_to: None,
     }
 }
 

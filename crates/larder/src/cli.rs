@@ -55,6 +55,9 @@ enum Command {
     Feed(crate::feed::FeedArgs),
     /// Visit documents from a /document/v1 endpoint in parallel slices, as JSON lines.
     Visit(crate::visit::VisitArgs),
+    /// A storage node's compaction: garbage per replica, and compacting it now.
+    #[command(subcommand)]
+    Compaction(crate::compaction_cmd::CompactionCommand),
 }
 
 #[derive(Subcommand)]
@@ -116,6 +119,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Delete(args) => crate::blob_cmd::delete(args),
         Command::Feed(args) => std::process::exit(crate::feed::run(args)?),
         Command::Visit(args) => std::process::exit(crate::visit::run(args)?),
+        Command::Compaction(command) => crate::compaction_cmd::run(command),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Issue 14: compaction's throughput, and what it costs foreground traffic.
+#
+# Three storage nodes (12 partitions x 3 replicas: every node holds a replica of everything) and a
+# frontend, all on this machine's disk; background compaction off, so passes run only when this
+# script asks (`larder compaction run`, which the operator uses too).
+#  1. Throughput: MIB blobs of 1 MiB are uploaded and 2 of every 3 deleted; each node in turn is
+#     compacted with no rate limit. Per node: MB/s of live data copied and MB/s of garbage
+#     reclaimed (the pass's own totals and duration, from `larder compaction status --json`), next
+#     to dd writing and fdatasyncing the same number of bytes as were copied, in the same run.
+#  2. The default rate: the same again (fresh garbage), all three nodes compacting at once at the
+#     default `[compaction] rate_mb_per_s` while h2load sends 1 KiB GETs and 1 KiB PUTs at a fixed
+#     rate (RPS each, one connection each); the p99 of the requests that started while every node
+#     was compacting, next to the same load with no compaction just before. And MB/s reclaimed per
+#     node at the default rate.
+# Usage: run.sh [--smoke]   (--smoke: a few MiB, 1 s loads, results to a temp file)
+# Knobs: MIB (default 600), DURATION (s per load, default 8), RPS (default 300), BUSY_REQUESTS
+# (the nodes' [compaction] busy_requests; default: theirs), OUT.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+source benchmarks/lib.sh
+
+mib=${MIB:-600}; duration=${DURATION:-8}; rps=${RPS:-300}; out=${OUT:-$here/RESULTS.md}
+if [ "${1:-}" = "--smoke" ]; then mib=12; duration=1; rps=50; out=$(mktemp); fi
+
+STORAGE_EXTRA=$'[compaction]\nenabled = false'${BUSY_REQUESTS:+$'\nbusy_requests = '$BUSY_REQUESTS}
+bench_build
+work=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/bench-compaction.XXXX")
+trap 'stop_all "$work"; rm -rf "$work"' EXIT
+start_cluster "$work" 3 12
+port=$(free_port)
+start_frontend "$work" frontend "$port"
+url="http://127.0.0.1:$port"
+default_rate=$("$LARDER" config defaults | awk '/^rate_mb_per_s/ {print $3; exit}')
+
+# fill COUNT: uploads COUNT distinct 1 MiB blobs (8 at a time, each answer to its own file), then
+# deletes 2 of every 3.
+fill() {
+  rm -rf "$work/answers" && mkdir "$work/answers"
+  seq 1 "$1" | xargs -P 8 -I{} sh -c \
+    "head -c 1048576 /dev/urandom | curl -sS --http2-prior-knowledge --data-binary @- -o '$work/answers/{}' '$url/v1/blobs'"
+  cat "$work"/answers/* | python3 -c 'import sys,re,json; [print(m) for m in re.findall(r"\"id\":\"([^\"]+)\"", sys.stdin.read())]' > "$work/ids"
+  awk 'NR % 3 != 0' "$work/ids" | xargs -P 8 -I{} curl -sS -o /dev/null -X DELETE "$url/v1/blobs/{}"
+}
+
+compact() { # NODE [RATE]
+  "$LARDER" compaction run --config "$work/s1.toml" --node "$1" ${2:+--rate "$2"} > /dev/null
+}
+
+# last_pass NODE: "seconds reclaimed_bytes copied_bytes" of the node's last pass.
+last_pass() {
+  "$LARDER" compaction status --config "$work/s1.toml" --node "$1" --json \
+    | python3 -c 'import sys,json; p=json.load(sys.stdin)["last_pass"]; print(p["seconds"], p["bytes_reclaimed"], p["live_bytes_copied"])'
+}
+
+mbps() { python3 -c "print(f'{float(\"$1\") / 1e6 / max(float(\"$2\"), 1e-9):.1f}')"; }
+
+# --- 1. throughput, one node at a time, no rate limit ---
+fill "$mib"
+rows_throughput=()
+copied_total=0
+for n in s1 s2 s3; do
+  compact "$n"
+  read -r secs reclaimed copied < <(last_pass "$n")
+  copied_total=$((copied_total + copied))
+  rows_throughput+=("| $n | $(python3 -c "print(f'{$secs:.2f}')") | $((copied / 1000000)) | $((reclaimed / 1000000)) | **$(mbps "$copied" "$secs")** | **$(mbps "$reclaimed" "$secs")** |")
+done
+dd_mib=$((copied_total / 3 / 1048576 + 1))
+dd_rate=$(dd if=/dev/zero of="$work/dd.bin" bs=1M count="$dd_mib" conv=fdatasync 2>&1 | awk -F', ' '/copied/ {print $NF}')
+rm -f "$work/dd.bin"
+
+# --- 2. foreground latency without and with compaction at the default rate ---
+head -c 1024 /dev/urandom > "$work/1k"
+get_id=$(upload_blob "$work/1k" "$url/v1/blobs")
+load() { # NAME: GET and PUT 1 KiB at RPS each for DURATION s, at the same time
+  h2load -c 1 -m 64 --rps "$rps" -D "$duration" --log-file "$work/$1.get.log" \
+    "$url/v1/blobs/$get_id" > "$work/$1.get.out" 2>&1 &
+  local g=$!
+  h2load -c 1 -m 64 --rps "$rps" -D "$duration" --log-file "$work/$1.put.log" \
+    -d "$work/1k" "$url/v1/blobs" > "$work/$1.put.out" 2>&1 || true
+  wait "$g" || true
+}
+# p99 (ms) and count of the requests in LOG that started between FROM and TO (s since epoch).
+p99() {
+  python3 - "$1" "${2:-0}" "${3:-1e12}" <<'PY'
+import math, sys
+lo, hi = float(sys.argv[2]) * 1e6, float(sys.argv[3]) * 1e6
+lat = sorted(int(c[2]) / 1000 for c in (l.split("\t") for l in open(sys.argv[1]) if l.strip())
+             if lo <= int(c[0]) <= hi and c[1].startswith("2"))
+p = lat[min(len(lat) - 1, max(0, math.ceil(0.99 * len(lat)) - 1))] if lat else float("nan")
+print(f"{p:.2f} {len(lat)}")
+PY
+}
+# Write-back of what came before (dd, the rewrites, the uploads) must not land in a measurement.
+settle() { sync; sleep 2; }
+settle
+load idle
+fill "$mib"
+settle
+began=$(date +%s.%N)
+pass_pids=()
+for n in s1 s2 s3; do
+  ( compact "$n" "$default_rate"; date +%s.%N > "$work/$n.ended" ) &
+  pass_pids+=($!)
+done
+load busy
+for p in "${pass_pids[@]}"; do wait "$p"; done
+first_end=$(sort -n "$work"/s?.ended | head -1)
+settle
+load after
+rows_default=()
+for n in s1 s2 s3; do
+  read -r secs reclaimed copied < <(last_pass "$n")
+  rows_default+=("| $n | $(python3 -c "print(f'{$secs:.2f}')") | $((reclaimed / 1000000)) | **$(mbps "$reclaimed" "$secs")** | $(mbps "$copied" "$secs") |")
+done
+read -r before_get n_idle_get < <(p99 "$work/idle.get.log")
+read -r before_put n_idle_put < <(p99 "$work/idle.put.log")
+read -r after_get _ < <(p99 "$work/after.get.log")
+read -r after_put _ < <(p99 "$work/after.put.log")
+# The stricter reference: the lower p99 of the runs without compaction (before and after).
+lower() { python3 -c "print(f'{min(float(\"$1\"), float(\"$2\")):.2f}')"; }
+idle_get=$(lower "$before_get" "$after_get")
+idle_put=$(lower "$before_put" "$after_put")
+read -r busy_get n_busy_get < <(p99 "$work/busy.get.log" "$began" "$first_end")
+read -r busy_put n_busy_put < <(p99 "$work/busy.put.log" "$began" "$first_end")
+ratio() { python3 -c "a, b = float('$1'), float('$2'); print(f'{a / b:.2f}' if b > 0 else '-')"; }
+window=$(python3 -c "print(f'{$first_end - $began:.1f}')")
+
+{
+  echo "# Compaction: throughput, and foreground p99 while it runs"
+  echo
+  echo "Three storage nodes and a frontend on one machine (12 partitions x 3 replicas, so every node"
+  echo "holds every blob; durable writes), data on the disk below. $mib blobs of 1 MiB uploaded, 2 of"
+  echo "every 3 deleted, then compacted with \`larder compaction run\`; figures per node are the pass's"
+  echo "own totals and duration (scan, verified copy, syncs, swap). The machine is shared and small:"
+  echo "the run is noisy; read ratios, not absolute numbers."
+  echo
+  echo "## Machine"
+  machine_description "$work"
+  echo
+  echo "## Command"
+  echo '```'
+  echo "MIB=$mib DURATION=$duration RPS=$rps ${BUSY_REQUESTS:+BUSY_REQUESTS=$BUSY_REQUESTS }benchmarks/compaction/run.sh"
+  echo '```'
+  echo
+  echo "## 1. Throughput, no rate limit, one node at a time"
+  echo
+  echo "| node | pass s | live MB copied | garbage MB reclaimed | live copied MB/s | garbage reclaimed MB/s |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+  printf '%s\n' "${rows_throughput[@]}"
+  echo
+  echo "dd of the bytes one node copied ($dd_mib MiB, bs=1M, conv=fdatasync), same disk, same run: **$dd_rate**"
+  echo
+  echo "## 2. At the default rate ($default_rate MB/s), all three nodes at once, under load"
+  echo
+  echo "| node | pass s | garbage MB reclaimed | garbage reclaimed MB/s | live copied MB/s |"
+  echo "| --- | ---: | ---: | ---: | ---: |"
+  printf '%s\n' "${rows_default[@]}"
+  echo
+  echo "Foreground: h2load, one connection per load, $rps req/s of 1 KiB GETs and $rps req/s of 1 KiB PUTs"
+  echo "at the same time for $duration s; \"compacting\" counts only the requests that started while all"
+  echo "three nodes were compacting (the first ${window} s of the load). The same load ran without"
+  echo "compaction before and after (\`sync\` and 2 s of rest before each load); the ratio is to the lower"
+  echo "of those two p99s."
+  echo
+  echo "| load | p99 ms, no compaction (before / after) | requests | p99 ms, compacting | requests | ratio |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+  echo "| GET 1 KiB | $before_get / $after_get | $n_idle_get | $busy_get | $n_busy_get | **$(ratio "$busy_get" "$idle_get")** |"
+  echo "| PUT 1 KiB | $before_put / $after_put | $n_idle_put | $busy_put | $n_busy_put | **$(ratio "$busy_put" "$idle_put")** |"
+  echo
+  echo "Targets (issue 14): foreground p99 ≤ 1.5x while compacting at the default rate; the default"
+  echo "rate reclaims ≥ 50 MB/s of garbage on this machine."
+} > "$out"
+cat "$out"
