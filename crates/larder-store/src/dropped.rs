@@ -50,6 +50,12 @@ pub(crate) fn save(dir: &Path, seq: u64) -> io::Result<()> {
 /// (it is written atomically, so only the disk damaged it) counts as "everything up to
 /// `last_seq` may have been dropped": stricter, never laxer.
 pub(crate) fn load(dir: &Path, last_seq: u64) -> io::Result<u64> {
+    // A save cut short by a crash: the rename never happened, so the file it would have
+    // replaced still holds the truth.
+    match std::fs::remove_file(dir.join(TMP_NAME)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     match std::fs::read(dir.join(DROPPED_FILE)) {
         Ok(bytes) => Ok(decode(&bytes).unwrap_or_else(|| {
             tracing::warn!(dir = %dir.display(), "tombstones.dropped is corrupt; assuming every tombstone was dropped");
@@ -73,5 +79,14 @@ mod tests {
         bytes[9] ^= 1;
         std::fs::write(&path, bytes).unwrap();
         assert_eq!(super::load(dir.path(), 9).unwrap(), 9);
+    }
+
+    #[test]
+    fn a_save_cut_short_leaves_nothing_behind_once_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        super::save(dir.path(), 7).unwrap();
+        std::fs::write(dir.path().join(super::TMP_NAME), b"half").unwrap();
+        assert_eq!(super::load(dir.path(), 9).unwrap(), 7);
+        assert!(!dir.path().join(super::TMP_NAME).exists());
     }
 }

@@ -126,7 +126,10 @@ fn compact_forever(stores: &[Store]) {
                 })
                 .unwrap();
             assert_eq!(report.corrupt_records_dropped, 0);
-            say(format!("DONE {pass} {s} {}", report.segments_compacted));
+            say(format!(
+                "DONE {pass} {s} {} {}",
+                report.segments_compacted, report.tombstones_dropped
+            ));
         }
     }
 }
@@ -138,6 +141,8 @@ fn child_writer(stores: &[Store], round: u64, t: usize) {
         // Deletes are frequent, so that most segments are mostly garbage.
         if rng.random_range(0..3) == 0 && !mine.is_empty() {
             let (s, key) = mine.swap_remove(rng.random_range(0..mine.len()));
+            // Announced first: a delete the kill cuts short may still be durable.
+            say(format!("DEL {s} {key}"));
             stores[s].delete_blob(key.as_bytes(), i).unwrap();
             say(format!("ACK DEL {s} {key}"));
             continue;
@@ -174,8 +179,11 @@ fn child_writer(stores: &[Store], round: u64, t: usize) {
 struct Seen {
     puts: Vec<(usize, String)>,
     dels: Vec<(usize, String)>,
+    /// Deletes begun, acknowledged or not.
+    deleting: std::collections::HashSet<(usize, String)>,
     killed_mid_pass: bool,
     segments_compacted: u64,
+    tombstones_dropped: u64,
 }
 
 impl Seen {
@@ -190,10 +198,14 @@ impl Seen {
         match parts[..] {
             ["ACK", "PUT", s, key] => self.puts.push((s.parse().unwrap(), key.to_owned())),
             ["ACK", "DEL", s, key] => self.dels.push((s.parse().unwrap(), key.to_owned())),
+            ["DEL", s, key] => {
+                self.deleting.insert((s.parse().unwrap(), key.to_owned()));
+            }
             ["PASS", ..] => self.killed_mid_pass = true,
-            ["DONE", _, _, compacted] => {
+            ["DONE", _, _, compacted, tombstones] => {
                 self.killed_mid_pass = false;
                 self.segments_compacted += compacted.parse::<u64>().unwrap();
+                self.tombstones_dropped += tombstones.parse::<u64>().unwrap();
             }
             _ => panic!("bad line {line:?}"),
         }
@@ -244,8 +256,10 @@ fn verify(root: &Path, stores: &[Store], seen: &Seen) {
                     content(key.as_bytes(), blob_size(key))
                 );
             }
-            // Deleted by us (acknowledged, or cut short by the kill after it was durable).
+            // Deleted by us (acknowledged, or cut short by the kill after it was durable); once
+            // its tombstone is dropped, not found at all.
             BlobLookup::Deleted { .. } => {}
+            BlobLookup::NotFound if seen.deleting.contains(entry) => {}
             // Expired blobs are dropped by compaction; no other put may go missing.
             BlobLookup::NotFound if key.starts_with("x/") => {}
             other => panic!("acknowledged put {key} on store {s} lost: {other:?}"),
@@ -254,7 +268,7 @@ fn verify(root: &Path, stores: &[Store], seen: &Seen) {
     for (s, key) in &seen.dels {
         let found = stores[*s].get_blob(key.as_bytes(), 0).unwrap();
         assert!(
-            matches!(found, BlobLookup::Deleted { .. }),
+            matches!(found, BlobLookup::Deleted { .. } | BlobLookup::NotFound),
             "acknowledged delete {key} on store {s} lost: {found:?}"
         );
     }
@@ -297,6 +311,10 @@ fn sigkill_mid_compaction_loses_nothing() {
         seen.puts.len(),
         seen.dels.len(),
         seen.segments_compacted
+    );
+    assert!(
+        seen.tombstones_dropped > 0,
+        "no pass dropped a tombstone: the kills never met the drop rule"
     );
     assert!(
         seen.segments_compacted >= 20,
