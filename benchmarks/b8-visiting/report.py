@@ -40,7 +40,7 @@ def targets(rows):
     print()
     print("Streaming vs non-streamed, `larder visit` (target >= 1.5x at 20 ms):")
     print()
-    print("| added RTT | " + " | ".join(f"{n} slices" for n in slices) + " |")
+    print("| added RTT | " + " | ".join(f"{n} slice{'s' if n > 1 else ''}" for n in slices) + " |")
     print("| --- |" + " ---: |" * len(slices))
     for rtt in rtts:
         cells = [ratio(by.get(("larder", rtt, n, True)), by.get(("larder", rtt, n, False))) for n in slices]
@@ -59,7 +59,7 @@ def targets(rows):
         print()
         print("`larder visit` vs `vespa visit`, same slices and stream setting (target >= 2x):")
         print()
-        print("| added RTT | stream | " + " | ".join(f"{n} slices" for n in slices) + " |")
+        print("| added RTT | stream | " + " | ".join(f"{n} slice{'s' if n > 1 else ''}" for n in slices) + " |")
         print("| --- | --- |" + " ---: |" * len(slices))
         for rtt in rtts:
             for stream in (True, False):

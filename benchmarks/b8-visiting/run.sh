@@ -96,21 +96,25 @@ visit_once() {
   rx0=$(rx_bytes); t0=$(date +%s.%N)
   if [ "$client" = larder ]; then
     docs_seen=$(ip netns exec "$ns_f" "$larder" visit --endpoint "$endpoint" --slices "$slices" \
-      --stream "$stream" --json 2>"$work/summary.json" | wc -l)
+      --stream "$stream" --json 2>"$work/summary.json" | wc -l) ||
+      { cat "$work/summary.json" >&2; return 1; }
   else
     local flag=(); [ "$stream" = true ] && flag=(--stream)
     docs_seen=$(
       for i in $(seq 0 $((slices - 1))); do
         local sl=(); [ "$slices" -gt 1 ] && sl=(--slices "$slices" --slice-id "$i")
         ip netns exec "$ns_f" env VESPA_CLI_HOME="$work/vespa-home" VESPA_CLI_CACHE_DIR="$work/vespa-home" \
-          NO_COLOR=1 "$vespa" visit -t "$endpoint" "${sl[@]}" "${flag[@]}" 2>>"$work/vespa.log" &
+          NO_COLOR=1 "$vespa" visit -t "${endpoint%/}" "${sl[@]}" "${flag[@]}" 2>>"$work/vespa.log" &
       done | wc -l)
+    # The Go binary's exit statuses are lost in the background; a short count shows a failure.
+    [ "$docs_seen" = "$docs" ] || cat "$work/vespa.log" >&2
   fi
   t1=$(date +%s.%N); rx1=$(rx_bytes)
+  local seconds; seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", b - a}')
   local body=null
   [ "$client" = larder ] && body=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes"])' "$work/summary.json")
-  echo "{\"client\":\"$client\",\"stream\":$stream,\"slices\":$slices,\"rtt\":$rtt,\"docs\":$docs_seen,\"seconds\":$(echo "$t1 - $t0" | bc -l),\"wire\":$((rx1 - rx0)),\"body\":$body}" >> "$results"
-  echo "  $client stream=$stream slices=$slices rtt=$rtt: $docs_seen docs in $(echo "$t1 - $t0" | bc -l | cut -c1-6) s" >&2
+  echo "{\"client\":\"$client\",\"stream\":$stream,\"slices\":$slices,\"rtt\":$rtt,\"docs\":$docs_seen,\"seconds\":$seconds,\"wire\":$((rx1 - rx0)),\"body\":$body}" >> "$results"
+  echo "  $client stream=$stream slices=$slices rtt=$rtt: $docs_seen docs in $seconds s" >&2
 }
 
 mkdir -p "$work/vespa-home"
