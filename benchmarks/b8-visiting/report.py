@@ -18,13 +18,15 @@ def load(path):
 
 
 def table(rows, docs):
-    print("| client | added RTT | slices | stream | documents | seconds | docs/s | wire Gbps | body Gbps |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| client | added RTT | slices | stream | documents | seconds | docs/s | wire Gbps | body Gbps | client CPU s | client CPU ms per 1,000 docs |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in sorted(rows, key=lambda r: (r["client"], r["rtt"], r["slices"], not r["stream"])):
         body = "" if r["body_gbps"] is None else f"{r['body_gbps']:.3f}"
         flag = "" if r["docs"] == docs else " (incomplete)"
+        cpu = r.get("cpu")
+        cpu_cells = "| | |" if cpu is None else f"| {cpu:.2f} | {cpu / max(r['docs'], 1) * 1e6:.1f} |"
         print(f"| {r['client']} visit | {r['rtt']} ms | {r['slices']} | {str(r['stream']).lower()} "
-              f"| {r['docs']}{flag} | {r['seconds']:.2f} | {r['docs_s']:,.0f} | {r['wire_gbps']:.3f} | {body} |")
+              f"| {r['docs']}{flag} | {r['seconds']:.2f} | {r['docs_s']:,.0f} | {r['wire_gbps']:.3f} | {body} {cpu_cells}")
 
 
 def ratio(a, b):

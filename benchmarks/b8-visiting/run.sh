@@ -26,7 +26,7 @@ size=${SIZE:-1024}
 rtts=${RTTS:-"0 20"}
 slice_counts=${SLICES:-"1 2 4 8"}
 out=${OUT:-$here/RESULTS.md}
-plot="$here/b8-visiting.svg"
+plot="$(dirname "$out")/b8-visiting.svg"
 smoke=0
 if [ "${1:-}" = "--smoke" ]; then
   smoke=1; docs=300; rtts=0; slice_counts=2; out=$(mktemp); plot=$(mktemp --suffix .svg)
@@ -94,6 +94,7 @@ results="$work/results.jsonl"
 visit_once() {
   local client=$1 stream=$2 slices=$3 rtt=$4 rx0 rx1 t0 t1 docs_seen
   rx0=$(rx_bytes); t0=$(date +%s.%N)
+  times > "$work/times.0" # the shell's builtin: CPU of its waited-for children so far
   if [ "$client" = larder ]; then
     docs_seen=$(ip netns exec "$ns_f" "$larder" visit --endpoint "$endpoint" --slices "$slices" \
       --stream "$stream" --json 2>"$work/summary.json" | wc -l) ||
@@ -101,19 +102,26 @@ visit_once() {
   else
     local flag=(); [ "$stream" = true ] && flag=(--stream)
     docs_seen=$(
+      {
       for i in $(seq 0 $((slices - 1))); do
         local sl=(); [ "$slices" -gt 1 ] && sl=(--slices "$slices" --slice-id "$i")
         ip netns exec "$ns_f" env VESPA_CLI_HOME="$work/vespa-home" VESPA_CLI_CACHE_DIR="$work/vespa-home" \
           NO_COLOR=1 "$vespa" visit -t "${endpoint%/}" "${sl[@]}" "${flag[@]}" 2>>"$work/vespa.log" &
-      done | wc -l)
+      done
+      wait # so that their CPU counts as this subshell's children's
+      } | wc -l)
     # The Go binary's exit statuses are lost in the background; a short count shows a failure.
     [ "$docs_seen" = "$docs" ] || cat "$work/vespa.log" >&2
   fi
+  times > "$work/times.1"
   t1=$(date +%s.%N); rx1=$(rx_bytes)
+  local cpu; cpu=$(awk 'FNR == 2 {
+      for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); s[FILENAME] += t[1] * 60 + t[2] } }
+    END { printf "%.3f", s[ARGV[2]] - s[ARGV[1]] }' "$work/times.0" "$work/times.1")
   local seconds; seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", b - a}')
   local body=null
   [ "$client" = larder ] && body=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes"])' "$work/summary.json")
-  echo "{\"client\":\"$client\",\"stream\":$stream,\"slices\":$slices,\"rtt\":$rtt,\"docs\":$docs_seen,\"seconds\":$seconds,\"wire\":$((rx1 - rx0)),\"body\":$body}" >> "$results"
+  echo "{\"client\":\"$client\",\"stream\":$stream,\"slices\":$slices,\"rtt\":$rtt,\"docs\":$docs_seen,\"seconds\":$seconds,\"cpu\":$cpu,\"wire\":$((rx1 - rx0)),\"body\":$body}" >> "$results"
   echo "  $client stream=$stream slices=$slices rtt=$rtt: $docs_seen docs in $seconds s" >&2
 }
 
