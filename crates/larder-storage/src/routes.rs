@@ -55,7 +55,7 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         Some(InternalPath::Doc { partition, key }) => {
             let store = hosted(&node, partition)?;
             let key = key.to_owned();
-            documents::handle(&node, store, &key, req).await
+            documents::handle(&node, store, partition, &key, req).await
         }
         Some(InternalPath::Changes { partition }) => {
             let store = hosted(&node, partition)?;
