@@ -26,7 +26,12 @@ impl ClusterMap {
         let primary = self.primary_of(partition, dc)?;
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for replica in &self.partition(partition)?.replicas {
-            for byte in replica.node.bytes().chain([b'/']).chain(replica.disk.bytes()) {
+            for byte in replica
+                .node
+                .bytes()
+                .chain([b'/'])
+                .chain(replica.disk.bytes())
+            {
                 hash ^= u64::from(byte);
                 hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
             }

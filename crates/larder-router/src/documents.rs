@@ -212,7 +212,11 @@ impl DocRouter {
             }
             status => {
                 let message = refusal_message(response, deadline).await;
-                return Err(write_failure(0, quorum, &[(primary, Some(status), message)]));
+                return Err(write_failure(
+                    0,
+                    quorum,
+                    &[(primary, Some(status), message)],
+                ));
             }
         }
         if let Some(newer) = version_header(&response).filter(|v| *v > version) {
@@ -245,7 +249,10 @@ impl DocRouter {
     fn primary(&self, partition: PartitionId) -> Result<(String, String), DocError> {
         let map = self.router.map();
         let dc = self.router.datacenter();
-        match (map.primary_of(partition, dc), map.primary_fence(partition, dc)) {
+        match (
+            map.primary_of(partition, dc),
+            map.primary_fence(partition, dc),
+        ) {
             (Some(node), Some(fence)) => Ok((node.to_owned(), fence)),
             _ => Err(DocError::Unavailable(format!(
                 "partition {partition} has no replica in datacenter {dc}"

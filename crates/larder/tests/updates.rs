@@ -73,7 +73,11 @@ async fn increment(addr: SocketAddr, tally: Arc<Tally>) {
             acknowledged += 1;
             tally.acknowledged.fetch_add(1, Ordering::SeqCst);
         } else {
-            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "only 503s are retried");
+            assert_eq!(
+                status,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "only 503s are retried"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -108,7 +112,12 @@ async fn create_counter(addr: SocketAddr) {
 fn counter_primary(cluster: &Cluster) -> (u32, usize) {
     let partition = partition_for_key(COUNTER_ID.as_bytes(), cluster.map.partitions.len() as u32);
     let primary = cluster.map.primary_of(partition, "dc1").unwrap();
-    let index = cluster.map.nodes.iter().position(|n| n.id == primary).unwrap();
+    let index = cluster
+        .map
+        .nodes
+        .iter()
+        .position(|n| n.id == primary)
+        .unwrap();
     (partition, index)
 }
 
@@ -125,7 +134,11 @@ async fn increments_through_two_frontends_are_never_lost() {
         }
         let expected = 2 * CLIENTS_PER_FRONTEND as u64 * INCREMENTS_PER_CLIENT;
         for addr in frontends {
-            assert_eq!(counter(addr).await, expected, "round {round}, through {addr}");
+            assert_eq!(
+                counter(addr).await,
+                expected,
+                "round {round}, through {addr}"
+            );
         }
     }
 }
@@ -153,9 +166,7 @@ async fn a_primary_killed_mid_run_loses_no_acknowledged_increment() {
     let update = Bytes::from(json!({"fields": {"n": {"increment": 1}}}).to_string());
     let plain = (0..)
         .map(|i| format!("other{i}"))
-        .find(|key| {
-            partition_for_key(format!("id:ns:t::{key}").as_bytes(), 4) == partition
-        })
+        .find(|key| partition_for_key(format!("id:ns:t::{key}").as_bytes(), 4) == partition)
         .unwrap();
     for _ in 0..3 {
         tally.attempted.fetch_add(1, Ordering::SeqCst);
@@ -164,7 +175,11 @@ async fn a_primary_killed_mid_run_loses_no_acknowledged_increment() {
         let body = Bytes::from(json!({"fields": {"x": 1}}).to_string());
         let path = format!("/document/v1/ns/t/docid/{plain}");
         let (status, _) = client.request(Method::POST, &path, body).await;
-        assert_eq!(status, StatusCode::OK, "a plain put while the primary is down");
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "a plain put while the primary is down"
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.restart_node(primary);
@@ -175,7 +190,10 @@ async fn a_primary_killed_mid_run_loses_no_acknowledged_increment() {
         tally.attempted.load(Ordering::SeqCst),
         tally.acknowledged.load(Ordering::SeqCst),
     );
-    assert_eq!(acknowledged, 2 * CLIENTS_PER_FRONTEND as u64 * INCREMENTS_PER_CLIENT);
+    assert_eq!(
+        acknowledged,
+        2 * CLIENTS_PER_FRONTEND as u64 * INCREMENTS_PER_CLIENT
+    );
     for addr in frontends {
         let n = counter(addr).await;
         assert!(
@@ -215,7 +233,10 @@ async fn a_node_that_is_not_the_primary_refuses_a_serialised_write() {
         let (status, _, _) = to(node).await.send(write(node, &stale_fence, 0)).await;
         assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
     }
-    let (status, _) = to(secondary).await.request(Method::GET, &key, Bytes::new()).await;
+    let (status, _) = to(secondary)
+        .await
+        .request(Method::GET, &key, Bytes::new())
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing written");
     // The primary at the right fence applies it, and refuses one based on an older read.
     let (status, _, _) = to(primary).await.send(write(primary, &fence, 0)).await;
@@ -226,5 +247,8 @@ async fn a_node_that_is_not_the_primary_refuses_a_serialised_write() {
         .insert("x-larder-doc-version", (2u64 << 16).into());
     let (status, headers, _) = to(primary).await.send(newer).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!(headers["x-larder-doc-version"], (1u64 << 16).to_string().as_str());
+    assert_eq!(
+        headers["x-larder-doc-version"],
+        (1u64 << 16).to_string().as_str()
+    );
 }

@@ -55,7 +55,10 @@ impl H2Client {
     }
 
     /// Sends `request` as built (its URI's path; headers included) and reads the whole answer.
-    pub async fn send(&self, request: Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, Bytes) {
+    pub async fn send(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> (StatusCode, http::HeaderMap, Bytes) {
         let response = self.sender.clone().send_request(request).await.unwrap();
         let (parts, body) = response.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
