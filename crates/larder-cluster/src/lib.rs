@@ -7,6 +7,7 @@ mod blob_id;
 mod layout;
 mod map;
 mod placement;
+mod primary;
 
 pub use blob_id::{BlobId, BlobIdError, BlobKind};
 pub use layout::{init_map, LayoutSpec};

@@ -12,6 +12,13 @@ pub mod header {
     pub const OUTCOME: &str = "x-larder-doc";
     /// On a 410: the document was removed by a versioned tombstone.
     pub const REMOVED: &str = "removed";
+    /// On a serialised write (the write of a read-modify-write): the primary the frontend
+    /// believes in, `larder_cluster::ClusterMap::primary_fence`. A node that does not compute
+    /// the same fence from its map answers 421.
+    pub const PRIMARY: &str = "x-larder-doc-primary";
+    /// On a serialised write: the version the frontend read. The primary applies the write only
+    /// if it holds no newer version (else 409 with the version it holds).
+    pub const EXPECT: &str = "x-larder-doc-expect";
 }
 
 const PARTITIONS: &str = "/internal/v1/partitions/";

@@ -150,10 +150,139 @@ impl DocRouter {
         let replicas = self.local_replicas(partition);
         let quorum = self.quorum(replicas.len());
         let path = doc_path(partition, id);
-        let mut answers = self.fan_out(&replicas, deadline, |node| {
+        let answers = self.fan_out(&replicas, deadline, |node| {
             write_request(&path, version, json.clone(), &node)
         });
-        let (mut acks, mut failures, mut newest) = (0, Vec::new(), version);
+        let acks = Acks {
+            acks: 0,
+            quorum,
+            replicas: replicas.len(),
+            version,
+        };
+        acks.collect(answers, deadline).await
+    }
+
+    /// The write of a read-modify-write based on the read of `expect` (see `get_for_update`):
+    /// applied first at the partition's primary, which refuses it if it holds a newer version
+    /// (then `Written::Superseded`: read again) or if it is not the primary at this frontend's
+    /// map, then written to the other local replicas; acknowledged at `write_quorum` replicas
+    /// counting the primary. While the primary does not answer, this is a 503: moving the
+    /// primary is a map change (DESIGN 6.1). `json` None writes a tombstone.
+    pub async fn write_serialised(
+        &self,
+        id: &str,
+        expect: u64,
+        version: u64,
+        json: Option<Bytes>,
+        deadline: Instant,
+    ) -> Result<Written, DocError> {
+        let partition = self.partition_of(id);
+        let (primary, fence) = self.primary(partition)?;
+        let replicas = self.local_replicas(partition);
+        let quorum = self.quorum(replicas.len());
+        let path = doc_path(partition, id);
+        let mut request = write_request(&path, version, json.clone(), &primary);
+        let headers = request.headers_mut();
+        let fence = http::HeaderValue::from_str(&fence).map_err(|_| {
+            DocError::Unavailable(format!("primary fence {fence:?} is not header text"))
+        })?;
+        headers.insert(doc_header::PRIMARY, fence);
+        headers.insert(doc_header::EXPECT, expect.into());
+        let answer = tokio::time::timeout_at(deadline, send(&self.router, &primary, request))
+            .await
+            .map_err(|_| DocError::Timeout)?;
+        let unavailable = |why: String| {
+            DocError::Unavailable(format!(
+                "the primary {primary} of partition {partition} {why}; read-modify-writes of \
+                 the partition wait for it (plain puts and removes go on)"
+            ))
+        };
+        let response = answer.map_err(|e| unavailable(format!("is unreachable ({e})")))?;
+        match response.status() {
+            StatusCode::OK => {}
+            StatusCode::CONFLICT => {
+                let newer = version_header(&response).unwrap_or(expect.saturating_add(1));
+                return Ok(Written::Superseded(newer));
+            }
+            StatusCode::MISDIRECTED_REQUEST => {
+                let message = refusal_message(response, deadline).await;
+                return Err(unavailable(format!(
+                    "refused: not the primary at this frontend's map ({message})"
+                )));
+            }
+            status => {
+                let message = refusal_message(response, deadline).await;
+                return Err(write_failure(
+                    0,
+                    quorum,
+                    &[(primary, Some(status), message)],
+                ));
+            }
+        }
+        if let Some(newer) = version_header(&response).filter(|v| *v > version) {
+            return Ok(Written::Superseded(newer));
+        }
+        let others: Vec<String> = replicas.into_iter().filter(|n| *n != primary).collect();
+        let acks = Acks {
+            acks: 1,
+            quorum,
+            replicas: others.len() + 1,
+            version,
+        };
+        if acks.acks >= quorum {
+            return Ok(Written::Applied);
+        }
+        let answers = self.fan_out(&others, deadline, |node| {
+            write_request(&path, version, json.clone(), &node)
+        });
+        // The primary applied it: that is the read-modify-write's place in the document's
+        // order. A replica holding a newer version holds a later write (another read-modify-
+        // write, based on this one, or a plain put that replaces it), so this one is not
+        // redone (that would apply it twice).
+        match acks.collect(answers, deadline).await? {
+            Written::Applied | Written::Superseded(_) => Ok(Written::Applied),
+        }
+    }
+
+    /// The node holding the primary replica of `partition` in this frontend's datacenter, and
+    /// the fence that names it at this frontend's map.
+    fn primary(&self, partition: PartitionId) -> Result<(String, String), DocError> {
+        let map = self.router.map();
+        let dc = self.router.datacenter();
+        match (
+            map.primary_of(partition, dc),
+            map.primary_fence(partition, dc),
+        ) {
+            (Some(node), Some(fence)) => Ok((node.to_owned(), fence)),
+            _ => Err(DocError::Unavailable(format!(
+                "partition {partition} has no replica in datacenter {dc}"
+            ))),
+        }
+    }
+}
+
+/// Counts write acknowledgements until a quorum (or too many failures).
+struct Acks {
+    acks: usize,
+    quorum: usize,
+    /// How many replicas the write goes to in all, the acknowledged ones included.
+    replicas: usize,
+    version: u64,
+}
+
+impl Acks {
+    async fn collect(
+        self,
+        mut answers: mpsc::Receiver<(String, Answer)>,
+        deadline: Instant,
+    ) -> Result<Written, DocError> {
+        let Acks {
+            mut acks,
+            quorum,
+            replicas,
+            version,
+        } = self;
+        let (mut failures, mut newest) = (Vec::new(), version);
         while let Some(answer) = recv_by(&mut answers, deadline).await? {
             match answer {
                 (_, Ok(r)) if r.status() == StatusCode::OK => {
@@ -174,7 +303,7 @@ impl DocRouter {
                     Written::Applied
                 });
             }
-            if failures.len() > replicas.len() - quorum {
+            if failures.len() > replicas.saturating_sub(quorum) {
                 break;
             }
         }
@@ -183,7 +312,9 @@ impl DocRouter {
         }
         Err(write_failure(acks, quorum, &failures))
     }
+}
 
+impl DocRouter {
     /// Starts one request per node, each in its own task so that stragglers finish (and count
     /// against node health) after the caller has its quorum.
     pub(crate) fn fan_out(
@@ -210,6 +341,23 @@ impl DocRouter {
 
     /// The newest state of `id` among the first read-quorum definite answers of local replicas.
     pub async fn get(&self, id: &str, deadline: Instant) -> Result<DocState, DocError> {
+        self.read(id, None, deadline).await
+    }
+
+    /// The read of a read-modify-write: as `get`, but the partition's primary must be among the
+    /// answers, so the version read is at least the one the primary holds and the serialised
+    /// write (`write_serialised`) is refused only when another read-modify-write came between.
+    pub async fn get_for_update(&self, id: &str, deadline: Instant) -> Result<DocState, DocError> {
+        let (primary, _) = self.primary(self.partition_of(id))?;
+        self.read(id, Some(&primary), deadline).await
+    }
+
+    async fn read(
+        &self,
+        id: &str,
+        primary: Option<&str>,
+        deadline: Instant,
+    ) -> Result<DocState, DocError> {
         let partition = self.partition_of(id);
         let replicas = self.local_replicas(partition);
         let quorum = self.quorum(replicas.len());
@@ -220,16 +368,27 @@ impl DocRouter {
                 .expect("valid request")
         });
         let (mut states, mut failures) = (Vec::new(), Vec::new());
+        let mut waits_for_primary = primary.is_some();
         while let Some((node, answer)) = recv_by(&mut answers, deadline).await? {
+            let from_primary = primary == Some(node.as_str());
             match read_state(answer, deadline).await {
-                Ok(state) => states.push((node, state)),
+                Ok(state) => {
+                    waits_for_primary &= !from_primary;
+                    states.push((node, state))
+                }
                 // The request itself is refused: every replica would say the same.
                 Err(ReadFailure::Refused(message)) => {
                     return Err(DocError::Rejected(format!("{node}: {message}")))
                 }
+                Err(ReadFailure::Failed(err)) if from_primary => {
+                    return Err(DocError::Unavailable(format!(
+                        "the primary {node} of partition {partition} did not answer ({err}); \
+                         read-modify-writes of the partition wait for it"
+                    )))
+                }
                 Err(ReadFailure::Failed(err)) => failures.push(format!("{node}: {err}")),
             }
-            if states.len() >= quorum {
+            if states.len() >= quorum && !waits_for_primary {
                 break;
             }
             if failures.len() > replicas.len() - quorum {
@@ -244,7 +403,7 @@ impl DocRouter {
                 )));
             }
         }
-        if states.len() < quorum {
+        if states.len() < quorum || waits_for_primary {
             return Err(DocError::Unavailable("too few replicas answered".into()));
         }
         let newest = states

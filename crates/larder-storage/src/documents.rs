@@ -3,6 +3,8 @@
 //! change feed) uses the same three requests: GET from a peer, PUT/DELETE here with the peer's
 //! version, and the store's version check makes the result independent of arrival order.
 
+use std::hash::{Hash, Hasher};
+
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use larder_proto::{decode_key, doc_header, header as h};
@@ -16,17 +18,89 @@ use crate::StorageNode;
 pub async fn handle(
     node: &StorageNode,
     store: Store,
+    partition: u32,
     encoded_key: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     let key = decode_key(encoded_key).ok_or(Error::BadKey(
         "document key is not valid percent-encoded UTF-8",
     ))?;
+    let serialised = Serialised::of(node, partition, req.headers())?;
     match *req.method() {
         Method::GET | Method::HEAD => get(&store, &key, req.method() == Method::GET),
-        Method::PUT => put(node, store, key, req).await,
-        Method::DELETE => remove(&node.clock, store, key, req.headers()).await,
+        Method::PUT => put(node, store, key, serialised, req).await,
+        Method::DELETE => remove(node, store, key, serialised, req.headers()).await,
         _ => Err(Error::MethodNotAllowed("GET, HEAD, PUT or DELETE")),
+    }
+}
+
+/// The write of a read-modify-write (an update or a conditional write), sent to the partition's
+/// primary with the fence of the frontend's map and the version the frontend read. The primary
+/// applies it only if it holds nothing newer than that version, under a per-document lock, so two
+/// read-modify-writes of one document based on the same read cannot both be applied: the second
+/// gets a 409 and reads again. This check is the partition's one serialisation point (DESIGN
+/// 6.1); the frontend writes the other replicas after the primary applied.
+struct Serialised {
+    expect: u64,
+}
+
+impl Serialised {
+    /// None for a plain write; a 421 unless this node is the primary at the frontend's map.
+    fn of(node: &StorageNode, partition: u32, headers: &HeaderMap) -> Result<Option<Serialised>> {
+        let Some(fence) = headers.get(doc_header::PRIMARY) else {
+            return Ok(None);
+        };
+        let ours = node.primary_fence(partition);
+        if ours.is_none() || ours.map(str::as_bytes) != Some(fence.as_bytes()) {
+            return Err(Error::NotPrimary(format!(
+                "node {} is not the primary of partition {partition} at the map the request \
+                 names (this node's fence: {})",
+                node.node_id,
+                ours.unwrap_or("none: not the primary")
+            )));
+        }
+        let expect = header_number(headers, doc_header::EXPECT)?.ok_or_else(|| {
+            Error::BadHeader(format!("a serialised write needs {}", doc_header::EXPECT))
+        })?;
+        Ok(Some(Serialised { expect }))
+    }
+
+    /// Holds the document's lock and checks that this replica holds nothing newer than the
+    /// version the write was based on; the caller writes before dropping the guard.
+    async fn check<'a>(
+        &self,
+        node: &'a StorageNode,
+        store: &Store,
+        key: &str,
+    ) -> Result<tokio::sync::MutexGuard<'a, ()>> {
+        let guard = node.serialised.lock(key).await;
+        let current = match store.get_doc(key.as_bytes())? {
+            DocLookup::NotFound => 0,
+            DocLookup::Found { version, .. } | DocLookup::Removed { version, .. } => version,
+        };
+        if current > self.expect {
+            return Err(Error::NewerVersion { current });
+        }
+        Ok(guard)
+    }
+}
+
+/// Per-document locks for serialised writes, striped: a fixed amount of memory whatever the
+/// number of documents; two documents sharing a stripe only wait for each other's check-and-write.
+pub(crate) struct DocStripes(Vec<tokio::sync::Mutex<()>>);
+
+impl Default for DocStripes {
+    fn default() -> Self {
+        DocStripes((0..256).map(|_| tokio::sync::Mutex::new(())).collect())
+    }
+}
+
+impl DocStripes {
+    async fn lock(&self, key: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut hasher);
+        let stripe = (hasher.finish() % self.0.len() as u64) as usize;
+        self.0[stripe].lock().await
     }
 }
 
@@ -53,11 +127,16 @@ async fn put(
     node: &StorageNode,
     store: Store,
     key: String,
+    serialised: Option<Serialised>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     let (version, time_ms) = write_headers(&node.clock, req.headers())?;
     let body = node.intake.read(req.into_body()).await?;
     let json = body.concat();
+    let _serialised = match &serialised {
+        Some(s) => Some(s.check(node, &store, &key).await?),
+        None => None,
+    };
     // `body` (its share of the budget) is held until the write is done.
     let outcome = crate::node::put_doc(&store, &key, version, time_ms, json).await;
     drop(body);
@@ -65,12 +144,17 @@ async fn put(
 }
 
 async fn remove(
-    clock: &Clock,
+    node: &StorageNode,
     store: Store,
     key: String,
+    serialised: Option<Serialised>,
     headers: &HeaderMap,
 ) -> Result<Response<Body>> {
-    let (version, time_ms) = write_headers(clock, headers)?;
+    let (version, time_ms) = write_headers(&node.clock, headers)?;
+    let _serialised = match &serialised {
+        Some(s) => Some(s.check(node, &store, &key).await?),
+        None => None,
+    };
     let outcome = crate::node::remove_doc(&store, &key, version, time_ms).await;
     write_answer(outcome?, version)
 }

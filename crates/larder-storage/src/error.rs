@@ -46,6 +46,14 @@ pub enum Error {
     /// A bounded resource (visit scan slots) stayed taken too long: try later or elsewhere.
     #[error("{0}")]
     Busy(&'static str),
+    /// A serialised document write reached a node that is not the partition's primary at the
+    /// frontend's map (`documents::serialised`).
+    #[error("{0}")]
+    NotPrimary(String),
+    /// A serialised document write read an older version than the primary holds: a concurrent
+    /// read-modify-write came first. Nothing was written.
+    #[error("the primary holds version {current}, newer than the one the write was based on")]
+    NewerVersion { current: u64 },
     #[error("stored properties: {0}")]
     CorruptProperties(String),
     /// A peer replica asked for this replica's feed from a position before a tombstone this

@@ -31,6 +31,11 @@ pub struct StorageNode {
     pub(crate) visit_scans: crate::visit::VisitScans,
     /// The peers' positions in this node's change feeds: the tombstone horizons.
     pub(crate) horizons: crate::horizon::Horizons,
+    /// The partitions this node is the primary of, with the fence of the map it was opened with
+    /// (`documents::serialised`).
+    pub(crate) primary_fences: HashMap<PartitionId, String>,
+    /// Serialises the check-and-write of read-modify-writes per document.
+    pub(crate) serialised: crate::documents::DocStripes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +85,7 @@ impl StorageNode {
             stores.insert(partition, store);
         }
         tracing::info!(node = %config.node_id, replicas = stores.len(), "replicas open");
+        let primary_fences = primary_fences(map, &config.node_id);
         let limits = &config.limits;
         Ok(StorageNode {
             node_id: config.node_id.clone(),
@@ -100,7 +106,14 @@ impl StorageNode {
                 config.compaction.tombstone_retention,
                 config.replication.enabled,
             ),
+            primary_fences,
+            serialised: Default::default(),
         })
+    }
+
+    /// The fence of `partition` when this node is its primary (see `ClusterMap::primary_fence`).
+    pub(crate) fn primary_fence(&self, partition: PartitionId) -> Option<&str> {
+        self.primary_fences.get(&partition).map(String::as_str)
     }
 
     pub fn store(&self, partition: PartitionId) -> Option<&Store> {
@@ -189,6 +202,18 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
     tokio::task::spawn_blocking(f)
         .await
         .expect("store tasks do not panic")
+}
+
+/// The fences of the partitions whose primary (in this node's datacenter) is `node`.
+fn primary_fences(map: &ClusterMap, node: &str) -> HashMap<PartitionId, String> {
+    let Some(dc) = map.datacenter_of(node) else {
+        return HashMap::new();
+    };
+    map.replicas_on(node)
+        .into_iter()
+        .filter(|(p, _)| map.primary_of(*p, dc) == Some(node))
+        .filter_map(|(p, _)| Some((p, map.primary_fence(p, dc)?)))
+        .collect()
 }
 
 pub fn replica_dir(data_dir: &Path, disk: &str, partition: PartitionId) -> PathBuf {

@@ -78,6 +78,8 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
         Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
         Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
+        Error::NotPrimary(_) => (S::MISDIRECTED_REQUEST, "NotPrimary"),
+        Error::NewerVersion { .. } => (S::CONFLICT, "NewerVersion"),
         Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
         Error::BehindDroppedTombstones { .. } => (S::CONFLICT, "ReplicaMustBeRebuilt"),
         Error::NotCheckedYet { .. } => (S::TOO_EARLY, "ReplicaNotCheckedYet"),
@@ -96,6 +98,9 @@ pub fn error_response(err: &Error) -> Response<Body> {
                 headers.insert(header::CONTENT_RANGE, value);
             }
             headers.insert(larder_proto::header::BLOB_SIZE, (*size).into());
+        }
+        Error::NewerVersion { current } => {
+            headers.insert(larder_proto::doc_header::VERSION, (*current).into());
         }
         _ => {}
     }

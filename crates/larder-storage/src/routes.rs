@@ -58,7 +58,7 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
             let _busy = node.compaction.foreground.enter();
             let store = hosted(&node, partition)?;
             let key = key.to_owned();
-            documents::handle(&node, store, &key, req).await
+            documents::handle(&node, store, partition, &key, req).await
         }
         Some(InternalPath::Changes { partition }) => {
             let store = hosted(&node, partition)?;

@@ -398,7 +398,12 @@ fn replication_brings_a_returning_node_the_newest_versions() {
         removed,
         Some(&json!({"fields": {"v": 0}})),
     ));
-    cluster.stop_node(0);
+    // A node that is not the partition's primary: the update below needs the primary.
+    let primary = cluster.map.primary_of(0, "dc1").unwrap();
+    let returning = (0..3)
+        .find(|i| cluster.map.nodes[*i].id != primary)
+        .unwrap();
+    cluster.stop_node(returning);
     ok(request(
         &cluster,
         "POST",
@@ -408,11 +413,11 @@ fn replication_brings_a_returning_node_the_newest_versions() {
     let update = json!({"fields": {"v": {"increment": 1}}});
     ok(request(&cluster, "PUT", kept, Some(&update)));
     ok(request(&cluster, "DELETE", removed, None));
-    cluster.restart_node(0);
-    // Node 0 missed all three writes; it pulls them from its peers' change feeds.
+    cluster.restart_node(returning);
+    // The returning node missed all three writes; it pulls them from its peers' change feeds.
     let internal = |key: &str| {
         let path = larder_proto::doc_path(0, key);
-        cluster.internal_request(cluster.node_addr(0), "GET", &path)
+        cluster.internal_request(cluster.node_addr(returning), "GET", &path)
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
@@ -424,7 +429,7 @@ fn replication_brings_a_returning_node_the_newest_versions() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "node 0 did not converge: {} {}",
+            "node {returning} did not converge: {} {}",
             k.0,
             g.0
         );

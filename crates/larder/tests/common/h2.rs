@@ -54,6 +54,17 @@ impl H2Client {
         (status, body)
     }
 
+    /// Sends `request` as built (its URI's path; headers included) and reads the whole answer.
+    pub async fn send(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> (StatusCode, http::HeaderMap, Bytes) {
+        let response = self.sender.clone().send_request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        (parts.status, parts.headers, body)
+    }
+
     /// Uploads `data`; returns the status and, on 201, the new ID.
     pub async fn put(&self, data: Bytes) -> (StatusCode, Option<String>, serde_json::Value) {
         let (status, body) = self.request(Method::POST, "/v1/blobs", data).await;

@@ -4,7 +4,9 @@
 //! version. Two concurrent updates of one document would both read the same version and the
 //! later write would silently drop the other's change (two increments adding one). Updates and
 //! conditional writes therefore hold the document's lock from the read to the acknowledged write.
-//! Frontends do not share locks: the same race across two frontends remains (see the README).
+//! Frontends do not share locks: across frontends, the partition's primary refuses the write of
+//! a read-modify-write that another one overtook (`DocRouter::write_serialised`); this lock is
+//! the fast path that keeps one frontend's own updates from refusing each other.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

@@ -1,6 +1,8 @@
 //! `/document/v1`: Vespa's document API, compatible enough that the real `vespa-feed-client`
-//! feeds Larder unchanged. POST puts, PUT updates (read-modify-write here, at the frontend, one
-//! at a time per document: `locks`),
+//! feeds Larder unchanged. POST puts, PUT updates (read-modify-write: read here, including the
+//! partition's primary, applied here, and written through the primary, which refuses the write
+//! if another read-modify-write came first, so updates through any frontends are never lost;
+//! one at a time per document within a frontend: `locks`),
 //! DELETE removes (a versioned tombstone), GET gets. Every write carries a version from the
 //! router's hybrid logical clock; replicas keep the newest (see `larder_router::DocRouter`).
 
@@ -42,6 +44,19 @@ use update::Fields;
 
 /// How often a write is redone when it lost to a concurrent newer version (see `Written`).
 const WRITE_ATTEMPTS: usize = 3;
+
+/// How often a read-modify-write is redone when the primary refused its write because another
+/// one (from another frontend: this one's lock serialises its own) came first. Each refusal
+/// means another read-modify-write of the document was applied, so this bounds the wait of
+/// one contender among many; the deadline bounds it too.
+const READ_MODIFY_WRITE_ATTEMPTS: usize = 64;
+
+fn attempts(read_modify_write: bool) -> usize {
+    match read_modify_write {
+        true => READ_MODIFY_WRITE_ATTEMPTS,
+        false => WRITE_ATTEMPTS,
+    }
+}
 
 pub async fn handle(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let (parts, incoming) = req.into_parts();
@@ -203,7 +218,7 @@ impl Operation<'_> {
 
     /// Reads the document and fails with 412 unless `condition` holds for it.
     async fn check(&self, condition: &Arc<Selection>) -> Result<DocState, Failure> {
-        let current = self.read().await?;
+        let current = self.read_for_update().await?;
         let json = match &current {
             DocState::Found { json, .. } => Some(json.clone()),
             _ => None,
@@ -252,6 +267,25 @@ impl Operation<'_> {
             .await?)
     }
 
+    /// The read of a read-modify-write: its primary's answer included (see `DocRouter`).
+    async fn read_for_update(&self) -> Result<DocState, Failure> {
+        Ok(self
+            .state
+            .documents
+            .get_for_update(&self.doc.id, self.deadline)
+            .await?)
+    }
+
+    /// Writes `json` (None: a tombstone) as the result of a read of version `seen`, through the
+    /// partition's primary (see `DocRouter::write_serialised`).
+    async fn write_after_read(&self, seen: u64, json: Option<Bytes>) -> Result<Written, Failure> {
+        let docs = &self.state.documents;
+        let version = docs.next_version(seen)?;
+        Ok(docs
+            .write_serialised(&self.doc.id, seen, version, json, self.deadline)
+            .await?)
+    }
+
     async fn get(&self, path_id: &str) -> Result<Response<Body>, Failure> {
         match self.read().await? {
             DocState::Found { json, .. } => Ok(reply::found(path_id, &self.doc.id, &json)),
@@ -270,15 +304,21 @@ impl Operation<'_> {
         let _serialised = self.serialise_if(condition.is_some()).await;
         let docs = &self.state.documents;
         let mut seen = 0;
-        for _ in 0..WRITE_ATTEMPTS {
-            if let Some(condition) = &condition {
-                seen = self.check(condition).await?.version();
-            }
-            let version = docs.next_version(seen)?;
-            match docs
-                .put(&self.doc.id, version, parsed.fields.clone(), self.deadline)
-                .await?
-            {
+        for _ in 0..attempts(condition.is_some()) {
+            let written = match &condition {
+                Some(condition) => {
+                    seen = self.check(condition).await?.version();
+                    let fields = Some(parsed.fields.clone());
+                    self.write_after_read(seen, fields).await?
+                }
+                None => {
+                    let version = docs.next_version(seen)?;
+                    let fields = parsed.fields.clone();
+                    docs.put(&self.doc.id, version, fields, self.deadline)
+                        .await?
+                }
+            };
+            match written {
                 Written::Applied => return Ok(reply::ok(path_id, &self.doc.id, None)),
                 Written::Superseded(newer) => seen = newer,
             }
@@ -295,12 +335,11 @@ impl Operation<'_> {
             return Ok(reply::ok(path_id, &self.doc.id, None));
         }
         let _serialised = self.state.document_locks.lock(&self.doc.id).await;
-        let docs = &self.state.documents;
         let mut newest = 0;
-        for _ in 0..WRITE_ATTEMPTS {
+        for _ in 0..attempts(true) {
             let current = match &condition {
                 Some(condition) => self.check(condition).await?,
-                None => self.read().await?,
+                None => self.read_for_update().await?,
             };
             let stored = match &current {
                 DocState::Found { json, .. } => Some(json.clone()),
@@ -317,9 +356,8 @@ impl Operation<'_> {
                     move || updated(stored.as_deref(), &updates)
                 })
                 .await?;
-            let version = docs.next_version(current.version())?;
             // A concurrent newer write means our read was stale: read and apply again.
-            match docs.put(&self.doc.id, version, json, self.deadline).await? {
+            match self.write_after_read(current.version(), Some(json)).await? {
                 Written::Applied => return Ok(reply::ok(path_id, &self.doc.id, None)),
                 Written::Superseded(newer) => newest = newer,
             }
@@ -335,15 +373,21 @@ impl Operation<'_> {
         let _serialised = self.serialise_if(condition.is_some()).await;
         let docs = &self.state.documents;
         let mut seen = 0;
-        for _ in 0..WRITE_ATTEMPTS {
-            if let Some(condition) = &condition {
-                match self.check(condition).await? {
-                    DocState::Found { version, .. } => seen = version,
+        for _ in 0..attempts(condition.is_some()) {
+            let written = match &condition {
+                Some(condition) => match self.check(condition).await? {
+                    DocState::Found { version, .. } => {
+                        seen = version;
+                        self.write_after_read(seen, None).await?
+                    }
                     _ => return Err(Failure::ConditionNotMet("document does not exist".into())),
+                },
+                None => {
+                    let version = docs.next_version(seen)?;
+                    docs.remove(&self.doc.id, version, self.deadline).await?
                 }
-            }
-            let version = docs.next_version(seen)?;
-            match docs.remove(&self.doc.id, version, self.deadline).await? {
+            };
+            match written {
                 Written::Applied => return Ok(reply::ok(path_id, &self.doc.id, None)),
                 Written::Superseded(newer) => seen = newer,
             }
