@@ -6,14 +6,13 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::h2::H2Client;
-use common::Cluster;
+use common::{Cluster, SecondFrontend};
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use larder_cluster::partition_for_key;
@@ -23,35 +22,6 @@ const CLIENTS_PER_FRONTEND: usize = 4;
 const INCREMENTS_PER_CLIENT: u64 = 50;
 const COUNTER: &str = "/document/v1/ns/t/docid/counter";
 const COUNTER_ID: &str = "id:ns:t::counter";
-
-/// A second frontend of the cluster's datacenter, killed when dropped.
-struct SecondFrontend {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl SecondFrontend {
-    fn start(cluster: &Cluster) -> SecondFrontend {
-        let addr = common::free_addresses(1)[0];
-        let config = std::fs::read_to_string(cluster.path("frontend-dc1.toml")).unwrap();
-        let config = config.replace(
-            &format!("listen = \"{}\"", cluster.frontend_addr),
-            &format!("listen = \"{addr}\""),
-        );
-        let path = cluster.path("frontend-second.toml");
-        std::fs::write(&path, config).unwrap();
-        let child = common::spawn(&["frontend", "--config", &path]);
-        common::wait_for_port(addr);
-        SecondFrontend { child, addr }
-    }
-}
-
-impl Drop for SecondFrontend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What the clients did: increments they sent, and those answered 200.
 #[derive(Default)]

@@ -10,46 +10,16 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use common::h2::H2Client;
-use common::Cluster;
+use common::{Cluster, SecondFrontend};
 use futures_util::StreamExt;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
-
-/// A second frontend of the cluster's datacenter, killed when dropped.
-struct SecondFrontend {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl SecondFrontend {
-    fn start(cluster: &Cluster) -> SecondFrontend {
-        let addr = common::free_addresses(1)[0];
-        let config = std::fs::read_to_string(cluster.path("frontend-dc1.toml")).unwrap();
-        let config = config.replace(
-            &format!("listen = \"{}\"", cluster.frontend_addr),
-            &format!("listen = \"{addr}\""),
-        );
-        let path = cluster.path("frontend-second.toml");
-        std::fs::write(&path, config).unwrap();
-        let child = common::spawn(&["frontend", "--config", &path]);
-        common::wait_for_port(addr);
-        SecondFrontend { child, addr }
-    }
-}
-
-impl Drop for SecondFrontend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn corpus_size() -> usize {
     std::env::var("LARDER_VISIT_DOCS")

@@ -516,3 +516,32 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("VmRSS in /proc/<pid>/status")
 }
+
+/// A second frontend of the cluster's datacenter, killed when dropped.
+pub struct SecondFrontend {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl SecondFrontend {
+    pub fn start(cluster: &Cluster) -> SecondFrontend {
+        let addr = free_addresses(1)[0];
+        let config = std::fs::read_to_string(cluster.path("frontend-dc1.toml")).unwrap();
+        let config = config.replace(
+            &format!("listen = \"{}\"", cluster.frontend_addr),
+            &format!("listen = \"{addr}\""),
+        );
+        let path = cluster.path("frontend-second.toml");
+        std::fs::write(&path, config).unwrap();
+        let child = spawn(&["frontend", "--config", &path]);
+        wait_for_port(addr);
+        SecondFrontend { child, addr }
+    }
+}
+
+impl Drop for SecondFrontend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
