@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::{blob_size, content};
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::Write;
@@ -28,28 +30,9 @@ fn opts() -> Options {
     }
 }
 
-/// Deterministic content for a key: any stored byte can be checked without knowing the write.
-fn content(key: &[u8], len: usize) -> Vec<u8> {
-    let mut x = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            (z ^ (z >> 27)) as u8
-        })
-        .collect()
-}
-
 /// Which op a document version stands for, so the parent can check writes it never saw acked.
 fn doc_is_remove(version: u64) -> bool {
     version.is_multiple_of(5)
-}
-
-fn blob_size(key: &str) -> usize {
-    key.rsplit('/').next().unwrap().parse().unwrap()
 }
 
 /// Child mode: only does anything when re-executed by `crash_recovery_keeps_acknowledged_writes`.

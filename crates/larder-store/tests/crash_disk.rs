@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::{blob_size, content};
+
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -46,23 +48,6 @@ fn open(root: &Path) -> (Disk, Vec<Store>) {
         .map(|s| Store::open_on(&disk, store_dir(root, s), opts()).unwrap())
         .collect();
     (disk, stores)
-}
-
-fn content(key: &[u8], len: usize) -> Vec<u8> {
-    let mut x = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let z = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            (z ^ (z >> 27)) as u8
-        })
-        .collect()
-}
-
-fn blob_size(key: &str) -> usize {
-    key.rsplit('/').next().unwrap().parse().unwrap()
 }
 
 /// Child mode: only does anything when re-executed by `crash_of_many_stores_on_one_disk`.

@@ -35,3 +35,23 @@ pub fn run_and_kill(
     child.wait().unwrap();
     reader.join().unwrap()
 }
+
+/// The bytes a key implies (a hash of the key seeds a splitmix64 stream): what a child wrote
+/// can be checked without the parent ever seeing it.
+pub fn content(key: &[u8], len: usize) -> Vec<u8> {
+    let mut x = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let z = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            (z ^ (z >> 27)) as u8
+        })
+        .collect()
+}
+
+/// A key's blob size: its last path component.
+pub fn blob_size(key: &str) -> usize {
+    key.rsplit('/').next().unwrap().parse().unwrap()
+}
