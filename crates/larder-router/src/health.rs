@@ -26,7 +26,14 @@ struct Entry {
     state_changes: u64,
     /// When the node last answered anything: a node that answers is alive, however slowly.
     last_answer: Option<Instant>,
+    /// A health check of the node is under way: one at a time, so that a burst of lost hedge
+    /// races (all timing out together after one stall) counts once, not once per race.
+    check_in_flight: bool,
 }
+
+/// A timeout that fires this much after its deadline says this process was not running (a
+/// saturated machine, a paused VM): its silence is ours, not the node's, and no verdict.
+const STALL_SLACK: Duration = Duration::from_millis(100);
 
 pub struct NodeHealth {
     nodes: HashMap<String, Mutex<Entry>>,
@@ -102,6 +109,33 @@ impl NodeHealth {
         self.nodes
             .get(node)
             .is_some_and(|e| e.lock().last_answer.is_some_and(|at| at >= since))
+    }
+
+    /// Starts the node's one health check; false if one is already under way.
+    pub fn begin_check(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(|e| {
+            let mut e = e.lock();
+            !std::mem::replace(&mut e.check_in_flight, true)
+        })
+    }
+
+    pub fn end_check(&self, node: &str) {
+        if let Some(entry) = self.nodes.get(node) {
+            entry.lock().check_in_flight = false;
+        }
+    }
+
+    /// A request sent at `started` got no answer by `deadline`. Only silence is a verdict: a
+    /// node that answered other requests meanwhile is alive and the wait was a queue; and a
+    /// timer that fired long after its deadline means this process was stalled, when neither
+    /// the node's answers nor the timer could be seen. Returns whether it counted as a failure.
+    pub fn record_silence(&self, node: &str, started: Instant, deadline: Instant) -> bool {
+        let stalled = Instant::now().saturating_duration_since(deadline) > STALL_SLACK;
+        if stalled || self.answered_since(node, started) {
+            return false;
+        }
+        self.record_failure(node);
+        true
     }
 
     pub fn record_failure(&self, node: &str) {
@@ -184,5 +218,40 @@ mod tests {
             "nothing since now"
         );
         assert!(!health.answered_since("unknown", before));
+    }
+
+    #[test]
+    fn silence_counts_only_when_this_process_was_running_and_the_node_said_nothing() {
+        let health = NodeHealth::new(["a".to_string()], 1, Duration::from_secs(60));
+        let started = Instant::now();
+        let long_ago = started - STALL_SLACK * 2;
+        assert!(
+            !health.record_silence("a", long_ago, long_ago),
+            "a timer that fired this late saw a stalled process, not a silent node"
+        );
+        assert!(!health.is_marked_down("a"));
+        health.record_success("a");
+        assert!(
+            !health.record_silence("a", started, Instant::now()),
+            "the node answered something meanwhile"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        let started = Instant::now();
+        assert!(health.record_silence("a", started, Instant::now()));
+        assert!(health.is_marked_down("a"));
+    }
+
+    #[test]
+    fn one_health_check_at_a_time_per_node() {
+        let health = NodeHealth::new(["a".to_string(), "b".to_string()], 1, Duration::ZERO);
+        assert!(health.begin_check("a"));
+        assert!(
+            !health.begin_check("a"),
+            "a second check waits for the first"
+        );
+        assert!(health.begin_check("b"), "each node has its own");
+        health.end_check("a");
+        assert!(health.begin_check("a"));
+        assert!(!health.begin_check("unknown"));
     }
 }

@@ -249,12 +249,10 @@ impl Router {
             }
             Err(_) if until < request_deadline => Err(DEADLINE_PASSED.to_string()),
             Err(_) => {
-                // Only silence is a verdict: a node that answered other requests while this one
-                // waited is alive, and the wait was a queue (a saturated machine, streams waiting
-                // for a slot on the connection), which marking it down would only move elsewhere.
-                if !self.health.answered_since(node, started.into_std()) {
-                    self.health.record_failure(node);
-                }
+                // A wait behind other streams is a queue, which marking the node down would
+                // only move elsewhere: `record_silence` counts only true silence.
+                self.health
+                    .record_silence(node, started.into_std(), until.into_std());
                 Err(format!(
                     "{node} did not answer within {:?}",
                     self.config.request_timeout
@@ -275,6 +273,9 @@ impl Router {
             .config
             .health_check_timeout
             .max(self.hedge_delay(node) * 10);
+        if !self.health.begin_check(node) {
+            return;
+        }
         let (pool, health, node) = (self.pool.clone(), self.health.clone(), node.to_owned());
         tokio::spawn(async move {
             let request = Request::get(larder_proto::HEALTH_PATH)
@@ -283,12 +284,15 @@ impl Router {
             let started = Instant::now();
             match timeout(limit, pool.send(&node, request)).await {
                 Ok(Ok(response)) if response.status().is_success() => health.record_success(&node),
-                // A node that answered other requests meanwhile is busy, not stalled: on a
-                // saturated machine a check can queue behind them for longer than `limit`.
                 Ok(Err(err)) if !err.counts_against_node() => {}
-                _ if health.answered_since(&node, started.into_std()) => {}
+                // On a saturated machine a check can queue behind other streams for longer
+                // than `limit`: `record_silence` counts only true silence.
+                Err(_) => {
+                    health.record_silence(&node, started.into_std(), (started + limit).into_std());
+                }
                 _ => health.record_failure(&node),
             }
+            health.end_check(&node);
         });
     }
 
