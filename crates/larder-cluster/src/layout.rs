@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 
 use crate::map::{
-    ClusterMap, Datacenter, MapError, Node, Partition, PartitionState, Replica, FORMAT_VERSION,
+    ClusterMap, Datacenter, MapError, Node, Partition, PartitionState, Replica, ReplicaState,
+    FORMAT_VERSION,
 };
 
 /// What `init_map` lays out.
@@ -49,6 +50,7 @@ pub fn init_map(spec: &LayoutSpec) -> Result<ClusterMap, MapError> {
         .collect();
     let mut map = ClusterMap {
         format_version: FORMAT_VERSION,
+        revision: 1,
         datacenters,
         nodes,
         partitions: vec![],
@@ -78,6 +80,7 @@ fn place_partition(map: &ClusterMap, dcs: &[String], p: u32, replicas: usize) ->
             out.push(Replica {
                 node: node.id.clone(),
                 disk: node.disks[0].clone(),
+                state: ReplicaState::Live,
             });
         }
     }

@@ -13,6 +13,6 @@ pub use blob_id::{BlobId, BlobIdError, BlobKind};
 pub use layout::{init_map, LayoutSpec};
 pub use map::{
     ClusterMap, Datacenter, MapError, Node, NodeId, Partition, PartitionId, PartitionState,
-    Replica, FORMAT_VERSION,
+    Replica, ReplicaState, FORMAT_VERSION,
 };
 pub use placement::partition_for_key;

@@ -17,6 +17,11 @@ pub type PartitionId = u32;
 #[serde(deny_unknown_fields)]
 pub struct ClusterMap {
     pub format_version: u32,
+    /// Grows by one with every change of the map; nodes and frontends say which revision they
+    /// run, and a node never takes an older map for a newer one. Maps written before revisions
+    /// existed are revision 1.
+    #[serde(default = "first_revision")]
+    pub revision: u64,
     pub datacenters: Vec<Datacenter>,
     pub nodes: Vec<Node>,
     pub partitions: Vec<Partition>,
@@ -61,6 +66,33 @@ pub struct Partition {
 pub struct Replica {
     pub node: NodeId,
     pub disk: String,
+    /// The replica's life (`../shared/DESIGN.md` section 6.1); absent in the file means live.
+    #[serde(default, skip_serializing_if = "ReplicaState::is_live")]
+    pub state: ReplicaState,
+}
+
+/// Where a replica is in its life. Only live replicas count toward quorums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicaState {
+    /// Caught up and serving.
+    #[default]
+    Live,
+    /// Receiving writes and copying its peers' data; serves no read, counts for no quorum, is
+    /// no source for others.
+    Bootstrapping,
+    /// Still written to and readable until the replica replacing it is live, then deleted.
+    Leaving,
+}
+
+impl ReplicaState {
+    pub fn is_live(&self) -> bool {
+        *self == ReplicaState::Live
+    }
+}
+
+fn first_revision() -> u64 {
+    1
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -360,5 +392,25 @@ mod tests {
             ClusterMap::from_toml(&text),
             Err(MapError::Syntax(_))
         ));
+    }
+
+    #[test]
+    fn maps_written_before_revisions_and_states_read_as_revision_one_all_live() {
+        let mut map = base();
+        map.partitions[0].replicas[1].state = ReplicaState::Bootstrapping;
+        map.revision = 7;
+        let text = map.to_toml();
+        assert!(text.contains("state = \"bootstrapping\""), "{text}");
+        assert!(!text.contains("\"live\""), "live is not written");
+        assert_eq!(ClusterMap::from_toml(&text).expect("reads back"), map);
+
+        let old = base().to_toml().replace("revision = 1\n", "");
+        assert!(!old.contains("revision"), "{old}");
+        let read = ClusterMap::from_toml(&old).expect("an old map reads");
+        assert_eq!(read.revision, 1);
+        assert!(read
+            .partitions
+            .iter()
+            .all(|p| p.replicas.iter().all(|r| r.state == ReplicaState::Live)));
     }
 }
