@@ -198,6 +198,15 @@ async fn every_live_document_exactly_once_through_two_frontends() {
         }
     }
 
+    // `concurrency` fetches the next partitions' pages ahead and changes nothing a client
+    // sees: the same documents in the same order, the same continuations (chunks of 997 end
+    // mid-partition, dropping pages fetched ahead).
+    let base = "/document/v1/ns/t/docid";
+    let one = visit_slice(&clients, base, "concurrency=1&wantedDocumentCount=997").await;
+    let eight = visit_slice(&clients, base, "concurrency=8&wantedDocumentCount=997").await;
+    assert_exactly(&eight, &live, "concurrency=8");
+    assert!(one == eight, "concurrency changed the order of a visit");
+
     // A streamed answer starts before any page is read (its first frame is the JSON's head)
     // and comes page by page, one frame each; together they are one valid JSON object.
     let path = "/document/v1/ns/t/docid?stream=true&wantedDocumentCount=1000000";

@@ -156,6 +156,100 @@ pub(super) struct Visit {
     position: Position,
     wanted: u64,
     time_chunk: Duration,
+    prefetch: Prefetch,
+}
+
+/// Partitions whose first pages a visit fetches at once when the request names no
+/// `concurrency`: one ahead of the one being read hides a round trip per partition.
+const DEFAULT_CONCURRENCY: u32 = 2;
+/// The most pages in flight for one visit, whatever `concurrency` asks (each may hold 4 MiB).
+const MAX_CONCURRENCY: u32 = 8;
+
+/// `concurrency`: while one partition is read, the first pages of the next ones are fetched.
+/// Documents still come partition after partition, so order and continuations are those of a
+/// visit without it; pages fetched for partitions the chunk does not reach are dropped (their
+/// requests cancelled).
+struct Prefetch {
+    ahead: u32,
+    /// In partition order, each the first page (no `after`) of its partition.
+    pages: std::collections::VecDeque<(u32, PageTask)>,
+}
+
+type PageResult = Result<larder_router::PartitionPage, Failure>;
+
+/// A page being fetched by a task of its own; dropping it cancels the fetch.
+struct PageTask(tokio::task::JoinHandle<PageResult>);
+
+impl Drop for PageTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl PageTask {
+    async fn await_page(mut self) -> PageResult {
+        (&mut self.0)
+            .await
+            .unwrap_or_else(|e| Err(Failure::Internal(format!("a visit page task failed: {e}"))))
+    }
+}
+
+impl Prefetch {
+    fn new(concurrency: Option<u32>) -> Prefetch {
+        let wanted = concurrency
+            .unwrap_or(DEFAULT_CONCURRENCY)
+            .clamp(1, MAX_CONCURRENCY);
+        Prefetch {
+            ahead: wanted - 1,
+            pages: Default::default(),
+        }
+    }
+
+    /// The page `request` asks for, if it was fetched ahead.
+    fn take(&mut self, request: &PageRequest) -> Option<PageTask> {
+        if request.after.is_some() {
+            return None;
+        }
+        while let Some((partition, _)) = self.pages.front() {
+            if *partition >= request.partition {
+                break;
+            }
+            self.pages.pop_front();
+        }
+        match self.pages.front() {
+            Some((partition, _)) if *partition == request.partition => {
+                self.pages.pop_front().map(|(_, task)| task)
+            }
+            _ => None,
+        }
+    }
+
+    /// Starts the first pages of the partitions after `current`'s, up to `ahead` of them.
+    fn fill(&mut self, state: &Arc<AppState>, current: &PageRequest, partitions: u32) {
+        let last = current
+            .partition
+            .saturating_add(self.ahead)
+            .min(partitions.saturating_sub(1));
+        let next = self
+            .pages
+            .back()
+            .map_or(current.partition + 1, |(p, _)| p + 1)
+            .max(current.partition + 1);
+        for partition in next..=last {
+            let request = PageRequest {
+                partition,
+                after: None,
+                ..current.clone()
+            };
+            let task = tokio::spawn(fetch_page(state.clone(), request));
+            self.pages.push_back((partition, PageTask(task)));
+        }
+    }
+}
+
+async fn fetch_page(state: Arc<AppState>, request: PageRequest) -> PageResult {
+    let deadline = Instant::now() + state.router.config().operation_timeout;
+    Ok(state.documents.visit_page(&request, deadline).await?)
 }
 
 impl Visit {
@@ -259,6 +353,7 @@ impl Visit {
                 u64::MAX
             },
             time_chunk,
+            prefetch: Prefetch::new(params.concurrency),
         })
     }
 
@@ -291,8 +386,11 @@ impl Visit {
                 limit,
                 selection: self.selection.clone(),
             };
-            let deadline = Instant::now() + state.router.config().operation_timeout;
-            let page = state.documents.visit_page(&request, deadline).await?;
+            let page = self.prefetch.take(&request).unwrap_or_else(|| {
+                PageTask(tokio::spawn(fetch_page(state.clone(), request.clone())))
+            });
+            self.prefetch.fill(state, &request, position.partitions);
+            let page = page.await_page().await?;
             let filter = self.filter.clone();
             let docs = page.docs;
             let mut matched = state.document_work.run(move || filter.apply(docs)).await?;
