@@ -10,6 +10,11 @@ use std::os::unix::fs::FileExt;
 use crate::format::{parse_fixed, verify_head, RecordInfo, BLOCK_SIZE, HEADER_LEN, RECORD_MAGIC};
 
 const WINDOW: usize = 1 << 20;
+/// Window buffers kept for the next scanners: a change-feed page (one per replication pull,
+/// many a second under writes) would otherwise take, and zero, a fresh megabyte each time.
+const POOLED_WINDOWS: usize = 8;
+
+static WINDOWS: parking_lot::Mutex<Vec<Vec<u8>>> = parking_lot::Mutex::new(Vec::new());
 
 /// A record found at some offset.
 #[derive(Debug)]
@@ -34,8 +39,24 @@ pub(crate) struct Scanner<'a> {
     /// The segment's id: part of every record's head CRC.
     segment: u32,
     len: u64,
+    /// A window buffer; only `buf[..filled]` holds the file's bytes at `at`. The rest is
+    /// whatever an earlier scan left there (never read: every view is within `filled`).
     buf: Vec<u8>,
+    filled: usize,
     at: u64,
+}
+
+impl Drop for Scanner<'_> {
+    fn drop(&mut self) {
+        // Buffers grown past the window for one large record are not worth keeping.
+        if self.buf.capacity() == 0 || self.buf.capacity() > WINDOW {
+            return;
+        }
+        let mut pool = WINDOWS.lock();
+        if pool.len() < POOLED_WINDOWS {
+            pool.push(std::mem::take(&mut self.buf));
+        }
+    }
 }
 
 impl<'a> Scanner<'a> {
@@ -45,7 +66,8 @@ impl<'a> Scanner<'a> {
             file,
             segment,
             len,
-            buf: Vec::new(),
+            buf: WINDOWS.lock().pop().unwrap_or_default(),
+            filled: 0,
             at: 0,
         }
     }
@@ -56,12 +78,17 @@ impl<'a> Scanner<'a> {
         if pos >= end {
             return Ok(&[]);
         }
-        let buffered = self.at + self.buf.len() as u64;
+        let buffered = self.at + self.filled as u64;
         if pos < self.at || end > buffered {
             let want = (n.max(WINDOW) as u64).min(self.len - pos) as usize;
-            self.buf.resize(want, 0);
-            self.file.read_exact_at(&mut self.buf, pos)?;
-            self.at = pos;
+            if self.buf.len() < want {
+                // A whole window at once (so it can be pooled), zeroed by the allocator: fresh
+                // pages come zeroed; growing with `resize` would write every byte.
+                self.buf = vec![0; want.max(WINDOW)];
+            }
+            self.filled = 0;
+            self.file.read_exact_at(&mut self.buf[..want], pos)?;
+            (self.at, self.filled) = (pos, want);
         }
         let from = (pos - self.at) as usize;
         Ok(&self.buf[from..from + (end - pos) as usize])
