@@ -53,6 +53,8 @@ struct NodePass {
     segments_compacted: u64,
     bytes_reclaimed: u64,
     live_bytes_copied: u64,
+    /// Sealed bytes read to plan (segments with nothing new to reclaim are not read).
+    bytes_read: u64,
 }
 
 impl NodePass {
@@ -64,6 +66,7 @@ impl NodePass {
             "segments_compacted": self.segments_compacted,
             "bytes_reclaimed": self.bytes_reclaimed,
             "live_bytes_copied": self.live_bytes_copied,
+            "bytes_read": self.bytes_read,
         })
     }
 }
@@ -175,6 +178,8 @@ fn report_json(r: &CompactReport) -> serde_json::Value {
         "tombstones_dropped": r.tombstones_dropped,
         "sealed_bytes": r.sealed_bytes,
         "garbage_bytes": r.garbage_bytes,
+        "bytes_read": r.bytes_read,
+        "segments_skipped": r.segments_skipped,
     })
 }
 
@@ -207,6 +212,7 @@ fn pass(
                 total.segments_compacted += report.segments_compacted;
                 total.bytes_reclaimed += report.bytes_reclaimed;
                 total.live_bytes_copied += report.live_bytes_copied;
+                total.bytes_read += report.bytes_read;
                 report_json(report)
             }
             Err(err) => {

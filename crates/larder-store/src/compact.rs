@@ -23,6 +23,7 @@ use crate::format::{
     FILE_HEADER_LEN,
 };
 use crate::index::{BlobState, DocState, Index, Tomb};
+use crate::ledger::{Kept, Planned};
 use crate::scan::{Found, Scanner};
 use crate::segment::{io_error, segment_file_name, sync_dir, Segment};
 use crate::types::{CompactOptions, CompactReport, Location, Op, Result};
@@ -59,6 +60,15 @@ impl Plan {
     fn garbage(&self) -> u64 {
         self.len - FILE_HEADER_LEN - self.live_bytes()
     }
+    /// What the ledger keeps of the records that stay.
+    fn kept(&self) -> impl Iterator<Item = Kept> + '_ {
+        self.keep.iter().map(|k| Kept {
+            expires_ms: k.info.expires_ms,
+            tombstone: matches!(k.info.op, Op::DeleteBlob | Op::RemoveDoc)
+                .then_some((k.info.time_ms, k.info.seq)),
+        })
+    }
+
     fn shadow(&mut self, put: RecordInfo) {
         *self.shadowed_per_key.entry(put.key.clone()).or_default() += 1;
         self.shadowed.push(put);
@@ -195,7 +205,7 @@ fn throttle(pace: &mut Pace, copied: u64) {
 
 impl Engine {
     pub(crate) fn compact(&self, opts: &CompactOptions) -> Result<CompactReport> {
-        let _one_pass_at_a_time = self.compaction.lock();
+        let mut ledger = self.compaction.lock();
         let unpublished = self.seal_active(opts.seal_active)?;
         let sealed: Vec<Segment> = self
             .segments
@@ -205,11 +215,21 @@ impl Engine {
             .cloned()
             .collect();
         let mut report = CompactReport::default();
+        let mut shadows_dropped = false;
         for seg in sealed {
+            let payload = seg.file.metadata()?.len().saturating_sub(FILE_HEADER_LEN);
+            let notes = self.index.write().notes.take(seg.id);
+            if !ledger.should_plan(seg.id, payload, notes, opts, shadows_dropped) {
+                report.segments_skipped += 1;
+                report.sealed_bytes += payload;
+                report.garbage_bytes += ledger.garbage(seg.id).min(payload);
+                continue;
+            }
             // Planned after the previous segment's rewrite was published: a put it dropped no
             // longer shadows a tombstone here (segments go oldest first, and a key's older
             // puts lie in this segment or before it).
             let plan = self.plan(&seg, opts)?;
+            report.bytes_read += plan.len;
             let payload = plan.len - FILE_HEADER_LEN;
             let garbage = plan.garbage();
             // What a segment left alone holds, for the report's garbage measure.
@@ -217,18 +237,17 @@ impl Engine {
                 report.sealed_bytes += payload;
                 report.garbage_bytes += garbage;
             };
-            if !plan.worth_it(opts.min_garbage_ratio) {
+            let room = crate::space::free_bytes(&self.dir)
+                // A full disk can still compact: the rewrite needs room only for the live bytes.
+                .is_none_or(|free| free >= plan.live_bytes() + FILE_HEADER_LEN);
+            if !plan.worth_it(opts.min_garbage_ratio) || !room {
                 left_alone(&mut report);
+                ledger.planned(seg.id, Planned::after(garbage, plan.kept(), opts));
                 continue;
             }
-            // A full disk can still compact: the rewrite needs room only for the live bytes.
-            if let Some(free) = crate::space::free_bytes(&self.dir) {
-                if free < plan.live_bytes() + FILE_HEADER_LEN {
-                    left_alone(&mut report);
-                    continue;
-                }
-            }
             self.rewrite(&seg, &plan, opts.max_bytes_per_sec)?;
+            ledger.planned(seg.id, Planned::after(0, plan.kept(), opts));
+            shadows_dropped |= !plan.shadowed.is_empty();
             report.sealed_bytes += plan.live_bytes();
             report.segments_compacted += 1;
             report.bytes_reclaimed += garbage;

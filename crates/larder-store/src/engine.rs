@@ -66,8 +66,9 @@ pub(crate) struct Engine {
     /// change feed cursor.
     pub incarnation: u64,
     pub feed_hints: Mutex<crate::feed::FeedHints>,
-    /// Held by a compaction pass for its whole run: one pass at a time per store.
-    pub compaction: Mutex<()>,
+    /// Held by a compaction pass for its whole run: one pass at a time per store. What the
+    /// passes learnt of each segment (`ledger.rs`).
+    pub compaction: Mutex<crate::ledger::Ledger>,
     /// The largest sequence of a tombstone compaction dropped (`dropped.rs`).
     pub dropped_through: AtomicU64,
     /// Lets `&self` methods hand an owning reference to the background checkpoint thread.

@@ -88,6 +88,8 @@ pub(crate) struct Index {
     /// The highest sequence number applied: the durable end of the change feed.
     pub last_seq: u64,
     pub live_keys: u64,
+    /// What landed in each segment since compaction last looked (`ledger.rs`).
+    pub notes: crate::ledger::SegmentNotes,
 }
 
 impl Index {
@@ -97,12 +99,13 @@ impl Index {
         self.last_seq = self.last_seq.max(rec.seq);
         match rec.op {
             Op::PutBlob => self.put_blob(rec, loc),
-            Op::DeleteBlob => self.delete_blob(rec),
+            Op::DeleteBlob => self.delete_blob(rec, loc),
             Op::PutDoc | Op::RemoveDoc => self.apply_doc(rec, loc),
         }
     }
 
     fn put_blob(&mut self, rec: RecordInfo, loc: Location) -> bool {
+        let len = rec.head_len().saturating_add(rec.size);
         let slot = match self.blobs.entry(rec.key) {
             Entry::Vacant(slot) => slot,
             // Blobs are immutable and tombstones win, whichever came first. (A put found after
@@ -111,9 +114,11 @@ impl Index {
                 if let BlobState::Deleted(tomb) = o.get_mut() {
                     tomb.shadows = tomb.shadows.saturating_add(1);
                 }
+                self.notes.garbage(loc.segment, len);
                 return false;
             }
         };
+        self.notes.expires(loc.segment, rec.expires_ms);
         let meta = BlobMeta {
             props: rec.props,
             time_ms: rec.time_ms,
@@ -128,12 +133,14 @@ impl Index {
         true
     }
 
-    fn delete_blob(&mut self, rec: RecordInfo) -> bool {
+    fn delete_blob(&mut self, rec: RecordInfo, loc: Location) -> bool {
         let mut tomb = Tomb {
             time_ms: rec.time_ms,
             seq: rec.seq,
             shadows: 0,
         };
+        self.notes.tombstone(loc.segment, rec.time_ms);
+        let key_len = rec.key.len();
         match self.blobs.entry(rec.key) {
             Entry::Vacant(slot) => {
                 slot.insert(BlobState::Deleted(tomb));
@@ -142,6 +149,10 @@ impl Index {
             Entry::Occupied(o) if matches!(o.get(), BlobState::Deleted(_)) => return false,
             Entry::Occupied(mut o) => {
                 // The put it replaces stays in the log (garbage) until compaction drops it.
+                if let BlobState::Live(b) = o.get() {
+                    let len = crate::ledger::record_len(key_len, b.meta.props.len(), b.size);
+                    self.notes.garbage(b.loc.segment, len);
+                }
                 tomb.shadows = 1;
                 o.insert(BlobState::Deleted(tomb));
                 self.live_keys -= 1;
@@ -152,6 +163,11 @@ impl Index {
 
     fn apply_doc(&mut self, rec: RecordInfo, loc: Location) -> bool {
         let is_put = rec.op == Op::PutDoc;
+        let (segment, key_len) = (loc.segment, rec.key.len());
+        let len = rec.head_len().saturating_add(rec.size);
+        if !is_put {
+            self.notes.tombstone(segment, rec.time_ms);
+        }
         let mut new = if is_put {
             DocState::Live {
                 version: rec.version,
@@ -179,10 +195,15 @@ impl Index {
                 // Only a replay meets an older version in the log: a put of it is shadowed.
                 let shadows = o.get_mut().shadows_mut();
                 *shadows = shadows.saturating_add(is_put as u32);
+                self.notes.garbage(segment, len);
                 return false;
             }
             Entry::Occupied(mut o) => {
                 let was_live = matches!(o.get(), DocState::Live { .. });
+                if let DocState::Live { loc, size, .. } = o.get() {
+                    let len = crate::ledger::record_len(key_len, 0, *size);
+                    self.notes.garbage(loc.segment, len);
+                }
                 // Every older put record of the key (the one replaced, if live, and those it
                 // shadowed) may still be in the log.
                 *new.shadows_mut() = o.get().shadows().saturating_add(was_live as u32);

@@ -35,6 +35,7 @@ mod feed;
 mod format;
 mod index;
 mod journal;
+mod ledger;
 mod lock;
 mod reader;
 mod recovery;

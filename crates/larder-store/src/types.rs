@@ -277,6 +277,11 @@ pub struct CompactReport {
     /// it left alone: below the threshold, or no room to rewrite them).
     pub sealed_bytes: u64,
     pub garbage_bytes: u64,
+    /// Sealed segments the pass did not read: nothing in them could be reclaimed since their
+    /// last reading (their `garbage_bytes` are the estimate kept since; `ledger.rs`).
+    pub segments_skipped: u64,
+    /// Bytes of sealed segments the pass read (and verified) to plan them.
+    pub bytes_read: u64,
 }
 
 /// Options for [`crate::Disk::open`].
