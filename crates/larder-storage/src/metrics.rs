@@ -63,6 +63,8 @@ pub struct StorageMetrics {
     compaction_segments: Family<PartitionLabels, Counter>,
     compaction_corrupt_dropped: Family<PartitionLabels, Counter>,
     compaction_live_bytes_copied: Family<PartitionLabels, Counter>,
+    compaction_tombstones_dropped: Family<PartitionLabels, Counter>,
+    compaction_bytes_read: Family<PartitionLabels, Counter>,
     compaction_garbage_ratio: Family<PartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     compaction_garbage_bytes: Family<PartitionLabels, Gauge>,
     compaction_lag_seconds: Family<PartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -88,6 +90,8 @@ impl StorageMetrics {
             compaction_segments: Family::default(),
             compaction_corrupt_dropped: Family::default(),
             compaction_live_bytes_copied: Family::default(),
+            compaction_tombstones_dropped: Family::default(),
+            compaction_bytes_read: Family::default(),
             compaction_garbage_ratio: Family::default(),
             compaction_garbage_bytes: Family::default(),
             compaction_lag_seconds: Family::default(),
@@ -161,6 +165,16 @@ impl StorageMetrics {
             "compaction_live_bytes_copied",
             "Bytes of live records compaction copied forward per replica",
             m.compaction_live_bytes_copied.clone(),
+        );
+        registry.register(
+            "compaction_tombstones_dropped",
+            "Tombstones compaction dropped per replica (past every replica and the retention)",
+            m.compaction_tombstones_dropped.clone(),
+        );
+        registry.register(
+            "compaction_bytes_read",
+            "Bytes of sealed segments compaction read and verified to decide what to rewrite",
+            m.compaction_bytes_read.clone(),
         );
         registry.register(
             "compaction_garbage_ratio",
@@ -257,6 +271,12 @@ impl StorageMetrics {
         self.compaction_live_bytes_copied
             .get_or_create(&labels)
             .inc_by(report.live_bytes_copied);
+        self.compaction_tombstones_dropped
+            .get_or_create(&labels)
+            .inc_by(report.tombstones_dropped);
+        self.compaction_bytes_read
+            .get_or_create(&labels)
+            .inc_by(report.bytes_read);
         let ratio = match report.sealed_bytes {
             0 => 0.0,
             sealed => report.garbage_bytes as f64 / sealed as f64,

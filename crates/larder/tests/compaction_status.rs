@@ -99,6 +99,25 @@ async fn garbage_ratio_and_lag_are_shown_and_compaction_runs_on_demand() {
         "{text}"
     );
 
+    let read: f64 = values("larder_storage_compaction_bytes_read_total")
+        .iter()
+        .sum();
+    assert!(read > 0.0, "the sealed segments were read once: {text}");
+    // Passes that follow find nothing new in them, and read nothing.
+    let started = Instant::now();
+    loop {
+        let status = cli(&cluster, &["status"]);
+        if status["last_pass"]["bytes_read"].as_u64() == Some(0) {
+            assert!(max_ratio(&status).is_some_and(|r| r > 0.2), "{status}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "every pass reads the unchanged segments again: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
     let (code, _) = node
         .request(
             Method::POST,
