@@ -184,7 +184,9 @@ impl NodePool {
 
     pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, PoolError> {
         if let Some(http1) = &self.http1 {
-            return http1.send(req).await;
+            // Boxed, like `connect` below: an async fn is as large as its largest state, and
+            // this future is moved into a box for every replica of every request.
+            return Box::pin(http1.send(req)).await;
         }
         *req.uri_mut() = self.absolute(std::mem::take(req.uri_mut()));
         // A request that never left this process (its connection had just closed: a GOAWAY, a
@@ -278,7 +280,15 @@ impl NodePool {
         }
         let connector = self.tls.as_ref().map(|tls| tls.connector());
         let secrets = self.credentials.as_ref().map(|c| c.current());
-        match connect(self.addr, &self.cfg, connector.as_ref(), secrets.as_deref()).await {
+        // Boxed: connecting (TCP, TLS, HTTP/2 handshakes) is rare, and inline its state would
+        // make every request's future several kilobytes, copied when each is boxed.
+        let connecting = Box::pin(connect(
+            self.addr,
+            &self.cfg,
+            connector.as_ref(),
+            secrets.as_deref(),
+        ));
+        match connecting.await {
             Ok(sender) => {
                 slot.failures = 0;
                 slot.retry_at = None;

@@ -40,11 +40,14 @@ async fn dispatch(
     req: Request<Incoming>,
 ) -> (&'static str, Result<Response<Body>, ApiError>) {
     let method = req.method().clone();
+    // The handlers' futures are boxed: inline, every request's future (which hyper moves into
+    // a task per stream, and copies again when it ends) would be as large as the largest
+    // handler's, documents and uploads included, whatever the route.
     if req.uri().path() == "/v1/blobs" && method == Method::POST {
-        return ("blobs", blobs::upload(state, req).await);
+        return ("blobs", Box::pin(blobs::upload(state, req)).await);
     }
     if req.uri().path().starts_with("/document/v1/") {
-        return ("document", Ok(documents::handle(state, req).await));
+        return ("document", Ok(Box::pin(documents::handle(state, req)).await));
     }
     // No other route reads a body.
     let (parts, mut body) = req.into_parts();
@@ -93,7 +96,7 @@ async fn dispatch(
         ),
         "/" => ("root", read_only("GET, HEAD").map(|_| ops::handlers())),
         _ => match path.strip_prefix("/v1/blobs/") {
-            Some(id) => ("blob", blobs::by_id(state, id, &parts).await),
+            Some(id) => ("blob", Box::pin(blobs::by_id(state, id, &parts)).await),
             None => (
                 "other",
                 Err(ApiError::NotFound(format!("no API at {path}"))),
