@@ -51,6 +51,22 @@ impl ClusterMap {
         }
     }
 
+    /// The node that decides map changes (the map authority): the first node listed that holds
+    /// a replica that is not leaving. Draining or replacing it hands the role to the next node
+    /// in the revision that starts the plan, so a dead authority can be replaced.
+    pub fn authority(&self) -> Option<&str> {
+        self.nodes
+            .iter()
+            .map(|n| n.id.as_str())
+            .find(|node| {
+                self.partitions.iter().any(|p| {
+                    p.replicas
+                        .iter()
+                        .any(|r| r.node == *node && r.state != crate::ReplicaState::Leaving)
+                })
+            })
+    }
+
     /// The map with its revision one higher (a change's next map starts here).
     pub fn next_revision(&self) -> Result<ClusterMap, MapError> {
         let mut next = self.clone();
