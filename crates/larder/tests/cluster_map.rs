@@ -245,3 +245,46 @@ fn a_node_that_no_longer_holds_a_partition_refuses_an_older_maps_request_with_42
     assert_eq!(status, 404);
     assert_eq!(headers["larder-map-revision"], "2");
 }
+
+#[test]
+fn a_bootstrapping_replica_is_written_to_but_serves_no_read_and_counts_for_no_quorum() {
+    let mut cluster = Cluster::start(4, 1);
+    // Partition 0 on s1, s2, s3; revision 2 adds s4 as a bootstrapping replica.
+    let mut next = cluster.map.clone();
+    next.revision = 2;
+    next.partitions[0].replicas.push(larder_cluster::Replica {
+        node: "s4".into(),
+        disk: "disk0".into(),
+        state: larder_cluster::ReplicaState::Bootstrapping,
+    });
+    assert_eq!(put_map(&cluster, 0, &next.to_toml(), true).0, 200);
+    eventually("s4 has revision 2", Duration::from_secs(10), || {
+        node_map(&cluster, 3).revision == 2
+    });
+    // Opening the new replica's store is the data path's work; a restart does it here.
+    cluster.stop_node(3);
+    cluster.restart_node(3);
+    eventually("the frontend runs revision 2", Duration::from_secs(10), || {
+        frontend_cluster(cluster.frontend_addr)["map_revision"] == 2
+    });
+
+    // Writes reach the bootstrapping replica too.
+    let (status, id) = put_blob(cluster.frontend_addr);
+    assert_eq!(status, 201);
+    let id = id.unwrap();
+    let on_s4 = format!("/internal/v1/partitions/0/blobs/{id}");
+    eventually("the blob is on s4", Duration::from_secs(5), || {
+        internal(&cluster, 3, Method::GET, &on_s4, None, String::new()).0 == 200
+    });
+
+    // Its acknowledgement counts for nothing: with s1 and s2 down, s3 alone is no quorum of 2.
+    cluster.kill_node(0);
+    cluster.kill_node(1);
+    let (status, _) = put_blob(cluster.frontend_addr);
+    assert_eq!(status, 503, "a write acknowledged by s3 and the bootstrapping s4 succeeded");
+
+    // And it serves no read: with every caught-up replica down, the blob is not read from s4.
+    cluster.kill_node(2);
+    let (status, _) = get_blob(cluster.frontend_addr, &id);
+    assert_ne!(status, 200, "a bootstrapping replica served a read");
+}
