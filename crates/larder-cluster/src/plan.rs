@@ -67,7 +67,9 @@ pub fn complete_moves(
         if !booting.all(|r| caught_up(partition.id, &r.node)) {
             continue;
         }
-        partition.replicas.retain(|r| r.state != ReplicaState::Leaving);
+        partition
+            .replicas
+            .retain(|r| r.state != ReplicaState::Leaving);
         for r in &mut partition.replicas {
             r.state = ReplicaState::Live;
         }
@@ -153,7 +155,11 @@ fn future_counts(map: &ClusterMap, dc: &str) -> BTreeMap<String, usize> {
         .map(|n| (n.id.clone(), 0))
         .collect();
     for p in &map.partitions {
-        for r in p.replicas.iter().filter(|r| r.state != ReplicaState::Leaving) {
+        for r in p
+            .replicas
+            .iter()
+            .filter(|r| r.state != ReplicaState::Leaving)
+        {
             if let Some(count) = counts.get_mut(&r.node) {
                 *count += 1;
             }
@@ -182,7 +188,9 @@ fn pick_source(
             let primary = index == first_in_dc(map, p.id, &r.node);
             let better = match &best {
                 None => true,
-                Some((c, was_primary, ..)) => count > *c || (count == *c && *was_primary && !primary),
+                Some((c, was_primary, ..)) => {
+                    count > *c || (count == *c && *was_primary && !primary)
+                }
             };
             if better {
                 best = Some((count, primary, p.id, r.node.clone()));

@@ -55,16 +55,13 @@ impl ClusterMap {
     /// a replica that is not leaving. Draining or replacing it hands the role to the next node
     /// in the revision that starts the plan, so a dead authority can be replaced.
     pub fn authority(&self) -> Option<&str> {
-        self.nodes
-            .iter()
-            .map(|n| n.id.as_str())
-            .find(|node| {
-                self.partitions.iter().any(|p| {
-                    p.replicas
-                        .iter()
-                        .any(|r| r.node == *node && r.state != crate::ReplicaState::Leaving)
-                })
+        self.nodes.iter().map(|n| n.id.as_str()).find(|node| {
+            self.partitions.iter().any(|p| {
+                p.replicas
+                    .iter()
+                    .any(|r| r.node == *node && r.state != crate::ReplicaState::Leaving)
             })
+        })
     }
 
     /// The map with its revision one higher (a change's next map starts here).
@@ -174,7 +171,10 @@ mod tests {
         assert_eq!(current.compare_offer(&next).unwrap(), Offer::Newer);
         assert_eq!(current.compare_offer(&current).unwrap(), Offer::Same);
         let err = next.compare_offer(&current).unwrap_err().to_string();
-        assert!(err.contains("revision 1 is older than the current 2"), "{err}");
+        assert!(
+            err.contains("revision 1 is older than the current 2"),
+            "{err}"
+        );
         next.revision = 1;
         next.partitions[0].replicas.swap(0, 1);
         let err = current.compare_offer(&next).unwrap_err().to_string();
@@ -202,7 +202,10 @@ mod tests {
         map.save_durably(&path).unwrap();
         let mut watch = FileWatch::default();
         assert_eq!(watch.changed(&path).unwrap().unwrap(), map);
-        assert!(watch.changed(&path).is_none(), "unchanged file is not re-read");
+        assert!(
+            watch.changed(&path).is_none(),
+            "unchanged file is not re-read"
+        );
         std::fs::write(&path, "revision = ").unwrap();
         assert!(watch.changed(&path).unwrap().is_err());
         std::fs::remove_dir_all(dir).unwrap();

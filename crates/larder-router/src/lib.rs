@@ -24,8 +24,8 @@ pub use documents::{DocError, DocRouter, DocState, Written};
 pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, UploadJournal};
-pub use map_cell::{revision_in, MapCell};
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
+pub use map_cell::{revision_in, MapCell};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

@@ -91,7 +91,8 @@ impl MapCell {
         }
         self.pool
             .set_nodes(map.nodes.iter().map(|n| (n.id.clone(), n.address)));
-        self.health.set_nodes(map.nodes.iter().map(|n| n.id.clone()));
+        self.health
+            .set_nodes(map.nodes.iter().map(|n| n.id.clone()));
         tracing::info!(
             from = current.map.revision,
             to = map.revision,
@@ -176,10 +177,12 @@ impl MapCell {
     pub async fn poll_nodes(&self) {
         let map = self.get();
         let authority = map.authority().map(str::to_owned);
-        let order = authority
-            .iter()
-            .cloned()
-            .chain(map.nodes.iter().map(|n| n.id.clone()).filter(|n| Some(n) != authority.as_ref()));
+        let order = authority.iter().cloned().chain(
+            map.nodes
+                .iter()
+                .map(|n| n.id.clone())
+                .filter(|n| Some(n) != authority.as_ref()),
+        );
         for node in order {
             let request = Request::get(larder_proto::HEALTH_PATH)
                 .body(larder_pool::empty())

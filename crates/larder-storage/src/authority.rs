@@ -20,7 +20,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use larder_cluster::{complete_moves, ClusterMap, FileWatch, PartitionId, ReplicaState, MAX_MAP_BYTES};
+use larder_cluster::{
+    complete_moves, ClusterMap, FileWatch, PartitionId, ReplicaState, MAX_MAP_BYTES,
+};
 use larder_pool::StoragePool;
 use larder_proto::header::MAP_REVISION;
 use tokio::sync::watch;
@@ -73,7 +75,9 @@ async fn follow_file(maps: &Arc<MapState>, file: &mut FileWatch, path: &std::pat
     .await;
     match taken {
         Ok(Ok(_)) => {}
-        Ok(Err(err)) => tracing::error!(file = %path.display(), %err, "cluster map file refused; keeping the current map"),
+        Ok(Err(err)) => {
+            tracing::error!(file = %path.display(), %err, "cluster map file refused; keeping the current map")
+        }
         Err(err) => tracing::error!(%err, "cluster map file check failed"),
     }
 }
@@ -149,9 +153,19 @@ async fn advance_moves(maps: &Arc<MapState>, nodes: &StoragePool) {
 }
 
 /// `node`'s state of its replica of `partition` (`"bootstrapping"`, `"caught_up"`, ...).
-async fn replica_state(nodes: &StoragePool, node: &str, partition: PartitionId) -> Result<String, String> {
+async fn replica_state(
+    nodes: &StoragePool,
+    node: &str,
+    partition: PartitionId,
+) -> Result<String, String> {
     let path = format!("/internal/v1/partitions/{partition}/replica");
-    let (status, body) = ask(nodes, node, Request::get(path).body(larder_pool::empty()), MAX_REPLICA_ANSWER).await?;
+    let (status, body) = ask(
+        nodes,
+        node,
+        Request::get(path).body(larder_pool::empty()),
+        MAX_REPLICA_ANSWER,
+    )
+    .await?;
     if status != StatusCode::OK {
         return Err(format!("{node} answered {status}"));
     }

@@ -28,7 +28,7 @@ pub(crate) async fn handle(node: &StorageNode, req: Request<Incoming>) -> Result
 }
 
 fn current(node: &StorageNode) -> Response<Body> {
-    let mut response = reply::body_response(node.map.current().to_toml());
+    let mut response = reply::body_response(node.maps.current().to_toml());
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/toml"),
@@ -40,7 +40,11 @@ async fn offer(node: &StorageNode, req: Request<Incoming>) -> Result<Response<Bo
     let kind = match req.uri().query() {
         Some("change") => OfferKind::Change,
         None | Some("") => OfferKind::Distribution,
-        Some(_) => return Err(Error::BadQuery("the only query of PUT /internal/v1/map is ?change")),
+        Some(_) => {
+            return Err(Error::BadQuery(
+                "the only query of PUT /internal/v1/map is ?change",
+            ))
+        }
     };
     let limit = usize::try_from(MAX_MAP_BYTES).unwrap_or(usize::MAX);
     let body = http_body_util::Limited::new(req.into_body(), limit).collect();
@@ -49,10 +53,10 @@ async fn offer(node: &StorageNode, req: Request<Incoming>) -> Result<Response<Bo
         .map_err(|_| Error::BodyTimeout(MAP_BODY_TIMEOUT))?
         .map_err(Error::Body)?
         .to_bytes();
-    let text = std::str::from_utf8(&body)
-        .map_err(|_| MapError::Syntax("the map is not UTF-8".into()))?;
+    let text =
+        std::str::from_utf8(&body).map_err(|_| MapError::Syntax("the map is not UTF-8".into()))?;
     let map = ClusterMap::from_toml(text)?;
-    let maps = node.map.clone();
+    let maps = node.maps.clone();
     let offer = tokio::task::spawn_blocking(move || maps.offer(map, kind))
         .await
         .map_err(|e| Error::Map(MapError::Invalid(format!("offer failed: {e}"))))??;
@@ -62,6 +66,6 @@ async fn offer(node: &StorageNode, req: Request<Incoming>) -> Result<Response<Bo
     };
     Ok(reply::json(
         status,
-        &serde_json::json!({"revision": node.map.revision(), "changed": offer == Offer::Newer}),
+        &serde_json::json!({"revision": node.maps.revision(), "changed": offer == Offer::Newer}),
     ))
 }

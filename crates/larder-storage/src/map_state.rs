@@ -43,11 +43,13 @@ pub struct MapState {
 }
 
 impl MapState {
-    pub fn new(map: Arc<ClusterMap>, node_id: &str, data_dir: &Path) -> MapState {
-        let revision = map.revision;
+    /// Holds the map `tx` carries now; every map this node takes from now on is published on
+    /// `tx` (a clone of the node's one map channel).
+    pub fn new(tx: watch::Sender<Arc<ClusterMap>>, node_id: &str, data_dir: &Path) -> MapState {
+        let revision = tx.borrow().revision;
         MapState {
             node_id: node_id.to_owned(),
-            tx: watch::Sender::new(map),
+            tx,
             revision: AtomicU64::new(revision),
             header: Mutex::new(HeaderValue::from(revision)),
             persisted: data_dir.join(MAP_FILE),
@@ -126,7 +128,11 @@ impl MapState {
             })?;
         }
         map.save_durably(&self.persisted)?;
-        tracing::info!(from = current.revision, to = map.revision, "cluster map changed");
+        tracing::info!(
+            from = current.revision,
+            to = map.revision,
+            "cluster map changed"
+        );
         let revision = map.revision;
         *self.header.lock().unwrap_or_else(|e| e.into_inner()) = HeaderValue::from(revision);
         self.revision.store(revision, Ordering::Release);
@@ -212,5 +218,8 @@ pub fn newest(configured: ClusterMap, data_dir: &Path) -> ClusterMap {
 /// Every node of `map` (this one too: the authority asks itself like the others), with its
 /// address.
 pub(crate) fn node_addresses(map: &ClusterMap) -> Vec<(String, std::net::SocketAddr)> {
-    map.nodes.iter().map(|n| (n.id.clone(), n.address)).collect()
+    map.nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.address))
+        .collect()
 }

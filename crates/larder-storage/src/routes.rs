@@ -17,15 +17,16 @@ pub async fn handle(node: Arc<StorageNode>, req: Request<Incoming>) -> Response<
     let head = req.method() == Method::HEAD;
     // The fence (INTERNAL_API.md, "Map revisions"): a frontend names the revision it routes by.
     let asked = larder_proto::map_revision(req.headers());
-    if asked.is_some_and(|asked| asked > node.map.revision()) {
-        node.map.saw_newer();
+    if asked.is_some_and(|asked| asked > node.maps.revision()) {
+        node.maps.saw_newer();
     }
     let mut response = route(node.clone(), req, asked)
         .await
         .unwrap_or_else(|err| reply::error_response(&err));
-    response
-        .headers_mut()
-        .insert(larder_proto::header::MAP_REVISION, node.map.revision_header());
+    response.headers_mut().insert(
+        larder_proto::header::MAP_REVISION,
+        node.maps.revision_header(),
+    );
     if head {
         without_body(response)
     } else {
@@ -99,10 +100,10 @@ async fn route(
 /// asks the right nodes. One atomic load when the revisions agree.
 fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
     let Some(asked) = asked else { return Ok(()) };
-    if asked >= node.map.revision() {
+    if asked >= node.maps.revision() {
         return Ok(());
     }
-    let map = node.map.current();
+    let map = node.maps.current();
     let holds = map
         .partition(partition)
         .is_some_and(|p| p.replicas.iter().any(|r| r.node == node.node_id));

@@ -75,9 +75,9 @@ pub async fn serve(
     let every_node = crate::map_state::node_addresses(&map_for_replication);
     let map_pool = StoragePool::new(every_node, config.pool.clone(), credentials.clone())
         .map_err(|e| e.to_string())?;
-    node.map.attach_peers(map_pool.clone());
+    node.maps.attach_peers(map_pool.clone());
     let map_task = crate::authority::start(
-        node.map.clone(),
+        node.maps.clone(),
         map_pool,
         config.cluster_map.clone(),
         stop.clone(),

@@ -220,8 +220,16 @@ impl Cluster {
         let text = next.to_toml();
         // The authority of the current map decides; when it is the dead node being replaced,
         // the authority of the new map does.
-        let mut deciders: Vec<String> = self.map.authority().map(str::to_owned).into_iter().collect();
-        if let Some(after) = next.authority().filter(|a| !deciders.iter().any(|d| d == a)) {
+        let mut deciders: Vec<String> = self
+            .map
+            .authority()
+            .map(str::to_owned)
+            .into_iter()
+            .collect();
+        if let Some(after) = next
+            .authority()
+            .filter(|a| !deciders.iter().any(|d| d == a))
+        {
             deciders.push(after.to_owned());
         }
         let mut refusals = Vec::new();
@@ -233,7 +241,10 @@ impl Cluster {
                     break;
                 }
                 Ok((status, message)) => {
-                    anyhow::bail!("the map authority {node} refused revision {}: {status}: {message}", next.revision)
+                    anyhow::bail!(
+                        "the map authority {node} refused revision {}: {status}: {message}",
+                        next.revision
+                    )
                 }
                 Err(err) => refusals.push(format!("{node}: {err:#}")),
             }
@@ -244,14 +255,22 @@ impl Cluster {
                 refusals.join("; ")
             );
         };
-        println!("map revision {} accepted by the map authority {authority}", next.revision);
+        println!(
+            "map revision {} accepted by the map authority {authority}",
+            next.revision
+        );
         for node in next.nodes.iter().filter(|n| n.id != authority) {
             if let Err(err) = put_map(pool, &node.id, &text, false).await {
                 // The authority keeps sending it until the node has it.
-                eprintln!("node {} does not have it yet ({err:#}); the authority will retry", node.id);
+                eprintln!(
+                    "node {} does not have it yet ({err:#}); the authority will retry",
+                    node.id
+                );
             }
         }
-        let file_revision = ClusterMap::load(&self.map_file).map(|m| m.revision).unwrap_or(0);
+        let file_revision = ClusterMap::load(&self.map_file)
+            .map(|m| m.revision)
+            .unwrap_or(0);
         if file_revision < next.revision {
             next.save_durably(&self.map_file)?;
             println!("wrote {}", self.map_file.display());
@@ -261,7 +280,10 @@ impl Cluster {
 }
 
 fn addresses(map: &ClusterMap) -> Vec<(String, SocketAddr)> {
-    map.nodes.iter().map(|n| (n.id.clone(), n.address)).collect()
+    map.nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.address))
+        .collect()
 }
 
 async fn exchange(
@@ -359,17 +381,21 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 .filter(|r| r.node == node.id && r.state == state)
                 .count()
         };
-        nodes.push(serde_json::json!({"id": node.id, "address": node.address.to_string(),
+        nodes.push(
+            serde_json::json!({"id": node.id, "address": node.address.to_string(),
             "datacenter": node.datacenter, "map_revision": revision,
             "live": count(ReplicaState::Live), "bootstrapping": count(ReplicaState::Bootstrapping),
-            "leaving": count(ReplicaState::Leaving)}));
+            "leaving": count(ReplicaState::Leaving)}),
+        );
     }
     let moves = moves_in_progress(&cluster).await;
     let frontends: Vec<_> = args
         .frontend
         .iter()
-        .map(|url| serde_json::json!({"url": url, "map_revision": frontend_revision(url)
-            .map_or_else(|e| format!("? ({e:#})"), |r| r.to_string())}))
+        .map(|url| {
+            serde_json::json!({"url": url, "map_revision": frontend_revision(url)
+            .map_or_else(|e| format!("? ({e:#})"), |r| r.to_string())})
+        })
         .collect();
     let report = serde_json::json!({"map_revision": map.revision,
         "authority": map.authority(), "nodes": nodes, "moves": moves, "frontends": frontends});
@@ -505,7 +531,11 @@ fn print_status(report: &serde_json::Value) {
             m["partition"],
             m["from"]
                 .as_array()
-                .map(|f| f.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(","))
+                .map(|f| f
+                    .iter()
+                    .filter_map(|v| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","))
                 .unwrap_or_default(),
             m["to"].as_str().unwrap_or(""),
             m["state"].as_str().unwrap_or(""),
@@ -513,7 +543,10 @@ fn print_status(report: &serde_json::Value) {
             mb(&m["bytes_left"]),
             m["bytes_per_second"]
                 .as_u64()
-                .map_or("rate -".to_owned(), |r| format!("{:.1} MB/s", r as f64 / 1e6)),
+                .map_or("rate -".to_owned(), |r| format!(
+                    "{:.1} MB/s",
+                    r as f64 / 1e6
+                )),
         );
     }
 }

@@ -48,7 +48,10 @@ impl Dev {
             let _ = child.kill();
             let _ = child.wait();
         }
-        assert!(status.is_some_and(|s| s.success()), "larder dev stops cleanly");
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "larder dev stops cleanly"
+        );
     }
 }
 
@@ -72,7 +75,15 @@ fn larder(args: &[&str]) -> (bool, String, String) {
 
 fn curl_status(args: &[&str]) -> String {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
         .args(args)
         .output()
         .unwrap();
@@ -89,24 +100,50 @@ fn add_node_on_a_dev_cluster_starts_the_node_and_its_moves() {
     let config = data_dir.join("s1.toml").display().to_string();
     let url = format!("http://{listen}");
 
-    let (ok, out, err) = larder(&["cluster", "add-node", "s4", "--address", &new_node.to_string(), "--config", &config]);
+    let (ok, out, err) = larder(&[
+        "cluster",
+        "add-node",
+        "s4",
+        "--address",
+        &new_node.to_string(),
+        "--config",
+        &config,
+    ]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("map revision 2 accepted by the map authority s1"), "{out}");
+    assert!(
+        out.contains("map revision 2 accepted by the map authority s1"),
+        "{out}"
+    );
     assert!(out.contains("6 replica moves started"), "{out}");
     // `larder dev` saw the node added to its map and started it.
     wait_for_port(new_node);
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        let (ok, out, err) = larder(&["cluster", "status", "--json", "--config", &config, "--frontend", &url]);
+        let (ok, out, err) = larder(&[
+            "cluster",
+            "status",
+            "--json",
+            "--config",
+            &config,
+            "--frontend",
+            &url,
+        ]);
         assert!(ok, "{out}{err}");
         let status: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let everyone_at_2 = status["nodes"].as_array().unwrap().iter().all(|n| n["map_revision"] == "2")
+        let everyone_at_2 = status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["map_revision"] == "2")
             && status["frontends"][0]["map_revision"] == "2";
         if everyone_at_2 {
             break status;
         }
-        assert!(Instant::now() < deadline, "every node and the frontend at revision 2: {status}");
+        assert!(
+            Instant::now() < deadline,
+            "every node and the frontend at revision 2: {status}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(status["map_revision"], 2);
@@ -117,15 +154,29 @@ fn add_node_on_a_dev_cluster_starts_the_node_and_its_moves() {
     let leaving: u64 = nodes.iter().map(|n| n["leaving"].as_u64().unwrap()).sum();
     assert_eq!(leaving, 6);
     assert_eq!(status["moves"].as_array().unwrap().len(), 6);
-    assert!(status["moves"].as_array().unwrap().iter().all(|m| m["to"] == "s4"));
+    assert!(status["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["to"] == "s4"));
 
     // The plain-text report, and the cluster serving meanwhile.
     let (ok, out, _) = larder(&["cluster", "status", "--config", &config]);
     assert!(ok);
-    assert!(out.contains("map revision 2") && out.contains("6 moves in progress"), "{out}");
+    assert!(
+        out.contains("map revision 2") && out.contains("6 moves in progress"),
+        "{out}"
+    );
     let file = tmp.path().join("blob");
     std::fs::write(&file, b"during a move").unwrap();
-    assert_eq!(curl_status(&["--data-binary", &format!("@{}", file.display()), &format!("{url}/v1/blobs")]), "201");
+    assert_eq!(
+        curl_status(&[
+            "--data-binary",
+            &format!("@{}", file.display()),
+            &format!("{url}/v1/blobs")
+        ]),
+        "201"
+    );
     // Another plan waits for this one.
     let (ok, _, err) = larder(&["cluster", "drain-node", "s2", "--config", &config]);
     assert!(!ok);

@@ -16,7 +16,11 @@ use larder_cluster::{BlobId, ClusterMap, PartitionState};
 
 /// `PUT /internal/v1/map` (`?change` for the authority) on node `i`: status and JSON answer.
 fn put_map(cluster: &Cluster, i: usize, text: &str, change: bool) -> (u16, serde_json::Value) {
-    let path = if change { "/internal/v1/map?change" } else { "/internal/v1/map" };
+    let path = if change {
+        "/internal/v1/map?change"
+    } else {
+        "/internal/v1/map"
+    };
     let (status, _, body) = internal(cluster, i, Method::PUT, path, None, text.to_owned());
     (status, serde_json::from_slice(&body).unwrap_or_default())
 }
@@ -52,14 +56,26 @@ fn internal(
 
 /// Node `i`'s map, or None while it does not answer.
 fn node_map(cluster: &Cluster, i: usize) -> ClusterMap {
-    let (status, _, body) = internal(cluster, i, Method::GET, "/internal/v1/map", None, String::new());
+    let (status, _, body) = internal(
+        cluster,
+        i,
+        Method::GET,
+        "/internal/v1/map",
+        None,
+        String::new(),
+    );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     ClusterMap::from_toml(std::str::from_utf8(&body).unwrap()).unwrap()
 }
 
 fn frontend_cluster(addr: std::net::SocketAddr) -> serde_json::Value {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "5", &format!("http://{addr}/v1/cluster")])
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://{addr}/v1/cluster"),
+        ])
         .output()
         .unwrap();
     serde_json::from_slice(&out.stdout).unwrap_or_default()
@@ -75,8 +91,16 @@ fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 fn put_blob(addr: std::net::SocketAddr) -> (u16, Option<String>) {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", "--data-binary", "hello",
-            &format!("http://{addr}/v1/blobs")])
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "--data-binary",
+            "hello",
+            &format!("http://{addr}/v1/blobs"),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -89,7 +113,14 @@ fn put_blob(addr: std::net::SocketAddr) -> (u16, Option<String>) {
 
 fn get_blob(addr: std::net::SocketAddr, id: &str) -> (u16, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", &format!("http://{addr}/v1/blobs/{id}")])
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://{addr}/v1/blobs/{id}"),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -112,23 +143,34 @@ fn a_node_and_a_frontend_stopped_during_a_map_change_catch_up_when_they_come_bac
     let (status, answer) = put_map(&cluster, 0, &next.to_toml(), true);
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["revision"], 2);
-    eventually("s2 gets revision 2 from the authority", Duration::from_secs(10), || {
-        node_map(&cluster, 1).revision == 2
-    });
-    eventually("the running frontend follows", Duration::from_secs(10), || {
-        frontend_cluster(cluster.frontend_addr)["map_revision"] == 2
-    });
+    eventually(
+        "s2 gets revision 2 from the authority",
+        Duration::from_secs(10),
+        || node_map(&cluster, 1).revision == 2,
+    );
+    eventually(
+        "the running frontend follows",
+        Duration::from_secs(10),
+        || frontend_cluster(cluster.frontend_addr)["map_revision"] == 2,
+    );
 
     // Back after the change, both started from the revision-1 file.
     cluster.restart_node(2);
-    eventually("the restarted s3 catches up", Duration::from_secs(15), || {
-        node_map(&cluster, 2) == next
-    });
+    eventually(
+        "the restarted s3 catches up",
+        Duration::from_secs(15),
+        || node_map(&cluster, 2) == next,
+    );
     let second = SecondFrontend::start(&cluster);
-    eventually("the restarted frontend catches up", Duration::from_secs(15), || {
-        frontend_cluster(second.addr)["map_revision"] == 2
-    });
-    assert_eq!(frontend_cluster(second.addr)["partitions"][1]["state"], "read-only");
+    eventually(
+        "the restarted frontend catches up",
+        Duration::from_secs(15),
+        || frontend_cluster(second.addr)["map_revision"] == 2,
+    );
+    assert_eq!(
+        frontend_cluster(second.addr)["partitions"][1]["state"],
+        "read-only"
+    );
     // It routes by the new map: no write lands on the read-only partition.
     for _ in 0..12 {
         let (status, id) = put_blob(second.addr);
@@ -141,7 +183,8 @@ fn a_node_and_a_frontend_stopped_during_a_map_change_catch_up_when_they_come_bac
     cluster.stop_node(0);
     cluster.restart_node(0);
     assert_eq!(node_map(&cluster, 0), next);
-    let on_disk = ClusterMap::load(&cluster.dir.path().join("s1").join("cluster-map.toml")).unwrap();
+    let on_disk =
+        ClusterMap::load(&cluster.dir.path().join("s1").join("cluster-map.toml")).unwrap();
     assert_eq!(on_disk, next);
 }
 
@@ -156,7 +199,10 @@ fn a_bad_map_is_refused_whole_and_the_cluster_keeps_serving() {
     let refused = |text: &str, change: bool, status: u16, message: &str| {
         let (got, answer) = put_map(&cluster, 0, text, change);
         assert_eq!(got, status, "{answer}");
-        let said = answer["error"]["message"].as_str().unwrap_or_default().to_owned();
+        let said = answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(said.contains(message), "expected {message:?} in {said:?}");
     };
     refused("revision = [", true, 400, "not valid TOML");
@@ -171,11 +217,16 @@ fn a_bad_map_is_refused_whole_and_the_cluster_keeps_serving() {
     skipping.revision = 5;
     refused(&skipping.to_toml(), true, 409, "not the next revision");
     // A node that is not the authority takes no change.
-    let (got, answer) = put_map(&cluster, 1, &{
-        let mut next = original.clone();
-        next.revision = 2;
-        next.to_toml()
-    }, true);
+    let (got, answer) = put_map(
+        &cluster,
+        1,
+        &{
+            let mut next = original.clone();
+            next.revision = 2;
+            next.to_toml()
+        },
+        true,
+    );
     assert_eq!(got, 400, "{answer}");
 
     // A good change, then an older revision offered to everyone: refused, revision 2 stays.
@@ -183,19 +234,37 @@ fn a_bad_map_is_refused_whole_and_the_cluster_keeps_serving() {
     good.revision = 2;
     good.partitions[3].state = PartitionState::ReadOnly;
     assert_eq!(put_map(&cluster, 0, &good.to_toml(), true).0, 200);
-    assert_eq!(put_map(&cluster, 0, &good.to_toml(), true).0, 200, "the same map again is a no-op");
+    assert_eq!(
+        put_map(&cluster, 0, &good.to_toml(), true).0,
+        200,
+        "the same map again is a no-op"
+    );
     for i in 0..3 {
-        eventually("every node runs revision 2", Duration::from_secs(10), || {
-            node_map(&cluster, i) == good
-        });
+        eventually(
+            "every node runs revision 2",
+            Duration::from_secs(10),
+            || node_map(&cluster, i) == good,
+        );
         let (got, answer) = put_map(&cluster, i, &original.to_toml(), false);
         assert_eq!(got, 409, "{answer}");
-        assert!(answer["error"]["message"].as_str().unwrap().contains("older"), "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("older"),
+            "{answer}"
+        );
     }
 
     // A plan that would leave partitions short is refused by the command, with the reason.
     let out = Command::new(LARDER)
-        .args(["cluster", "drain-node", "s2", "--config", &cluster.path("s1.toml")])
+        .args([
+            "cluster",
+            "drain-node",
+            "s2",
+            "--config",
+            &cluster.path("s1.toml"),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -203,7 +272,11 @@ fn a_bad_map_is_refused_whole_and_the_cluster_keeps_serving() {
     assert!(stderr.contains("short of replicas"), "{stderr}");
 
     // A broken map file is refused too; nodes and the frontend keep their map.
-    std::fs::write(cluster.dir.path().join("cluster.toml"), "format_version = 1\nrevision = 9\n").unwrap();
+    std::fs::write(
+        cluster.dir.path().join("cluster.toml"),
+        "format_version = 1\nrevision = 9\n",
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     for i in 0..3 {
         assert_eq!(node_map(&cluster, i), good);
@@ -211,7 +284,10 @@ fn a_bad_map_is_refused_whole_and_the_cluster_keeps_serving() {
     assert_eq!(frontend_cluster(cluster.frontend_addr)["map_revision"], 2);
 
     // The cluster served throughout.
-    assert_eq!(get_blob(cluster.frontend_addr, &id), (200, "hello".to_owned()));
+    assert_eq!(
+        get_blob(cluster.frontend_addr, &id),
+        (200, "hello".to_owned())
+    );
     assert_eq!(put_blob(cluster.frontend_addr).0, 201);
 }
 
@@ -234,7 +310,12 @@ fn a_node_that_no_longer_holds_a_partition_refuses_an_older_maps_request_with_42
 
     let path = "/internal/v1/partitions/0/blobs/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
     let (status, headers, body) = internal(&cluster, 0, Method::GET, path, Some(1), String::new());
-    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST.as_u16(), "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        status,
+        StatusCode::MISDIRECTED_REQUEST.as_u16(),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     assert_eq!(headers["larder-map-revision"], "2");
     assert!(String::from_utf8_lossy(&body).contains("MapMoved"));
     // At the node's own revision it is an ordinary answer; a partition it still holds is served.
@@ -264,9 +345,11 @@ fn a_bootstrapping_replica_is_written_to_but_serves_no_read_and_counts_for_no_qu
     // Opening the new replica's store is the data path's work; a restart does it here.
     cluster.stop_node(3);
     cluster.restart_node(3);
-    eventually("the frontend runs revision 2", Duration::from_secs(10), || {
-        frontend_cluster(cluster.frontend_addr)["map_revision"] == 2
-    });
+    eventually(
+        "the frontend runs revision 2",
+        Duration::from_secs(10),
+        || frontend_cluster(cluster.frontend_addr)["map_revision"] == 2,
+    );
 
     // Writes reach the bootstrapping replica too.
     let (status, id) = put_blob(cluster.frontend_addr);
@@ -281,7 +364,10 @@ fn a_bootstrapping_replica_is_written_to_but_serves_no_read_and_counts_for_no_qu
     cluster.kill_node(0);
     cluster.kill_node(1);
     let (status, _) = put_blob(cluster.frontend_addr);
-    assert_eq!(status, 503, "a write acknowledged by s3 and the bootstrapping s4 succeeded");
+    assert_eq!(
+        status, 503,
+        "a write acknowledged by s3 and the bootstrapping s4 succeeded"
+    );
 
     // And it serves no read: with every caught-up replica down, the blob is not read from s4.
     cluster.kill_node(2);

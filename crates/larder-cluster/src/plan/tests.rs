@@ -30,7 +30,11 @@ fn shape(map: &ClusterMap) -> Vec<BTreeMap<String, usize>> {
         .iter()
         .map(|p| {
             let mut per_dc = BTreeMap::new();
-            for r in p.replicas.iter().filter(|r| r.state != ReplicaState::Leaving) {
+            for r in p
+                .replicas
+                .iter()
+                .filter(|r| r.state != ReplicaState::Leaving)
+            {
                 *per_dc
                     .entry(map.datacenter_of(&r.node).unwrap().to_owned())
                     .or_default() += 1;
@@ -41,7 +45,9 @@ fn shape(map: &ClusterMap) -> Vec<BTreeMap<String, usize>> {
 }
 
 fn finish(map: &ClusterMap) -> ClusterMap {
-    complete_moves(map, |_, _| true).unwrap().unwrap_or_else(|| map.clone())
+    complete_moves(map, |_, _| true)
+        .unwrap()
+        .unwrap_or_else(|| map.clone())
 }
 
 fn moves(map: &ClusterMap) -> usize {
@@ -119,7 +125,14 @@ fn replace_refuses_what_would_not_validate() {
 }
 
 fn operation() -> impl Strategy<Value = (usize, usize, u32, usize, u8, usize)> {
-    (1usize..3, 0usize..4, 1u32..40, 1usize..4, 0u8..3, 0usize..12)
+    (
+        1usize..3,
+        0usize..4,
+        1u32..40,
+        1usize..4,
+        0u8..3,
+        0usize..12,
+    )
 }
 
 proptest! {
