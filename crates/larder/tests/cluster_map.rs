@@ -374,3 +374,50 @@ fn a_bootstrapping_replica_is_written_to_but_serves_no_read_and_counts_for_no_qu
     let (status, _) = get_blob(cluster.frontend_addr, &id);
     assert_ne!(status, 200, "a bootstrapping replica served a read");
 }
+
+#[test]
+fn a_dead_map_authority_is_replaced_through_the_next_one() {
+    let mut cluster = Cluster::start(3, 4);
+    cluster.kill_node(0);
+    let new_node = common::free_addresses(1)[0];
+    let out = Command::new(LARDER)
+        .args([
+            "cluster",
+            "replace-node",
+            "s1",
+            "s4",
+            "--address",
+            &new_node.to_string(),
+        ])
+        .args(["--config", &cluster.path("s2.toml")])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("map revision 2 accepted by the map authority s2"),
+        "{stdout}"
+    );
+    for i in 1..3 {
+        eventually(
+            "the survivors run revision 2",
+            Duration::from_secs(10),
+            || node_map(&cluster, i).revision == 2,
+        );
+    }
+    let map = node_map(&cluster, 1);
+    assert_eq!(map.authority(), Some("s2"));
+    for p in &map.partitions {
+        let on = |node: &str| p.replicas.iter().find(|r| r.node == node).map(|r| r.state);
+        assert_eq!(on("s1"), Some(larder_cluster::ReplicaState::Leaving));
+        assert_eq!(on("s4"), Some(larder_cluster::ReplicaState::Bootstrapping));
+    }
+    // The command wrote the accepted map to its map file.
+    assert_eq!(
+        ClusterMap::load(&cluster.dir.path().join("cluster.toml")).unwrap(),
+        map
+    );
+}
