@@ -7,7 +7,9 @@ mod blob_id;
 mod layout;
 mod map;
 mod placement;
+mod plan;
 mod primary;
+mod revision;
 
 pub use blob_id::{BlobId, BlobIdError, BlobKind};
 pub use layout::{init_map, LayoutSpec};
@@ -16,3 +18,5 @@ pub use map::{
     Replica, ReplicaState, FORMAT_VERSION,
 };
 pub use placement::partition_for_key;
+pub use plan::{complete_moves, plan, Operation};
+pub use revision::{FileWatch, Offer, MAX_MAP_BYTES};

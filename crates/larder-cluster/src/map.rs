@@ -89,6 +89,12 @@ impl ReplicaState {
     pub fn is_live(&self) -> bool {
         *self == ReplicaState::Live
     }
+
+    /// Holds every acknowledged write: live, or leaving (it was live and is still written).
+    /// Such replicas count toward write quorums and serve reads; bootstrapping ones do neither.
+    pub fn is_caught_up(&self) -> bool {
+        *self != ReplicaState::Bootstrapping
+    }
 }
 
 fn first_revision() -> u64 {
@@ -111,6 +117,12 @@ pub enum MapError {
     Syntax(String),
     #[error("invalid cluster map: {0}")]
     Invalid(String),
+    #[error("map revision {offered} is older than the current {current}; keeping the current map")]
+    Older { offered: u64, current: u64 },
+    #[error("map revision {0} is the current revision with different content; a change needs a new revision")]
+    Conflict(u64),
+    #[error("map revision {offered} is not the next revision after {current}; re-read the map and plan again")]
+    NotNext { offered: u64, current: u64 },
 }
 
 fn invalid(msg: impl Into<String>) -> MapError {

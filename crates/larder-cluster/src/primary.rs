@@ -11,11 +11,13 @@
 use crate::map::{ClusterMap, PartitionId};
 
 impl ClusterMap {
-    /// The node holding the primary replica of `partition` in datacenter `dc`.
+    /// The node holding the primary replica of `partition` in datacenter `dc`: never a
+    /// bootstrapping replica (it has not caught up, so it cannot order read-modify-writes).
     pub fn primary_of(&self, partition: PartitionId, dc: &str) -> Option<&str> {
         self.partition(partition)?
             .replicas
             .iter()
+            .filter(|r| r.state.is_caught_up())
             .map(|r| r.node.as_str())
             .find(|node| self.datacenter_of(node) == Some(dc))
     }

@@ -80,6 +80,10 @@ pub async fn serve(
         .unfinished_uploads()
         .map_err(|e| format!("cannot read the upload journal: {e}"))?;
     tokio::spawn(router.clone().clean_up_uploads(unfinished));
+    let follower = tokio::spawn(crate::map_follow::follow(
+        router.clone(),
+        config.cluster_map.clone(),
+    ));
     let grace = config.shutdown_grace;
     let metrics = Metrics::new(router.metrics());
     config.documents.validate()?;
@@ -113,6 +117,7 @@ pub async fn serve(
         }
     }
     drop(listeners);
+    follower.abort();
     // Every connection task holds a receiver: tell them, then wait until all have let go.
     drop(stop_rx);
     let _ = stop_tx.send(());

@@ -51,10 +51,14 @@ type ClientTls = Arc<Reloading<ClientConfig>>;
 /// Pools for every storage node, by node id.
 #[derive(Clone)]
 pub struct StoragePool {
-    nodes: Arc<HashMap<String, Arc<NodePool>>>,
+    /// Replaced whole when the cluster map changes (`set_nodes`); read once per request.
+    nodes: Arc<std::sync::RwLock<Arc<NodePools>>>,
+    cfg: Arc<PoolConfig>,
     tls: Option<ClientTls>,
     credentials: Option<Arc<Credentials>>,
 }
+
+type NodePools = HashMap<String, Arc<NodePool>>;
 
 impl StoragePool {
     /// Fails only when `cfg.tls` names unreadable or mismatched certificate files.
@@ -70,19 +74,41 @@ impl StoragePool {
             Some(files) => Some(Arc::new(larder_tls::mutual_client(files)?)),
             None => None,
         };
-        let cfg = Arc::new(cfg);
-        let nodes = nodes
-            .into_iter()
-            .map(|(id, addr)| {
-                let pool = NodePool::new(addr, cfg.clone(), tls.clone(), credentials.clone());
-                (id, Arc::new(pool))
-            })
-            .collect();
-        Ok(StoragePool {
-            nodes: Arc::new(nodes),
+        let pool = StoragePool {
+            nodes: Default::default(),
+            cfg: Arc::new(cfg),
             tls,
             credentials,
-        })
+        };
+        pool.set_nodes(nodes);
+        Ok(pool)
+    }
+
+    /// Makes `nodes` the nodes this pool reaches (a new cluster map): a node already known at
+    /// the same address keeps its connections; a new node or a new address gets a new pool;
+    /// nodes not listed are forgotten (their connections close once idle).
+    pub fn set_nodes(&self, nodes: impl IntoIterator<Item = (String, SocketAddr)>) {
+        let old = self.current();
+        let next: NodePools = nodes
+            .into_iter()
+            .map(|(id, addr)| {
+                let pool = match old.get(&id) {
+                    Some(pool) if pool.addr == addr => pool.clone(),
+                    _ => Arc::new(NodePool::new(
+                        addr,
+                        self.cfg.clone(),
+                        self.tls.clone(),
+                        self.credentials.clone(),
+                    )),
+                };
+                (id, pool)
+            })
+            .collect();
+        *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    }
+
+    fn current(&self) -> Arc<NodePools> {
+        self.nodes.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Re-reads the cluster secret file; `None` without one. Connections opened from now on
@@ -98,8 +124,8 @@ impl StoragePool {
         self.tls.as_ref().map(|tls| tls.reload())
     }
 
-    pub fn node(&self, id: &str) -> Option<&Arc<NodePool>> {
-        self.nodes.get(id)
+    pub fn node(&self, id: &str) -> Option<Arc<NodePool>> {
+        self.current().get(id).cloned()
     }
 
     /// Sends `req` (whose URI is a path and query) to `node` on the next connection in turn.
@@ -117,7 +143,7 @@ impl StoragePool {
     /// Open connections per node (for metrics and `/v1/cluster`).
     pub async fn open_connections(&self) -> HashMap<String, usize> {
         let mut out = HashMap::new();
-        for (id, pool) in self.nodes.iter() {
+        for (id, pool) in self.current().iter() {
             out.insert(id.clone(), pool.open_connections().await);
         }
         out

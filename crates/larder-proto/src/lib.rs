@@ -13,13 +13,24 @@ mod visit;
 pub use changes::{ChangeEntry, ChangePage};
 pub use documents::{decode_key, doc_path, encode_key, header as doc_header, percent_decode};
 pub use paths::{
-    blob_path, changes_path, parse_path, InternalPath, COMPACTION_PATH, HEALTH_PATH, METRICS_PATH,
+    blob_path, changes_path, parse_path, InternalPath, COMPACTION_PATH, HEALTH_PATH, MAP_PATH,
+    METRICS_PATH,
 };
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};
 pub use visit::{
     ItemState, VisitError, VisitItem, VisitPage, VisitQuery, MAX_LIMIT as VISIT_MAX_LIMIT,
 };
+
+/// The `larder-map-revision` of a request or answer, when present and a number.
+pub fn map_revision(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::MAP_REVISION)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
 
 /// Header names of the internal API (lower case, as HTTP/2 sends them).
 pub mod header {
@@ -38,6 +49,9 @@ pub mod header {
     pub const GONE_REASON: &str = "x-larder-gone";
     /// Size of the whole blob (also on 206 and 416 answers).
     pub const BLOB_SIZE: &str = "x-larder-blob-size";
+    /// The cluster map revision the sender runs (decimal): on every frontend request and every
+    /// storage node answer (the fence of `INTERNAL_API.md`, "Map revisions").
+    pub const MAP_REVISION: &str = "larder-map-revision";
     /// Outcome of an internal put: `stored` or `exists`.
     pub const PUT_OUTCOME: &str = "x-larder-put";
 }

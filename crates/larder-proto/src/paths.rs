@@ -4,6 +4,8 @@ pub const HEALTH_PATH: &str = "/internal/v1/health";
 pub const METRICS_PATH: &str = "/internal/v1/metrics";
 /// `POST`: compact every replica of the node now.
 pub const COMPACTION_PATH: &str = "/internal/v1/compaction";
+/// `GET`: the node's cluster map (TOML); `PUT`: offer it a new one (see `INTERNAL_API.md`).
+pub const MAP_PATH: &str = "/internal/v1/map";
 const PARTITIONS: &str = "/internal/v1/partitions/";
 
 pub fn blob_path(partition: u32, key: &str) -> String {
@@ -20,6 +22,7 @@ pub enum InternalPath<'a> {
     Health,
     Metrics,
     Compaction,
+    Map,
     Blob {
         partition: u32,
         key: &'a str,
@@ -38,6 +41,22 @@ pub enum InternalPath<'a> {
     },
 }
 
+impl InternalPath<'_> {
+    /// The partition a path addresses, if any.
+    pub fn partition(&self) -> Option<u32> {
+        match self {
+            InternalPath::Blob { partition, .. }
+            | InternalPath::Changes { partition }
+            | InternalPath::Visit { partition }
+            | InternalPath::Doc { partition, .. } => Some(*partition),
+            InternalPath::Health
+            | InternalPath::Metrics
+            | InternalPath::Compaction
+            | InternalPath::Map => None,
+        }
+    }
+}
+
 /// Parses an internal path; `None` for anything else (a 404).
 pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     if path == HEALTH_PATH {
@@ -48,6 +67,9 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     }
     if path == COMPACTION_PATH {
         return Some(InternalPath::Compaction);
+    }
+    if path == MAP_PATH {
+        return Some(InternalPath::Map);
     }
     let rest = path.strip_prefix(PARTITIONS)?;
     let (partition, rest) = rest.split_once('/')?;
@@ -89,6 +111,7 @@ mod tests {
             Some(InternalPath::Changes { partition: 3 })
         );
         assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
+        assert_eq!(parse_path(MAP_PATH), Some(InternalPath::Map));
         assert_eq!(parse_path("/internal/v1/partitions/x/blobs/a"), None);
         assert_eq!(parse_path("/internal/v1/partitions/1/blobs/"), None);
         assert_eq!(parse_path("/internal/v1/partitions/1/blobs/a/b"), None);

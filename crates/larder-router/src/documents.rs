@@ -19,7 +19,7 @@ use larder_proto::{doc_header, doc_path, header as h};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::order::replicas_in;
+use crate::order::{caught_up_in, replicas_in};
 use crate::router::{refusal_message, refuses_the_request};
 use crate::{Hlc, Router};
 
@@ -104,14 +104,21 @@ impl DocRouter {
         partition_for_key(id.as_bytes(), self.router.map().partitions.len() as u32)
     }
 
+    /// The caught-up local replicas of `partition` (live or leaving): the ones reads ask and
+    /// quorums count.
     pub(crate) fn local_replicas(&self, partition: PartitionId) -> Vec<String> {
         let map = self.router.map();
-        let partition = map
-            .partitions
-            .iter()
-            .find(|p| p.id == partition)
-            .expect("partition_of picks an existing partition");
-        replicas_in(map, partition, self.router.datacenter())
+        map.partition(partition)
+            .map(|p| caught_up_in(&map, p, self.router.datacenter()))
+            .unwrap_or_default()
+    }
+
+    /// Every local replica of `partition`, bootstrapping ones too: where writes go.
+    pub(crate) fn write_targets(&self, partition: PartitionId) -> Vec<String> {
+        let map = self.router.map();
+        map.partition(partition)
+            .map(|p| replicas_in(&map, p, self.router.datacenter()))
+            .unwrap_or_default()
     }
 
     pub(crate) fn quorum(&self, replicas: usize) -> usize {
@@ -150,13 +157,13 @@ impl DocRouter {
         let replicas = self.local_replicas(partition);
         let quorum = self.quorum(replicas.len());
         let path = doc_path(partition, id);
-        let answers = self.fan_out(&replicas, deadline, |node| {
+        let answers = self.fan_out(&self.write_targets(partition), deadline, |node| {
             write_request(&path, version, json.clone(), &node)
         });
         let acks = Acks {
             acks: 0,
             quorum,
-            replicas: replicas.len(),
+            counted: replicas,
             version,
         };
         acks.collect(answers, deadline).await
@@ -222,11 +229,15 @@ impl DocRouter {
         if let Some(newer) = version_header(&response).filter(|v| *v > version) {
             return Ok(Written::Superseded(newer));
         }
-        let others: Vec<String> = replicas.into_iter().filter(|n| *n != primary).collect();
+        let others: Vec<String> = self
+            .write_targets(partition)
+            .into_iter()
+            .filter(|n| *n != primary)
+            .collect();
         let acks = Acks {
             acks: 1,
             quorum,
-            replicas: others.len() + 1,
+            counted: replicas,
             version,
         };
         if acks.acks >= quorum {
@@ -265,8 +276,9 @@ impl DocRouter {
 struct Acks {
     acks: usize,
     quorum: usize,
-    /// How many replicas the write goes to in all, the acknowledged ones included.
-    replicas: usize,
+    /// The caught-up replicas, the acknowledged ones included: only their answers count (a
+    /// bootstrapping replica is written to but counts for no quorum).
+    counted: Vec<String>,
     version: u64,
 }
 
@@ -279,11 +291,15 @@ impl Acks {
         let Acks {
             mut acks,
             quorum,
-            replicas,
+            counted,
             version,
         } = self;
+        let replicas = counted.len();
         let (mut failures, mut newest) = (Vec::new(), version);
         while let Some(answer) = recv_by(&mut answers, deadline).await? {
+            if !counted.contains(&answer.0) {
+                continue;
+            }
             match answer {
                 (_, Ok(r)) if r.status() == StatusCode::OK => {
                     acks += 1;

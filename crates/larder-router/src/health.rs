@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -36,7 +36,8 @@ struct Entry {
 const STALL_SLACK: Duration = Duration::from_millis(100);
 
 pub struct NodeHealth {
-    nodes: HashMap<String, Mutex<Entry>>,
+    /// Written only when the cluster map changes (`set_nodes`).
+    nodes: RwLock<HashMap<String, Mutex<Entry>>>,
     threshold: u32,
     backoff: Duration,
 }
@@ -52,9 +53,20 @@ impl NodeHealth {
             .map(|n| (n, Mutex::new(Entry::default())))
             .collect();
         NodeHealth {
-            nodes,
+            nodes: RwLock::new(nodes),
             threshold: threshold.max(1),
             backoff,
+        }
+    }
+
+    /// Tracks exactly `nodes` (a new cluster map): known nodes keep their state, new ones start
+    /// up, others are forgotten.
+    pub fn set_nodes(&self, nodes: impl IntoIterator<Item = String>) {
+        let mut current = self.nodes.write();
+        let wanted: std::collections::HashSet<String> = nodes.into_iter().collect();
+        current.retain(|id, _| wanted.contains(id));
+        for id in wanted {
+            current.entry(id).or_default();
         }
     }
 
@@ -62,6 +74,7 @@ impl NodeHealth {
     /// such as which partition to write to, which send nothing to the node by themselves).
     pub fn is_marked_down(&self, node: &str) -> bool {
         self.nodes
+            .read()
             .get(node)
             .is_some_and(|e| e.lock().down_until.is_some())
     }
@@ -70,7 +83,8 @@ impl NodeHealth {
     /// last). Once the backoff has passed, the first caller is told "up" and becomes the probe;
     /// everyone else still sees "down" until the probe reports. Call once per node per request.
     pub fn is_down(&self, node: &str) -> bool {
-        let Some(entry) = self.nodes.get(node) else {
+        let nodes = self.nodes.read();
+        let Some(entry) = nodes.get(node) else {
             return false;
         };
         let mut e = entry.lock();
@@ -92,7 +106,7 @@ impl NodeHealth {
     }
 
     pub fn record_success(&self, node: &str) {
-        if let Some(entry) = self.nodes.get(node) {
+        if let Some(entry) = self.nodes.read().get(node) {
             let mut e = entry.lock();
             if e.down_until.take().is_some() {
                 e.state_changes += 1;
@@ -107,20 +121,21 @@ impl NodeHealth {
     /// Whether the node answered any request after `since`.
     pub fn answered_since(&self, node: &str, since: Instant) -> bool {
         self.nodes
+            .read()
             .get(node)
             .is_some_and(|e| e.lock().last_answer.is_some_and(|at| at >= since))
     }
 
     /// Starts the node's one health check; false if one is already under way.
     pub fn begin_check(&self, node: &str) -> bool {
-        self.nodes.get(node).is_some_and(|e| {
+        self.nodes.read().get(node).is_some_and(|e| {
             let mut e = e.lock();
             !std::mem::replace(&mut e.check_in_flight, true)
         })
     }
 
     pub fn end_check(&self, node: &str) {
-        if let Some(entry) = self.nodes.get(node) {
+        if let Some(entry) = self.nodes.read().get(node) {
             entry.lock().check_in_flight = false;
         }
     }
@@ -139,7 +154,7 @@ impl NodeHealth {
     }
 
     pub fn record_failure(&self, node: &str) {
-        if let Some(entry) = self.nodes.get(node) {
+        if let Some(entry) = self.nodes.read().get(node) {
             let mut e = entry.lock();
             e.consecutive_failures += 1;
             if e.consecutive_failures >= self.threshold {
@@ -162,6 +177,7 @@ impl NodeHealth {
     pub fn snapshot(&self) -> Vec<(String, NodeState, u32, u64)> {
         let mut out: Vec<_> = self
             .nodes
+            .read()
             .iter()
             .map(|(id, e)| {
                 let e = e.lock();

@@ -10,6 +10,7 @@ mod hlc;
 mod journal;
 mod latency;
 mod manifest;
+mod map_cell;
 mod order;
 mod read;
 mod replies;
@@ -24,6 +25,7 @@ pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, UploadJournal};
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
+pub use map_cell::{revision_in, MapCell};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

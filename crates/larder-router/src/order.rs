@@ -5,8 +5,8 @@ use larder_cluster::{ClusterMap, Partition};
 
 use crate::NodeHealth;
 
-/// The replicas of `partition` in read order, borrowed from the map (a read allocates no node
-/// names).
+/// The replicas of `partition` that serve reads (caught up: live or leaving, never
+/// bootstrapping) in read order, borrowed from the map (a read allocates no node names).
 pub fn read_order<'a>(
     map: &'a ClusterMap,
     partition: &'a Partition,
@@ -29,6 +29,7 @@ pub fn read_order<'a>(
     let mut ranked: Vec<_> = partition
         .replicas
         .iter()
+        .filter(|r| r.state.is_caught_up())
         .map(|r| (rank(&r.node), r.node.as_str()))
         .collect();
     // Shuffled, then stably sorted: equally ranked replicas share the read load.
@@ -38,7 +39,7 @@ pub fn read_order<'a>(
     ranked.into_iter().map(|(_, node)| node)
 }
 
-/// Replicas of `partition` in datacenter `dc`.
+/// Replicas of `partition` in datacenter `dc`, every state: where writes go.
 pub fn replicas_in(map: &ClusterMap, partition: &Partition, dc: &str) -> Vec<String> {
     partition
         .replicas
@@ -48,11 +49,33 @@ pub fn replicas_in(map: &ClusterMap, partition: &Partition, dc: &str) -> Vec<Str
         .collect()
 }
 
-/// How many replicas of `partition` are in datacenter `dc` (without collecting them).
+/// Caught-up replicas of `partition` in datacenter `dc`: the ones that serve reads and count
+/// toward quorums.
+pub fn caught_up_in(map: &ClusterMap, partition: &Partition, dc: &str) -> Vec<String> {
+    partition
+        .replicas
+        .iter()
+        .filter(|r| r.state.is_caught_up() && map.datacenter_of(&r.node) == Some(dc))
+        .map(|r| r.node.clone())
+        .collect()
+}
+
+/// How many caught-up replicas of `partition` are in datacenter `dc` (without collecting them).
 pub fn count_in(map: &ClusterMap, partition: &Partition, dc: &str) -> usize {
     partition
         .replicas
         .iter()
-        .filter(|r| map.datacenter_of(&r.node) == Some(dc))
+        .filter(|r| r.state.is_caught_up() && map.datacenter_of(&r.node) == Some(dc))
         .count()
+}
+
+/// Bootstrapping replicas of `partition`: written to, never counted. Empty (no allocation)
+/// unless a move is under way.
+pub fn bootstrapping(partition: &Partition) -> Vec<String> {
+    partition
+        .replicas
+        .iter()
+        .filter(|r| !r.state.is_caught_up())
+        .map(|r| r.node.clone())
+        .collect()
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
-use larder_cluster::BlobId;
+use larder_cluster::{BlobId, ClusterMap};
 use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
@@ -23,23 +23,37 @@ type Attempt<'a> = Pin<Box<dyn Future<Output = (&'a str, bool, ReplicaResult)> +
 impl Router {
     /// Reads blob `id` (GET: bytes too; HEAD: properties only), or `range` of it, from the first
     /// replica that answers definitely. A replica whose answer cannot be decoded counts as failed.
-    pub async fn get_blob<'a>(
-        &'a self,
+    /// When no replica could answer and a storage node showed a newer map than ours (a 421
+    /// from a node that no longer holds the partition), the read is tried once more on it.
+    pub async fn get_blob(
+        &self,
         id: &BlobId,
         method: Method,
         range: Option<ByteRange>,
     ) -> Result<GetAnswer, RouterError> {
-        let partition = self
-            .map
+        let map = self.maps.get();
+        let answer = self.get_blob_in(&map, id, method.clone(), range).await;
+        if answer.is_err() && self.maps.behind() {
+            self.maps.catch_up().await;
+            let map = self.maps.get();
+            return self.get_blob_in(&map, id, method, range).await;
+        }
+        answer
+    }
+
+    async fn get_blob_in<'a>(
+        &'a self,
+        map: &'a ClusterMap,
+        id: &BlobId,
+        method: Method,
+        range: Option<ByteRange>,
+    ) -> Result<GetAnswer, RouterError> {
+        let partition = map
             .partition(id.partition)
             .ok_or(RouterError::UnknownPartition(id.partition))?;
-        let origin = self
-            .map
-            .datacenter_by_id(id.datacenter)
-            .map(|d| d.name.as_str());
-        let mut remaining =
-            read_order(&self.map, partition, &self.datacenter, origin, &self.health);
-        let local = count_in(&self.map, partition, &self.datacenter);
+        let origin = map.datacenter_by_id(id.datacenter).map(|d| d.name.as_str());
+        let mut remaining = read_order(map, partition, &self.datacenter, origin, &self.health);
+        let local = count_in(map, partition, &self.datacenter);
         let deadline = Instant::now() + self.config.operation_timeout;
         let uri: Uri = blob_path(id.partition, &id.to_string())
             .parse()
@@ -158,7 +172,7 @@ impl Router {
     /// How long to wait for `node` before asking the next replica too: the configured percentile
     /// of recent latency in its datacenter, or a fixed delay until there are enough samples.
     pub(crate) fn hedge_delay(&self, node: &str) -> Duration {
-        let observed = self.latency.percentile(self.datacenter_of(node));
+        let observed = self.with_datacenter_of(node, |dc| self.latency.percentile(dc));
         let delay = observed
             .unwrap_or(self.config.hedge_fallback_delay)
             .max(self.config.hedge_min_delay);

@@ -15,6 +15,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::journal::UploadJournal;
 use crate::latency::LatencyTracker;
+use crate::map_cell::MapCell;
 use crate::replies::Replies;
 use crate::{NodeHealth, RouterConfig};
 
@@ -126,7 +127,8 @@ pub struct RouterMetrics {
 }
 
 pub struct Router {
-    pub(crate) map: Arc<ClusterMap>,
+    /// The cluster map in use, swapped whole when a newer revision arrives.
+    pub(crate) maps: Arc<MapCell>,
     pub(crate) pool: StoragePool,
     pub(crate) config: RouterConfig,
     pub(crate) datacenter: String,
@@ -166,8 +168,9 @@ impl Router {
         ));
         let dcs = map.datacenters.iter().map(|d| d.name.clone());
         let latency = LatencyTracker::new(dcs, config.hedge_percentile, config.hedge_min_samples);
+        let maps = Arc::new(MapCell::new(map, pool.clone(), health.clone(), datacenter));
         Ok(Router {
-            map,
+            maps,
             pool,
             config,
             datacenter: datacenter.to_owned(),
@@ -186,8 +189,14 @@ impl Router {
         self
     }
 
-    pub fn map(&self) -> &ClusterMap {
-        &self.map
+    /// The cluster map in use now (a later call may return a newer one).
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.maps.get()
+    }
+
+    /// Where the map in use lives: offer it new maps, poll storage nodes for newer ones.
+    pub fn maps(&self) -> &Arc<MapCell> {
+        &self.maps
     }
 
     pub fn health(&self) -> &NodeHealth {
@@ -210,8 +219,10 @@ impl Router {
         &self.metrics
     }
 
-    pub(crate) fn datacenter_of(&self, node: &str) -> &str {
-        self.map.datacenter_of(node).unwrap_or("")
+    /// `f` of the datacenter `node` is in ("" for a node the map does not list).
+    pub(crate) fn with_datacenter_of<T>(&self, node: &str, f: impl FnOnce(&str) -> T) -> T {
+        let map = self.maps.get();
+        f(map.datacenter_of(node).unwrap_or(""))
     }
 
     /// Sends one request with the per-request timeout, recording the node's health and, for
@@ -232,12 +243,15 @@ impl Router {
         let started = Instant::now();
         let request_deadline = started + self.config.request_timeout;
         let until = deadline.map_or(request_deadline, |d| d.min(request_deadline));
+        let mut request = request;
+        self.maps.stamp(request.headers_mut());
         match timeout_at(until, self.pool.send(node, request)).await {
             Ok(Ok(response)) => {
                 self.health.record_success(node);
+                self.maps.saw(node, response.headers());
                 if !response.status().is_server_error() {
-                    self.latency
-                        .record(self.datacenter_of(node), started.elapsed());
+                    let elapsed = started.elapsed();
+                    self.with_datacenter_of(node, |dc| self.latency.record(dc, elapsed));
                 }
                 Ok(response)
             }
@@ -299,8 +313,8 @@ impl Router {
     /// Whether this frontend can serve: a write quorum of local storage nodes answers a health
     /// check within half a second.
     pub async fn ready(&self) -> Readiness {
-        let local: Vec<&str> = self
-            .map
+        let map = self.maps.get();
+        let local: Vec<&str> = map
             .nodes
             .iter()
             .filter(|n| n.datacenter == self.datacenter)
@@ -353,7 +367,11 @@ impl Router {
         let mut failures = Vec::new();
         let mut out_of_space = false;
         while let Some((node, result)) = results.next().await {
-            let local = self.datacenter_of(&node) == self.datacenter;
+            if rule.uncounted.contains(&node) {
+                // A bootstrapping replica is written to but counts for no quorum.
+                continue;
+            }
+            let local = self.with_datacenter_of(&node, |dc| dc == self.datacenter);
             match result {
                 Ok(response) if ok(&response) => {
                     *(if local {
@@ -441,11 +459,14 @@ pub(crate) async fn refusal_message(response: Response<Incoming>, deadline: Inst
         )
 }
 
-/// How many good answers an operation needs, out of how many asked, per side.
-#[derive(Clone, Copy, Debug)]
+/// How many good answers an operation needs, out of how many asked, per side. The totals
+/// count caught-up replicas only; `uncounted` (bootstrapping) replicas are asked too but their
+/// answers count for nothing.
+#[derive(Clone, Debug)]
 pub(crate) struct Quorum {
     pub local: usize,
     pub local_total: usize,
     pub remote: usize,
     pub remote_total: usize,
+    pub uncounted: Vec<String>,
 }

@@ -10,7 +10,7 @@ use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
-use crate::order::{count_in, replicas_in};
+use crate::order::{bootstrapping, count_in, replicas_in};
 use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
 
@@ -56,6 +56,8 @@ impl Router {
             Err(err) => err,
         };
         tracing::warn!(partition = first, error = %first_error, "put failed; retrying on another partition");
+        // A storage node runs a newer map than ours (it answered 421, or said so): retry on it.
+        self.maps.catch_up().await;
         let second = self.pick_partition(Some(first))?;
         self.put_on(kind, second, &put, data, deadline, journal).await.map_err(|second_error| {
             let message = format!(
@@ -71,8 +73,8 @@ impl Router {
 
     /// A random read-write partition, preferring those whose local replicas are all up.
     fn pick_partition(&self, except: Option<PartitionId>) -> Result<PartitionId, RouterError> {
-        let writable: Vec<_> = self
-            .map
+        let map = self.maps.get();
+        let writable: Vec<_> = map
             .partitions
             .iter()
             .filter(|p| p.state == PartitionState::ReadWrite && Some(p.id) != except)
@@ -83,7 +85,7 @@ impl Router {
             .iter()
             .filter(|p| {
                 p.replicas.iter().all(|r| {
-                    self.map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
+                    map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
                         || !self.health.is_marked_down(&r.node)
                 })
             })
@@ -111,19 +113,27 @@ impl Router {
                 QuorumError::other(format!("cannot record the upload in its journal: {e}"))
             })?;
         }
-        let p = self.map.partition(partition).expect("picked from the map");
-        let local = replicas_in(&self.map, p, &self.datacenter);
+        let map = self.maps.get();
+        let p = map
+            .partition(partition)
+            .ok_or_else(|| QuorumError::other(format!("no partition {partition} in the map")))?;
+        // Writes go to every replica, bootstrapping ones too; only caught-up ones count.
+        let local = replicas_in(&map, p, &self.datacenter);
+        let uncounted = bootstrapping(p);
+        let local_counted = count_in(&map, p, &self.datacenter);
         let remote: Vec<String> = p
             .replicas
             .iter()
             .map(|r| r.node.clone())
             .filter(|n| !local.contains(n))
             .collect();
+        let remote_counted = remote.iter().filter(|n| !uncounted.contains(n)).count();
         let rule = Quorum {
-            local: self.config.write_quorum.clamp(1, local.len().max(1)),
-            local_total: local.len(),
-            remote: usize::from(self.config.wait_for_remote_ack && !remote.is_empty()),
-            remote_total: remote.len(),
+            local: self.config.write_quorum.clamp(1, local_counted.max(1)),
+            local_total: local_counted,
+            remote: usize::from(self.config.wait_for_remote_ack && remote_counted > 0),
+            remote_total: remote_counted,
+            uncounted,
         };
         // Remote datacenters get the blob by replication, unless one remote acknowledgement is wanted.
         let targets: Vec<String> = if rule.remote > 0 {
@@ -160,7 +170,7 @@ impl Router {
 
     /// Deletes at every replica; succeeds once a quorum of local replicas holds the tombstone.
     pub async fn delete_blob(self: &Arc<Self>, id: &BlobId) -> Result<(), RouterError> {
-        if self.map.partition(id.partition).is_none() {
+        if self.maps.get().partition(id.partition).is_none() {
             return Err(RouterError::UnknownPartition(id.partition));
         }
         let deadline = Instant::now() + self.config.operation_timeout;
@@ -177,17 +187,19 @@ impl Router {
         id: &BlobId,
         deadline: Instant,
     ) -> Result<(), String> {
-        let p = self
-            .map
+        let map = self.maps.get();
+        let p = map
             .partition(partition)
-            .expect("checked by the caller");
+            .ok_or_else(|| format!("no partition {partition} in the map"))?;
         let all: Vec<String> = p.replicas.iter().map(|r| r.node.clone()).collect();
-        let local = count_in(&self.map, p, &self.datacenter);
+        let uncounted = bootstrapping(p);
+        let local = count_in(&map, p, &self.datacenter);
         let rule = Quorum {
             local: self.config.write_quorum.clamp(1, local.max(1)),
             local_total: local,
             remote: 0,
-            remote_total: all.len() - local,
+            remote_total: all.len().saturating_sub(local + uncounted.len()),
+            uncounted,
         };
         let time_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

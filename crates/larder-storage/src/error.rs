@@ -73,6 +73,18 @@ pub enum Error {
     MustBeRebuilt { partition: u32 },
     #[error(transparent)]
     Store(#[from] larder_store::Error),
+    /// The request's map revision is older than this node's, at which this node holds no
+    /// replica of the partition: the sender must fetch the newer map.
+    #[error("node {node} holds no replica of partition {partition} at map revision {revision}, newer than the request's {asked}")]
+    Misdirected {
+        node: String,
+        partition: u32,
+        revision: u64,
+        asked: u64,
+    },
+    /// An offered cluster map was refused; the current one stays.
+    #[error(transparent)]
+    Map(#[from] larder_cluster::MapError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -1,6 +1,7 @@
 //! The storage node: serves the internal HTTP/2 API (see `larder-proto`) over one log store per
 //! partition replica it hosts. It never talks to clients directly and knows nothing of routing.
 
+mod authority;
 mod blobs;
 mod body;
 mod changes;
@@ -11,6 +12,8 @@ mod documents;
 mod error;
 mod horizon;
 mod internal_auth;
+mod map_routes;
+mod map_state;
 mod metrics;
 mod node;
 mod props;
@@ -25,6 +28,7 @@ pub use config::{
     AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, ReplicationConfig,
     StorageConfig, StoreSettings,
 };
+pub use map_state::{MapState, OfferKind, MAP_FILE};
 pub use node::OpenError;
 pub use node::StorageNode;
 pub use server::{serve, ShutdownSignal, Signals};

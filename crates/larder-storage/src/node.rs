@@ -36,6 +36,9 @@ pub struct StorageNode {
     pub(crate) primary_fences: HashMap<PartitionId, String>,
     /// Serialises the check-and-write of read-modify-writes per document.
     pub(crate) serialised: crate::documents::DocStripes,
+    /// The cluster map this node runs now, how new ones are taken; `maps.subscribe()` follows
+    /// its changes.
+    pub maps: std::sync::Arc<crate::map_state::MapState>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +111,11 @@ impl StorageNode {
             ),
             primary_fences,
             serialised: Default::default(),
+            maps: std::sync::Arc::new(crate::map_state::MapState::new(
+                tokio::sync::watch::Sender::new(std::sync::Arc::new(map.clone())),
+                &config.node_id,
+                &config.data_dir,
+            )),
         })
     }
 

@@ -60,6 +60,11 @@ pub fn error_response(err: &Error) -> Response<Body> {
     let (code, stable) = match err {
         Error::NoSuchPath(_) => (S::NOT_FOUND, "NoSuchPath"),
         Error::NotHosted { .. } => (S::NOT_FOUND, "PartitionNotHere"),
+        Error::Misdirected { .. } => (S::MISDIRECTED_REQUEST, "MapMoved"),
+        Error::Map(larder_cluster::MapError::Syntax(_) | larder_cluster::MapError::Invalid(_)) => {
+            (S::BAD_REQUEST, "InvalidMap")
+        }
+        Error::Map(_) => (S::CONFLICT, "MapRevisionConflict"),
         Error::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
         Error::BadQuery(_) => (S::BAD_REQUEST, "BadQuery"),
         Error::BadKey(_) => (S::BAD_REQUEST, "BadKey"),

@@ -15,9 +15,18 @@ use crate::{blobs, changes, documents, visit, StorageNode};
 
 pub async fn handle(node: Arc<StorageNode>, req: Request<Incoming>) -> Response<Body> {
     let head = req.method() == Method::HEAD;
-    let response = route(node, req)
+    // The fence (INTERNAL_API.md, "Map revisions"): a frontend names the revision it routes by.
+    let asked = larder_proto::map_revision(req.headers());
+    if asked.is_some_and(|asked| asked > node.maps.revision()) {
+        node.maps.saw_newer();
+    }
+    let mut response = route(node.clone(), req, asked)
         .await
         .unwrap_or_else(|err| reply::error_response(&err));
+    response.headers_mut().insert(
+        larder_proto::header::MAP_REVISION,
+        node.maps.revision_header(),
+    );
     if head {
         without_body(response)
     } else {
@@ -32,9 +41,18 @@ fn without_body(response: Response<Body>) -> Response<Body> {
     Response::from_parts(parts, reply::body(Bytes::new()))
 }
 
-async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn route(
+    node: Arc<StorageNode>,
+    req: Request<Incoming>,
+    asked: Option<u64>,
+) -> Result<Response<Body>> {
     let path = req.uri().path();
-    match larder_proto::parse_path(path) {
+    let parsed = larder_proto::parse_path(path);
+    if let Some(partition) = parsed.as_ref().and_then(InternalPath::partition) {
+        fence(&node, partition, asked)?;
+    }
+    match parsed {
+        Some(InternalPath::Map) => crate::map_routes::handle(&node, req).await,
         Some(InternalPath::Health) => Ok(health(&node)),
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
         Some(InternalPath::Compaction) => match *req.method() {
@@ -75,6 +93,29 @@ async fn route(node: Arc<StorageNode>, req: Request<Incoming>) -> Result<Respons
         }
         None => Err(Error::NoSuchPath(path.to_owned())),
     }
+}
+
+/// Refuses (421) a request routed by an older map than this node's when, at this node's map,
+/// the node holds no replica of the partition any more: the sender fetches the newer map and
+/// asks the right nodes. One atomic load when the revisions agree.
+fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
+    let Some(asked) = asked else { return Ok(()) };
+    if asked >= node.maps.revision() {
+        return Ok(());
+    }
+    let map = node.maps.current();
+    let holds = map
+        .partition(partition)
+        .is_some_and(|p| p.replicas.iter().any(|r| r.node == node.node_id));
+    if holds {
+        return Ok(());
+    }
+    Err(Error::Misdirected {
+        node: node.node_id.clone(),
+        partition,
+        revision: map.revision,
+        asked,
+    })
 }
 
 fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {

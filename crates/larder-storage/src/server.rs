@@ -62,6 +62,8 @@ pub async fn serve(
     // one reload reaches both.
     let server_credentials = credentials.clone().filter(|_| tls.is_none());
     let trusted = tls.is_some() || server_credentials.is_some();
+    // The map accepted before a restart, when it is newer than the configured one.
+    let map = crate::map_state::newest(map, &config.data_dir);
     let open_config = config.clone();
     let map_for_replication = map.clone();
     let node = tokio::task::spawn_blocking(move || StorageNode::open(&open_config, &map))
@@ -70,11 +72,22 @@ pub async fn serve(
         .map_err(|e| e.to_string())?;
     let node = Arc::new(node);
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
+    let every_node = crate::map_state::node_addresses(&map_for_replication);
+    let map_pool = StoragePool::new(every_node, config.pool.clone(), credentials.clone())
+        .map_err(|e| e.to_string())?;
+    node.maps.attach_peers(map_pool.clone());
+    let map_task = crate::authority::start(
+        node.maps.clone(),
+        map_pool,
+        config.cluster_map.clone(),
+        stop.clone(),
+    );
     let peers = peer_pool(&map_for_replication, &config, credentials)?;
     let compactor = crate::compaction::start(node.clone(), config.compaction.clone(), stop.clone());
     let mut replicators =
         start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
     replicators.extend(compactor);
+    replicators.push(map_task);
     // Every connection that passed mutual TLS or the secret handshake is a peer's.
     let builder = connection_builder(&config.http2, trusted);
     let graceful = GracefulShutdown::new();

@@ -70,6 +70,8 @@ enum BenchCommand {
 enum ClusterCommand {
     /// Write a balanced cluster map.
     Init(InitArgs),
+    #[command(flatten)]
+    Change(crate::cluster_cmd::ClusterChange),
 }
 
 #[derive(Subcommand)]
@@ -113,6 +115,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Storage { config } => run_storage(&config),
         Command::Frontend { config } => run_frontend(&config),
         Command::Cluster(ClusterCommand::Init(args)) => cluster_init(args),
+        Command::Cluster(ClusterCommand::Change(command)) => crate::cluster_cmd::run(command),
         Command::Bench(BenchCommand::Get(args)) => crate::bench::run(args),
         Command::Put(args) => crate::blob_cmd::put(args),
         Command::Get(args) => crate::blob_cmd::get(args),

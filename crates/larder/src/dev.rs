@@ -6,6 +6,8 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -60,15 +62,59 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     // Also for a data dir made before the internal API required credentials.
     configs::ensure_secret_next_to(&data_dir.join("cluster.toml"))?;
-    let storage_configs = write_storage_configs(&map, &data_dir, certs.as_ref())?;
+    let storage_configs = write_storage_configs(&map.nodes, &data_dir, certs.as_ref())?;
     let frontend_configs = write_frontend_configs(&map, &data_dir, &args, certs.as_ref())?;
     let mut children = Vec::new();
     for (node, config) in &storage_configs {
         children.push((node.clone(), spawn_storage(config)?));
     }
+    let children = Arc::new(Mutex::new(children));
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = {
+        let (children, stop) = (children.clone(), stop.clone());
+        std::thread::spawn(move || start_added_nodes(&data_dir, certs.as_ref(), &children, &stop))
+    };
     let result = serve_frontends(&frontend_configs, &map);
-    stop_children(&mut children);
+    stop.store(true, Ordering::Release);
+    let _ = follower.join();
+    stop_children(&mut children.lock().unwrap_or_else(|e| e.into_inner()));
     result
+}
+
+/// Starts a storage node process for every node added to the cluster map while `larder dev`
+/// runs (`larder cluster add-node` / `replace-node` write the accepted map to
+/// `<data-dir>/cluster.toml`), checking once a second until `stop`.
+fn start_added_nodes(
+    data_dir: &Path,
+    certs: Option<&DevCerts>,
+    children: &Mutex<Vec<(String, Child)>>,
+    stop: &AtomicBool,
+) {
+    let path = data_dir.join("cluster.toml");
+    let mut file = larder_cluster::FileWatch::seen_now(&path);
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some(Ok(map)) = file.changed(&path) else {
+            continue;
+        };
+        let mut children = children.lock().unwrap_or_else(|e| e.into_inner());
+        let added: Vec<_> = map
+            .nodes
+            .iter()
+            .filter(|n| !children.iter().any(|(id, _)| *id == n.id))
+            .cloned()
+            .collect();
+        let started = write_storage_configs(&added, data_dir, certs).and_then(|configs| {
+            for (node, config) in configs {
+                eprintln!("larder dev: starting storage node {node} (added to the cluster map)");
+                children.push((node, spawn_storage(&config)?));
+            }
+            Ok(())
+        });
+        if let Err(err) = started {
+            eprintln!("larder dev: cannot start an added storage node: {err:#}");
+        }
+    }
 }
 
 fn load_or_init_map(args: &DevArgs, data_dir: &Path) -> anyhow::Result<ClusterMap> {
@@ -184,12 +230,12 @@ fn mutual_tls_section(header: &str, ca: &Path, (cert, key): &(PathBuf, PathBuf))
 /// Storage configs are rewritten on every start (`larder dev` owns them), so that `--tls` can be
 /// switched on and off for the same cluster.
 fn write_storage_configs(
-    map: &ClusterMap,
+    nodes: &[larder_cluster::Node],
     data_dir: &Path,
     certs: Option<&DevCerts>,
 ) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
-    for node in &map.nodes {
+    for node in nodes {
         let path = data_dir.join(format!("{}.toml", node.id));
         let mut text = format!(
             "node_id = {:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {:?}\n",

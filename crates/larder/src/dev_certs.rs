@@ -11,6 +11,7 @@ use rcgen::{
 };
 
 /// Where the generated files are, relative to the data directory.
+#[derive(Clone)]
 pub struct DevCerts {
     pub ca: PathBuf,
     /// The public HTTPS port's certificate (localhost, 127.0.0.1, ::1).

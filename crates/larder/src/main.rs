@@ -8,6 +8,7 @@ mod bench;
 mod blob_cmd;
 mod cli;
 mod client_tls;
+mod cluster_cmd;
 mod compaction_cmd;
 mod configs;
 mod dev;

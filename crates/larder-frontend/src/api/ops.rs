@@ -82,8 +82,9 @@ pub async fn cluster(state: &Arc<AppState>) -> Response<Body> {
     let nodes: Vec<_> = health
         .iter()
         .map(|(id, node_state, failures, changes)| {
-            let node = map.node(id).expect("health tracks map nodes");
-            serde_json::json!({"id": id, "datacenter": node.datacenter,
+            // Health follows the map; a node may leave between the two reads.
+            let datacenter = map.node(id).map(|n| n.datacenter.as_str()).unwrap_or("");
+            serde_json::json!({"id": id, "datacenter": datacenter,
                 "state": node_state, "consecutive_failures": failures, "state_changes": changes,
                 "open_connections": connections.get(id).copied().unwrap_or(0)})
         })
@@ -95,7 +96,8 @@ pub async fn cluster(state: &Arc<AppState>) -> Response<Body> {
         .collect();
     json(
         StatusCode::OK,
-        serde_json::json!({"datacenter": router.datacenter(), "nodes": nodes, "partitions": partitions}),
+        serde_json::json!({"datacenter": router.datacenter(), "map_revision": map.revision,
+            "nodes": nodes, "partitions": partitions}),
     )
 }
 

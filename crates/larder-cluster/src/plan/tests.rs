@@ -1,0 +1,190 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::layout::{init_map, LayoutSpec};
+
+fn layout(dcs: usize, nodes: usize, partitions: u32, replicas: usize) -> ClusterMap {
+    init_map(&LayoutSpec {
+        datacenters: (0..dcs).map(|d| format!("dc{d}")).collect(),
+        node_addresses: (0..nodes)
+            .map(|i| format!("127.0.0.1:{}", 7100 + i).parse().unwrap())
+            .collect(),
+        partitions,
+        replicas_per_datacenter: replicas,
+    })
+    .unwrap()
+}
+
+fn new_node(id: &str, dc: &str, port: u16) -> Node {
+    Node {
+        id: id.into(),
+        datacenter: dc.into(),
+        address: format!("127.0.0.1:{port}").parse().unwrap(),
+        disks: vec!["disk0".into()],
+    }
+}
+
+/// Replicas per partition per datacenter, counting where moves end (not leaving ones).
+fn shape(map: &ClusterMap) -> Vec<BTreeMap<String, usize>> {
+    map.partitions
+        .iter()
+        .map(|p| {
+            let mut per_dc = BTreeMap::new();
+            for r in p
+                .replicas
+                .iter()
+                .filter(|r| r.state != ReplicaState::Leaving)
+            {
+                *per_dc
+                    .entry(map.datacenter_of(&r.node).unwrap().to_owned())
+                    .or_default() += 1;
+            }
+            per_dc
+        })
+        .collect()
+}
+
+fn finish(map: &ClusterMap) -> ClusterMap {
+    complete_moves(map, |_, _| true)
+        .unwrap()
+        .unwrap_or_else(|| map.clone())
+}
+
+fn moves(map: &ClusterMap) -> usize {
+    map.partitions
+        .iter()
+        .flat_map(|p| &p.replicas)
+        .filter(|r| r.state == ReplicaState::Bootstrapping)
+        .count()
+}
+
+#[test]
+fn adding_a_fourth_node_moves_a_quarter_and_balances() {
+    let map = layout(1, 3, 32, 3);
+    let next = plan(&map, &Operation::AddNode(new_node("s4", "dc0", 7200))).unwrap();
+    assert_eq!(next.revision, map.revision + 1);
+    assert_eq!(moves(&next), 24, "96 replicas / 4 nodes");
+    let done = finish(&next);
+    assert_eq!(done.revision, map.revision + 2);
+    let counts = done.replica_counts();
+    assert!(counts.values().all(|&c| c == 24), "{counts:?}");
+    // Primaries stay where they were whenever a non-primary could move instead.
+    for p in &done.partitions {
+        let before = map.primary_of(p.id, "dc0");
+        assert_eq!(done.primary_of(p.id, "dc0"), before, "partition {}", p.id);
+    }
+}
+
+#[test]
+fn a_move_is_leaving_plus_bootstrapping_then_live() {
+    let map = layout(1, 3, 4, 3);
+    let next = plan(&map, &Operation::DrainNode("s2".into())).unwrap_err();
+    assert!(next.to_string().contains("short of replicas"), "{next}");
+    let map = layout(1, 4, 4, 3);
+    let next = plan(&map, &Operation::DrainNode("s2".into())).unwrap();
+    for p in &next.partitions {
+        for r in p.replicas.iter().filter(|r| r.node == "s2") {
+            assert_eq!(r.state, ReplicaState::Leaving);
+        }
+    }
+    // Only caught-up replicas complete; a partition waits for all of its bootstrapping ones.
+    let half = complete_moves(&next, |p, _| p % 2 == 0).unwrap().unwrap();
+    assert!(half.partitions.iter().any(|p| moving(&half, p.id)));
+    let done = finish(&half);
+    assert_eq!(done.replica_counts()["s2"], 0);
+    assert!(complete_moves(&done, |_, _| true).unwrap().is_none());
+    let err = plan(&next, &Operation::DrainNode("s1".into())).unwrap_err();
+    assert!(err.to_string().contains("still moving"), "{err}");
+}
+
+#[test]
+fn replace_refuses_what_would_not_validate() {
+    let map = layout(2, 6, 8, 3);
+    let err = plan(
+        &map,
+        &Operation::ReplaceNode {
+            dead: "s1".into(),
+            new: new_node("s7", "dc1", 7300),
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("datacenter"), "{err}");
+    let err = plan(
+        &map,
+        &Operation::ReplaceNode {
+            dead: "s1".into(),
+            new: new_node("s7", "dc0", 7101),
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("duplicate address"), "{err}");
+    let err = plan(&map, &Operation::AddNode(new_node("s2", "dc0", 7300))).unwrap_err();
+    assert!(err.to_string().contains("already in the map"), "{err}");
+    let err = plan(&map, &Operation::DrainNode("s9".into())).unwrap_err();
+    assert!(err.to_string().contains("not in the map"), "{err}");
+}
+
+fn operation() -> impl Strategy<Value = (usize, usize, u32, usize, u8, usize)> {
+    (
+        1usize..3,
+        0usize..4,
+        1u32..40,
+        1usize..4,
+        0u8..3,
+        0usize..12,
+    )
+}
+
+proptest! {
+    #[test]
+    fn plans_keep_every_partition_whole_and_distinct(
+        (dcs, extra, partitions, replicas, kind, pick) in operation()
+    ) {
+        let nodes = dcs * replicas + extra;
+        let map = layout(dcs, nodes, partitions, replicas);
+        let victim = map.nodes[pick % nodes].clone();
+        let op = match kind {
+            0 => Operation::AddNode(new_node("n1", &victim.datacenter, 9000)),
+            1 => Operation::DrainNode(victim.id.clone()),
+            _ => Operation::ReplaceNode { dead: victim.id.clone(), new: new_node("n1", &victim.datacenter, 9000) },
+        };
+        match plan(&map, &op) {
+            Err(err) => {
+                // Only a drain can be impossible: its datacenter has no spare node.
+                prop_assert!(matches!(op, Operation::DrainNode(_)), "{err}");
+                prop_assert!(err.to_string().contains("short of replicas"));
+                let in_dc = map.nodes.iter().filter(|n| n.datacenter == victim.datacenter).count();
+                prop_assert!(in_dc <= replicas);
+            }
+            Ok(next) => {
+                prop_assert!(next.validate().is_ok());
+                prop_assert_eq!(next.revision, map.revision + 1);
+                prop_assert_eq!(shape(&next), shape(&map));
+                let done = finish(&next);
+                prop_assert!(done.validate().is_ok());
+                prop_assert_eq!(shape(&done), shape(&map));
+                prop_assert!(done.partitions.iter().all(|p| p.replicas.iter().all(|r| r.state.is_live())));
+                let counts = done.replica_counts();
+                match &op {
+                    Operation::AddNode(n) => {
+                        // Moves no more than the new node's share, and balances the datacenter.
+                        let in_dc: Vec<usize> = done.nodes.iter()
+                            .filter(|m| m.datacenter == n.datacenter)
+                            .map(|m| counts[m.id.as_str()]).collect();
+                        let total: usize = in_dc.iter().sum();
+                        prop_assert!(moves(&next) <= total / in_dc.len());
+                        let (max, min) = (in_dc.iter().max().unwrap(), in_dc.iter().min().unwrap());
+                        if partitions as usize >= in_dc.len() {
+                            prop_assert!(max - min <= 1, "{:?}", in_dc);
+                        }
+                    }
+                    Operation::DrainNode(id) => prop_assert_eq!(counts[id.as_str()], 0),
+                    Operation::ReplaceNode { dead, new } => {
+                        prop_assert_eq!(counts[dead.as_str()], 0);
+                        prop_assert_eq!(counts[new.id.as_str()], map.replica_counts()[dead.as_str()]);
+                    }
+                }
+            }
+        }
+    }
+}
