@@ -5,6 +5,9 @@ pub const METRICS_PATH: &str = "/internal/v1/metrics";
 /// `POST`: compact every replica of the node now.
 pub const COMPACTION_PATH: &str = "/internal/v1/compaction";
 const PARTITIONS: &str = "/internal/v1/partitions/";
+/// `PUT`: a new cluster map for this node, for tests only (off unless the node's
+/// `[redistribution] test_map_push` is set; the map authority's push replaces it).
+pub const TEST_MAP_PATH: &str = "/internal/v1/test-map";
 
 pub fn blob_path(partition: u32, key: &str) -> String {
     format!("{PARTITIONS}{partition}/blobs/{key}")
@@ -14,12 +17,32 @@ pub fn changes_path(partition: u32, after: &str, limit: usize) -> String {
     format!("{PARTITIONS}{partition}/changes?after={after}&limit={limit}")
 }
 
+/// The bulk bootstrap stream of a partition's replica after `after` (`export.rs`), naming the
+/// pulling replica like the change feed does.
+pub fn export_path(partition: u32, after: &str, replica: &str) -> String {
+    format!("{PARTITIONS}{partition}/export?after={after}&replica={replica}")
+}
+
+/// A replica's life on this node: state and bootstrap progress (JSON).
+pub fn replica_path(partition: u32) -> String {
+    format!("{PARTITIONS}{partition}/replica")
+}
+
 /// A parsed internal path (the query is parsed by the handler).
 #[derive(Debug, PartialEq, Eq)]
 pub enum InternalPath<'a> {
     Health,
     Metrics,
     Compaction,
+    TestMap,
+    /// The bulk bootstrap stream (`export.rs`).
+    Export {
+        partition: u32,
+    },
+    /// The local replica's state and bootstrap progress.
+    Replica {
+        partition: u32,
+    },
     Blob {
         partition: u32,
         key: &'a str,
@@ -49,6 +72,9 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     if path == COMPACTION_PATH {
         return Some(InternalPath::Compaction);
     }
+    if path == TEST_MAP_PATH {
+        return Some(InternalPath::TestMap);
+    }
     let rest = path.strip_prefix(PARTITIONS)?;
     let (partition, rest) = rest.split_once('/')?;
     let partition: u32 = partition.parse().ok()?;
@@ -57,6 +83,12 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     }
     if rest == "visit" {
         return Some(InternalPath::Visit { partition });
+    }
+    if rest == "export" {
+        return Some(InternalPath::Export { partition });
+    }
+    if rest == "replica" {
+        return Some(InternalPath::Replica { partition });
     }
     if let Some(key) = rest.strip_prefix("docs/") {
         return (!key.is_empty() && !key.contains('/'))
@@ -89,6 +121,13 @@ mod tests {
             Some(InternalPath::Changes { partition: 3 })
         );
         assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
+        let export = export_path(4, "0.0", "s4");
+        let path = export.split('?').next().unwrap();
+        assert_eq!(parse_path(path), Some(InternalPath::Export { partition: 4 }));
+        assert_eq!(
+            parse_path(&replica_path(4)),
+            Some(InternalPath::Replica { partition: 4 })
+        );
         assert_eq!(parse_path("/internal/v1/partitions/x/blobs/a"), None);
         assert_eq!(parse_path("/internal/v1/partitions/1/blobs/"), None);
         assert_eq!(parse_path("/internal/v1/partitions/1/blobs/a/b"), None);
