@@ -217,7 +217,8 @@ impl ExportDecoder {
         let total = self.checked_len()?;
         if (self.buf.len() as u64) < total {
             // Reserve once what the frame needs (bounded by the caps just checked).
-            self.buf.reserve(usize::try_from(total).unwrap_or(usize::MAX) - self.buf.len());
+            self.buf
+                .reserve(usize::try_from(total).unwrap_or(usize::MAX) - self.buf.len());
             return Ok(None);
         }
         let frame = self
@@ -344,7 +345,9 @@ mod tests {
     #[test]
     fn lengths_over_their_caps_are_refused_before_buffering() {
         let mut wire = encode_stream_head(1).to_vec();
-        let mut big = frame(FrameKind::PutBlob, b"k", b"", b"", 1).encode().to_vec();
+        let mut big = frame(FrameKind::PutBlob, b"k", b"", b"", 1)
+            .encode()
+            .to_vec();
         big[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         wire.extend_from_slice(&big);
         let mut decoder = ExportDecoder::new(1 << 20);

@@ -14,8 +14,9 @@ mod visit;
 pub use changes::{ChangeEntry, ChangePage};
 pub use documents::{decode_key, doc_path, encode_key, header as doc_header, percent_decode};
 pub use export::{
-    encode_stream_head, ExportDecoder, ExportError, ExportFrame, FrameKind, MAX_KEY as EXPORT_MAX_KEY,
-    MAX_PROPS as EXPORT_MAX_PROPS, STREAM_HEAD_LEN as EXPORT_STREAM_HEAD_LEN,
+    encode_stream_head, ExportDecoder, ExportError, ExportFrame, FrameKind,
+    MAX_KEY as EXPORT_MAX_KEY, MAX_PROPS as EXPORT_MAX_PROPS,
+    STREAM_HEAD_LEN as EXPORT_STREAM_HEAD_LEN,
 };
 pub use paths::{
     blob_path, changes_path, export_path, parse_path, replica_path, InternalPath, COMPACTION_PATH,

@@ -123,7 +123,10 @@ mod tests {
         assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
         let export = export_path(4, "0.0", "s4");
         let path = export.split('?').next().unwrap();
-        assert_eq!(parse_path(path), Some(InternalPath::Export { partition: 4 }));
+        assert_eq!(
+            parse_path(path),
+            Some(InternalPath::Export { partition: 4 })
+        );
         assert_eq!(
             parse_path(&replica_path(4)),
             Some(InternalPath::Replica { partition: 4 })

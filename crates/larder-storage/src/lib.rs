@@ -3,14 +3,17 @@
 
 mod blobs;
 mod body;
+mod bootstrap;
 mod changes;
 mod compaction;
 mod config;
 mod connection;
 mod documents;
 mod error;
+mod export;
 mod horizon;
 mod internal_auth;
+mod membership;
 mod metrics;
 mod node;
 mod props;
@@ -22,8 +25,8 @@ mod validate;
 mod visit;
 
 pub use config::{
-    AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, ReplicationConfig,
-    StorageConfig, StoreSettings,
+    AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, RedistributionConfig,
+    ReplicationConfig, StorageConfig, StoreSettings,
 };
 pub use node::OpenError;
 pub use node::StorageNode;
