@@ -225,6 +225,11 @@ pub fn mark_pending(data_dir: &Path, partition: PartitionId) -> std::io::Result<
     write_durably(&cursor_file(data_dir, partition), "pending\n")
 }
 
+/// Removes the bootstrap cursor of a replica no longer hosted here.
+pub fn forget_cursor(data_dir: &Path, partition: PartitionId) {
+    let _ = std::fs::remove_file(cursor_file(data_dir, partition));
+}
+
 /// Whether `partition` has a bulk copy to finish.
 pub fn pending(data_dir: &Path, partition: PartitionId) -> bool {
     cursor_file(data_dir, partition).exists()

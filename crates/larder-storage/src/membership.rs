@@ -214,6 +214,7 @@ fn retire(node: &Arc<StorageNode>, partition: PartitionId, running: &mut Running
             }
             drop(store);
             crate::replication::forget_partition(&data_dir, partition);
+            crate::bootstrap::forget_cursor(&data_dir, partition);
             delete_replica_dir(&dir)
         })
         .await;

@@ -155,6 +155,13 @@ impl Drop for Grown {
     }
 }
 
+/// A GET to a storage node's internal port; the status and body.
+async fn internal_get(cluster: &Cluster, addr: std::net::SocketAddr, path: &str) -> (u16, Bytes) {
+    let client = cluster.node_client(addr).await;
+    let (status, body) = client.request(Method::GET, path, Bytes::new()).await;
+    (status.as_u16(), body)
+}
+
 async fn push_map(cluster: &Cluster, addr: std::net::SocketAddr, map: &ClusterMap) {
     let client = cluster.node_client(addr).await;
     let (status, body) = client
@@ -288,11 +295,12 @@ async fn a_new_replica_bootstraps_under_put_load_and_ends_byte_identical() {
         .iter()
         .find(|(id, _)| id.parse::<BlobId>().unwrap().partition != MOVED)
         .unwrap();
-    let (code, _) = grown.cluster.internal_request(
+    let (code, _) = internal_get(
+        &grown.cluster,
         grown.new_addr,
-        "GET",
         &larder_proto::blob_path(1, &other.0),
-    );
+    )
+    .await;
     assert_eq!(code, 404);
 }
 
@@ -404,11 +412,12 @@ async fn a_corrupt_record_on_the_source_is_never_copied_as_valid() {
         .expect("the victim's data is in the segment");
     bytes[at + 100] ^= 0x55;
     std::fs::write(&segment, &bytes).unwrap();
-    let (code, _) = grown.cluster.internal_request(
+    let (code, _) = internal_get(
+        &grown.cluster,
         grown.cluster.node_addr(source),
-        "GET",
         &larder_proto::blob_path(MOVED, &victim_id),
-    );
+    )
+    .await;
     assert_eq!(code, 500, "the source's copy is corrupt");
     grown.add_node().await;
     grown
@@ -450,10 +459,7 @@ async fn a_removed_replica_is_no_longer_served_and_its_data_is_deleted() {
         .join("disk0")
         .join(format!("p{MOVED}"));
     assert!(dir.exists());
-    let (code, _) =
-        grown
-            .cluster
-            .internal_request(addr, "GET", &larder_proto::blob_path(MOVED, &id));
+    let (code, _) = internal_get(&grown.cluster, addr, &larder_proto::blob_path(MOVED, &id)).await;
     assert_eq!(code, 200);
     let mut map = grown.cluster.map.clone();
     map.revision += 1;
@@ -474,9 +480,7 @@ async fn a_removed_replica_is_no_longer_served_and_its_data_is_deleted() {
     let started = Instant::now();
     loop {
         let (code, _) =
-            grown
-                .cluster
-                .internal_request(addr, "GET", &larder_proto::blob_path(MOVED, &id));
+            internal_get(&grown.cluster, addr, &larder_proto::blob_path(MOVED, &id)).await;
         if code == 404 {
             break;
         }
@@ -500,9 +504,6 @@ async fn a_removed_replica_is_no_longer_served_and_its_data_is_deleted() {
         .iter()
         .find(|(id, _)| id.parse::<BlobId>().unwrap().partition != MOVED)
         .unwrap();
-    let (code, _) =
-        grown
-            .cluster
-            .internal_request(addr, "GET", &larder_proto::blob_path(1, &other.0));
+    let (code, _) = internal_get(&grown.cluster, addr, &larder_proto::blob_path(1, &other.0)).await;
     assert_eq!(code, 200);
 }
