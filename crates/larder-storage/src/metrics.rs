@@ -373,7 +373,7 @@ mod tests {
         }
         let metrics = StorageMetrics::new();
         let compaction = crate::compaction::Compaction::new(&Default::default());
-        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction);
+        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction, 0.0);
         let journal = disk.stats().journal_syncs;
         assert!(journal >= 1);
         let line = format!(
@@ -381,7 +381,7 @@ mod tests {
         );
         assert!(text.contains(&line), "{text}");
         // Counted once per disk, not once per store on it.
-        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction);
+        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction, 0.0);
         assert!(again.contains(&line), "{again}");
     }
 }
