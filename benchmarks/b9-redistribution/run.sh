@@ -47,8 +47,9 @@ fresh_cluster() {
 fill() {
   head -c "$1" /dev/urandom > "$work/blob"
   local count=$(( mib * 1048576 / $1 )); [ "$count" -gt 0 ] || count=1
-  h2load -n "$count" -c 4 -m 16 -d "$work/blob" "$url/v1/blobs" > "$work/fill.out" 2>&1
-  grep -q "succeeded, 0 errored" "$work/fill.out" || { cat "$work/fill.out" >&2; exit 1; }
+  local clients=$(( count < 4 ? count : 4 ))
+  h2load -n "$count" -c "$clients" -m 16 -d "$work/blob" "$url/v1/blobs" > "$work/fill.out" 2>&1
+  grep -q " 0 failed, 0 errored" "$work/fill.out" || { cat "$work/fill.out" >&2; exit 1; }
 }
 
 # grow RATE: the map with s4 (a bootstrapping replica of partition 0), s4's config with RATE
@@ -119,6 +120,7 @@ put_rate=$(h2load_rps < "$work/put256.out")
 # --- 2. foreground p99: idle, bootstrapping throttled (default), unthrottled ---
 fresh_cluster
 fill 65536
+head -c 1024 /dev/urandom > "$work/1k"
 get_id=$(upload_blob "$work/1k" "$url/v1/blobs")
 load() { # NAME
   h2load -c 1 -m 64 --rps "$rps" -D "$duration" --log-file "$work/$1.get.log" \
@@ -130,9 +132,10 @@ load() { # NAME
 }
 p99() { # LOG [FROM TO]: p99 ms and count of 2xx requests that started in the window
   python3 - "$1" "${2:-0}" "${3:-1e12}" <<'PY'
-import math, sys
+import math, os, sys
 lo, hi = float(sys.argv[2]) * 1e6, float(sys.argv[3]) * 1e6
-lat = sorted(int(c[2]) / 1000 for c in (l.split("\t") for l in open(sys.argv[1]) if l.strip())
+lines = open(sys.argv[1]).readlines() if os.path.exists(sys.argv[1]) else []  # h2load failed
+lat = sorted(int(c[2]) / 1000 for c in (l.split("\t") for l in lines if l.strip())
              if lo <= int(c[0]) <= hi and c[1].startswith("2"))
 p = lat[min(len(lat) - 1, max(0, math.ceil(0.99 * len(lat)) - 1))] if lat else float("nan")
 print(f"{p:.2f} {len(lat)}")

@@ -299,7 +299,7 @@ mod tests {
             props: Bytes::copy_from_slice(props),
             data: Bytes::copy_from_slice(data),
             time_ms: 17,
-            expires_ms: (seq % 2 == 0).then_some(99),
+            expires_ms: seq.is_multiple_of(2).then_some(99),
             version: seq.wrapping_mul(3),
         }
     }

@@ -598,7 +598,7 @@ async fn apply(
                 time_ms: time,
                 expires_ms,
             };
-            crate::node::put_blob(store, key, meta, &[frame.data.clone()])
+            crate::node::put_blob(store, key, meta, std::slice::from_ref(&frame.data))
                 .await
                 .map(|_| ())
         }
