@@ -507,9 +507,13 @@ async fn flush(
     throttle(node, bytes).await;
     let last = frames.last().map(|f| f.sequence);
     let count = frames.len() as u64;
+    // Every write of the batch begun before any is awaited: the disk's commit thread then makes
+    // them durable in one round (or very few), not one round per slice of them. The batch's
+    // size bounds what this holds (`batch_records`, `batch_bytes`).
+    let in_flight = frames.len().max(1);
     let applied: Vec<Result<(), CopyError>> =
         stream::iter(frames.into_iter().map(|f| apply(node, partition, store, f)))
-            .buffer_unordered(64)
+            .buffer_unordered(in_flight)
             .collect()
             .await;
     applied
