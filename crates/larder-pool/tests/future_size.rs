@@ -8,8 +8,8 @@ use larder_pool::{PoolConfig, StoragePool};
 #[tokio::test]
 async fn a_request_future_does_not_carry_the_connect_path() {
     let addr = "127.0.0.1:1".parse().expect("an address");
-    let pool = StoragePool::new([("s1".to_owned(), addr)], PoolConfig::default(), None)
-        .expect("a pool");
+    let pool =
+        StoragePool::new([("s1".to_owned(), addr)], PoolConfig::default(), None).expect("a pool");
     let request = http::Request::get("/x")
         .body(larder_pool::empty())
         .expect("a request");

@@ -5,6 +5,7 @@
 mod changes;
 mod compact;
 mod documents;
+mod export;
 mod paths;
 mod properties;
 mod range;
@@ -12,9 +13,14 @@ mod visit;
 
 pub use changes::{ChangeEntry, ChangePage};
 pub use documents::{decode_key, doc_path, encode_key, header as doc_header, percent_decode};
+pub use export::{
+    encode_stream_head, ExportDecoder, ExportError, ExportFrame, FrameKind,
+    MAX_KEY as EXPORT_MAX_KEY, MAX_PROPS as EXPORT_MAX_PROPS,
+    STREAM_HEAD_LEN as EXPORT_STREAM_HEAD_LEN,
+};
 pub use paths::{
-    blob_path, changes_path, parse_path, InternalPath, COMPACTION_PATH, HEALTH_PATH, MAP_PATH,
-    METRICS_PATH,
+    blob_path, changes_path, export_path, parse_path, replica_path, InternalPath, COMPACTION_PATH,
+    HEALTH_PATH, MAP_PATH, METRICS_PATH,
 };
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};
@@ -54,6 +60,9 @@ pub mod header {
     pub const MAP_REVISION: &str = "larder-map-revision";
     /// Outcome of an internal put: `stored` or `exists`.
     pub const PUT_OUTCOME: &str = "x-larder-put";
+    /// On an export answer: the source replica's bytes on disk, an estimate of what is left to
+    /// copy (for progress and time left).
+    pub const EXPORT_ESTIMATE: &str = "x-larder-export-bytes";
 }
 
 /// Query flag on internal GET/HEAD: also return expired records (for replication).

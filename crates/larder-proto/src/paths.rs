@@ -16,6 +16,17 @@ pub fn changes_path(partition: u32, after: &str, limit: usize) -> String {
     format!("{PARTITIONS}{partition}/changes?after={after}&limit={limit}")
 }
 
+/// The bulk bootstrap stream of a partition's replica after `after` (`export.rs`), naming the
+/// pulling replica like the change feed does.
+pub fn export_path(partition: u32, after: &str, replica: &str) -> String {
+    format!("{PARTITIONS}{partition}/export?after={after}&replica={replica}")
+}
+
+/// A replica's life on this node: state and bootstrap progress (JSON).
+pub fn replica_path(partition: u32) -> String {
+    format!("{PARTITIONS}{partition}/replica")
+}
+
 /// A parsed internal path (the query is parsed by the handler).
 #[derive(Debug, PartialEq, Eq)]
 pub enum InternalPath<'a> {
@@ -23,6 +34,14 @@ pub enum InternalPath<'a> {
     Metrics,
     Compaction,
     Map,
+    /// The bulk bootstrap stream (`export.rs`).
+    Export {
+        partition: u32,
+    },
+    /// The local replica's state and bootstrap progress.
+    Replica {
+        partition: u32,
+    },
     Blob {
         partition: u32,
         key: &'a str,
@@ -48,7 +67,9 @@ impl InternalPath<'_> {
             InternalPath::Blob { partition, .. }
             | InternalPath::Changes { partition }
             | InternalPath::Visit { partition }
-            | InternalPath::Doc { partition, .. } => Some(*partition),
+            | InternalPath::Doc { partition, .. }
+            | InternalPath::Export { partition }
+            | InternalPath::Replica { partition } => Some(*partition),
             InternalPath::Health
             | InternalPath::Metrics
             | InternalPath::Compaction
@@ -79,6 +100,12 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     }
     if rest == "visit" {
         return Some(InternalPath::Visit { partition });
+    }
+    if rest == "export" {
+        return Some(InternalPath::Export { partition });
+    }
+    if rest == "replica" {
+        return Some(InternalPath::Replica { partition });
     }
     if let Some(key) = rest.strip_prefix("docs/") {
         return (!key.is_empty() && !key.contains('/'))
@@ -112,6 +139,16 @@ mod tests {
         );
         assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
         assert_eq!(parse_path(MAP_PATH), Some(InternalPath::Map));
+        let export = export_path(4, "0.0", "s4");
+        let path = export.split('?').next().unwrap();
+        assert_eq!(
+            parse_path(path),
+            Some(InternalPath::Export { partition: 4 })
+        );
+        assert_eq!(
+            parse_path(&replica_path(4)),
+            Some(InternalPath::Replica { partition: 4 })
+        );
         assert_eq!(parse_path("/internal/v1/partitions/x/blobs/a"), None);
         assert_eq!(parse_path("/internal/v1/partitions/1/blobs/"), None);
         assert_eq!(parse_path("/internal/v1/partitions/1/blobs/a/b"), None);

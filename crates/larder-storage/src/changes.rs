@@ -27,6 +27,12 @@ pub async fn page(
         limit,
         replica,
     } = parse_query(query)?;
+    // A bootstrapping replica is no source for others' replication (`DESIGN.md` 6.1).
+    if replica.is_some()
+        && node.replica_state(partition) == Some(larder_cluster::ReplicaState::Bootstrapping)
+    {
+        return Err(Error::Bootstrapping { partition });
+    }
     if let Some(peer) = replica {
         note_peer(node, partition, &store, peer, after)?;
         match node.horizons.may_serve(partition, peer) {
@@ -49,7 +55,7 @@ pub async fn page(
 /// A peer replica's pull: refused if it asks from before a tombstone this replica dropped (its
 /// own cursor went back, or it was not a replica when the drop happened: it may hold data that
 /// delete removed, so it must be rebuilt); otherwise its position feeds the horizon.
-fn note_peer(
+pub(crate) fn note_peer(
     node: &StorageNode,
     partition: u32,
     store: &Store,

@@ -197,7 +197,7 @@ fn pass(
     };
     let mut partitions = serde_json::Map::new();
     let mut failed = false;
-    for (partition, store) in node.partitions() {
+    for (partition, store) in &node.partitions() {
         // Tombstones go once every peer replica has replicated past them and they are old
         // enough (`horizon.rs`); the horizon is read per replica, just before its turn.
         let opts = CompactOptions {
@@ -325,6 +325,7 @@ pub fn status(node: &StorageNode) -> Response<Body> {
     let compaction = &node.compaction;
     let partitions: serde_json::Map<String, serde_json::Value> = node
         .partitions()
+        .iter()
         .map(|(partition, store)| {
             let last = compaction.last_pass(*partition);
             let mut value = serde_json::json!({

@@ -39,6 +39,9 @@ pub struct StorageConfig {
     pub replication: ReplicationConfig,
     #[serde(default)]
     pub compaction: CompactionConfig,
+    /// Bootstrapping new replicas from their peers and retiring removed ones.
+    #[serde(default)]
+    pub redistribution: RedistributionConfig,
     /// Connections to peer storage nodes (replication), tuned like the frontend's pool.
     #[serde(default)]
     pub pool: larder_pool::PoolConfig,
@@ -217,6 +220,7 @@ impl StorageConfig {
             limits: Limits::default(),
             replication: ReplicationConfig::default(),
             compaction: CompactionConfig::default(),
+            redistribution: RedistributionConfig::default(),
             pool: larder_pool::PoolConfig::default(),
             shutdown_grace: default_grace(),
         }
@@ -298,6 +302,38 @@ impl Default for ReplicationConfig {
             concurrency: 16,
             backoff_max: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[redistribution]`: how a replica newly placed on this node copies its peers' data (one
+/// streamed export per partition, `bootstrap.rs`), and how one no longer placed here goes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedistributionConfig {
+    /// Bulk copy rate of this node's bootstraps together, in MB/s (10^6 bytes; 0: as fast as
+    /// the disk and the network go). The default leaves most of a disk to foreground traffic.
+    pub rate_mb_per_s: u64,
+    /// Bootstraps (partitions) copying at once on this node; the others wait their turn.
+    pub concurrent_bootstraps: usize,
+    /// Records appended per batch (one durable commit, then the bootstrap cursor is saved).
+    pub batch_records: usize,
+    /// ... or at most this many bytes per batch.
+    pub batch_bytes: ByteSize,
+    /// A replica no longer placed on this node stops being served at once; its data is deleted
+    /// after this long (requests already reading it finish).
+    #[serde(with = "humantime_serde")]
+    pub removal_grace: Duration,
+}
+
+impl Default for RedistributionConfig {
+    fn default() -> Self {
+        RedistributionConfig {
+            rate_mb_per_s: 40,
+            concurrent_bootstraps: 2,
+            batch_records: 512,
+            batch_bytes: ByteSize::mib(16),
+            removal_grace: Duration::from_secs(30),
         }
     }
 }

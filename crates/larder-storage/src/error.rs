@@ -71,6 +71,13 @@ pub enum Error {
     /// This replica is behind tombstones a peer dropped: it serves no peer until rebuilt.
     #[error("partition {partition}: this replica is behind tombstones a peer dropped and must be rebuilt")]
     MustBeRebuilt { partition: u32 },
+    /// This replica is still bootstrapping (`DESIGN.md` 6.1): no source for others' replication
+    /// or bootstrap yet.
+    #[error("partition {partition}: this replica is bootstrapping and is no source yet")]
+    Bootstrapping { partition: u32 },
+    /// A map pushed through the test path was refused whole; the old one stays.
+    #[error("map refused: {0}")]
+    MapRefused(String),
     #[error(transparent)]
     Store(#[from] larder_store::Error),
     /// The request's map revision is older than this node's, at which this node holds no

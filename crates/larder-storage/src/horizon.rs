@@ -13,10 +13,10 @@
 //! peer at all (`may_serve`), from how that peer answered our own pulls since we started.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
-use larder_cluster::{ClusterMap, PartitionId};
+use larder_cluster::{ClusterMap, PartitionId, ReplicaState};
 use larder_store::Cursor;
 
 struct Peer {
@@ -29,6 +29,10 @@ struct Peer {
     /// The peer refused our cursor (409): the local replica is behind tombstones it dropped
     /// and must be rebuilt.
     behind: bool,
+    /// The peer is a bootstrapping replica (`DESIGN.md` 6.1): it is new, so it cannot hold
+    /// anything our dropped tombstones removed, and nobody pulls from it (so the check above
+    /// could never happen): it is served without it. Its position still holds the horizon.
+    bootstrapping: bool,
 }
 
 /// Whether a peer replica may pull the local replica's feed (`Horizons::may_serve`).
@@ -45,7 +49,8 @@ pub struct Horizons {
     retention: Duration,
     /// Without replication this node never pulls, so it can never check itself: it serves.
     check_before_serving: bool,
-    partitions: HashMap<PartitionId, Mutex<Vec<Peer>>>,
+    /// Per hosted partition; replaced as the map changes (`update`).
+    partitions: RwLock<HashMap<PartitionId, Mutex<Vec<Peer>>>>,
 }
 
 impl Horizons {
@@ -56,29 +61,54 @@ impl Horizons {
         retention: Duration,
         check_before_serving: bool,
     ) -> Horizons {
-        let partitions = map
-            .replicas_on(node_id)
-            .into_iter()
-            .filter_map(|(partition, _)| {
-                let replicas = &map.partition(partition)?.replicas;
-                let peers = replicas
-                    .iter()
-                    .filter(|r| r.node != node_id)
-                    .map(|r| Peer {
-                        node: r.node.clone(),
-                        seq: None,
-                        checked: false,
-                        behind: false,
-                    })
-                    .collect();
-                Some((partition, Mutex::new(peers)))
-            })
-            .collect();
-        Horizons {
+        let horizons = Horizons {
             retention,
             check_before_serving,
-            partitions,
+            partitions: RwLock::default(),
+        };
+        horizons.update(map, node_id);
+        horizons
+    }
+
+    /// Follows a new map: the peers of each partition `node_id` hosts are the map's other
+    /// replicas of it, every state included (a bootstrapping replica must see every tombstone,
+    /// a leaving one is still a replica). What is known of a peer that stays is kept; a new
+    /// peer's position is unknown, which holds every drop of that partition until it pulls.
+    pub fn update(&self, map: &ClusterMap, node_id: &str) {
+        let mut partitions = self.partitions.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = HashMap::new();
+        for (partition, _) in map.replicas_on(node_id) {
+            let Some(entry) = map.partition(partition) else {
+                continue;
+            };
+            let mut known = partitions
+                .remove(&partition)
+                .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+                .unwrap_or_default();
+            let peers = entry
+                .replicas
+                .iter()
+                .filter(|r| r.node != node_id)
+                .map(|r| {
+                    let bootstrapping = r.state == ReplicaState::Bootstrapping;
+                    match known.iter().position(|p| p.node == r.node) {
+                        Some(i) => Peer {
+                            bootstrapping,
+                            ..known.swap_remove(i)
+                        },
+                        None => Peer {
+                            node: r.node.clone(),
+                            seq: None,
+                            checked: false,
+                            behind: false,
+                            bootstrapping,
+                        },
+                    }
+                })
+                .collect();
+            next.insert(partition, Mutex::new(peers));
         }
+        *partitions = next;
     }
 
     /// How old a tombstone must be before it may be dropped (`[compaction] tombstone_retention`).
@@ -86,14 +116,19 @@ impl Horizons {
         u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn peers(&self, partition: PartitionId) -> Option<std::sync::MutexGuard<'_, Vec<Peer>>> {
-        let peers = self.partitions.get(&partition)?;
+    /// Runs `f` on the peers of `partition` (`None` when not hosted).
+    fn with_peers<R>(
+        &self,
+        partition: PartitionId,
+        f: impl FnOnce(&mut Vec<Peer>) -> R,
+    ) -> Option<R> {
+        let partitions = self.partitions.read().unwrap_or_else(|e| e.into_inner());
+        let peers = partitions.get(&partition)?;
         // A poisoned lock only means a panic elsewhere; positions stay meaningful.
-        Some(
-            peers
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+        let mut peers = peers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Some(f(&mut peers))
     }
 
     /// Notes that `peer` pulled the local replica (of incarnation `incarnation`) after `after`.
@@ -105,39 +140,41 @@ impl Horizons {
         after: Cursor,
         incarnation: u64,
     ) -> bool {
-        let Some(mut peers) = self.peers(partition) else {
-            return false;
-        };
-        let Some(p) = peers.iter_mut().find(|p| p.node == peer) else {
-            return false;
-        };
-        p.seq = Some(if after.incarnation == incarnation {
-            after.sequence
-        } else {
-            0
-        });
-        true
+        self.with_peers(partition, |peers| {
+            let Some(p) = peers.iter_mut().find(|p| p.node == peer) else {
+                return false;
+            };
+            p.seq = Some(if after.incarnation == incarnation {
+                after.sequence
+            } else {
+                0
+            });
+            true
+        })
+        .unwrap_or(false)
     }
 
     /// The largest sequence every other current replica has replicated past: tombstones up to
     /// it may be dropped (once old enough). `None` while any peer's position is unknown. A
     /// partition with no other replica has nothing to wait for.
     pub fn horizon(&self, partition: PartitionId) -> Option<u64> {
-        let peers = self.peers(partition)?;
-        peers
-            .iter()
-            .try_fold(u64::MAX, |min, p| p.seq.map(|s| min.min(s)))
+        self.with_peers(partition, |peers| {
+            peers
+                .iter()
+                .try_fold(u64::MAX, |min, p| p.seq.map(|s| min.min(s)))
+        })
+        .flatten()
     }
 
     /// Notes how `peer` answered our pull of its feed: `refused` when it said our cursor is
     /// behind tombstones it dropped.
     pub fn answered(&self, partition: PartitionId, peer: &str, refused: bool) {
-        if let Some(mut peers) = self.peers(partition) {
+        self.with_peers(partition, |peers| {
             if let Some(p) = peers.iter_mut().find(|p| p.node == peer) {
                 p.checked = true;
                 p.behind |= refused;
             }
-        }
+        });
     }
 
     /// Whether `peer` may pull the local replica's feed. A replica whose data went back (a
@@ -146,14 +183,15 @@ impl Horizons {
     /// hand anything to it. So after every start a replica serves a peer only once its own
     /// pull of that peer was answered without a refusal: no race with the peer's pulls.
     pub fn may_serve(&self, partition: PartitionId, peer: &str) -> Serve {
-        let Some(peers) = self.peers(partition) else {
-            return Serve::Yes;
-        };
-        match peers.iter().find(|p| p.node == peer) {
-            Some(p) if p.behind => Serve::Behind,
-            Some(p) if !p.checked && self.check_before_serving => Serve::NotChecked,
-            _ => Serve::Yes,
-        }
+        let check = self.check_before_serving;
+        self.with_peers(partition, |peers| {
+            match peers.iter().find(|p| p.node == peer) {
+                Some(p) if p.behind => Serve::Behind,
+                Some(p) if !p.checked && check && !p.bootstrapping => Serve::NotChecked,
+                _ => Serve::Yes,
+            }
+        })
+        .unwrap_or(Serve::Yes)
     }
 }
 
@@ -193,6 +231,40 @@ mod tests {
         assert!(h.pulled(0, "s3", at(50), 8));
         assert_eq!(h.horizon(0), Some(0));
         assert_eq!(h.horizon(1), None, "not hosted");
+    }
+
+    #[test]
+    fn a_bootstrapping_replica_holds_the_horizon_until_it_pulled() {
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        let at = |sequence| Cursor {
+            incarnation: 7,
+            sequence,
+        };
+        assert!(h.pulled(0, "s2", at(40), 7));
+        assert!(h.pulled(0, "s3", at(30), 7));
+        assert_eq!(h.horizon(0), Some(30));
+        // s4 is added to partition 0, bootstrapping: nothing is dropped until it pulled.
+        let mut moved = map();
+        moved.revision += 1;
+        let text = moved.to_toml().replace(
+            "[[partitions]]",
+            "[[nodes]]\nid = \"s4\"\ndatacenter = \"dc1\"\naddress = \"127.0.0.1:4\"\ndisks = [\"d0\"]\n\n[[partitions]]",
+        );
+        let mut moved = ClusterMap::from_toml(&text).unwrap();
+        moved.partitions[0].replicas.push(larder_cluster::Replica {
+            node: "s4".into(),
+            disk: "d0".into(),
+            state: ReplicaState::Bootstrapping,
+        });
+        h.update(&moved, "s1");
+        assert_eq!(h.horizon(0), None, "s4 has seen nothing yet");
+        assert_eq!(
+            h.may_serve(0, "s4"),
+            Serve::Yes,
+            "a new replica is served unchecked"
+        );
+        assert!(h.pulled(0, "s4", at(10), 7));
+        assert_eq!(h.horizon(0), Some(10), "the others' positions were kept");
     }
 
     #[test]

@@ -4,16 +4,19 @@
 mod authority;
 mod blobs;
 mod body;
+mod bootstrap;
 mod changes;
 mod compaction;
 mod config;
 mod connection;
 mod documents;
 mod error;
+mod export;
 mod horizon;
 mod internal_auth;
 mod map_routes;
 mod map_state;
+mod membership;
 mod metrics;
 mod node;
 mod props;
@@ -25,8 +28,8 @@ mod validate;
 mod visit;
 
 pub use config::{
-    AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, ReplicationConfig,
-    StorageConfig, StoreSettings,
+    AuthSettings, CompactionConfig, ConfigError, Http2Settings, Limits, RedistributionConfig,
+    ReplicationConfig, StorageConfig, StoreSettings,
 };
 pub use map_state::{MapState, OfferKind, MAP_FILE};
 pub use node::OpenError;

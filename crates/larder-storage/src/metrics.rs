@@ -71,6 +71,15 @@ pub struct StorageMetrics {
     compaction_yielded_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     certificate_reloads: Family<ReloadLabels, Counter>,
     internal_auth_refusals: Family<AuthRefusalLabels, Counter>,
+    /// Bulk bootstraps copying now (`bootstrap.rs`).
+    pub bootstraps_in_progress: Gauge,
+    /// Bytes and records bulk bootstraps made durable here.
+    pub bootstrap_bytes: Counter,
+    pub bootstrap_records: Counter,
+    /// Estimated seconds until every running bulk copy is done (set when encoded).
+    pub bootstrap_seconds_left: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Records an export left out because they failed their checksum here.
+    pub export_corrupt_skipped: Counter,
 }
 
 impl StorageMetrics {
@@ -98,6 +107,11 @@ impl StorageMetrics {
             compaction_yielded_seconds: Counter::default(),
             certificate_reloads: Family::default(),
             internal_auth_refusals: Family::default(),
+            bootstraps_in_progress: Gauge::default(),
+            bootstrap_bytes: Counter::default(),
+            bootstrap_records: Counter::default(),
+            bootstrap_seconds_left: Gauge::default(),
+            export_corrupt_skipped: Counter::default(),
             registry: Registry::default(),
         };
         // Zeros up front, so a failed reload is an increase, not a new series.
@@ -216,6 +230,31 @@ impl StorageMetrics {
             "Certificate reloads (SIGHUP) of [tls] and [pool.tls], by result",
             m.certificate_reloads.clone(),
         );
+        registry.register(
+            "bootstraps_in_progress",
+            "Bulk bootstraps of new replicas copying now",
+            m.bootstraps_in_progress.clone(),
+        );
+        registry.register(
+            "bootstrap_copied_bytes",
+            "Bytes bulk bootstraps made durable on this node",
+            m.bootstrap_bytes.clone(),
+        );
+        registry.register(
+            "bootstrap_copied_records",
+            "Records bulk bootstraps made durable on this node",
+            m.bootstrap_records.clone(),
+        );
+        registry.register(
+            "bootstrap_seconds_left",
+            "Estimated seconds until the running bulk bootstraps are done",
+            m.bootstrap_seconds_left.clone(),
+        );
+        registry.register(
+            "export_corrupt_skipped",
+            "Records an export to a new replica left out because they failed their checksum",
+            m.export_corrupt_skipped.clone(),
+        );
         StorageMetrics { registry, ..m }
     }
 
@@ -294,7 +333,9 @@ impl StorageMetrics {
         &self,
         partitions: impl Iterator<Item = (&'a PartitionId, &'a Store)>,
         compaction: &crate::compaction::Compaction,
+        bootstrap_seconds_left: f64,
     ) -> String {
+        self.bootstrap_seconds_left.set(bootstrap_seconds_left);
         let yielded = compaction.foreground.yielded().as_secs_f64();
         let counted = self.compaction_yielded_seconds.get();
         if yielded > counted {
@@ -352,7 +393,7 @@ mod tests {
         }
         let metrics = StorageMetrics::new();
         let compaction = crate::compaction::Compaction::new(&Default::default());
-        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction);
+        let text = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction, 0.0);
         let journal = disk.stats().journal_syncs;
         assert!(journal >= 1);
         let line = format!(
@@ -360,7 +401,7 @@ mod tests {
         );
         assert!(text.contains(&line), "{text}");
         // Counted once per disk, not once per store on it.
-        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction);
+        let again = metrics.encode(stores.iter().map(|(p, s)| (p, s)), &compaction, 0.0);
         assert!(again.contains(&line), "{again}");
     }
 }

@@ -2,10 +2,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
-use larder_cluster::{ClusterMap, PartitionId};
+use larder_cluster::{ClusterMap, PartitionId, ReplicaState};
 use larder_store::{BlobMeta, DeleteOutcome, Disk, DiskOptions, DocOutcome, PutOutcome, Store};
+use tokio::sync::watch;
 
 use crate::body::{BodyBudget, Intake};
 use crate::config::ConfigError;
@@ -22,9 +24,17 @@ pub struct StorageNode {
     pub intake: Intake,
     /// How far ahead of this node's clock a stored time or version may be.
     pub clock: Clock,
-    stores: HashMap<PartitionId, Store>,
+    /// The replicas served now; `follow_map` adds and retires them as the map changes.
+    stores: RwLock<HashMap<PartitionId, Store>>,
     /// One journal and commit thread per disk directory, shared by every replica on it.
-    disks: Vec<(String, Disk)>,
+    disks: Mutex<Vec<(String, Disk)>>,
+    pub(crate) data_dir: PathBuf,
+    store_options: larder_store::Options,
+    /// The map this node runs. Every accepted new map is sent here; `membership::follow_map`
+    /// reconciles the hosted replicas with it.
+    pub(crate) map: watch::Sender<Arc<ClusterMap>>,
+    /// Bulk bootstraps of new replicas and their progress (`bootstrap.rs`).
+    pub(crate) moves: crate::bootstrap::Moves,
     /// Compaction passes (one at a time), what they measured, and the load they yield to.
     pub(crate) compaction: crate::compaction::Compaction,
     /// Bounds the visit scans running at once (`visit.rs`).
@@ -57,6 +67,13 @@ pub enum OpenError {
         dir: PathBuf,
         source: larder_store::Error,
     },
+    #[error(
+        "cannot save the bootstrap marker or start cursors of partition {partition}: {source}"
+    )]
+    Marker {
+        partition: PartitionId,
+        source: std::io::Error,
+    },
 }
 
 impl StorageNode {
@@ -68,29 +85,12 @@ impl StorageNode {
         let compaction = crate::compaction::Compaction::new(&config.compaction);
         let mut options = config.store.to_options()?;
         options.compaction_yields_to = Some(compaction.foreground.clone());
-        let mut stores = HashMap::new();
-        let mut disks: Vec<(String, Disk)> = Vec::new();
-        for (partition, disk_name) in map.replicas_on(&config.node_id) {
-            let disk = match disks.iter().find(|(name, _)| *name == disk_name) {
-                Some((_, disk)) => disk.clone(),
-                None => {
-                    // Opening a disk replays its journal before any replica on it opens.
-                    let dir = config.data_dir.join(&disk_name);
-                    let disk = Disk::open(&dir, DiskOptions::default())
-                        .map_err(|source| OpenError::Disk { dir, source })?;
-                    disks.push((disk_name.clone(), disk.clone()));
-                    disk
-                }
-            };
-            let dir = replica_dir(&config.data_dir, &disk_name, partition);
-            let store = Store::open_on(&disk, &dir, options.clone())
-                .map_err(|source| OpenError::Replica { dir, source })?;
-            stores.insert(partition, store);
-        }
-        tracing::info!(node = %config.node_id, replicas = stores.len(), "replicas open");
         let primary_fences = primary_fences(map, &config.node_id);
         let limits = &config.limits;
-        Ok(StorageNode {
+        // One channel for the node's map: `map_state` sends every map it accepts on it, and
+        // `membership::follow_map` (replicas) and the others follow it.
+        let map_tx = watch::channel(Arc::new(map.clone())).0;
+        let node = StorageNode {
             node_id: config.node_id.clone(),
             metrics: StorageMetrics::new(),
             intake: Intake {
@@ -99,8 +99,12 @@ impl StorageNode {
                 idle_timeout: limits.body_read_timeout,
             },
             clock: Clock::new(limits.max_clock_skew),
-            stores,
-            disks,
+            stores: RwLock::default(),
+            disks: Mutex::default(),
+            data_dir: config.data_dir.clone(),
+            store_options: options,
+            map: map_tx.clone(),
+            moves: crate::bootstrap::Moves::new(&config.redistribution),
             compaction,
             visit_scans: Default::default(),
             horizons: crate::horizon::Horizons::new(
@@ -112,11 +116,85 @@ impl StorageNode {
             primary_fences,
             serialised: Default::default(),
             maps: std::sync::Arc::new(crate::map_state::MapState::new(
-                tokio::sync::watch::Sender::new(std::sync::Arc::new(map.clone())),
+                map_tx,
                 &config.node_id,
                 &config.data_dir,
             )),
-        })
+        };
+        for (partition, disk_name) in map.replicas_on(&config.node_id) {
+            let state = replica_state(map, partition, &config.node_id);
+            let store = node.open_replica(map, partition, &disk_name, state, true)?;
+            node.serve_replica(partition, store);
+        }
+        tracing::info!(node = %config.node_id, replicas = node.stores_read().len(), "replicas open");
+        Ok(node)
+    }
+
+    /// Opens (creating when new) one replica's store on `disk_name`, opening the disk first if
+    /// this is its first replica. A replica created now, other than by the first start of a
+    /// cluster (`at_start` with the map calling it live), is marked for a bulk bootstrap, durably
+    /// before its store exists, and gets its start positions in every peer's feed saved, so
+    /// that no restart can take it for a replica that lost its cursors.
+    pub(crate) fn open_replica(
+        &self,
+        map: &ClusterMap,
+        partition: PartitionId,
+        disk_name: &str,
+        state: Option<ReplicaState>,
+        at_start: bool,
+    ) -> Result<Store, OpenError> {
+        let disk = self.disk(disk_name)?;
+        let dir = replica_dir(&self.data_dir, disk_name, partition);
+        let new = !dir.exists();
+        let bootstraps = new && (!at_start || state == Some(ReplicaState::Bootstrapping));
+        if bootstraps {
+            crate::bootstrap::mark_pending(&self.data_dir, partition)
+                .map_err(|source| OpenError::Marker { partition, source })?;
+        }
+        let store = Store::open_on(&disk, &dir, self.store_options.clone())
+            .map_err(|source| OpenError::Replica { dir, source })?;
+        if new {
+            let peers = peers_of(map, partition, &self.node_id);
+            crate::replication::save_start_cursors(&self.data_dir, partition, &peers, &store)
+                .map_err(|source| OpenError::Marker { partition, source })?;
+        }
+        Ok(store)
+    }
+
+    /// The disk named `name`, opened (its journal replayed) on first use.
+    fn disk(&self, name: &str) -> Result<Disk, OpenError> {
+        let mut disks = self.disks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, disk)) = disks.iter().find(|(n, _)| n == name) {
+            return Ok(disk.clone());
+        }
+        let dir = self.data_dir.join(name);
+        // Opening a disk replays its journal before any replica on it opens.
+        let disk = Disk::open(&dir, DiskOptions::default())
+            .map_err(|source| OpenError::Disk { dir, source })?;
+        disks.push((name.to_owned(), disk.clone()));
+        Ok(disk)
+    }
+
+    /// Starts serving `store` as the replica of `partition`.
+    pub(crate) fn serve_replica(&self, partition: PartitionId, store: Store) {
+        let mut stores = self.stores.write().unwrap_or_else(|e| e.into_inner());
+        stores.insert(partition, store);
+    }
+
+    /// Stops serving the replica of `partition` (requests already holding it finish).
+    pub(crate) fn unserve_replica(&self, partition: PartitionId) -> Option<Store> {
+        let mut stores = self.stores.write().unwrap_or_else(|e| e.into_inner());
+        stores.remove(&partition)
+    }
+
+    fn stores_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<PartitionId, Store>> {
+        // A poisoned lock only means a panic elsewhere; the map itself stays consistent.
+        self.stores.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This node's replica of `partition`: its state in the map the node runs now.
+    pub(crate) fn replica_state(&self, partition: PartitionId) -> Option<ReplicaState> {
+        replica_state(&self.map.borrow(), partition, &self.node_id)
     }
 
     /// The fence of `partition` when this node is its primary (see `ClusterMap::primary_fence`).
@@ -124,22 +202,24 @@ impl StorageNode {
         self.primary_fences.get(&partition).map(String::as_str)
     }
 
-    pub fn store(&self, partition: PartitionId) -> Option<&Store> {
-        self.stores.get(&partition)
+    pub fn store(&self, partition: PartitionId) -> Option<Store> {
+        self.stores_read().get(&partition).cloned()
     }
 
-    pub fn partitions(&self) -> impl Iterator<Item = (&PartitionId, &Store)> {
-        self.stores.iter()
+    /// The replicas served now (a snapshot: the map may change meanwhile).
+    pub fn partitions(&self) -> Vec<(PartitionId, Store)> {
+        let stores = self.stores_read();
+        stores.iter().map(|(p, s)| (*p, s.clone())).collect()
     }
 
     /// The disks this node's replicas are on, by the cluster map's disk name.
-    pub fn disks(&self) -> impl Iterator<Item = (&str, &Disk)> {
-        self.disks.iter().map(|(name, disk)| (name.as_str(), disk))
+    pub fn disks(&self) -> Vec<(String, Disk)> {
+        self.disks.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Syncs and checkpoints every store (clean shutdown).
     pub fn close(&self) {
-        for (partition, store) in &self.stores {
+        for (partition, store) in &self.partitions() {
             if let Err(err) = store.close() {
                 tracing::error!(partition, %err, "closing replica failed");
             }
@@ -221,6 +301,31 @@ fn primary_fences(map: &ClusterMap, node: &str) -> HashMap<PartitionId, String> 
         .into_iter()
         .filter(|(p, _)| map.primary_of(*p, dc) == Some(node))
         .filter_map(|(p, _)| Some((p, map.primary_fence(p, dc)?)))
+        .collect()
+}
+
+/// The state of `node`'s replica of `partition` in `map` (`None`: not placed there).
+pub(crate) fn replica_state(
+    map: &ClusterMap,
+    partition: PartitionId,
+    node: &str,
+) -> Option<ReplicaState> {
+    let replicas = &map.partition(partition)?.replicas;
+    replicas.iter().find(|r| r.node == node).map(|r| r.state)
+}
+
+/// The other replicas of `partition` in `map`, with their states.
+pub(crate) fn peers_of(
+    map: &ClusterMap,
+    partition: PartitionId,
+    node: &str,
+) -> Vec<(String, ReplicaState)> {
+    map.partition(partition)
+        .map(|p| p.replicas.iter())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.node != node)
+        .map(|r| (r.node.clone(), r.state))
         .collect()
 }
 

@@ -81,6 +81,9 @@ struct Link {
     cursor_file: PathBuf,
     /// When the cursor file was last written (ms since the epoch).
     saved_ms: u64,
+    /// Skipped while the partition's bulk bootstrap runs; the cursor file is read again after
+    /// (the bootstrap saves the source's cursor at its end).
+    paused: bool,
 }
 
 /// Starts one replication task per peer node; they stop when `stop` turns true.
@@ -96,12 +99,15 @@ pub fn start(
         return Vec::new();
     }
     let mut by_peer: std::collections::BTreeMap<String, Vec<Link>> = Default::default();
-    for (partition, store) in node.partitions() {
-        let replicas = &map
-            .partition(*partition)
-            .expect("hosted partitions are in the map")
-            .replicas;
-        for peer in replicas.iter().filter(|r| r.node != node.node_id) {
+    for (partition, store) in &node.partitions() {
+        let Some(entry) = map.partition(*partition) else {
+            continue;
+        };
+        // A bootstrapping replica is no source for others (`DESIGN.md` 6.1).
+        let sources = entry.replicas.iter().filter(|r| {
+            r.node != node.node_id && r.state != larder_cluster::ReplicaState::Bootstrapping
+        });
+        for peer in sources {
             let cursor_file = dir.join(format!("p{partition}-{}.cursor", peer.node));
             let (cursor, saved_ms) = load_cursor(&cursor_file, store.incarnation());
             let link = Link {
@@ -111,8 +117,11 @@ pub fn start(
                 cursor,
                 cursor_file,
                 saved_ms: saved_ms.unwrap_or(0),
+                paused: false,
             };
             check_link(&node, &link, saved_ms);
+            node.moves
+                .note_position(link.partition, &link.peer, link.cursor);
             by_peer.entry(peer.node.clone()).or_default().push(link);
         }
     }
@@ -175,6 +184,50 @@ fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<u64>) {
     }
 }
 
+/// Saves the start position in each peer's feed for a replica created now (before anything is
+/// written to it), so that the replica, once it holds data, is not taken for one that lost its
+/// cursors (`check_link`).
+pub(crate) fn save_start_cursors(
+    data_dir: &Path,
+    partition: PartitionId,
+    peers: &[(String, larder_cluster::ReplicaState)],
+    store: &Store,
+) -> std::io::Result<()> {
+    for (peer, _) in peers {
+        save_position(data_dir, partition, peer, Cursor::START, store)?;
+    }
+    Ok(())
+}
+
+/// Saves `cursor` as this replica's position in `peer`'s feed (a bulk bootstrap's end).
+pub(crate) fn save_position(
+    data_dir: &Path,
+    partition: PartitionId,
+    peer: &str,
+    cursor: Cursor,
+    store: &Store,
+) -> std::io::Result<()> {
+    let dir = data_dir.join("replication");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("p{partition}-{peer}.cursor"));
+    save_cursor(&path, cursor, store.incarnation())
+}
+
+/// Removes the cursor files of a replica no longer hosted here.
+pub(crate) fn forget_partition(data_dir: &Path, partition: PartitionId) {
+    let dir = data_dir.join("replication");
+    let prefix = format!("p{partition}-");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn incarnation_text(incarnation: u64) -> String {
     format!("{incarnation:016x}")
 }
@@ -215,6 +268,19 @@ impl Worker {
         while !*stop.borrow() {
             let mut failed = false;
             for link in &mut links {
+                if self.node.moves.copying(link.partition) {
+                    link.paused = true;
+                    continue;
+                }
+                if link.paused {
+                    link.paused = false;
+                    let (cursor, saved) = load_cursor(&link.cursor_file, link.store.incarnation());
+                    link.cursor = cursor;
+                    link.saved_ms = saved.unwrap_or(0);
+                    self.node
+                        .moves
+                        .note_position(link.partition, &link.peer, cursor);
+                }
                 let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
                 let outcome = tokio::time::timeout(limit, self.round(link)).await;
                 if let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) {
@@ -273,6 +339,9 @@ impl Worker {
             // feed (its tombstone horizon), which must never be ahead of what a restart of
             // ours would resume from.
             link.cursor = next;
+            self.node
+                .moves
+                .note_position(link.partition, &link.peer, next);
         }
         Ok(())
     }
@@ -293,6 +362,9 @@ impl Worker {
             link.cursor = next;
             link.saved_ms = now_ms();
         }
+        self.node
+            .moves
+            .note_position(link.partition, &link.peer, link.cursor);
         Ok(())
     }
 

@@ -89,12 +89,14 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::BehindDroppedTombstones { .. } => (S::CONFLICT, "ReplicaMustBeRebuilt"),
         Error::NotCheckedYet { .. } => (S::TOO_EARLY, "ReplicaNotCheckedYet"),
         Error::MustBeRebuilt { .. } => (S::SERVICE_UNAVAILABLE, "ThisReplicaMustBeRebuilt"),
+        Error::Bootstrapping { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaBootstrapping"),
+        Error::MapRefused(_) => (S::BAD_REQUEST, "MapRefused"),
         Error::Store(err) => store_status(err),
     };
     let mut response = coded(code, stable, err);
     let headers = response.headers_mut();
     match err {
-        Error::BodyBudgetSpent { .. } | Error::Busy(_) => {
+        Error::BodyBudgetSpent { .. } | Error::Busy(_) | Error::Bootstrapping { .. } => {
             headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
         }
         Error::BadRange(err @ RangeError::Unsatisfiable { size }) => {

@@ -60,6 +60,19 @@ async fn route(
             Method::GET => Ok(crate::compaction::status(&node)),
             _ => Err(Error::MethodNotAllowed("GET or POST")),
         },
+        Some(InternalPath::Export { partition }) => {
+            let store = hosted(&node, partition)?;
+            let query = req.uri().query().unwrap_or("").to_owned();
+            crate::export::export(node, partition, store, &query).await
+        }
+        Some(InternalPath::Replica { partition }) => {
+            hosted(&node, partition)?;
+            let state = node.replica_state(partition);
+            Ok(reply::json(
+                StatusCode::OK,
+                &node.moves.status(partition, state),
+            ))
+        }
         Some(InternalPath::Blob { partition, key }) => {
             let _busy = node.compaction.foreground.enter();
             let store = hosted(&node, partition)?;
@@ -119,17 +132,18 @@ fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
 }
 
 fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {
-    node.store(partition)
-        .cloned()
-        .ok_or_else(|| Error::NotHosted {
-            node: node.node_id.clone(),
-            partition,
-        })
+    node.store(partition).ok_or_else(|| Error::NotHosted {
+        node: node.node_id.clone(),
+        partition,
+    })
 }
 
 fn metrics(node: &StorageNode) -> Response<Body> {
-    let mut response =
-        reply::body_response(node.metrics.encode(node.partitions(), &node.compaction));
+    let mut response = reply::body_response(node.metrics.encode(
+        node.partitions().iter().map(|(p, s)| (p, s)),
+        &node.compaction,
+        node.moves.seconds_left_total(),
+    ));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -140,6 +154,7 @@ fn metrics(node: &StorageNode) -> Response<Body> {
 fn health(node: &StorageNode) -> Response<Body> {
     let partitions: serde_json::Map<String, serde_json::Value> = node
         .partitions()
+        .iter()
         .map(|(p, store)| {
             let s = store.stats();
             let value = serde_json::json!({"live_keys": s.live_keys, "bytes_on_disk": s.bytes_on_disk,

@@ -82,11 +82,22 @@ pub async fn serve(
         config.cluster_map.clone(),
         stop.clone(),
     );
-    let peers = peer_pool(&map_for_replication, &config, credentials)?;
-    let compactor = crate::compaction::start(node.clone(), config.compaction.clone(), stop.clone());
-    let mut replicators =
-        start_replication(&node, &map_for_replication, peers.clone(), &config, stop);
-    replicators.extend(compactor);
+    let peers = peer_pool(&map_for_replication, &config, credentials.clone())?;
+    let peers = Arc::new(std::sync::Mutex::new(peers));
+    let mut replicators: Vec<_> =
+        crate::compaction::start(node.clone(), config.compaction.clone(), stop.clone())
+            .into_iter()
+            .collect();
+    // Replication, bootstraps and retiring replicas follow the map (`membership.rs`).
+    let follow = crate::membership::FollowContext {
+        replication: config.replication.clone(),
+        pool: config.pool.clone(),
+        credentials,
+        peers: peers.clone(),
+        stop,
+    };
+    let following = crate::membership::follow_map(node.clone(), node.map.subscribe(), follow);
+    replicators.push(tokio::spawn(following));
     replicators.push(map_task);
     // Every connection that passed mutual TLS or the secret handshake is a peer's.
     let builder = connection_builder(&config.http2, trusted);
@@ -135,6 +146,7 @@ pub async fn serve(
                 });
             }
             Some(()) = signals.reload.recv() => {
+                let peers = peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 reload(&node, tls.as_deref(), &peers);
                 reload_secret(&peers);
             }
@@ -171,28 +183,6 @@ fn peer_pool(
         .filter(|n| n.id != config.node_id)
         .map(|n| (n.id.clone(), n.address));
     StoragePool::new(peers, config.pool.clone(), credentials).map_err(|e| e.to_string())
-}
-
-fn start_replication(
-    node: &Arc<StorageNode>,
-    map: &ClusterMap,
-    pool: StoragePool,
-    config: &StorageConfig,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let dir = config.data_dir.join("replication");
-    if let Err(err) = std::fs::create_dir_all(&dir) {
-        tracing::error!(%err, "cannot create the replication directory; replication is off");
-        return Vec::new();
-    }
-    crate::replication::start(
-        node.clone(),
-        map,
-        pool,
-        config.replication.clone(),
-        &dir,
-        stop,
-    )
 }
 
 /// Re-reads `[tls]` (what this node serves and which clients it admits) and `[pool.tls]` (what

@@ -47,7 +47,10 @@ async fn dispatch(
         return ("blobs", Box::pin(blobs::upload(state, req)).await);
     }
     if req.uri().path().starts_with("/document/v1/") {
-        return ("document", Ok(Box::pin(documents::handle(state, req)).await));
+        return (
+            "document",
+            Ok(Box::pin(documents::handle(state, req)).await),
+        );
     }
     // No other route reads a body.
     let (parts, mut body) = req.into_parts();

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# B9 (issue 15): how fast a new replica is bootstrapped (one streamed export from a live peer,
+# appended in batches with one durable commit each), and what it costs foreground traffic.
+#
+# Three storage nodes with one partition (3 replicas: every node holds everything) and a frontend,
+# all on this machine's disk. For each blob size (1 KiB, 64 KiB, 4 MiB) a fresh cluster is filled
+# with MIB MiB of blobs, then a 4th node `s4` is started on a map that places a bootstrapping
+# replica of the partition on it (the map is pushed to s1..s3 through the test-only
+# `PUT /internal/v1/map`). Measured: the time from s4's start until its bulk copy is durable
+# (`GET /internal/v1/partitions/0/replica`: `copying` false), as MB/s and records/s into s4, next to
+# `dd conv=fdatasync` of the same bytes on the same disk and the cluster's own 1 KiB PUT rate at
+# 256 concurrent streams, both in the same run. Then, on the 64 KiB data, foreground p99 of 1 KiB
+# GETs and PUTs (h2load at a fixed rate) while s4 bootstraps, throttled (the default
+# `[redistribution] rate_mb_per_s`) and unthrottled, next to the same load with no bootstrap.
+# Usage: run.sh [--smoke]   (--smoke: 2 MiB per size, 1 s loads, results to a temp file)
+# Knobs: MIB (default 256), DURATION (s per load, default 8), RPS (default 200), OUT.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+source benchmarks/lib.sh
+
+mib=${MIB:-256}; duration=${DURATION:-8}; rps=${RPS:-200}; out=${OUT:-$here/RESULTS.md}
+if [ "${1:-}" = "--smoke" ]; then mib=2; duration=1; rps=20; out=$(mktemp); fi
+
+# The script curls the storage nodes' internal API (map push, replica status): unauthenticated.
+STORAGE_AUTH=$'[auth]\ninsecure_unauthenticated_internal_api = true'
+FRONTEND_AUTH=''
+STORAGE_EXTRA=$'[redistribution]'
+bench_build
+work=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/bench-b9.XXXX")
+trap 'stop_all "$work"; rm -rf "$work"' EXIT
+default_rate=$("$LARDER" config defaults | awk '/^\[redistribution\]/ {r=1} r && /^rate_mb_per_s/ {print $3; exit}')
+
+# fresh_cluster: stops whatever runs, starts 3 nodes (1 partition) and a frontend; sets url.
+fresh_cluster() {
+  stop_all "$work"
+  rm -rf "${work:?}"/*
+  start_cluster "$work" 3 1
+  port=$(free_port)
+  start_frontend "$work" frontend "$port"
+  url="http://127.0.0.1:$port"
+  s4_port=$(free_port)
+}
+
+# fill SIZE: MIB MiB of SIZE-byte blobs through the frontend (h2load, 64 streams).
+fill() {
+  head -c "$1" /dev/urandom > "$work/blob"
+  local count=$(( mib * 1048576 / $1 )); [ "$count" -gt 0 ] || count=1
+  local clients=$(( count < 4 ? count : 4 ))
+  h2load -n "$count" -c "$clients" -m 16 -d "$work/blob" "$url/v1/blobs" > "$work/fill.out" 2>&1
+  grep -q " 0 failed, 0 errored" "$work/fill.out" || { cat "$work/fill.out" >&2; exit 1; }
+}
+
+# grow RATE: the map with s4 (a bootstrapping replica of partition 0), s4's config with RATE
+# (empty: the default), pushed to s1..s3. Partition 0 is the map's last table, so the appended
+# replica table joins its replicas.
+grow() {
+  python3 - "$work/cluster.toml" "$s4_port" > "$work/cluster4.toml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+revision = int(re.search(r"^revision = (\d+)", text, re.M).group(1)) if re.search(r"^revision = ", text, re.M) else 1
+text = re.sub(r"^revision = \d+\n", "", text, flags=re.M)
+print(f"revision = {revision + 1}")
+print(text)
+print('[[partitions.replicas]]\nnode = "s4"\ndisk = "disk0"\nstate = "bootstrapping"\n')
+print(f'[[nodes]]\nid = "s4"\ndatacenter = "dc1"\naddress = "127.0.0.1:{sys.argv[2]}"\ndisks = ["disk0"]')
+PY
+  printf 'node_id = "s4"\ncluster_map = "cluster4.toml"\ndata_dir = "s4"\n%s\n%s\n%s\n' \
+    "$STORAGE_EXTRA" "${1:+rate_mb_per_s = $1}" "$STORAGE_AUTH" > "$work/s4.toml"
+  for i in 1 2 3; do
+    local addr; addr=$(awk -v id="s$i" '$0 ~ "^id = \""id"\"" {f=1} f && /^address/ {print $3; exit}' "$work/cluster.toml" | tr -d '"')
+    curl -sS --http2-prior-knowledge -X PUT --data-binary @"$work/cluster4.toml" \
+      "http://$addr/internal/v1/map" > /dev/null
+  done
+}
+
+replica() { curl -sS --http2-prior-knowledge "http://127.0.0.1:$s4_port/internal/v1/partitions/0/replica" 2>/dev/null || true; }
+
+# bootstrap: starts s4 (fresh data) and waits until its bulk copy is durable; prints
+# "seconds bytes records".
+bootstrap() {
+  [ -e "$work/s4.pid" ] && { kill "$(cat "$work/s4.pid")" 2>/dev/null || true; wait "$(cat "$work/s4.pid")" 2>/dev/null || true; }
+  rm -rf "$work/s4"
+  local began; began=$(date +%s.%N)
+  start_node "$work" 4
+  wait_port "$s4_port"
+  local answer
+  while :; do
+    answer=$(replica)
+    if python3 -c 'import sys,json; j=json.loads(sys.argv[1]); sys.exit(0 if not j["copying"] and j["records_done"] > 0 else 1)' "$answer" 2>/dev/null; then
+      break
+    fi
+    sleep 0.05
+  done
+  local ended; ended=$(date +%s.%N)
+  python3 -c 'import sys,json; j=json.loads(sys.argv[1]); print(float(sys.argv[3]) - float(sys.argv[2]), j["bytes_done"], j["records_done"])' "$answer" "$began" "$ended"
+  echo "$ended" > "$work/bootstrap.ended"
+}
+
+rate() { python3 -c "print(f'{float(\"$1\") / max(float(\"$2\"), 1e-9) / ${3:-1}:.1f}')"; }
+
+# --- 1. copy rate per blob size, unthrottled ---
+rows=()
+for size in 1024 65536 4194304; do
+  fresh_cluster
+  fill "$size"
+  grow 0
+  read -r secs bytes records < <(bootstrap)
+  rows+=("| $size | $records | $((bytes / 1000000)) | $(python3 -c "print(f'{$secs:.2f}')") | **$(rate "$bytes" "$secs" 1e6)** | **$(rate "$records" "$secs")** |")
+done
+dd_mib=$(( mib > 4 ? mib : 4 ))
+dd_rate=$(dd if=/dev/zero of="$work/dd.bin" bs=4M count=$((dd_mib / 4)) conv=fdatasync 2>&1 | awk -F', ' '/copied/ {print $NF}')
+rm -f "$work/dd.bin"
+head -c 1024 /dev/urandom > "$work/1k"
+puts=$(( mib * 64 > 2000 ? mib * 64 : 2000 ))
+h2load -n "$puts" -c 4 -m 64 -d "$work/1k" "$url/v1/blobs" > "$work/put256.out" 2>&1
+put_rate=$(h2load_rps < "$work/put256.out")
+
+# --- 2. foreground p99: idle, bootstrapping throttled (default), unthrottled ---
+fresh_cluster
+fill 65536
+head -c 1024 /dev/urandom > "$work/1k"
+get_id=$(upload_blob "$work/1k" "$url/v1/blobs")
+load() { # NAME
+  h2load -c 1 -m 64 --rps "$rps" -D "$duration" --log-file "$work/$1.get.log" \
+    "$url/v1/blobs/$get_id" > "$work/$1.get.out" 2>&1 &
+  local g=$!
+  h2load -c 1 -m 64 --rps "$rps" -D "$duration" --log-file "$work/$1.put.log" \
+    -d "$work/1k" "$url/v1/blobs" > "$work/$1.put.out" 2>&1 || true
+  wait "$g" || true
+}
+p99() { # LOG [FROM TO]: p99 ms and count of 2xx requests that started in the window
+  python3 - "$1" "${2:-0}" "${3:-1e12}" <<'PY'
+import math, os, sys
+lo, hi = float(sys.argv[2]) * 1e6, float(sys.argv[3]) * 1e6
+lines = open(sys.argv[1]).readlines() if os.path.exists(sys.argv[1]) else []  # h2load failed
+lat = sorted(int(c[2]) / 1000 for c in (l.split("\t") for l in lines if l.strip())
+             if lo <= int(c[0]) <= hi and c[1].startswith("2"))
+p = lat[min(len(lat) - 1, max(0, math.ceil(0.99 * len(lat)) - 1))] if lat else float("nan")
+print(f"{p:.2f} {len(lat)}")
+PY
+}
+settle() { sync; sleep 2; }
+settle
+load idle
+latency_rows=()
+for mode in throttled unthrottled; do
+  grow "$([ "$mode" = unthrottled ] && echo 0 || true)"
+  settle
+  began=$(date +%s.%N)
+  ( bootstrap > "$work/$mode.bootstrap" ) &
+  bpid=$!
+  load "$mode"
+  wait "$bpid"
+  ended=$(cat "$work/bootstrap.ended")
+  read -r secs bytes records < "$work/$mode.bootstrap"
+  read -r g n_g < <(p99 "$work/$mode.get.log" "$began" "$ended")
+  read -r p n_p < <(p99 "$work/$mode.put.log" "$began" "$ended")
+  latency_rows+=("| $mode | $(rate "$bytes" "$secs" 1e6) | $g | $n_g | $p | $n_p |")
+done
+read -r idle_get n_idle_get < <(p99 "$work/idle.get.log")
+read -r idle_put n_idle_put < <(p99 "$work/idle.put.log")
+
+{
+  echo "# B9: bootstrapping a new replica (bulk export), and foreground p99 meanwhile"
+  echo
+  echo "Three storage nodes, one partition (3 replicas) and a frontend on one machine, durable writes;"
+  echo "a 4th node bootstraps the partition from one live peer through \`GET .../export\` (one HTTP/2"
+  echo "exchange), appending in batches that each become durable in one commit round before its cursor"
+  echo "is saved. Seconds: from starting s4 until \`GET .../replica\` says the bulk copy is durable."
+  echo
+  echo "## Machine"
+  machine_description "$work"
+  echo
+  echo "## Command"
+  echo '```'
+  echo "MIB=$mib DURATION=$duration RPS=$rps benchmarks/b9-redistribution/run.sh"
+  echo '```'
+  echo
+  echo "## 1. Copy rate into the new node, unthrottled"
+  echo
+  echo "| blob bytes | records | MB | seconds | MB/s | records/s |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+  printf '%s\n' "${rows[@]}"
+  echo
+  echo "Same disk, same run: \`dd bs=4M conv=fdatasync\` of $dd_mib MiB: **$dd_rate**; the cluster's own"
+  echo "1 KiB PUT rate at 256 concurrent streams (h2load -c 4 -m 64, 3 durable replicas): **$put_rate req/s**."
+  echo
+  echo "## 2. Foreground p99 while bootstrapping ($((mib)) MiB of 64 KiB blobs)"
+  echo
+  echo "h2load, one connection per load, $rps req/s of 1 KiB GETs and $rps req/s of 1 KiB PUTs for"
+  echo "$duration s; the bootstrapping rows count only requests that started before the copy was done."
+  echo "Throttled = the default \`[redistribution] rate_mb_per_s\` ($default_rate MB/s)."
+  echo
+  echo "| run | copy MB/s | GET p99 ms | GETs | PUT p99 ms | PUTs |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+  echo "| idle | - | $idle_get | $n_idle_get | $idle_put | $n_idle_put |"
+  printf '%s\n' "${latency_rows[@]}"
+  echo
+  echo "Targets (issue 15): unthrottled ≥ 0.8x dd for 4 MiB blobs; ≥ 0.5x the store's 256-writer"
+  echo "rate in records/s for 1 KiB blobs; throttled at the default rate, foreground p99 ≤ 2x idle."
+} > "$out"
+cat "$out"
