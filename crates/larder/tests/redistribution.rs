@@ -468,7 +468,7 @@ async fn a_removed_replica_is_no_longer_served_and_its_data_is_deleted() {
         .replicas
         .retain(|r| r.node != last);
     push_map(&grown.cluster, addr, &map).await;
-    // An older revision is refused whole.
+    // An older revision is refused whole (409, as any revision not above the running one).
     let client_internal = grown.cluster.node_client(addr).await;
     let (status, _) = client_internal
         .request(
@@ -477,7 +477,7 @@ async fn a_removed_replica_is_no_longer_served_and_its_data_is_deleted() {
             Bytes::from(grown.cluster.map.to_toml()),
         )
         .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(status, StatusCode::CONFLICT);
     let started = Instant::now();
     loop {
         let (code, _) =
