@@ -168,7 +168,7 @@ fn start_replication(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let dir = config.data_dir.join("replication");
-    if let Err(err) = std::fs::create_dir_all(&dir) {
+    if let Err(err) = larder_store::create_dir_all_durable(&dir) {
         tracing::error!(%err, "cannot create the replication directory; replication is off");
         return Vec::new();
     }

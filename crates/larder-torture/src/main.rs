@@ -73,6 +73,9 @@ pub struct Args {
     /// whole-cluster power loss at the end. Exit status 0 only if the checker finds violations.
     #[arg(long)]
     broken_durability: bool,
+    /// End with a whole-cluster power loss (every node at once), then check.
+    #[arg(long)]
+    final_cluster_power_loss: bool,
 }
 
 fn main() {
@@ -107,8 +110,8 @@ fn run(args: Args) -> anyhow::Result<i32> {
             .or_else(|| sibling("larder-lossyfs").filter(|_| is_root && std::path::Path::new("/dev/fuse").exists())),
     };
     anyhow::ensure!(
-        !args.broken_durability || lossyfs.is_some(),
-        "--broken-durability needs power losses (larder-lossyfs, root, /dev/fuse)"
+        !(args.broken_durability || args.final_cluster_power_loss) || lossyfs.is_some(),
+        "power losses need larder-lossyfs, root and /dev/fuse"
     );
     let temp;
     let dir = match &args.dir {
@@ -169,7 +172,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         storage_nodes: spec_nodes,
         frontends,
         power_loss,
-        final_cluster_power_loss: args.broken_durability,
+        final_cluster_power_loss: args.broken_durability || args.final_cluster_power_loss,
         mean_gap_ms: args.mean_gap_ms,
     });
     history.note("harness", "schedule", &serde_json::to_string(&faults)?);
