@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -16,6 +17,10 @@ use libc::{EEXIST, EINVAL, EIO, EISDIR, ENOENT, ENOTDIR, ENOTEMPTY};
 use crate::durable::{Backing, Manifest, ROOT};
 
 const TTL: Duration = Duration::from_secs(1);
+
+/// The disk is full (SIGUSR1 toggles it, `main.rs`): statfs reports no free space, and a write
+/// that would grow a file fails with ENOSPC (overwrites in place still succeed).
+pub static FULL: AtomicBool = AtomicBool::new(false);
 /// Reported to statfs: far more than any test writes (Larder refuses writes when it looks full).
 const REPORTED_BLOCKS: u64 = 64 << 20;
 
@@ -430,6 +435,9 @@ impl Filesystem for LossyFs {
         };
         let start = offset.max(0) as usize;
         let end = start + bytes.len();
+        if data.len() < end && FULL.load(Ordering::Relaxed) {
+            return reply.error(libc::ENOSPC);
+        }
         if data.len() < end {
             data.resize(end, 0);
         }
@@ -489,7 +497,11 @@ impl Filesystem for LossyFs {
     }
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
-        reply.statfs(REPORTED_BLOCKS, REPORTED_BLOCKS, REPORTED_BLOCKS, 1 << 20, 1 << 20, 4096, 255, 4096)
+        let free = match FULL.load(Ordering::Relaxed) {
+            true => 0,
+            false => REPORTED_BLOCKS,
+        };
+        reply.statfs(REPORTED_BLOCKS, free, free, 1 << 20, 1 << 20, 4096, 255, 4096)
     }
 
     fn access(&mut self, _req: &Request<'_>, _ino: u64, _mask: i32, reply: ReplyEmpty) {

@@ -309,6 +309,13 @@ impl Cluster {
         }
     }
 
+    /// Fills node `i`'s disk, or empties it again (lossyfs's SIGUSR1).
+    pub fn toggle_disk_full(&self, i: usize) {
+        if let Some(mount) = &self.storage[i].mount {
+            mount.signal(libc::SIGUSR1);
+        }
+    }
+
     pub fn uses_lossyfs(&self) -> bool {
         self.lossyfs.is_some()
     }

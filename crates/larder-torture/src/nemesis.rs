@@ -29,6 +29,8 @@ pub enum FaultKind {
     PowerLossStorage,
     /// The same for every storage node at once.
     PowerLossCluster,
+    /// A storage node's disk reports no free space and refuses to grow files, for the duration.
+    DiskFull,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -65,7 +67,7 @@ pub fn schedule(spec: &ScheduleSpec) -> Vec<Fault> {
         };
         let duration_ms = match kind {
             FaultKind::PauseStorage | FaultKind::PauseFrontend => rng.range(1000, 5000),
-            FaultKind::PartitionStorage => rng.range(2000, 6000),
+            FaultKind::PartitionStorage | FaultKind::DiskFull => rng.range(2000, 6000),
             _ => rng.range(200, 3000),
         };
         faults.push(Fault {
@@ -90,7 +92,8 @@ pub fn schedule(spec: &ScheduleSpec) -> Vec<Fault> {
 fn pick_kind(rng: &mut Rng, power_loss: bool) -> FaultKind {
     loop {
         let kind = match rng.range(0, 100) {
-            0..=34 => FaultKind::KillStorage,
+            0..=29 => FaultKind::KillStorage,
+            30..=34 => FaultKind::DiskFull,
             35..=49 => FaultKind::PauseStorage,
             50..=59 => FaultKind::KillFrontend,
             60..=64 => FaultKind::PauseFrontend,
@@ -98,9 +101,10 @@ fn pick_kind(rng: &mut Rng, power_loss: bool) -> FaultKind {
             75..=96 => FaultKind::PowerLossStorage,
             _ => FaultKind::PowerLossCluster,
         };
+        // Power losses and full disks are lossyfs's.
         let needs_power = matches!(
             kind,
-            FaultKind::PowerLossStorage | FaultKind::PowerLossCluster
+            FaultKind::PowerLossStorage | FaultKind::PowerLossCluster | FaultKind::DiskFull
         );
         if power_loss || !needs_power {
             return kind;
@@ -166,6 +170,11 @@ fn apply(fault: &Fault, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
             lock(cluster).power_loss(i)?;
             std::thread::sleep(pause);
             lock(cluster).restart_storage(i)?;
+        }
+        FaultKind::DiskFull => {
+            lock(cluster).toggle_disk_full(i);
+            std::thread::sleep(pause);
+            lock(cluster).toggle_disk_full(i);
         }
         FaultKind::PowerLossCluster => {
             let n = lock(cluster).storage.len();

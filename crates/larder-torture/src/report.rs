@@ -38,14 +38,21 @@ pub fn summarise(
         *ops.entry(op_name(&c.what)).or_default().entry(outcome).or_insert(0) += 1;
     }
     let fault_total: u64 = faults.values().sum();
+    let count = |kinds: &[FaultKind]| -> u64 { kinds.iter().filter_map(|k| faults.get(k)).sum() };
+    let nodes = args.nodes as u64;
+    // Every power loss SIGKILLs its node first; a cluster-wide one every node.
+    let power_losses = count(&[FaultKind::PowerLossStorage]) + nodes * count(&[FaultKind::PowerLossCluster]);
+    let sigkills = count(&[FaultKind::KillStorage, FaultKind::KillFrontend]) + power_losses;
     let mut text = format!(
-        "torture seed {} ({} s, {} workers): {} operations, {} faults, {} violations; \
-         checks held {:.1} s after healing\n",
+        "torture seed {} ({} s, {} workers): {} operations, {} faults ({} SIGKILLs, {} power losses), \
+         {} violations; checks held {:.1} s after healing\n",
         args.seed,
         args.seconds,
         args.workers,
         history.len(),
         fault_total,
+        sigkills,
+        power_losses,
         violations.len(),
         converged.as_secs_f64()
     );
@@ -60,7 +67,7 @@ pub fn summarise(
     }
     let json = serde_json::json!({
         "seed": args.seed, "seconds": args.seconds, "workers": args.workers,
-        "operations": ops, "faults": faults, "violations": violations,
+        "operations": ops, "faults": faults, "sigkills": sigkills, "power_losses": power_losses, "violations": violations,
         "converged_seconds": converged.as_secs_f64(),
     });
     Summary {
