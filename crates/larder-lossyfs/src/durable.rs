@@ -52,7 +52,10 @@ impl Backing {
     /// Replaced whole by a rename: the host does not lose power, only this process dies.
     pub fn save_manifest(&self, manifest: &Manifest) -> std::io::Result<()> {
         let tmp = self.dir.join("manifest.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(manifest).map_err(std::io::Error::other)?)?;
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(manifest).map_err(std::io::Error::other)?,
+        )?;
         std::fs::rename(tmp, self.dir.join("manifest.json"))
     }
 

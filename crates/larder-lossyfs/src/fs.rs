@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    FileAttr, FileType, Filesystem, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    FileAttr, FileType, Filesystem, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 use libc::{EEXIST, EINVAL, EIO, EISDIR, ENOENT, ENOTDIR, ENOTEMPTY};
 
@@ -61,7 +61,13 @@ impl LossyFs {
                 }
                 None => Kind::File(backing.read_data(ino)?),
             };
-            let inode = Inode { kind, mode, nlink: 0, open: 0, mtime: SystemTime::now() };
+            let inode = Inode {
+                kind,
+                mode,
+                nlink: 0,
+                open: 0,
+                mtime: SystemTime::now(),
+            };
             inodes.insert(ino, inode);
         }
         let links: Vec<u64> = inodes
@@ -81,7 +87,11 @@ impl LossyFs {
             root.nlink = 1;
         }
         backing.collect_garbage(&|ino| inodes.contains_key(&ino))?;
-        Ok(LossyFs { backing, durable, inodes })
+        Ok(LossyFs {
+            backing,
+            durable,
+            inodes,
+        })
     }
 
     fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -130,7 +140,13 @@ impl LossyFs {
         let ino = self.durable.next_ino;
         self.durable.next_ino += 1;
         self.entries_mut(parent)?.insert(name, ino);
-        let inode = Inode { kind, mode: mode & 0o7777, nlink: 1, open: 0, mtime: SystemTime::now() };
+        let inode = Inode {
+            kind,
+            mode: mode & 0o7777,
+            nlink: 1,
+            open: 0,
+            mtime: SystemTime::now(),
+        };
         self.inodes.insert(ino, inode);
         Ok(ino)
     }
@@ -185,7 +201,10 @@ impl LossyFs {
                 }
             }
         }
-        let (name, newname) = (name.to_str().ok_or(EINVAL)?, newname.to_str().ok_or(EINVAL)?);
+        let (name, newname) = (
+            name.to_str().ok_or(EINVAL)?,
+            newname.to_str().ok_or(EINVAL)?,
+        );
         self.entries_mut(parent)?.remove(name);
         self.entries_mut(newparent)?.insert(newname.to_owned(), ino);
         if let Some(old) = replaced {
@@ -204,7 +223,12 @@ impl LossyFs {
 
     /// fsync of a directory: its entries, as they are now, become durable.
     fn sync_dir(&mut self, ino: u64) -> Result<(), i32> {
-        let Some(Inode { kind: Kind::Dir(entries), mode, .. }) = self.inodes.get(&ino) else {
+        let Some(Inode {
+            kind: Kind::Dir(entries),
+            mode,
+            ..
+        }) = self.inodes.get(&ino)
+        else {
             return Err(ENOTDIR);
         };
         self.durable.dirs.insert(ino, entries.clone());
@@ -361,7 +385,10 @@ impl Filesystem for LossyFs {
         flags: u32,
         reply: ReplyEmpty,
     ) {
-        done(self.rename_entry(parent, name, newparent, newname, flags), reply)
+        done(
+            self.rename_entry(parent, name, newparent, newname, flags),
+            reply,
+        )
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
@@ -450,7 +477,14 @@ impl Filesystem for LossyFs {
         reply.ok()
     }
 
-    fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         done(self.sync_file(ino), reply)
     }
 
@@ -484,7 +518,8 @@ impl Filesystem for LossyFs {
             };
             listing.push((*child, kind, name.clone()));
         }
-        for (i, (child, kind, name)) in listing.into_iter().enumerate().skip(offset.max(0) as usize) {
+        for (i, (child, kind, name)) in listing.into_iter().enumerate().skip(offset.max(0) as usize)
+        {
             if reply.add(child, (i + 1) as i64, kind, name) {
                 break;
             }
@@ -492,7 +527,14 @@ impl Filesystem for LossyFs {
         reply.ok()
     }
 
-    fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         done(self.sync_dir(ino), reply)
     }
 
@@ -501,7 +543,16 @@ impl Filesystem for LossyFs {
             true => 0,
             false => REPORTED_BLOCKS,
         };
-        reply.statfs(REPORTED_BLOCKS, free, free, 1 << 20, 1 << 20, 4096, 255, 4096)
+        reply.statfs(
+            REPORTED_BLOCKS,
+            free,
+            free,
+            1 << 20,
+            1 << 20,
+            4096,
+            255,
+            4096,
+        )
     }
 
     fn access(&mut self, _req: &Request<'_>, _ino: u64, _mask: i32, reply: ReplyEmpty) {

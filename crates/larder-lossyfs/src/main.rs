@@ -8,7 +8,10 @@ fn main() -> anyhow::Result<()> {
     // SIGUSR1 toggles a full disk. The handler only flips an atomic (async-signal-safe).
     extern "C" fn toggle_full(_: libc::c_int) {
         let full = &larder_lossyfs::FULL;
-        full.store(!full.load(std::sync::atomic::Ordering::Relaxed), std::sync::atomic::Ordering::Relaxed);
+        full.store(
+            !full.load(std::sync::atomic::Ordering::Relaxed),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
     let handler: extern "C" fn(libc::c_int) = toggle_full;
     unsafe {

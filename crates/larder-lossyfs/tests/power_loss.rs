@@ -24,20 +24,30 @@ impl Mount {
         let point_text = point.display().to_string();
         loop {
             let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-            if mounts.lines().any(|l| l.split(' ').nth(1) == Some(point_text.as_str())) {
+            if mounts
+                .lines()
+                .any(|l| l.split(' ').nth(1) == Some(point_text.as_str()))
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "lossyfs did not mount");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Mount { child, point: point.to_owned() }
+        Mount {
+            child,
+            point: point.to_owned(),
+        }
     }
 
     /// SIGKILL the file system (what it held in memory is gone) and detach the mount.
     fn power_loss(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        let status = Command::new("umount").arg("-l").arg(&self.point).status().unwrap();
+        let status = Command::new("umount")
+            .arg("-l")
+            .arg(&self.point)
+            .status()
+            .unwrap();
         assert!(status.success());
         std::mem::forget(self);
     }

@@ -51,7 +51,8 @@ fn blob_facts(history: &[Completion]) -> HashMap<String, BlobFacts> {
         }
     }
     for c in history {
-        let (Op::BlobDelete, Some(facts)) = (&c.what, c.id.as_ref().and_then(|id| blobs.get_mut(id)))
+        let (Op::BlobDelete, Some(facts)) =
+            (&c.what, c.id.as_ref().and_then(|id| blobs.get_mut(id)))
         else {
             continue;
         };
@@ -78,31 +79,48 @@ pub fn check_reads(history: &[Completion], settle: Duration) -> Vec<Violation> {
         let v = |promise, detail: String| Violation {
             promise,
             id: id.clone(),
-            detail: format!("op {} ({}, {}, t={}ms): {detail}", c.op, c.process, c.dc, c.invoke_ms),
+            detail: format!(
+                "op {} ({}, {}, t={}ms): {detail}",
+                c.op, c.process, c.dc, c.invoke_ms
+            ),
         };
         let deleted_before = facts.delete_sent_ms.is_some_and(|t| t < c.complete_ms);
         match (c.outcome, c.status) {
             (Outcome::Ok, _) => {
                 if c.read_sha256.as_deref() != Some(facts.sha256.as_str()) {
-                    out.push(v("read-returns-written-bytes", format!(
-                        "read sha256 {:?}, written {}", c.read_sha256, facts.sha256)));
+                    out.push(v(
+                        "read-returns-written-bytes",
+                        format!("read sha256 {:?}, written {}", c.read_sha256, facts.sha256),
+                    ));
                 }
                 if let Some((dc, ack)) = &facts.delete_ack {
                     if *dc == c.dc && ack + settle_ms < c.invoke_ms {
-                        out.push(v("deleted-stays-deleted", format!(
-                            "read as present {}ms after the delete was acknowledged in {dc}",
-                            c.invoke_ms - ack)));
+                        out.push(v(
+                            "deleted-stays-deleted",
+                            format!(
+                                "read as present {}ms after the delete was acknowledged in {dc}",
+                                c.invoke_ms - ack
+                            ),
+                        ));
                     }
                 }
             }
             (Outcome::Fail, Some(410)) if !deleted_before => {
-                out.push(v("no-phantom-delete", "410 for a blob never deleted".into()));
+                out.push(v(
+                    "no-phantom-delete",
+                    "410 for a blob never deleted".into(),
+                ));
             }
             (Outcome::Fail, Some(404))
                 if !deleted_before && c.dc == facts.put_dc && c.invoke_ms > facts.put_ack_ms =>
             {
-                out.push(v("acknowledged-blob-readable", format!(
-                    "404 from the datacenter that acknowledged the put at {}ms", facts.put_ack_ms)));
+                out.push(v(
+                    "acknowledged-blob-readable",
+                    format!(
+                        "404 from the datacenter that acknowledged the put at {}ms",
+                        facts.put_ack_ms
+                    ),
+                ));
             }
             _ => {}
         }
@@ -115,7 +133,10 @@ pub fn check_reads(history: &[Completion], settle: Duration) -> Vec<Violation> {
 fn allowed_doc_states(history: &[Completion]) -> BTreeMap<String, Vec<Option<u64>>> {
     let mut per_doc: BTreeMap<String, Vec<&Completion>> = BTreeMap::new();
     for c in history {
-        if matches!(c.what, Op::DocPut { .. } | Op::DocUpdate { .. } | Op::DocRemove) {
+        if matches!(
+            c.what,
+            Op::DocPut { .. } | Op::DocUpdate { .. } | Op::DocRemove
+        ) {
             if let Some(id) = &c.id {
                 per_doc.entry(id.clone()).or_default().push(c);
             }
@@ -172,7 +193,12 @@ impl FinalCheck {
         let mut nodes: HashMap<String, Connection> = self
             .internal
             .iter()
-            .map(|(id, addr)| (id.clone(), Connection::internal(*addr, self.secret_file.clone(), timeout)))
+            .map(|(id, addr)| {
+                (
+                    id.clone(),
+                    Connection::internal(*addr, self.secret_file.clone(), timeout),
+                )
+            })
             .collect();
         let mut fronts: Vec<(String, Connection)> = self
             .frontends
@@ -184,7 +210,8 @@ impl FinalCheck {
         ids.sort();
         for id in ids {
             let facts = &blobs[&id];
-            self.check_blob(&id, facts, &mut nodes, &mut fronts, &mut out).await;
+            self.check_blob(&id, facts, &mut nodes, &mut fronts, &mut out)
+                .await;
         }
         for (doc, allowed) in allowed_doc_states(history) {
             for (dc, conn) in &mut fronts {
@@ -193,7 +220,7 @@ impl FinalCheck {
                     Ok(a) if a.status == 404 => Ok(None),
                     Ok(a) if a.status == 200 => doc_value(&a.body).map(Some).ok_or("no v".into()),
                     Ok(a) => Err(format!("status {}", a.status)),
-                    Err(e) => Err(e.0),
+                    Err(e) => Err(e.why),
                 };
                 match state {
                     Ok(s) if allowed.contains(&s) => {}
@@ -217,7 +244,11 @@ impl FinalCheck {
         out: &mut Vec<Violation>,
     ) {
         let Ok(parsed) = id.parse::<BlobId>() else {
-            out.push(Violation { promise: "blob-id", id: id.into(), detail: "unparsable".into() });
+            out.push(Violation {
+                promise: "blob-id",
+                id: id.into(),
+                detail: "unparsable".into(),
+            });
             return;
         };
         let composite = parsed.kind == BlobKind::Composite;
@@ -238,7 +269,7 @@ impl FinalCheck {
                 },
                 Ok(a) if a.status == 404 || a.status == 410 => "absent".to_owned(),
                 Ok(a) => format!("status {}", a.status),
-                Err(e) => format!("no answer: {}", e.0),
+                Err(e) => format!("no answer: {}", e.why),
             };
             seen.push((replica.node.clone(), state));
         }
@@ -268,13 +299,18 @@ impl FinalCheck {
         }
         if composite && expect == Some("present") {
             for (dc, conn) in fronts.iter_mut() {
-                let read = conn.send(Method::GET, &format!("/v1/blobs/{id}"), &[], Bytes::new()).await;
+                let read = conn
+                    .send(Method::GET, &format!("/v1/blobs/{id}"), &[], Bytes::new())
+                    .await;
                 let good = matches!(&read, Ok(a) if a.status == 200 && content::sha256_hex(&a.body) == facts.sha256);
                 if !good {
                     out.push(Violation {
                         promise: "acknowledged-blob-on-every-replica",
                         id: id.into(),
-                        detail: format!("composite read through {dc}: {:?}", read.map(|a| a.status).map_err(|e| e.0)),
+                        detail: format!(
+                            "composite read through {dc}: {:?}",
+                            read.map(|a| a.status).map_err(|e| e.why)
+                        ),
                     });
                 }
             }

@@ -17,18 +17,34 @@ pub struct Answer {
     pub body: Bytes,
 }
 
-/// Why there is no answer: the outcome of the operation is unknown.
+/// Why there is no answer: the outcome of the operation is unknown, unless `sent` is false
+/// (the connection could not be opened, so the request never left).
 #[derive(Debug)]
-pub struct NoAnswer(pub String);
+pub struct NoAnswer {
+    pub why: String,
+    pub sent: bool,
+}
+
+impl NoAnswer {
+    fn sent(why: String) -> NoAnswer {
+        NoAnswer { why, sent: true }
+    }
+}
 
 pub struct Connection {
     addr: SocketAddr,
     secret_file: Option<PathBuf>,
     sender: Option<SendRequest<Full<Bytes>>>,
     timeout: Duration,
+    down: bool,
 }
 
 impl Connection {
+    /// The last attempt could not connect.
+    pub fn is_down(&self) -> bool {
+        self.down
+    }
+
     /// To a frontend's cleartext port.
     pub fn public(addr: SocketAddr, timeout: Duration) -> Connection {
         Connection {
@@ -36,6 +52,7 @@ impl Connection {
             secret_file: None,
             sender: None,
             timeout,
+            down: false,
         }
     }
 
@@ -46,14 +63,18 @@ impl Connection {
             secret_file: Some(secret_file),
             sender: None,
             timeout,
+            down: false,
         }
     }
 
     async fn dial(&self) -> Result<SendRequest<Full<Bytes>>, NoAnswer> {
-        let err = |what: &str, e: &dyn std::fmt::Display| NoAnswer(format!("{what}: {e}"));
+        let err = |what: &str, e: &dyn std::fmt::Display| NoAnswer::sent(format!("{what}: {e}"));
         let mut stream = tokio::net::TcpStream::connect(self.addr)
             .await
-            .map_err(|e| err("connect", &e))?;
+            .map_err(|e| NoAnswer {
+                why: format!("connect: {e}"),
+                sent: false,
+            })?;
         let _ = stream.set_nodelay(true);
         if let Some(file) = &self.secret_file {
             let secrets = larder_auth::Secrets::load(file).map_err(|e| err("secret", &e))?;
@@ -83,10 +104,11 @@ impl Connection {
         let deadline = self.timeout;
         let result = tokio::time::timeout(deadline, self.send_now(method, path, headers, body))
             .await
-            .unwrap_or_else(|_| Err(NoAnswer(format!("no answer within {deadline:?}"))));
+            .unwrap_or_else(|_| Err(NoAnswer::sent(format!("no answer within {deadline:?}"))));
         if result.is_err() {
             self.sender = None;
         }
+        self.down = matches!(result, Err(NoAnswer { sent: false, .. }));
         result
     }
 
@@ -104,7 +126,7 @@ impl Connection {
         sender
             .ready()
             .await
-            .map_err(|e| NoAnswer(format!("connection: {e}")))?;
+            .map_err(|e| NoAnswer::sent(format!("connection: {e}")))?;
         let mut request = Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", self.addr));
@@ -113,17 +135,17 @@ impl Connection {
         }
         let request = request
             .body(Full::new(body))
-            .map_err(|e| NoAnswer(format!("request: {e}")))?;
+            .map_err(|e| NoAnswer::sent(format!("request: {e}")))?;
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| NoAnswer(format!("request: {e}")))?;
+            .map_err(|e| NoAnswer::sent(format!("request: {e}")))?;
         let status = response.status();
         let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|e| NoAnswer(format!("body after {status}: {e}")))?
+            .map_err(|e| NoAnswer::sent(format!("body after {status}: {e}")))?
             .to_bytes();
         Ok(Answer { status, body })
     }

@@ -221,7 +221,11 @@ impl Cluster {
             std::fs::create_dir_all(&backing)?;
             let log = dir.join("logs").join(format!("{}.log", node.id));
             cluster.storage.push(StorageNode {
-                process: Process::new(&node.id, larder_args(&settings.larder, "storage", &config), log),
+                process: Process::new(
+                    &node.id,
+                    larder_args(&settings.larder, "storage", &config),
+                    log,
+                ),
                 internal,
                 proxy: Proxy::start(node.address, internal).await?,
                 data,
@@ -276,7 +280,10 @@ impl Cluster {
             return Ok(());
         };
         let node = &mut self.storage[i];
-        let log = self.dir.join("logs").join(format!("{}-lossyfs.log", node.process.name));
+        let log = self
+            .dir
+            .join("logs")
+            .join(format!("{}-lossyfs.log", node.process.name));
         let args = vec![
             lossyfs.display().to_string(),
             node.backing.display().to_string(),
@@ -286,7 +293,11 @@ impl Cluster {
         mount.start()?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while !is_mountpoint(&node.data) {
-            anyhow::ensure!(Instant::now() < deadline, "lossyfs did not mount {}", node.data.display());
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "lossyfs did not mount {}",
+                node.data.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         node.mount = Some(mount);
@@ -367,7 +378,10 @@ fn heal_process(process: &mut Process) -> anyhow::Result<()> {
     let had_child = process.child.is_some();
     if !process.is_running() {
         if had_child {
-            eprintln!("torture: {} had exited by itself; restarting it", process.name);
+            eprintln!(
+                "torture: {} had exited by itself; restarting it",
+                process.name
+            );
         }
         process.start()?;
     }

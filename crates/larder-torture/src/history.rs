@@ -24,11 +24,19 @@ pub enum Outcome {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    BlobPut { seed: u64, len: usize, sha256: String },
+    BlobPut {
+        seed: u64,
+        len: usize,
+        sha256: String,
+    },
     BlobGet,
     BlobDelete,
-    DocPut { value: u64 },
-    DocUpdate { value: u64 },
+    DocPut {
+        value: u64,
+    },
+    DocUpdate {
+        value: u64,
+    },
     DocRemove,
 }
 

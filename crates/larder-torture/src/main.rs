@@ -24,7 +24,10 @@ use std::time::Duration;
 use clap::Parser;
 
 #[derive(Parser, Clone)]
-#[command(name = "larder-torture", about = "Faults under load against a real Larder cluster, and a checker")]
+#[command(
+    name = "larder-torture",
+    about = "Faults under load against a real Larder cluster, and a checker"
+)]
 pub struct Args {
     /// Seeds every choice: operations, sizes, contents and the fault schedule.
     #[arg(long, default_value_t = 1)]
@@ -104,10 +107,10 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let is_root = unsafe { libc::geteuid() } == 0;
     let lossyfs = match args.no_power_loss {
         true => None,
-        false => args
-            .lossyfs
-            .clone()
-            .or_else(|| sibling("larder-lossyfs").filter(|_| is_root && std::path::Path::new("/dev/fuse").exists())),
+        false => args.lossyfs.clone().or_else(|| {
+            sibling("larder-lossyfs")
+                .filter(|_| is_root && std::path::Path::new("/dev/fuse").exists())
+        }),
     };
     anyhow::ensure!(
         !(args.broken_durability || args.final_cluster_power_loss) || lossyfs.is_some(),
@@ -117,7 +120,9 @@ fn run(args: Args) -> anyhow::Result<i32> {
     let dir = match &args.dir {
         Some(dir) => dir.clone(),
         None => {
-            temp = tempfile::Builder::new().prefix("larder-torture-").tempdir()?;
+            temp = tempfile::Builder::new()
+                .prefix("larder-torture-")
+                .tempdir()?;
             temp.keep()
         }
     };
@@ -162,9 +167,17 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         let targets: Vec<_> = c
             .frontends
             .iter()
-            .map(|f| workload::Target { addr: f.addr, datacenter: f.datacenter.clone() })
+            .map(|f| workload::Target {
+                addr: f.addr,
+                datacenter: f.datacenter.clone(),
+            })
             .collect();
-        (targets, c.uses_lossyfs(), c.storage.len(), c.frontends.len())
+        (
+            targets,
+            c.uses_lossyfs(),
+            c.storage.len(),
+            c.frontends.len(),
+        )
     };
     let faults = nemesis::schedule(&nemesis::ScheduleSpec {
         seed: args.seed,
@@ -199,8 +212,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     });
     // On this thread, which lives as long as the run: children get SIGKILL when the thread that
     // started them ends (PR_SET_PDEATHSIG), and the nemesis restarts processes.
-    let fault_counts =
-        tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
+    let fault_counts = tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
     load.await?;
     history.note("harness", "healing", "");
     let final_check = {
@@ -214,7 +226,11 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
                 .iter()
                 .map(|n| (n.process.name.clone(), n.internal))
                 .collect(),
-            frontends: c.frontends.iter().map(|f| (f.datacenter.clone(), f.addr)).collect(),
+            frontends: c
+                .frontends
+                .iter()
+                .map(|f| (f.datacenter.clone(), f.addr))
+                .collect(),
         }
     };
     let completions = history.completions();

@@ -35,13 +35,17 @@ pub fn summarise(
     let mut ops: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
     for c in history {
         let outcome = format!("{:?}", c.outcome).to_lowercase();
-        *ops.entry(op_name(&c.what)).or_default().entry(outcome).or_insert(0) += 1;
+        *ops.entry(op_name(&c.what))
+            .or_default()
+            .entry(outcome)
+            .or_insert(0) += 1;
     }
     let fault_total: u64 = faults.values().sum();
     let count = |kinds: &[FaultKind]| -> u64 { kinds.iter().filter_map(|k| faults.get(k)).sum() };
     let nodes = args.nodes as u64;
     // Every power loss SIGKILLs its node first; a cluster-wide one every node.
-    let power_losses = count(&[FaultKind::PowerLossStorage]) + nodes * count(&[FaultKind::PowerLossCluster]);
+    let power_losses =
+        count(&[FaultKind::PowerLossStorage]) + nodes * count(&[FaultKind::PowerLossCluster]);
     let sigkills = count(&[FaultKind::KillStorage, FaultKind::KillFrontend]) + power_losses;
     let mut text = format!(
         "torture seed {} ({} s, {} workers): {} operations, {} faults ({} SIGKILLs, {} power losses), \
@@ -63,7 +67,10 @@ pub fn summarise(
         text.push_str(&format!("  fault {kind:?}: {n}\n"));
     }
     for v in violations.iter().take(30) {
-        text.push_str(&format!("  VIOLATION {}: {} {}\n", v.promise, v.id, v.detail));
+        text.push_str(&format!(
+            "  VIOLATION {}: {} {}\n",
+            v.promise, v.id, v.detail
+        ));
     }
     let json = serde_json::json!({
         "seed": args.seed, "seconds": args.seconds, "workers": args.workers,

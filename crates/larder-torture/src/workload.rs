@@ -65,8 +65,13 @@ impl Workload {
                     doc_seq += 1;
                     let value = (worker as u64) << 32 | doc_seq;
                     let doc = doc_id(worker, rng.range(0, DOCS_PER_WORKER));
-                    self.doc_write(conn, &name, &dc, &doc, value, &mut rng).await
+                    self.doc_write(conn, &name, &dc, &doc, value, &mut rng)
+                        .await
                 }
+            }
+            if connections[t].is_down() {
+                // Its frontend is down: do not spin on refused connections.
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             if rng.chance(5) {
                 // An idle moment now and then, so that connections also go quiet.
@@ -78,13 +83,17 @@ impl Workload {
     fn record(
         &self,
         (op, invoke_ms): (u64, u64),
-        name: &str,
-        dc: &str,
+        (name, dc): (&str, &str),
         id: Option<String>,
         what: Op,
         result: &Result<Answer, NoAnswer>,
         outcome: Outcome,
     ) -> Completion {
+        // A request that never left (no connection) did nothing.
+        let outcome = match result {
+            Err(NoAnswer { sent: false, .. }) => Outcome::Fail,
+            _ => outcome,
+        };
         let completion = Completion {
             op,
             process: name.to_owned(),
@@ -96,7 +105,7 @@ impl Workload {
             id,
             what,
             read_sha256: None,
-            detail: result.as_ref().err().map(|e| e.0.clone()),
+            detail: result.as_ref().err().map(|e| e.why.clone()),
         };
         completion
     }
@@ -120,10 +129,14 @@ impl Workload {
             (Outcome::Ok, None) => Outcome::Unknown,
             _ => outcome,
         };
-        let completion = self.record(started, name, dc, id.clone(), what, &result, outcome);
+        let completion = self.record(started, (name, dc), id.clone(), what, &result, outcome);
         self.history.complete(completion);
         if let (Outcome::Ok, Some(id)) = (outcome, id) {
-            self.known.lock().unwrap_or_else(|e| e.into_inner()).blobs.push((id, false));
+            self.known
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .blobs
+                .push((id, false));
         }
     }
 
@@ -162,7 +175,7 @@ impl Workload {
             _ => Outcome::Unknown,
         };
         let mut completion =
-            self.record(started, name, dc, Some(id), Op::BlobGet, &result, outcome);
+            self.record(started, (name, dc), Some(id), Op::BlobGet, &result, outcome);
         if let (Outcome::Ok, Ok(answer)) = (outcome, &result) {
             completion.read_sha256 = Some(content::sha256_hex(&answer.body));
         }
@@ -175,13 +188,25 @@ impl Workload {
         };
         let started = self.history.invoke(name, dc, &Op::BlobDelete, Some(&id));
         let result = conn
-            .send(Method::DELETE, &format!("/v1/blobs/{id}"), &[], Bytes::new())
+            .send(
+                Method::DELETE,
+                &format!("/v1/blobs/{id}"),
+                &[],
+                Bytes::new(),
+            )
             .await;
         let outcome = match &result {
             Ok(a) if a.status == 202 => Outcome::Ok,
             _ => Outcome::Unknown,
         };
-        let completion = self.record(started, name, dc, Some(id), Op::BlobDelete, &result, outcome);
+        let completion = self.record(
+            started,
+            (name, dc),
+            Some(id),
+            Op::BlobDelete,
+            &result,
+            outcome,
+        );
         self.history.complete(completion);
     }
 
@@ -212,7 +237,12 @@ impl Workload {
         };
         let started = self.history.invoke(name, dc, &what, Some(doc));
         let result = conn
-            .send(method, &path, &[("content-type", "application/json")], Bytes::from(body))
+            .send(
+                method,
+                &path,
+                &[("content-type", "application/json")],
+                Bytes::from(body),
+            )
             .await;
         let outcome = match &result {
             Ok(a) if a.status == 200 => Outcome::Ok,
@@ -221,8 +251,14 @@ impl Workload {
             Ok(a) if a.status.is_client_error() && a.status != 429 => Outcome::Fail,
             _ => Outcome::Unknown,
         };
-        let completion =
-            self.record(started, name, dc, Some(doc.to_owned()), what, &result, outcome);
+        let completion = self.record(
+            started,
+            (name, dc),
+            Some(doc.to_owned()),
+            what,
+            &result,
+            outcome,
+        );
         self.history.complete(completion);
     }
 }

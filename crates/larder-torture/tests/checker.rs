@@ -24,7 +24,10 @@ fn the_checker_catches_acknowledged_writes_lost_by_broken_durability() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
     // --broken-durability exits 0 only when the checker found violations.
-    assert!(output.status.success(), "the checker missed the lost writes");
+    assert!(
+        output.status.success(),
+        "the checker missed the lost writes"
+    );
     assert!(stdout.contains("VIOLATION acknowledged-blob-on-every-replica"));
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();

@@ -31,6 +31,9 @@ fn a_whole_cluster_power_loss_keeps_every_acknowledged_write() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "violations after a whole-cluster power loss");
+    assert!(
+        output.status.success(),
+        "violations after a whole-cluster power loss"
+    );
     assert!(stdout.contains(" 0 violations"));
 }
