@@ -120,13 +120,21 @@ impl Process {
     }
 
     pub fn is_running(&mut self) -> bool {
+        self.exit_status().is_none() && self.child.is_some()
+    }
+
+    /// How the process ended, if it has ended by itself since it was started (reaped here).
+    fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         match self.child.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(None)) => true,
-            Some(Ok(Some(_))) => {
+            Some(Ok(Some(status))) => {
                 self.child = None;
-                false
+                Some(status)
             }
-            _ => false,
+            Some(Err(_)) => {
+                self.child = None;
+                None
+            }
+            _ => None,
         }
     }
 
@@ -375,14 +383,13 @@ fn heal_process(process: &mut Process) -> anyhow::Result<()> {
         process.signal(libc::SIGCONT);
         process.stopped = false;
     }
-    let had_child = process.child.is_some();
-    if !process.is_running() {
-        if had_child {
-            eprintln!(
-                "torture: {} had exited by itself; restarting it",
-                process.name
-            );
-        }
+    if let Some(status) = process.exit_status() {
+        eprintln!(
+            "torture: {} had exited by itself ({status}); restarting it",
+            process.name
+        );
+    }
+    if process.child.is_none() {
         process.start()?;
     }
     Ok(())
