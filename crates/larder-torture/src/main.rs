@@ -212,13 +212,25 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     });
     // On this thread, which lives as long as the run: children get SIGKILL when the thread that
     // started them ends (PR_SET_PDEATHSIG), and the nemesis restarts processes.
-    let fault_counts = tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
+    let (fault_counts, spans) =
+        tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
     load.await?;
     history.note("harness", "healing", "");
-    let final_check = {
+    let (final_check, quiet) = {
         let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
         c.heal()?;
-        checker::FinalCheck {
+        let storage_dc: Vec<String> = c
+            .storage
+            .iter()
+            .map(|n| {
+                c.map
+                    .datacenter_of(&n.process.name)
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect();
+        let quiet = checker::Quiet::new(&spans, &storage_dc);
+        let final_check = checker::FinalCheck {
             secret_file: c.secret_file.clone(),
             map: c.map.clone(),
             internal: c
@@ -231,10 +243,12 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
                 .iter()
                 .map(|f| (f.datacenter.clone(), f.addr))
                 .collect(),
-        }
+        };
+        (final_check, quiet)
     };
     let completions = history.completions();
-    let mut violations = checker::check_reads(&completions, Duration::from_millis(args.settle_ms));
+    let mut violations =
+        checker::check_reads(&completions, Duration::from_millis(args.settle_ms), &quiet);
     let (final_violations, converged) = final_check
         .run(&completions, Duration::from_secs(args.converge_seconds))
         .await;
