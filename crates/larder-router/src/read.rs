@@ -53,7 +53,10 @@ impl Router {
             .ok_or(RouterError::UnknownPartition(id.partition))?;
         let origin = map.datacenter_by_id(id.datacenter).map(|d| d.name.as_str());
         let mut remaining = read_order(map, partition, &self.datacenter, origin, &self.health);
-        let local = count_in(map, partition, &self.datacenter);
+        // The write quorum was reached in the blob's datacenter of origin (its ID says which);
+        // only those replicas' "not found" can prove that no acknowledged write exists.
+        let quorum_dc = origin.unwrap_or(&self.datacenter);
+        let in_quorum_dc = count_in(map, partition, quorum_dc);
         let deadline = Instant::now() + self.config.operation_timeout;
         let uri: Uri = blob_path(id.partition, &id.to_string())
             .parse()
@@ -114,7 +117,11 @@ impl Router {
                         Err(err) => Err(Undecoded::Failed(err)),
                     };
                     match answer {
-                    Err(Undecoded::NotFound) => not_found += 1,
+                    // A replica elsewhere may just not have pulled the blob yet.
+                    Err(Undecoded::NotFound) if map.datacenter_of(node) == Some(quorum_dc) => {
+                        not_found += 1
+                    }
+                    Err(Undecoded::NotFound) => {}
                     Err(Undecoded::Failed(err)) => errors.push(format!("{node}: {err}")),
                     Err(Undecoded::Refused(message)) => {
                         return Err(RouterError::Rejected(format!("{node}: {message}")));
@@ -140,10 +147,10 @@ impl Router {
         if Instant::now() >= deadline {
             return Err(RouterError::Timeout(self.config.operation_timeout));
         }
-        // A quorum write reached `write_quorum` local replicas, so once more than the rest say
-        // "not found", no acknowledged write can exist.
-        let quorum = self.config.write_quorum.clamp(1, local.max(1));
-        if not_found > local.saturating_sub(quorum) {
+        // A quorum write reached `write_quorum` replicas in its datacenter, so once more than
+        // the rest of them say "not found", no acknowledged write can exist.
+        let quorum = self.config.write_quorum.clamp(1, in_quorum_dc.max(1));
+        if not_found > in_quorum_dc.saturating_sub(quorum) {
             return Ok(GetAnswer::Missing(Missing::NotFound));
         }
         Err(RouterError::Unavailable(format!(

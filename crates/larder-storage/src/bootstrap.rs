@@ -234,7 +234,7 @@ pub fn pending(data_dir: &Path, partition: PartitionId) -> bool {
 fn write_durably(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().expect("cursor files live in a directory");
-    std::fs::create_dir_all(dir)?;
+    larder_store::create_dir_all_durable(dir)?;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
     file.write_all(text.as_bytes())?;

@@ -122,7 +122,7 @@ impl MapState {
             )));
         }
         if let Some(dir) = self.persisted.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| MapError::Write {
+            larder_store::create_dir_all_durable(dir).map_err(|source| MapError::Write {
                 path: dir.display().to_string(),
                 source,
             })?;

@@ -320,7 +320,7 @@ async fn restart_replication(
     }
     let pool = ctx.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let dir = node.data_dir.join("replication");
-    if let Err(err) = std::fs::create_dir_all(&dir) {
+    if let Err(err) = larder_store::create_dir_all_durable(&dir) {
         tracing::error!(%err, "cannot create the replication directory; replication is off");
         return;
     }

@@ -208,7 +208,7 @@ pub(crate) fn save_position(
     store: &Store,
 ) -> std::io::Result<()> {
     let dir = data_dir.join("replication");
-    std::fs::create_dir_all(&dir)?;
+    larder_store::create_dir_all_durable(&dir)?;
     let path = dir.join(format!("p{partition}-{peer}.cursor"));
     save_cursor(&path, cursor, store.incarnation())
 }

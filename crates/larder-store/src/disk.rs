@@ -76,7 +76,7 @@ impl Disk {
     /// the stores below it, syncs them, empties the journal and starts the commit thread.
     pub fn open(root: impl AsRef<Path>, opts: DiskOptions) -> Result<Disk> {
         let root = root.as_ref().to_path_buf();
-        std::fs::create_dir_all(&root)?;
+        crate::segment::create_dir_all_durable(&root)?;
         let lock = crate::lock::lock_file(&root.join(JOURNAL_LOCK), &root)?;
         let next = replay(&root)?;
         let journal = JournalFile::create(&root, next, lock)?;

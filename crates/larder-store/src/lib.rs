@@ -53,6 +53,7 @@ pub mod fuzzing;
 
 pub use cursor::ParseCursorError;
 pub use disk::Disk;
+pub use segment::create_dir_all_durable;
 pub use store::{is_batched, BlobReader, Commit, Store};
 pub use types::*;
 pub use visit::{visit_hash, VisitEntry, VisitFrom, VisitPage, VisitPos, VisitState};

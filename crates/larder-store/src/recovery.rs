@@ -99,7 +99,7 @@ fn replay(segments: &mut [(Segment, u64)], from: LogPos, index: &mut Index) -> R
 /// Opens the store in `dir` on `disk`, or (`None`) on a private disk rooted at `dir` whose
 /// journal is replayed first.
 pub(crate) fn open(dir: &Path, opts: Options, disk: Option<Disk>) -> Result<Arc<Engine>> {
-    std::fs::create_dir_all(dir)?;
+    crate::segment::create_dir_all_durable(dir)?;
     let lock = crate::lock::lock_dir(dir)?;
     let private_disk = disk.is_none();
     let disk = match disk {

@@ -138,6 +138,20 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// `create_dir_all`, and durably: a new directory's name is in its parent, so each parent of a
+/// directory created here is synced (a power loss would otherwise take the new directory, and
+/// everything later synced below it, away; the nemesis suite's power losses found it).
+pub fn create_dir_all_durable(dir: &Path) -> io::Result<()> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
+    std::fs::create_dir_all(dir)?;
+    for created in missing.iter().rev() {
+        if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn fdatasync(file: &File) -> io::Result<()> {
     file.sync_data()
 }

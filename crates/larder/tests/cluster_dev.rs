@@ -155,15 +155,16 @@ fn add_node_on_a_dev_cluster_starts_the_node_and_its_moves() {
     assert_eq!(nodes[3]["live"], 6, "{status}");
     let leaving: u64 = nodes.iter().map(|n| n["leaving"].as_u64().unwrap()).sum();
     let live: u64 = nodes.iter().map(|n| n["live"].as_u64().unwrap()).sum();
-    assert_eq!((leaving, live), (0, 24), "8 partitions x 3 replicas: {status}");
+    assert_eq!(
+        (leaving, live),
+        (0, 24),
+        "8 partitions x 3 replicas: {status}"
+    );
 
     // The plain-text report, and the cluster serving meanwhile.
     let (ok, out, _) = larder(&["cluster", "status", "--config", &config]);
     assert!(ok);
-    assert!(
-        out.contains("map revision 3"),
-        "{out}"
-    );
+    assert!(out.contains("map revision 3"), "{out}");
     let file = tmp.path().join("blob");
     std::fs::write(&file, b"during a move").unwrap();
     assert_eq!(

@@ -166,3 +166,33 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
         assert_eq!(body, data, "served bytes must be the stored ones");
     }
 }
+
+/// A blob whose datacenter of origin cannot answer is unavailable (503), not "not found" (404),
+/// however many replicas elsewhere lack it: they may not have pulled it yet. (The nemesis suite
+/// saw a 404 for a blob acknowledged 2 s before, counted from the other datacenter's replicas.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_elsewhere_lacking_a_blob_do_not_make_it_not_found() {
+    // Nodes are dealt round-robin: 0, 2, 4 in dc1 and 1, 3, 5 in dc2.
+    let mut cluster = Cluster::start_in(&["dc1", "dc2"], 6, 4, "");
+    for i in [1, 3, 5] {
+        cluster.kill_node(i);
+    }
+    let client = H2Client::connect(cluster.frontend_addrs[0]).await;
+    let (status, id, json) = client.put(blob(1)).await;
+    assert_eq!(status, StatusCode::CREATED, "{json}");
+    let id = id.unwrap();
+    // dc2 comes back without the blob (its only source, dc1, is gone before it can pull).
+    for i in [0, 2, 4] {
+        cluster.kill_node(i);
+    }
+    for i in [1, 3, 5] {
+        cluster.restart_node(i);
+    }
+    let (status, body) = client.get(&id).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+}

@@ -1,0 +1,419 @@
+//! A real cluster of processes, started as an operator would: `larder cluster init` writes the
+//! map and the secret, then one `larder storage` per node and one `larder frontend` per
+//! datacenter, each with its own config, data and log under the run's directory. Storage nodes
+//! sit behind proxies (`proxy.rs`) and, for power losses, on a lossy file system (`lossyfs`).
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use larder_cluster::ClusterMap;
+
+use crate::proxy::Proxy;
+
+pub struct Settings {
+    pub larder: PathBuf,
+    /// `larder-lossyfs`: each storage node's data directory is mounted through it.
+    pub lossyfs: Option<PathBuf>,
+    pub dir: PathBuf,
+    pub nodes: usize,
+    pub partitions: u32,
+    pub datacenters: Vec<String>,
+    /// `durable` or `relaxed-no-sync-for-benchmarks` (the checker's own test).
+    pub durability: String,
+}
+
+pub struct Process {
+    pub name: String,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    /// SIGSTOPped right now.
+    pub stopped: bool,
+}
+
+pub struct StorageNode {
+    pub process: Process,
+    pub internal: SocketAddr,
+    proxy: Proxy,
+    data: PathBuf,
+    backing: PathBuf,
+    mount: Option<Process>,
+}
+
+pub struct Frontend {
+    pub process: Process,
+    pub addr: SocketAddr,
+    pub datacenter: String,
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub map: ClusterMap,
+    pub secret_file: PathBuf,
+    pub storage: Vec<StorageNode>,
+    pub frontends: Vec<Frontend>,
+    lossyfs: Option<PathBuf>,
+}
+
+impl Process {
+    fn new(name: &str, args: Vec<String>, log: PathBuf) -> Process {
+        Process {
+            name: name.to_owned(),
+            args,
+            log,
+            child: None,
+            stopped: false,
+        }
+    }
+
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let mut command = Command::new(&self.args[0]);
+        command
+            .args(&self.args[1..])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // Children die with the harness, even when it is SIGKILLed.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", self.name))?;
+        self.child = Some(child);
+        self.stopped = false;
+        Ok(())
+    }
+
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.pid() {
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
+    /// SIGKILL and reap (a stopped process dies too).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.stopped = false;
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.exit_status().is_none() && self.child.is_some()
+    }
+
+    /// How the process ended, if it has ended by itself since it was started (reaped here).
+    fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(status))) => {
+                self.child = None;
+                Some(status)
+            }
+            Some(Err(_)) => {
+                self.child = None;
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub fn terminate(&mut self, grace: Duration) {
+        if self.stopped {
+            self.signal(libc::SIGCONT);
+        }
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && self.is_running() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// A base port with `n` consecutive free ports after it, for `larder cluster init`.
+fn free_port_run(n: usize) -> anyhow::Result<u16> {
+    for _ in 0..200 {
+        let first = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if first as usize + n > 65000 {
+            continue;
+        }
+        let held: Vec<_> = (0..n as u16)
+            .map_while(|i| TcpListener::bind(("127.0.0.1", first + i)).ok())
+            .collect();
+        if held.len() == n {
+            return Ok(first);
+        }
+    }
+    anyhow::bail!("no run of {n} free ports")
+}
+
+pub fn wait_for_port(addr: SocketAddr, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn larder_args(larder: &Path, command: &str, config: &Path) -> Vec<String> {
+    vec![
+        larder.display().to_string(),
+        command.into(),
+        "--config".into(),
+        config.display().to_string(),
+    ]
+}
+
+impl Cluster {
+    /// Writes the map and configs and starts everything (inside a tokio runtime: the proxies).
+    pub async fn start(settings: &Settings) -> anyhow::Result<Cluster> {
+        let dir = &settings.dir;
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let map_path = dir.join("cluster.toml");
+        let base = free_port_run(settings.nodes)?;
+        let status = Command::new(&settings.larder)
+            .args(["cluster", "init", "--nodes", &settings.nodes.to_string()])
+            .args(["--partitions", &settings.partitions.to_string()])
+            .args(["--datacenters", &settings.datacenters.join(",")])
+            .args(["--base-port", &base.to_string(), "-o"])
+            .arg(&map_path)
+            .stdout(Stdio::null())
+            .status()
+            .context("running larder cluster init")?;
+        anyhow::ensure!(status.success(), "larder cluster init failed");
+        let map = ClusterMap::load(&map_path)?;
+        let mut cluster = Cluster {
+            dir: dir.clone(),
+            secret_file: dir.join("cluster.secret"),
+            map,
+            storage: Vec::new(),
+            frontends: Vec::new(),
+            lossyfs: settings.lossyfs.clone(),
+        };
+        for node in cluster.map.nodes.clone() {
+            let internal = free_port()?;
+            let config = dir.join(format!("{}.toml", node.id));
+            std::fs::write(&config, storage_config(&node.id, internal, settings))?;
+            let data = dir.join(&node.id);
+            let backing = dir.join(format!("{}.backing", node.id));
+            std::fs::create_dir_all(&data)?;
+            std::fs::create_dir_all(&backing)?;
+            let log = dir.join("logs").join(format!("{}.log", node.id));
+            cluster.storage.push(StorageNode {
+                process: Process::new(
+                    &node.id,
+                    larder_args(&settings.larder, "storage", &config),
+                    log,
+                ),
+                internal,
+                proxy: Proxy::start(node.address, internal).await?,
+                data,
+                backing,
+                mount: None,
+            });
+        }
+        for i in 0..cluster.storage.len() {
+            cluster.mount(i)?;
+            cluster.storage[i].process.start()?;
+        }
+        for i in 0..cluster.storage.len() {
+            anyhow::ensure!(
+                wait_for_port(cluster.storage[i].internal, Duration::from_secs(60)),
+                "storage node {} did not start",
+                cluster.storage[i].process.name
+            );
+        }
+        for dc in &settings.datacenters {
+            let addr = free_port()?;
+            let config = dir.join(format!("frontend-{dc}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n\
+                     upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n"
+                ),
+            )?;
+            let log = dir.join("logs").join(format!("frontend-{dc}.log"));
+            let mut process = Process::new(
+                &format!("frontend-{dc}"),
+                larder_args(&settings.larder, "frontend", &config),
+                log,
+            );
+            process.start()?;
+            anyhow::ensure!(
+                wait_for_port(addr, Duration::from_secs(60)),
+                "frontend {dc} did not start"
+            );
+            cluster.frontends.push(Frontend {
+                process,
+                addr,
+                datacenter: dc.clone(),
+            });
+        }
+        Ok(cluster)
+    }
+
+    /// Mounts node `i`'s data directory through lossyfs (when the run uses it).
+    fn mount(&mut self, i: usize) -> anyhow::Result<()> {
+        let Some(lossyfs) = self.lossyfs.clone() else {
+            return Ok(());
+        };
+        let node = &mut self.storage[i];
+        let log = self
+            .dir
+            .join("logs")
+            .join(format!("{}-lossyfs.log", node.process.name));
+        let args = vec![
+            lossyfs.display().to_string(),
+            node.backing.display().to_string(),
+            node.data.display().to_string(),
+        ];
+        let mut mount = Process::new(&format!("{}-lossyfs", node.process.name), args, log);
+        mount.start()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mountpoint(&node.data) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "lossyfs did not mount {}",
+                node.data.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node.mount = Some(mount);
+        Ok(())
+    }
+
+    /// Power loss of node `i`: the node dies, then its file system loses everything not synced
+    /// (the lossyfs process, which alone held it, is killed), and is mounted again.
+    pub fn power_loss(&mut self, i: usize) -> anyhow::Result<()> {
+        self.storage[i].process.kill();
+        self.unmount(i);
+        self.mount(i)
+    }
+
+    fn unmount(&mut self, i: usize) {
+        let node = &mut self.storage[i];
+        if let Some(mut mount) = node.mount.take() {
+            mount.kill();
+            let _ = Command::new("umount").arg("-l").arg(&node.data).status();
+        }
+    }
+
+    /// Fills node `i`'s disk, or empties it again (lossyfs's SIGUSR1).
+    pub fn toggle_disk_full(&self, i: usize) {
+        if let Some(mount) = &self.storage[i].mount {
+            mount.signal(libc::SIGUSR1);
+        }
+    }
+
+    pub fn uses_lossyfs(&self) -> bool {
+        self.lossyfs.is_some()
+    }
+
+    pub fn restart_storage(&mut self, i: usize) -> anyhow::Result<()> {
+        self.storage[i].process.start()
+    }
+
+    pub fn set_partitioned(&self, i: usize, partitioned: bool) {
+        self.storage[i].proxy.set_blocked(partitioned);
+    }
+
+    /// Everything up and reachable again: restarts what is down, continues what is stopped.
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.storage.len() {
+            self.set_partitioned(i, false);
+            heal_process(&mut self.storage[i].process)?;
+        }
+        for frontend in &mut self.frontends {
+            heal_process(&mut frontend.process)?;
+        }
+        for node in &self.storage {
+            wait_for_port(node.internal, Duration::from_secs(60));
+        }
+        for frontend in &self.frontends {
+            wait_for_port(frontend.addr, Duration::from_secs(60));
+        }
+        Ok(())
+    }
+
+    pub fn shutdown(&mut self) {
+        for frontend in &mut self.frontends {
+            frontend.process.terminate(Duration::from_secs(10));
+        }
+        for node in &mut self.storage {
+            node.process.terminate(Duration::from_secs(20));
+        }
+        for i in 0..self.storage.len() {
+            self.unmount(i);
+        }
+    }
+}
+
+fn heal_process(process: &mut Process) -> anyhow::Result<()> {
+    if process.stopped {
+        process.signal(libc::SIGCONT);
+        process.stopped = false;
+    }
+    if let Some(status) = process.exit_status() {
+        eprintln!(
+            "torture: {} had exited by itself ({status}); restarting it",
+            process.name
+        );
+    }
+    if process.child.is_none() {
+        process.start()?;
+    }
+    Ok(())
+}
+
+fn is_mountpoint(path: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    let path = path.display().to_string();
+    mounts
+        .lines()
+        .any(|line| line.split(' ').nth(1) == Some(path.as_str()))
+}
+
+/// Small segments and a fast compaction with a short tombstone retention, so that a run of
+/// minutes seals, compacts and drops tombstones many times.
+fn storage_config(node: &str, internal: SocketAddr, settings: &Settings) -> String {
+    format!(
+        "node_id = {node:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {node:?}\nlisten = \"{internal}\"\n\
+         shutdown_grace = \"5s\"\n\n\
+         [auth]\nsecret_file = \"cluster.secret\"\n\n\
+         [store]\nsegment_size = \"8 MiB\"\ndurability = {:?}\nmin_free_space = \"16 MiB\"\n\n\
+         [compaction]\ninterval = \"3s\"\nmin_garbage_ratio = 0.2\ntombstone_retention = \"10s\"\n",
+        settings.durability
+    )
+}

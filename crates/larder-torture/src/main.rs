@@ -1,0 +1,267 @@
+//! `larder-torture`: Larder's nemesis suite. Starts a real cluster of `larder` processes, runs a
+//! seeded workload through both frontends while a seeded nemesis kills, pauses, partitions and
+//! power-cuts its processes, records every operation in a JSON-lines history, heals everything,
+//! and checks the promises written in `TORTURE.md`. Exit status 0: no violation.
+//!
+//! A separate binary rather than a `larder` subcommand: the suite needs nothing from Larder but
+//! its command line, and its dependencies (and root-only tricks) stay out of the shipped binary.
+
+mod checker;
+mod client;
+mod cluster;
+mod content;
+mod history;
+mod nemesis;
+mod proxy;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+
+#[derive(Parser, Clone)]
+#[command(
+    name = "larder-torture",
+    about = "Faults under load against a real Larder cluster, and a checker"
+)]
+pub struct Args {
+    /// Seeds every choice: operations, sizes, contents and the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long the workload and the nemesis run.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 6)]
+    workers: usize,
+    /// Mean pause between the end of one fault and the start of the next, in ms.
+    #[arg(long, default_value_t = 1500)]
+    mean_gap_ms: u64,
+    /// Storage nodes (dealt round-robin to the datacenters; 3 replicas in each).
+    #[arg(long, default_value_t = 6)]
+    nodes: usize,
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// The `larder` binary (default: next to this one).
+    #[arg(long)]
+    larder: Option<PathBuf>,
+    /// The `larder-lossyfs` binary (default: next to this one, if there and run as root):
+    /// enables power losses.
+    #[arg(long)]
+    lossyfs: Option<PathBuf>,
+    /// No power losses, even where lossyfs could run.
+    #[arg(long)]
+    no_power_loss: bool,
+    /// Run directory (default: a new one under the system's temp dir, removed after a clean run).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the run directory after a clean run.
+    #[arg(long)]
+    keep: bool,
+    /// Largest blob, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_blob: u64,
+    /// After a delete is acknowledged, reads through the same datacenter may still see the blob
+    /// this long (ms).
+    #[arg(long, default_value_t = 5000)]
+    settle_ms: u64,
+    /// After healing, replicas must agree within this long (s).
+    #[arg(long, default_value_t = 120)]
+    converge_seconds: u64,
+    /// The checker's own test: storage nodes in the relaxed (no fdatasync) mode, and a
+    /// whole-cluster power loss at the end. Exit status 0 only if the checker finds violations.
+    #[arg(long)]
+    broken_durability: bool,
+    /// End with a whole-cluster power loss (every node at once), then check.
+    #[arg(long)]
+    final_cluster_power_loss: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let code = match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("torture: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+fn sibling(name: &str) -> Option<PathBuf> {
+    let path = std::env::current_exe().ok()?.with_file_name(name);
+    path.exists().then_some(path)
+}
+
+fn run(args: Args) -> anyhow::Result<i32> {
+    let larder = args
+        .larder
+        .clone()
+        .or_else(|| sibling("larder"))
+        .ok_or_else(|| anyhow::anyhow!("no larder binary next to this one; pass --larder"))?;
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let lossyfs = match args.no_power_loss {
+        true => None,
+        false => args.lossyfs.clone().or_else(|| {
+            sibling("larder-lossyfs")
+                .filter(|_| is_root && std::path::Path::new("/dev/fuse").exists())
+        }),
+    };
+    anyhow::ensure!(
+        !(args.broken_durability || args.final_cluster_power_loss) || lossyfs.is_some(),
+        "power losses need larder-lossyfs, root and /dev/fuse"
+    );
+    let temp;
+    let dir = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => {
+            temp = tempfile::Builder::new()
+                .prefix("larder-torture-")
+                .tempdir()?;
+            temp.keep()
+        }
+    };
+    let settings = cluster::Settings {
+        larder,
+        lossyfs,
+        dir: dir.clone(),
+        nodes: args.nodes,
+        partitions: args.partitions,
+        datacenters: vec!["dc1".into(), "dc2".into()],
+        durability: match args.broken_durability {
+            true => "relaxed-no-sync-for-benchmarks".into(),
+            false => "durable".into(),
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let summary = runtime.block_on(torture(&args, settings))?;
+    let failed = summary.violations > 0;
+    println!("{}", summary.text);
+    let code = match (args.broken_durability, failed) {
+        (false, false) | (true, true) => 0,
+        _ => 1,
+    };
+    if code == 0 && !args.keep && args.dir.is_none() && !args.broken_durability {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!("run directory (history, logs, report): {}", dir.display());
+    }
+    Ok(code)
+}
+
+async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<report::Summary> {
+    std::fs::create_dir_all(&settings.dir)?;
+    let history = history::History::create(&settings.dir.join("history.jsonl"))?;
+    let started = cluster::Cluster::start(&settings).await;
+    let cluster = Arc::new(Mutex::new(started?));
+    let (targets, power_loss, spec_nodes, frontends) = {
+        let c = cluster.lock().unwrap_or_else(|e| e.into_inner());
+        let targets: Vec<_> = c
+            .frontends
+            .iter()
+            .map(|f| workload::Target {
+                addr: f.addr,
+                datacenter: f.datacenter.clone(),
+            })
+            .collect();
+        (
+            targets,
+            c.uses_lossyfs(),
+            c.storage.len(),
+            c.frontends.len(),
+        )
+    };
+    let faults = nemesis::schedule(&nemesis::ScheduleSpec {
+        seed: args.seed,
+        duration: Duration::from_secs(args.seconds),
+        storage_nodes: spec_nodes,
+        frontends,
+        power_loss,
+        final_cluster_power_loss: args.broken_durability || args.final_cluster_power_loss,
+        mean_gap_ms: args.mean_gap_ms,
+    });
+    history.note("harness", "schedule", &serde_json::to_string(&faults)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workload = Arc::new(workload::Workload {
+        seed: args.seed,
+        targets,
+        history: history.clone(),
+        known: Default::default(),
+        stop: stop.clone(),
+        max_blob: args.max_blob,
+        timeout: Duration::from_secs(20),
+    });
+    let workers: Vec<_> = (0..args.workers)
+        .map(|w| tokio::spawn(workload.clone().run_worker(w)))
+        .collect();
+    let seconds = args.seconds;
+    let load = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+        for worker in workers {
+            let _ = worker.await;
+        }
+    });
+    // On this thread, which lives as long as the run: children get SIGKILL when the thread that
+    // started them ends (PR_SET_PDEATHSIG), and the nemesis restarts processes.
+    let (fault_counts, spans) =
+        tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
+    load.await?;
+    history.note("harness", "healing", "");
+    let (final_check, quiet) = {
+        let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
+        c.heal()?;
+        let storage_dc: Vec<String> = c
+            .storage
+            .iter()
+            .map(|n| {
+                c.map
+                    .datacenter_of(&n.process.name)
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect();
+        let quiet = checker::Quiet::new(&spans, &storage_dc);
+        let final_check = checker::FinalCheck {
+            secret_file: c.secret_file.clone(),
+            map: c.map.clone(),
+            internal: c
+                .storage
+                .iter()
+                .map(|n| (n.process.name.clone(), n.internal))
+                .collect(),
+            frontends: c
+                .frontends
+                .iter()
+                .map(|f| (f.datacenter.clone(), f.addr))
+                .collect(),
+        };
+        (final_check, quiet)
+    };
+    let completions = history.completions();
+    let mut violations =
+        checker::check_reads(&completions, Duration::from_millis(args.settle_ms), &quiet);
+    let (final_violations, converged) = final_check
+        .run(&completions, Duration::from_secs(args.converge_seconds))
+        .await;
+    violations.extend(final_violations);
+    for v in &violations {
+        history.note("checker", "violation", &serde_json::to_string(v)?);
+    }
+    history.flush();
+    let summary = report::summarise(args, &completions, &fault_counts, &violations, converged);
+    std::fs::write(settings.dir.join("report.json"), &summary.json)?;
+    tokio::task::spawn_blocking(move || {
+        cluster.lock().unwrap_or_else(|e| e.into_inner()).shutdown()
+    })
+    .await?;
+    Ok(summary)
+}

@@ -1,0 +1,241 @@
+//! The nemesis: a schedule of faults drawn from the run's seed before the run starts (the same
+//! seed gives the same faults at the same offsets), then applied one after another, each healed
+//! before the next begins, so a quorum stays reachable in each datacenter most of the time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::content::Rng;
+use crate::history::History;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL a storage node, restart it after the duration.
+    KillStorage,
+    /// SIGSTOP a storage node for the duration, then SIGCONT.
+    PauseStorage,
+    /// SIGKILL a frontend, restart it after the duration.
+    KillFrontend,
+    /// SIGSTOP a frontend for the duration.
+    PauseFrontend,
+    /// Cut every connection to a storage node (its proxy) for the duration.
+    PartitionStorage,
+    /// SIGKILL a storage node and drop its file system's unsynced writes.
+    PowerLossStorage,
+    /// The same for every storage node at once.
+    PowerLossCluster,
+    /// A storage node's disk reports no free space and refuses to grow files, for the duration.
+    DiskFull,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Fault {
+    pub at_ms: u64,
+    pub kind: FaultKind,
+    pub target: usize,
+    pub duration_ms: u64,
+}
+
+pub struct ScheduleSpec {
+    pub seed: u64,
+    pub duration: Duration,
+    pub storage_nodes: usize,
+    pub frontends: usize,
+    pub power_loss: bool,
+    /// End with a whole-cluster power loss (the checker's own test).
+    pub final_cluster_power_loss: bool,
+    pub mean_gap_ms: u64,
+}
+
+pub fn schedule(spec: &ScheduleSpec) -> Vec<Fault> {
+    let mut rng = Rng::derive(spec.seed, 1);
+    let mut faults = Vec::new();
+    let mut at = rng.range(500, 2000);
+    let end = spec.duration.as_millis() as u64;
+    while at < end {
+        let kind = pick_kind(&mut rng, spec.power_loss);
+        let target = match kind {
+            FaultKind::KillFrontend | FaultKind::PauseFrontend => {
+                rng.range(0, spec.frontends as u64) as usize
+            }
+            _ => rng.range(0, spec.storage_nodes as u64) as usize,
+        };
+        let duration_ms = match kind {
+            FaultKind::PauseStorage | FaultKind::PauseFrontend => rng.range(1000, 5000),
+            FaultKind::PartitionStorage | FaultKind::DiskFull => rng.range(2000, 6000),
+            _ => rng.range(200, 3000),
+        };
+        faults.push(Fault {
+            at_ms: at,
+            kind,
+            target,
+            duration_ms,
+        });
+        at += duration_ms + rng.range(spec.mean_gap_ms / 2, spec.mean_gap_ms * 3 / 2);
+    }
+    if spec.final_cluster_power_loss {
+        faults.push(Fault {
+            at_ms: end,
+            kind: FaultKind::PowerLossCluster,
+            target: 0,
+            duration_ms: 500,
+        });
+    }
+    faults
+}
+
+fn pick_kind(rng: &mut Rng, power_loss: bool) -> FaultKind {
+    loop {
+        let kind = match rng.range(0, 100) {
+            0..=29 => FaultKind::KillStorage,
+            30..=34 => FaultKind::DiskFull,
+            35..=49 => FaultKind::PauseStorage,
+            50..=59 => FaultKind::KillFrontend,
+            60..=64 => FaultKind::PauseFrontend,
+            65..=74 => FaultKind::PartitionStorage,
+            75..=96 => FaultKind::PowerLossStorage,
+            _ => FaultKind::PowerLossCluster,
+        };
+        // Power losses and full disks are lossyfs's.
+        let needs_power = matches!(
+            kind,
+            FaultKind::PowerLossStorage | FaultKind::PowerLossCluster | FaultKind::DiskFull
+        );
+        if power_loss || !needs_power {
+            return kind;
+        }
+    }
+}
+
+/// When a fault was in force (history time, from its start until it was healed).
+#[derive(Clone, Debug)]
+pub struct Span {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub kind: FaultKind,
+    pub target: usize,
+}
+
+impl Span {
+    /// The storage nodes (by index) it touched.
+    pub fn storage_nodes(&self, nodes: usize) -> Vec<usize> {
+        match self.kind {
+            FaultKind::KillFrontend | FaultKind::PauseFrontend => Vec::new(),
+            FaultKind::PowerLossCluster => (0..nodes).collect(),
+            _ => vec![self.target],
+        }
+    }
+}
+
+/// Applies `faults` in order (blocking); returns the count per kind and when each was in force.
+pub fn run(
+    faults: &[Fault],
+    cluster: &Arc<Mutex<Cluster>>,
+    history: &History,
+) -> (BTreeMap<FaultKind, u64>, Vec<Span>) {
+    let start = Instant::now();
+    let mut counts = BTreeMap::new();
+    let mut spans = Vec::new();
+    for fault in faults {
+        let at = Duration::from_millis(fault.at_ms);
+        if let Some(wait) = at.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let detail = serde_json::to_string(fault).unwrap_or_default();
+        history.note("nemesis", "fault", &detail);
+        let start_ms = history.now_ms();
+        let result = apply(fault, cluster);
+        spans.push(Span {
+            start_ms,
+            end_ms: history.now_ms(),
+            kind: fault.kind,
+            target: fault.target,
+        });
+        match result {
+            Ok(()) => *counts.entry(fault.kind).or_insert(0) += 1,
+            Err(e) => history.note("nemesis", "fault-failed", &format!("{detail}: {e:#}")),
+        }
+        history.note("nemesis", "healed", &detail);
+    }
+    (counts, spans)
+}
+
+fn lock(cluster: &Arc<Mutex<Cluster>>) -> std::sync::MutexGuard<'_, Cluster> {
+    cluster.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn apply(fault: &Fault, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
+    let pause = Duration::from_millis(fault.duration_ms);
+    let i = fault.target;
+    match fault.kind {
+        FaultKind::KillStorage => {
+            lock(cluster).storage[i].process.kill();
+            std::thread::sleep(pause);
+            lock(cluster).restart_storage(i)?;
+        }
+        FaultKind::PauseStorage => {
+            pause_for(cluster, pause, |c| &mut c.storage[i].process);
+        }
+        FaultKind::KillFrontend => {
+            lock(cluster).frontends[i].process.kill();
+            std::thread::sleep(pause);
+            lock(cluster).frontends[i].process.start()?;
+        }
+        FaultKind::PauseFrontend => {
+            pause_for(cluster, pause, |c| &mut c.frontends[i].process);
+        }
+        FaultKind::PartitionStorage => {
+            lock(cluster).set_partitioned(i, true);
+            std::thread::sleep(pause);
+            lock(cluster).set_partitioned(i, false);
+        }
+        FaultKind::PowerLossStorage => {
+            lock(cluster).power_loss(i)?;
+            std::thread::sleep(pause);
+            lock(cluster).restart_storage(i)?;
+        }
+        FaultKind::DiskFull => {
+            lock(cluster).toggle_disk_full(i);
+            std::thread::sleep(pause);
+            lock(cluster).toggle_disk_full(i);
+        }
+        FaultKind::PowerLossCluster => {
+            let n = lock(cluster).storage.len();
+            for node in 0..n {
+                lock(cluster).storage[node].process.kill();
+            }
+            for node in 0..n {
+                lock(cluster).power_loss(node)?;
+            }
+            std::thread::sleep(pause);
+            for node in 0..n {
+                lock(cluster).restart_storage(node)?;
+            }
+        }
+    }
+    // The next fault starts once the restarted process answers again.
+    lock(cluster).heal()
+}
+
+fn pause_for(
+    cluster: &Arc<Mutex<Cluster>>,
+    pause: Duration,
+    process: impl Fn(&mut Cluster) -> &mut crate::cluster::Process,
+) {
+    {
+        let mut guard = lock(cluster);
+        let p = process(&mut guard);
+        p.signal(libc::SIGSTOP);
+        p.stopped = true;
+    }
+    std::thread::sleep(pause);
+    let mut guard = lock(cluster);
+    let p = process(&mut guard);
+    p.signal(libc::SIGCONT);
+    p.stopped = false;
+}
