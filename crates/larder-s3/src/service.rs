@@ -1,0 +1,374 @@
+//! The S3 operations, on Larder's records and blobs. s3s does the protocol (routing, XML,
+//! SigV4, errors as S3's XML); this is the storage side.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use larder_proto::BlobProperties;
+use larder_router::Router;
+use s3s::dto::*;
+use s3s::{S3Request, S3Response, S3Result, S3};
+
+use crate::blobs::{self, BlobLimits};
+use crate::error::S3Error;
+use crate::list::{self, After};
+use crate::objects;
+use crate::records::{bucket_doc, BucketIndex, Catalog, ObjectEntry, CATALOG_DOC, FORMAT};
+use crate::store::{Change, Records};
+
+/// Longest object name, in bytes (S3's).
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Larder's S3 service.
+pub struct Larder {
+    pub(crate) records: Arc<Records>,
+    pub(crate) keys: Arc<crate::auth::Keys>,
+    pub(crate) limits: BlobLimits,
+    /// How long a replaced blob stays readable (reads that resolved its name may be under way).
+    pub(crate) grace: Duration,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn timestamp(ms: u64) -> Timestamp {
+    Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn etag(entry: &ObjectEntry) -> ETag {
+    ETag::Strong(entry.etag.clone())
+}
+
+impl Larder {
+    fn router(&self) -> &Arc<Router> {
+        self.records.router()
+    }
+
+    async fn index(&self, bucket: &str) -> Result<BucketIndex, S3Error> {
+        self.records
+            .read::<BucketIndex>(&bucket_doc(bucket))
+            .await?
+            .ok_or(S3Error::NoSuchBucket)
+    }
+
+    async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
+        let index = self.index(bucket).await?;
+        index.objects.get(key).cloned().ok_or(S3Error::NoSuchKey)
+    }
+
+    /// Adds or removes `bucket` in the catalog ListBuckets reads.
+    async fn catalog(&self, bucket: &str, created_ms: Option<u64>) -> Result<(), S3Error> {
+        self.records
+            .update(CATALOG_DOC, |catalog: Option<Catalog>| {
+                let mut catalog = catalog.unwrap_or(Catalog {
+                    v: FORMAT,
+                    ..Default::default()
+                });
+                let changed = match created_ms {
+                    Some(ms) => catalog.buckets.insert(bucket.to_owned(), ms).is_none(),
+                    None => catalog.buckets.remove(bucket).is_some(),
+                };
+                Ok((if changed { Change::Put(catalog) } else { Change::Keep }, ()))
+            })
+            .await
+    }
+}
+
+fn check_key(key: &str) -> Result<(), S3Error> {
+    if key.is_empty() {
+        return Err(S3Error::InvalidArgument("object names are not empty".into()));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(S3Error::KeyTooLong);
+    }
+    Ok(())
+}
+
+/// The bytes a GET asks for, of an object of `size`.
+fn selected(range: Option<&Range>, size: u64) -> Result<std::ops::Range<u64>, S3Error> {
+    match range {
+        None => Ok(0..size),
+        Some(range) => range.check(size).map_err(|_| S3Error::InvalidRange),
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for Larder {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let bucket = req.input.bucket;
+        let created_ms = now_ms();
+        self.records
+            .update(&bucket_doc(&bucket), |index: Option<BucketIndex>| {
+                if index.is_some() {
+                    return Err(S3Error::BucketExists);
+                }
+                let index = BucketIndex {
+                    v: FORMAT,
+                    created_ms,
+                    ..Default::default()
+                };
+                Ok((Change::Put(index), ()))
+            })
+            .await?;
+        self.catalog(&bucket, Some(created_ms)).await?;
+        let output = CreateBucketOutput {
+            location: Some(format!("/{bucket}")),
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.index(&req.input.bucket).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let bucket = req.input.bucket;
+        // Replaced blobs still waiting for their grace period go now: after the bucket's
+        // record is gone nothing would find them. (Tombstoning one twice is harmless.)
+        let index = self.index(&bucket).await?;
+        if !index.objects.is_empty() {
+            return Err(S3Error::BucketNotEmpty.into());
+        }
+        for garbage in &index.garbage {
+            blobs::delete(self.router(), &garbage.blob).await?;
+        }
+        self.records
+            .update(&bucket_doc(&bucket), |index: Option<BucketIndex>| {
+                let index = index.ok_or(S3Error::NoSuchBucket)?;
+                if !index.objects.is_empty() {
+                    return Err(S3Error::BucketNotEmpty);
+                }
+                Ok((Change::Remove, index.garbage))
+            })
+            .await?;
+        self.catalog(&bucket, None).await?;
+        Ok(S3Response::new(DeleteBucketOutput::default()))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let catalog: Catalog = self
+            .records
+            .read(CATALOG_DOC)
+            .await?
+            .unwrap_or_default();
+        let key = match &req.credentials {
+            Some(c) => self.keys.get(&c.access_key).await?,
+            None => None,
+        };
+        let buckets = catalog
+            .buckets
+            .iter()
+            .filter(|(name, _)| key.as_ref().is_some_and(|k| k.permission(name).is_some()))
+            .map(|(name, created)| Bucket {
+                name: Some(name.clone()),
+                creation_date: Some(timestamp(*created)),
+                bucket_region: None,
+            })
+            .collect();
+        let output = ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(Owner {
+                display_name: Some("larder".into()),
+                id: Some("larder".into()),
+            }),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        let only_if_absent = matches!(input.if_none_match, Some(ETagCondition::Any));
+        // Refused before the body is stored when the answer is already known.
+        self.index(&input.bucket).await?;
+        let props = BlobProperties {
+            content_type: input.content_type.clone(),
+            user_meta: Vec::new(),
+            created_ms: now_ms(),
+            expires_ms: None,
+        };
+        let body = input
+            .body
+            .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
+        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let entry = ObjectEntry {
+            blob: stored.id.to_string(),
+            size: stored.size,
+            etag: format!("\"{}\"", stored.md5),
+            modified_ms: now_ms(),
+            content_type: input.content_type,
+            meta: input
+                .metadata
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                .collect(),
+        };
+        let tag = entry.etag.clone();
+        let linked = objects::link(self, &input.bucket, &input.key, entry, only_if_absent).await;
+        if let Err(err) = linked {
+            // Nothing names the new blob: it goes now.
+            let router = self.router().clone();
+            let id = stored.id.to_string();
+            tokio::spawn(async move { blobs::delete(&router, &id).await });
+            return Err(err.into());
+        }
+        let output = PutObjectOutput {
+            e_tag: Some(ETag::Strong(tag)),
+            size: i64::try_from(stored.size).ok(),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = req.input;
+        let entry = self.entry(&input.bucket, &input.key).await?;
+        objects::check_conditions(&entry, input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let range = selected(input.range.as_ref(), entry.size)?;
+        let read_ahead = self.limits.chunking.read_ahead;
+        let body = blobs::open(self.router(), read_ahead, &entry.blob, range.clone()).await?;
+        let content_range = input.range.as_ref().map(|_| {
+            let last = range.end.saturating_sub(1);
+            format!("bytes {}-{last}/{}", range.start, entry.size)
+        });
+        let output = GetObjectOutput {
+            body: Some(body),
+            accept_ranges: Some("bytes".into()),
+            content_length: i64::try_from(range.end - range.start).ok(),
+            content_range,
+            content_type: entry.content_type.clone(),
+            e_tag: Some(etag(&entry)),
+            last_modified: Some(timestamp(entry.modified_ms)),
+            metadata: Some(entry.meta.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let status = match input.range {
+            Some(_) => http::StatusCode::PARTIAL_CONTENT,
+            None => http::StatusCode::OK,
+        };
+        Ok(S3Response::with_status(output, status))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = req.input;
+        let entry = self.entry(&input.bucket, &input.key).await?;
+        objects::check_conditions(&entry, input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let output = HeadObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: i64::try_from(entry.size).ok(),
+            content_type: entry.content_type.clone(),
+            e_tag: Some(etag(&entry)),
+            last_modified: Some(timestamp(entry.modified_ms)),
+            metadata: Some(entry.meta.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        objects::unlink(self, &input.bucket, &input.key).await?;
+        Ok(S3Response::with_status(
+            DeleteObjectOutput::default(),
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let input = req.input;
+        let after = match (&input.continuation_token, &input.start_after) {
+            (Some(token), _) => Some(After::parse(token)?),
+            (None, Some(key)) => Some(After::Key(key.clone())),
+            (None, None) => None,
+        };
+        let max_keys = match input.max_keys {
+            Some(n) if n < 0 => {
+                return Err(S3Error::InvalidArgument("max-keys is not negative".into()).into())
+            }
+            Some(n) => (n as usize).min(list::MAX_KEYS),
+            None => list::MAX_KEYS,
+        };
+        let index = self.index(&input.bucket).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = list::page(
+            &index.objects,
+            &prefix,
+            input.delimiter.as_deref(),
+            after.as_ref(),
+            max_keys,
+        );
+        let contents: Vec<Object> = page
+            .objects
+            .iter()
+            .map(|(name, entry)| Object {
+                key: Some((*name).to_owned()),
+                size: i64::try_from(entry.size).ok(),
+                e_tag: Some(etag(entry)),
+                last_modified: Some(timestamp(entry.modified_ms)),
+                storage_class: Some(ObjectStorageClass::from_static(
+                    ObjectStorageClass::STANDARD,
+                )),
+                ..Default::default()
+            })
+            .collect();
+        let prefixes: Vec<CommonPrefix> = page
+            .prefixes
+            .iter()
+            .map(|p| CommonPrefix {
+                prefix: Some(p.clone()),
+            })
+            .collect();
+        let count = contents.len() + prefixes.len();
+        let output = ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: Some(prefix),
+            delimiter: input.delimiter,
+            max_keys: Some(max_keys as i32),
+            key_count: Some(count as i32),
+            is_truncated: Some(page.next.is_some()),
+            continuation_token: input.continuation_token,
+            next_continuation_token: page.next.map(|n| n.token()),
+            start_after: input.start_after,
+            encoding_type: input.encoding_type,
+            contents: Some(contents),
+            common_prefixes: Some(prefixes),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+}

@@ -1,0 +1,190 @@
+"""Larder's S3 API through real clients: boto3, curl with presigned URLs, and the aws cli.
+
+Usage: clients.py ENDPOINT OWNER_ID OWNER_SECRET READER_ID READER_SECRET WORKDIR
+Every check asserts; the first failure exits non-zero with its message.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+endpoint, owner_id, owner_secret, reader_id, reader_secret, workdir = sys.argv[1:7]
+
+
+def client(key_id, secret, **config):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                      retries={"max_attempts": 1}, **config),
+    )
+
+
+def error_of(call):
+    """The S3 error code and HTTP status of a call that must fail."""
+    try:
+        call()
+    except ClientError as err:
+        return err.response["Error"]["Code"], err.response["ResponseMetadata"]["HTTPStatusCode"]
+    raise AssertionError("the call succeeded")
+
+
+def curl(*args):
+    out = subprocess.run(["curl", "-sS", "--max-time", "60", "-w", "\n%{http_code}", *args],
+                         capture_output=True, check=True)
+    body, _, status = out.stdout.rpartition(b"\n")
+    return int(status), body
+
+
+def step(name):
+    print(f"== {name}", flush=True)
+
+
+s3 = client(owner_id, owner_secret)
+
+step("buckets")
+s3.create_bucket(Bucket="photos")
+assert error_of(lambda: s3.create_bucket(Bucket="photos")) == ("BucketAlreadyOwnedByYou", 409)
+s3.head_bucket(Bucket="photos")
+assert error_of(lambda: s3.head_bucket(Bucket="nothere"))[1] == 404
+names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+assert names == ["photos"], names
+
+step("put and get with metadata")
+put = s3.put_object(Bucket="photos", Key="hello.txt", Body=b"hello, larder",
+                    ContentType="text/plain", Metadata={"Camera": "x100"})
+assert put["ETag"] == '"%s"' % hashlib.md5(b"hello, larder").hexdigest(), put["ETag"]
+got = s3.get_object(Bucket="photos", Key="hello.txt")
+assert got["Body"].read() == b"hello, larder"
+assert got["ContentType"] == "text/plain", got["ContentType"]
+assert got["Metadata"] == {"camera": "x100"}, got["Metadata"]
+assert got["ETag"] == put["ETag"]
+head = s3.head_object(Bucket="photos", Key="hello.txt")
+assert head["ContentLength"] == 13
+assert error_of(lambda: s3.get_object(Bucket="photos", Key="nothing")) == ("NoSuchKey", 404)
+assert error_of(lambda: s3.put_object(Bucket="nothere", Key="k", Body=b"x")) == ("NoSuchBucket", 404)
+
+step("a large object in chunks, and ranges across chunk boundaries")
+big = os.urandom(5 * 1024 * 1024 + 123)
+put = s3.put_object(Bucket="photos", Key="big.bin", Body=big)
+assert put["ETag"] == '"%s"' % hashlib.md5(big).hexdigest()
+got = s3.get_object(Bucket="photos", Key="big.bin")["Body"].read()
+assert hashlib.sha256(got).digest() == hashlib.sha256(big).digest()
+part = s3.get_object(Bucket="photos", Key="big.bin", Range="bytes=1048570-1048589")
+assert part["ResponseMetadata"]["HTTPStatusCode"] == 206
+assert part["ContentRange"] == "bytes 1048570-1048589/%d" % len(big), part["ContentRange"]
+assert part["Body"].read() == big[1048570:1048590]
+tail = s3.get_object(Bucket="photos", Key="big.bin", Range="bytes=-7")["Body"].read()
+assert tail == big[-7:]
+assert error_of(lambda: s3.get_object(Bucket="photos", Key="big.bin",
+                                      Range="bytes=%d-" % len(big)))[1] == 416
+
+step("If-None-Match: * only creates")
+assert error_of(lambda: s3.put_object(Bucket="photos", Key="hello.txt", Body=b"no",
+                                      IfNoneMatch="*")) == ("PreconditionFailed", 412)
+s3.put_object(Bucket="photos", Key="fresh.txt", Body=b"yes", IfNoneMatch="*")
+assert s3.get_object(Bucket="photos", Key="hello.txt")["Body"].read() == b"hello, larder"
+
+step("listing: prefix, delimiter, pages")
+for key in ["a/1", "a/2", "a/b/3", "b/1", "c", "d"]:
+    s3.put_object(Bucket="photos", Key=key, Body=key.encode())
+listed = s3.list_objects_v2(Bucket="photos", Prefix="a/")
+assert [o["Key"] for o in listed["Contents"]] == ["a/1", "a/2", "a/b/3"], listed
+listed = s3.list_objects_v2(Bucket="photos", Delimiter="/")
+assert [p["Prefix"] for p in listed["CommonPrefixes"]] == ["a/", "b/"], listed
+assert [o["Key"] for o in listed["Contents"]] == ["big.bin", "c", "d", "fresh.txt", "hello.txt"]
+seen, token = [], None
+while True:
+    args = {"Bucket": "photos", "MaxKeys": 2}
+    if token:
+        args["ContinuationToken"] = token
+    page = s3.list_objects_v2(**args)
+    seen += [o["Key"] for o in page.get("Contents", [])]
+    if not page["IsTruncated"]:
+        break
+    token = page["NextContinuationToken"]
+everything = ["a/1", "a/2", "a/b/3", "b/1", "big.bin", "c", "d", "fresh.txt", "hello.txt"]
+assert seen == everything, seen
+paginated = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(
+    Bucket="photos", PaginationConfig={"PageSize": 3}) for o in p.get("Contents", [])]
+assert paginated == everything, paginated
+assert error_of(lambda: s3.list_objects_v2(Bucket="photos", ContinuationToken="%%bad"))[1] == 400
+
+step("names: long and unusual")
+assert error_of(lambda: s3.put_object(Bucket="photos", Key="k" * 1025, Body=b"x"))[0] == "KeyTooLongError"
+odd = "dir with space/ünïcødé+plus?&=.txt"
+s3.put_object(Bucket="photos", Key=odd, Body=b"odd")
+assert s3.get_object(Bucket="photos", Key=odd)["Body"].read() == b"odd"
+s3.delete_object(Bucket="photos", Key=odd)
+
+step("presigned GET and PUT through curl")
+url = s3.generate_presigned_url("get_object", Params={"Bucket": "photos", "Key": "hello.txt"},
+                                ExpiresIn=300)
+assert curl(url) == (200, b"hello, larder")
+url = s3.generate_presigned_url("put_object", Params={"Bucket": "photos", "Key": "up.txt"},
+                                ExpiresIn=300)
+status, _ = curl("-X", "PUT", "--data-binary", "uploaded by curl", url)
+assert status == 200, status
+assert s3.get_object(Bucket="photos", Key="up.txt")["Body"].read() == b"uploaded by curl"
+
+step("an expired presigned URL is refused")
+url = s3.generate_presigned_url("get_object", Params={"Bucket": "photos", "Key": "hello.txt"},
+                                ExpiresIn=1)
+time.sleep(2.5)
+status, body = curl(url)
+assert status == 403 and b"AccessDenied" in body, (status, body)
+
+step("a wrong secret, an unknown key and no signature are refused")
+wrong = client(owner_id, owner_secret[:-1] + ("A" if owner_secret[-1] != "A" else "B"))
+assert error_of(lambda: wrong.get_object(Bucket="photos", Key="hello.txt")) == ("SignatureDoesNotMatch", 403)
+stranger = client("LKNOSUCHKEY000000000", owner_secret)
+assert error_of(lambda: stranger.list_buckets()) == ("InvalidAccessKeyId", 403)
+status, body = curl(endpoint + "/photos/hello.txt")
+assert status == 403 and b"AccessDenied" in body, (status, body)
+
+step("a read-only key reads, and may not write")
+reader = client(reader_id, reader_secret)
+assert reader.get_object(Bucket="photos", Key="hello.txt")["Body"].read() == b"hello, larder"
+assert error_of(lambda: reader.put_object(Bucket="photos", Key="x", Body=b"x")) == ("AccessDenied", 403)
+assert error_of(lambda: reader.delete_bucket(Bucket="photos")) == ("AccessDenied", 403)
+
+step("the aws cli")
+env = dict(os.environ, AWS_ACCESS_KEY_ID=owner_id, AWS_SECRET_ACCESS_KEY=owner_secret,
+           AWS_DEFAULT_REGION="us-east-1")
+aws = [os.path.join(os.path.dirname(sys.executable), "aws"), "--endpoint-url", endpoint]
+source = os.path.join(workdir, "cli-upload.bin")
+with open(source, "wb") as f:
+    f.write(os.urandom(300 * 1024))
+subprocess.run(aws + ["s3", "cp", source, "s3://photos/cli/upload.bin"], env=env, check=True,
+               capture_output=True)
+ls = subprocess.run(aws + ["s3", "ls", "s3://photos/cli/"], env=env, check=True,
+                    capture_output=True).stdout.decode()
+assert "upload.bin" in ls and str(300 * 1024) in ls, ls
+back = os.path.join(workdir, "cli-download.bin")
+subprocess.run(aws + ["s3", "cp", "s3://photos/cli/upload.bin", back], env=env, check=True,
+               capture_output=True)
+assert open(back, "rb").read() == open(source, "rb").read()
+
+step("delete objects, then the bucket")
+assert error_of(lambda: s3.delete_bucket(Bucket="photos")) == ("BucketNotEmpty", 409)
+s3.delete_object(Bucket="photos", Key="c")
+assert error_of(lambda: s3.get_object(Bucket="photos", Key="c")) == ("NoSuchKey", 404)
+s3.delete_object(Bucket="photos", Key="c")  # absent: still 204
+for o in everything + ["up.txt", "cli/upload.bin"]:
+    s3.delete_object(Bucket="photos", Key=o)
+assert s3.list_objects_v2(Bucket="photos")["KeyCount"] == 0
+s3.delete_bucket(Bucket="photos")
+assert error_of(lambda: s3.head_bucket(Bucket="photos"))[1] == 404
+assert s3.list_buckets()["Buckets"] == []
+s3.create_bucket(Bucket="photos")  # a deleted bucket's name can be taken again
+print(json.dumps({"ok": True}))
