@@ -80,7 +80,7 @@ pub fn check_conditions(
 ) -> Result<(), s3s::S3Error> {
     let matches = |c: &ETagCondition| match c {
         ETagCondition::Any => true,
-        ETagCondition::ETag(tag) => format!("\"{}\"", tag.value()) == entry.etag,
+        ETagCondition::ETag(tag) => tag.value() == entry.etag,
     };
     if if_match.is_some_and(|c| !matches(c)) {
         return Err(S3Error::PreconditionFailed.into());

@@ -54,7 +54,7 @@ pub struct ObjectEntry {
     /// The Larder blob ID (simple or composite).
     pub blob: String,
     pub size: u64,
-    /// The ETag as S3 clients expect it, quotes included (MD5 hex for a single PUT).
+    /// The ETag's value as S3 clients expect it, without the quotes (MD5 hex for a single PUT).
     pub etag: String,
     pub modified_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

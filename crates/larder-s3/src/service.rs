@@ -215,7 +215,7 @@ impl S3 for Larder {
         let entry = ObjectEntry {
             blob: stored.id.to_string(),
             size: stored.size,
-            etag: format!("\"{}\"", stored.md5),
+            etag: stored.md5,
             modified_ms: now_ms(),
             content_type: input.content_type,
             meta: input
@@ -226,6 +226,7 @@ impl S3 for Larder {
                 .collect(),
         };
         let tag = entry.etag.clone();
+        let size = entry.size;
         let linked = objects::link(self, &input.bucket, &input.key, entry, only_if_absent).await;
         if let Err(err) = linked {
             // Nothing names the new blob: it goes now.
@@ -236,7 +237,7 @@ impl S3 for Larder {
         }
         let output = PutObjectOutput {
             e_tag: Some(ETag::Strong(tag)),
-            size: i64::try_from(stored.size).ok(),
+            size: i64::try_from(size).ok(),
             ..Default::default()
         };
         Ok(S3Response::new(output))

@@ -124,12 +124,12 @@ fn an_overwritten_objects_blob_is_tombstoned_after_the_grace_period() {
 import sys, boto3
 s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2],
                   aws_secret_access_key=sys.argv[3], region_name="us-east-1")
-s3.create_bucket(Bucket="b")
-s3.put_object(Bucket="b", Key="k", Body=b"first")
+s3.create_bucket(Bucket="reclaim")
+s3.put_object(Bucket="reclaim", Key="k", Body=b"first")
 print(sys.argv[4], flush=True)
 sys.stdin.readline()
-s3.put_object(Bucket="b", Key="k", Body=b"second")
-assert s3.get_object(Bucket="b", Key="k")["Body"].read() == b"second"
+s3.put_object(Bucket="reclaim", Key="k", Body=b"second")
+assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
 "#;
     let mut child = Command::new(python())
         .args(["-c", script, &endpoint, &id, &secret, "stored"])
@@ -144,7 +144,7 @@ assert s3.get_object(Bucket="b", Key="k")["Body"].read() == b"second"
         .unwrap();
     assert_eq!(line.trim(), "stored");
     let first_blob = wait_for(|| {
-        bucket_records(&cluster, "b")
+        bucket_records(&cluster, "reclaim")
             .iter()
             .find_map(|r| r["objects"]["k"]["blob"].as_str().map(str::to_owned))
     });
@@ -155,7 +155,7 @@ assert s3.get_object(Bucket="b", Key="k")["Body"].read() == b"second"
     // and the garbage list empty again.
     wait_for(|| {
         let status = common::curl(cluster.dir.path(), &[&blob_url]).status;
-        let records = bucket_records(&cluster, "b");
+        let records = bucket_records(&cluster, "reclaim");
         let swept = records.len() == 3
             && records.iter().all(|r| {
                 r["objects"]["k"]["blob"].as_str() != Some(first_blob.as_str())
