@@ -75,8 +75,14 @@ impl S3Auth for Gate {
 fn needs(operation: &str) -> Permission {
     match operation {
         "CreateBucket" | "DeleteBucket" => Permission::Owner,
-        "GetObject" | "HeadObject" | "HeadBucket" | "ListObjects" | "ListObjectsV2"
-        | "GetBucketLocation" | "ListParts" | "ListMultipartUploads" => Permission::Read,
+        "GetObject"
+        | "HeadObject"
+        | "HeadBucket"
+        | "ListObjects"
+        | "ListObjectsV2"
+        | "GetBucketLocation"
+        | "ListParts"
+        | "ListMultipartUploads" => Permission::Read,
         _ => Permission::Write,
     }
 }

@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::{Stream, StreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use http::Method;
 use http_body_util::{BodyExt, Limited};
 use larder_cluster::{BlobId, BlobKind};
@@ -18,6 +18,7 @@ use md5::{Digest, Md5};
 use s3s::dto::StreamingBlob;
 
 use crate::error::S3Error;
+use crate::records::Piece;
 
 /// Largest composite record read (as the frontend's `api/large.rs`).
 const MAX_MANIFEST: usize = 16 << 20;
@@ -170,14 +171,14 @@ pub async fn open(
     id: &str,
     range: Range<u64>,
 ) -> Result<StreamingBlob, S3Error> {
-    let id: BlobId = id
-        .parse()
-        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))?;
     if range.is_empty() {
         return Ok(StreamingBlob::wrap(futures_util::stream::empty::<
             Result<Bytes, std::io::Error>,
         >()));
     }
+    let id: BlobId = id
+        .parse()
+        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))?;
     if id.kind == BlobKind::Composite {
         let manifest = read_manifest(router, &id).await?.ok_or_else(|| {
             S3Error::Unavailable(format!(
@@ -203,6 +204,40 @@ pub async fn open(
         .body
         .into_data_stream()
         .map(|d| d.map_err(std::io::Error::other));
+    Ok(wrap(data))
+}
+
+/// The bytes `range` of an object made of `pieces` (in order), as one stream: each piece's part
+/// of the range is opened when the one before it has been sent.
+pub async fn open_pieces(
+    router: &Arc<Router>,
+    read_ahead: usize,
+    pieces: &[Piece],
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
+    let mut plan = Vec::new();
+    let mut start = 0u64;
+    for piece in pieces {
+        let end = start.saturating_add(piece.size);
+        let (from, to) = (range.start.max(start), range.end.min(end));
+        if from < to {
+            plan.push((piece.blob.clone(), from - start..to - start));
+        }
+        start = end;
+    }
+    if plan.len() <= 1 {
+        let (blob, within) = plan.pop().unwrap_or_default();
+        return open(router, read_ahead, &blob, within).await;
+    }
+    let router = router.clone();
+    let streams = futures_util::stream::iter(plan).then(move |(blob, within)| {
+        let router = router.clone();
+        async move { open(&router, read_ahead, &blob, within).await }
+    });
+    let data = streams
+        .map(|opened| opened.map_err(s3s::StdError::from))
+        .try_flatten()
+        .map_err(std::io::Error::other);
     Ok(wrap(data))
 }
 

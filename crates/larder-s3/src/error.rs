@@ -23,6 +23,18 @@ pub enum S3Error {
     InvalidBucketName(String),
     #[error("your key is too long")]
     KeyTooLong,
+    #[error("the specified multipart upload does not exist")]
+    NoSuchUpload,
+    #[error(
+        "one or more of the specified parts could not be found, or its entity tag did not match"
+    )]
+    InvalidPart,
+    #[error("the list of parts was not in ascending order")]
+    InvalidPartOrder,
+    #[error("{0}")]
+    EntityTooSmall(String),
+    #[error("{0}")]
+    MalformedXml(String),
     #[error("{0}")]
     TooLarge(String),
     /// Storage could not do it now (not enough replicas, the primary unreachable, a lost race
@@ -73,6 +85,11 @@ impl From<S3Error> for Reply {
             S3Error::InvalidArgument(_) => Code::InvalidArgument,
             S3Error::InvalidBucketName(_) => Code::InvalidBucketName,
             S3Error::KeyTooLong => Code::KeyTooLongError,
+            S3Error::NoSuchUpload => Code::NoSuchUpload,
+            S3Error::InvalidPart => Code::InvalidPart,
+            S3Error::InvalidPartOrder => Code::InvalidPartOrder,
+            S3Error::EntityTooSmall(_) => Code::EntityTooSmall,
+            S3Error::MalformedXml(_) => Code::MalformedXML,
             S3Error::TooLarge(_) => Code::EntityTooLarge,
             S3Error::Unavailable(_) | S3Error::IndexFull(_) => Code::ServiceUnavailable,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,

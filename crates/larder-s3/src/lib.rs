@@ -12,6 +12,7 @@ mod config;
 mod error;
 mod keys;
 mod list;
+mod multipart;
 mod objects;
 mod records;
 mod server;

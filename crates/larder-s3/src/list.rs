@@ -100,7 +100,8 @@ impl After {
 
     /// Parses a token this code made; anything else is InvalidArgument.
     pub fn parse(token: &str) -> Result<After, S3Error> {
-        let bad = || S3Error::InvalidArgument("The continuation token provided is incorrect".into());
+        let bad =
+            || S3Error::InvalidArgument("The continuation token provided is incorrect".into());
         if token.len() > MAX_TOKEN {
             return Err(bad());
         }
@@ -124,7 +125,7 @@ mod tests {
 
     fn entry() -> ObjectEntry {
         ObjectEntry {
-            blob: "b".into(),
+            body: Vec::new(),
             size: 0,
             etag: "\"\"".into(),
             modified_ms: 0,

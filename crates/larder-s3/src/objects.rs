@@ -14,8 +14,8 @@ use s3s::dto::ETagCondition;
 
 use crate::blobs;
 use crate::error::S3Error;
-use crate::records::{bucket_doc, BucketIndex, Catalog, Garbage, ObjectEntry, CATALOG_DOC};
 use crate::records::MAX_INDEX_ENTRIES;
+use crate::records::{bucket_doc, BucketIndex, Catalog, Garbage, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
 
@@ -42,10 +42,10 @@ pub async fn link(
                 )));
             }
             if let Some(old) = index.objects.insert(key.to_owned(), entry.clone()) {
-                index.garbage.push(Garbage {
-                    blob: old.blob,
+                index.garbage.extend(old.body.into_iter().map(|p| Garbage {
+                    blob: p.blob,
                     after_ms,
-                });
+                }));
             }
             Ok((Change::Put(index), ()))
         })
@@ -61,10 +61,10 @@ pub async fn unlink(s3: &Larder, bucket: &str, key: &str) -> Result<(), S3Error>
             match index.objects.remove(key) {
                 None => Ok((Change::Keep, ())),
                 Some(old) => {
-                    index.garbage.push(Garbage {
-                        blob: old.blob,
+                    index.garbage.extend(old.body.into_iter().map(|p| Garbage {
+                        blob: p.blob,
                         after_ms,
-                    });
+                    }));
                     Ok((Change::Put(index), ()))
                 }
             }

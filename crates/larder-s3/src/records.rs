@@ -51,8 +51,9 @@ pub struct BucketIndex {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectEntry {
-    /// The Larder blob ID (simple or composite).
-    pub blob: String,
+    /// The bytes, in order: one blob for a single PUT, one per part for a multipart upload
+    /// (parts differ in size, so they are listed here rather than in one composite manifest).
+    pub body: Vec<Piece>,
     pub size: u64,
     /// The ETag's value as S3 clients expect it, without the quotes (MD5 hex for a single PUT).
     pub etag: String,
@@ -62,6 +63,43 @@ pub struct ObjectEntry {
     /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
+}
+
+/// A Larder blob (simple or composite) holding `size` bytes of an object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Piece {
+    pub blob: String,
+    pub size: u64,
+}
+
+/// A multipart upload in progress: `larder-s3:upload:<bucket>:<upload id>`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upload {
+    pub v: u32,
+    pub key: String,
+    pub created_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
+    /// Part number → the part's blob, size and MD5 (hex).
+    pub parts: BTreeMap<u32, UploadedPart>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadedPart {
+    pub blob: String,
+    pub size: u64,
+    pub md5: String,
+    pub modified_ms: u64,
+}
+
+/// The document of multipart upload `id` into `bucket`.
+pub fn upload_doc(bucket: &str, id: &str) -> String {
+    format!("larder-s3:upload:{bucket}:{id}")
 }
 
 /// A blob to tombstone after `after_ms`.
@@ -165,7 +203,7 @@ macro_rules! record {
         }
     )*};
 }
-record!(BucketIndex, Catalog, KeyRing);
+record!(BucketIndex, Catalog, KeyRing, Upload);
 
 #[cfg(test)]
 mod tests {
@@ -185,7 +223,7 @@ mod tests {
             let mut index = BucketIndex { v: FORMAT, ..Default::default() };
             for name in names {
                 index.objects.insert(name, ObjectEntry {
-                    blob: "b".into(), size: 1, etag: "\"e\"".into(), modified_ms: 2,
+                    body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
                     content_type: None, meta: BTreeMap::new(),
                 });
             }

@@ -12,8 +12,11 @@ use s3s::{S3Request, S3Response, S3Result, S3};
 use crate::blobs::{self, BlobLimits};
 use crate::error::S3Error;
 use crate::list::{self, After};
+use crate::multipart;
 use crate::objects;
-use crate::records::{bucket_doc, BucketIndex, Catalog, ObjectEntry, CATALOG_DOC, FORMAT};
+use crate::records::{
+    bucket_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadedPart, CATALOG_DOC, FORMAT,
+};
 use crate::store::{Change, Records};
 
 /// Longest object name, in bytes (S3's).
@@ -72,7 +75,14 @@ impl Larder {
                     Some(ms) => catalog.buckets.insert(bucket.to_owned(), ms).is_none(),
                     None => catalog.buckets.remove(bucket).is_some(),
                 };
-                Ok((if changed { Change::Put(catalog) } else { Change::Keep }, ()))
+                Ok((
+                    if changed {
+                        Change::Put(catalog)
+                    } else {
+                        Change::Keep
+                    },
+                    (),
+                ))
             })
             .await
     }
@@ -80,7 +90,9 @@ impl Larder {
 
 fn check_key(key: &str) -> Result<(), S3Error> {
     if key.is_empty() {
-        return Err(S3Error::InvalidArgument("object names are not empty".into()));
+        return Err(S3Error::InvalidArgument(
+            "object names are not empty".into(),
+        ));
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(S3Error::KeyTooLong);
@@ -163,11 +175,7 @@ impl S3 for Larder {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        let catalog: Catalog = self
-            .records
-            .read(CATALOG_DOC)
-            .await?
-            .unwrap_or_default();
+        let catalog: Catalog = self.records.read(CATALOG_DOC).await?.unwrap_or_default();
         let key = match &req.credentials {
             Some(c) => self.keys.get(&c.access_key).await?,
             None => None,
@@ -213,17 +221,15 @@ impl S3 for Larder {
             .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
         let stored = blobs::store(self.router(), &self.limits, props, body).await?;
         let entry = ObjectEntry {
-            blob: stored.id.to_string(),
+            body: vec![Piece {
+                blob: stored.id.to_string(),
+                size: stored.size,
+            }],
             size: stored.size,
             etag: stored.md5,
             modified_ms: now_ms(),
             content_type: input.content_type,
-            meta: input
-                .metadata
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k.to_ascii_lowercase(), v))
-                .collect(),
+            meta: lower_case(input.metadata).into_iter().collect(),
         };
         let tag = entry.etag.clone();
         let size = entry.size;
@@ -249,10 +255,15 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
         let entry = self.entry(&input.bucket, &input.key).await?;
-        objects::check_conditions(&entry, input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        objects::check_conditions(
+            &entry,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
         let range = selected(input.range.as_ref(), entry.size)?;
         let read_ahead = self.limits.chunking.read_ahead;
-        let body = blobs::open(self.router(), read_ahead, &entry.blob, range.clone()).await?;
+        let body =
+            blobs::open_pieces(self.router(), read_ahead, &entry.body, range.clone()).await?;
         let content_range = input.range.as_ref().map(|_| {
             let last = range.end.saturating_sub(1);
             format!("bytes {}-{last}/{}", range.start, entry.size)
@@ -281,7 +292,11 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = req.input;
         let entry = self.entry(&input.bucket, &input.key).await?;
-        objects::check_conditions(&entry, input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        objects::check_conditions(
+            &entry,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
         let output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(entry.size).ok(),
@@ -372,4 +387,143 @@ impl S3 for Larder {
         };
         Ok(S3Response::new(output))
     }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        self.index(&input.bucket).await?;
+        let meta = lower_case(input.metadata);
+        let upload = multipart::new_upload(input.key.clone(), input.content_type, meta);
+        let id = multipart::create(self, &input.bucket, upload).await?;
+        let output = CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(id),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let input = req.input;
+        let number = multipart::check_part_number(input.part_number)?;
+        // Refused before the body is stored when the upload is unknown.
+        multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let props = BlobProperties {
+            created_ms: now_ms(),
+            ..Default::default()
+        };
+        let body = input
+            .body
+            .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
+        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let part = UploadedPart {
+            blob: stored.id.to_string(),
+            size: stored.size,
+            md5: stored.md5.clone(),
+            modified_ms: now_ms(),
+        };
+        let added = multipart::add_part(
+            self,
+            &input.bucket,
+            &input.key,
+            &input.upload_id,
+            number,
+            part,
+        )
+        .await;
+        if let Err(err) = added {
+            let router = self.router().clone();
+            let id = stored.id.to_string();
+            tokio::spawn(async move { blobs::delete(&router, &id).await });
+            return Err(err.into());
+        }
+        let output = UploadPartOutput {
+            e_tag: Some(ETag::Strong(stored.md5)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let input = req.input;
+        let parts = input
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .unwrap_or_default();
+        let etag =
+            multipart::complete(self, &input.bucket, &input.key, &input.upload_id, &parts).await?;
+        let output = CompleteMultipartUploadOutput {
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            e_tag: Some(ETag::Strong(etag)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let input = req.input;
+        multipart::abort(self, &input.bucket, &input.key, &input.upload_id).await?;
+        Ok(S3Response::with_status(
+            AbortMultipartUploadOutput::default(),
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let input = req.input;
+        let upload = multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let after = u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0);
+        let max = input.max_parts.map_or(1000, |m| m.clamp(1, 1000)) as usize;
+        let mut parts: Vec<Part> = upload
+            .parts
+            .range(after.saturating_add(1)..)
+            .take(max + 1)
+            .map(|(n, p)| Part {
+                part_number: Some(*n as i32),
+                e_tag: Some(ETag::Strong(p.md5.clone())),
+                size: i64::try_from(p.size).ok(),
+                last_modified: Some(timestamp(p.modified_ms)),
+                ..Default::default()
+            })
+            .collect();
+        let truncated = parts.len() > max;
+        parts.truncate(max);
+        let output = ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            is_truncated: Some(truncated),
+            next_part_number_marker: parts.last().and_then(|p| p.part_number),
+            max_parts: Some(max as i32),
+            parts: Some(parts),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+}
+
+/// `x-amz-meta-*` names as S3 returns them: lower-case.
+fn lower_case(meta: Option<Metadata>) -> Vec<(String, String)> {
+    meta.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect()
 }

@@ -321,7 +321,10 @@ fn print_urls(
     println!("  curl -sS {url}/v1/blobs/<id>");
     if let Some(s3) = &listeners.s3 {
         let s3 = format!("http://{}", s3.local_addr()?);
-        println!("  S3 API: {s3}  (keys: larder s3 key create --config {} --grant '*:owner')", config_path.display());
+        println!(
+            "  S3 API: {s3}  (keys: larder s3 key create --config {} --grant '*:owner')",
+            config_path.display()
+        );
         println!("  aws --endpoint-url {s3} s3 ls");
     }
     Ok(())

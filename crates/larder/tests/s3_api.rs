@@ -1,6 +1,7 @@
 //! The S3 API on its own port, through real clients (boto3, curl with presigned URLs, the aws
-//! cli; installed by `scripts/test`), with keys made by `larder s3 key create`; and the
-//! reclaiming of a replaced object's blob from the bucket record's garbage list.
+//! cli; installed by `scripts/test`), with keys made by `larder s3 key create`: buckets,
+//! objects, ranges, listings, a 100 MiB multipart upload, bad requests; and the reclaiming of a
+//! replaced object's blob from the bucket record's garbage list.
 
 mod common;
 
@@ -50,7 +51,15 @@ fn boto3_curl_and_the_aws_cli_use_buckets_and_objects() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/clients.py");
     let workdir = cluster.dir.path().to_str().unwrap();
     let out = Command::new(python())
-        .args([script, &endpoint, &owner, &owner_secret, &reader, &reader_secret, workdir])
+        .args([
+            script,
+            &endpoint,
+            &owner,
+            &owner_secret,
+            &reader,
+            &reader_secret,
+            workdir,
+        ])
         .output()
         .unwrap();
     assert!(
@@ -71,7 +80,10 @@ fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
         .output()
         .unwrap();
     let listed = String::from_utf8_lossy(&listed.stdout);
-    assert!(listed.contains(&id) && listed.contains("*:owner"), "{listed}");
+    assert!(
+        listed.contains(&id) && listed.contains("*:owner"),
+        "{listed}"
+    );
     assert!(!listed.contains(&secret), "{listed}");
     let script = r#"
 import sys, boto3
@@ -144,9 +156,11 @@ assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
         .unwrap();
     assert_eq!(line.trim(), "stored");
     let first_blob = wait_for(|| {
-        bucket_records(&cluster, "reclaim")
-            .iter()
-            .find_map(|r| r["objects"]["k"]["blob"].as_str().map(str::to_owned))
+        bucket_records(&cluster, "reclaim").iter().find_map(|r| {
+            r["objects"]["k"]["body"][0]["blob"]
+                .as_str()
+                .map(str::to_owned)
+        })
     });
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     assert!(child.wait().unwrap().success());
@@ -158,7 +172,7 @@ assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
         let records = bucket_records(&cluster, "reclaim");
         let swept = records.len() == 3
             && records.iter().all(|r| {
-                r["objects"]["k"]["blob"].as_str() != Some(first_blob.as_str())
+                r["objects"]["k"]["body"][0]["blob"].as_str() != Some(first_blob.as_str())
                     && r["garbage"].as_array().is_none_or(|g| g.is_empty())
             });
         (status == 410 && swept).then_some(())

@@ -187,4 +187,70 @@ s3.delete_bucket(Bucket="photos")
 assert error_of(lambda: s3.head_bucket(Bucket="photos"))[1] == 404
 assert s3.list_buckets()["Buckets"] == []
 s3.create_bucket(Bucket="photos")  # a deleted bucket's name can be taken again
+step("multipart: 100 MiB through boto3's transfer manager, checked by SHA-256")
+from boto3.s3.transfer import TransferConfig
+s3.create_bucket(Bucket="big")
+source = os.path.join(workdir, "hundred.bin")
+digest = hashlib.sha256()
+with open(source, "wb") as f:
+    for _ in range(100):
+        block = os.urandom(1 << 20)
+        digest.update(block)
+        f.write(block)
+transfer = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20, max_concurrency=4)
+s3.upload_file(source, "big", "hundred.bin", Config=transfer)
+head = s3.head_object(Bucket="big", Key="hundred.bin")
+assert head["ContentLength"] == 100 << 20, head
+assert head["ETag"].endswith('-13"'), head["ETag"]
+back = os.path.join(workdir, "hundred.back")
+s3.download_file("big", "hundred.bin", back, Config=TransferConfig(multipart_threshold=1 << 40))
+check = hashlib.sha256()
+with open(back, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+        check.update(block)
+assert check.digest() == digest.digest()
+with open(source, "rb") as f:
+    f.seek((8 << 20) - 5)
+    expected = f.read(10)
+got = s3.get_object(Bucket="big", Key="hundred.bin", Range="bytes=%d-%d" % ((8 << 20) - 5, (8 << 20) + 4))
+assert got["Body"].read() == expected  # across the boundary of parts 1 and 2
+
+step("multipart: bad requests change nothing")
+upload = s3.create_multipart_upload(Bucket="big", Key="parts.bin", ContentType="application/x-test")["UploadId"]
+small = s3.upload_part(Bucket="big", Key="parts.bin", UploadId=upload, PartNumber=1, Body=b"a" * 100)
+second = s3.upload_part(Bucket="big", Key="parts.bin", UploadId=upload, PartNumber=2, Body=b"b" * 100)
+listed = s3.list_parts(Bucket="big", Key="parts.bin", UploadId=upload)["Parts"]
+assert [(p["PartNumber"], p["Size"]) for p in listed] == [(1, 100), (2, 100)], listed
+parts = [{"PartNumber": 1, "ETag": small["ETag"]}, {"PartNumber": 2, "ETag": second["ETag"]}]
+assert error_of(lambda: s3.complete_multipart_upload(
+    Bucket="big", Key="parts.bin", UploadId=upload,
+    MultipartUpload={"Parts": parts})) == ("EntityTooSmall", 400)
+assert error_of(lambda: s3.complete_multipart_upload(
+    Bucket="big", Key="parts.bin", UploadId=upload,
+    MultipartUpload={"Parts": parts[::-1]})) == ("InvalidPartOrder", 400)
+assert error_of(lambda: s3.complete_multipart_upload(
+    Bucket="big", Key="parts.bin", UploadId=upload,
+    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"00"'}]})) == ("InvalidPart", 400)
+assert error_of(lambda: s3.complete_multipart_upload(
+    Bucket="big", Key="parts.bin", UploadId="x" * 32,
+    MultipartUpload={"Parts": parts[:1]})) == ("NoSuchUpload", 404)
+assert error_of(lambda: s3.upload_part(Bucket="big", Key="parts.bin", UploadId="../../etc",
+                                       PartNumber=1, Body=b"x")) == ("NoSuchUpload", 404)
+url = s3.generate_presigned_url("complete_multipart_upload", ExpiresIn=300,
+                                Params={"Bucket": "big", "Key": "parts.bin", "UploadId": upload})
+status, body = curl("-X", "POST", "--data-binary", "<CompleteMultipartUpload><Part>", url)
+assert status == 400 and b"MalformedXML" in body, (status, body)
+assert error_of(lambda: s3.head_object(Bucket="big", Key="parts.bin"))[1] == 404
+# One part (the last may be small): completes, with S3's multipart ETag.
+done = s3.complete_multipart_upload(Bucket="big", Key="parts.bin", UploadId=upload,
+                                    MultipartUpload={"Parts": parts[:1]})
+assert done["ETag"].endswith('-1"'), done
+got = s3.get_object(Bucket="big", Key="parts.bin")
+assert got["Body"].read() == b"a" * 100 and got["ContentType"] == "application/x-test"
+assert error_of(lambda: s3.list_parts(Bucket="big", Key="parts.bin", UploadId=upload)) == ("NoSuchUpload", 404)
+aborted = s3.create_multipart_upload(Bucket="big", Key="gone.bin")["UploadId"]
+s3.upload_part(Bucket="big", Key="gone.bin", UploadId=aborted, PartNumber=1, Body=b"x")
+s3.abort_multipart_upload(Bucket="big", Key="gone.bin", UploadId=aborted)
+assert error_of(lambda: s3.list_parts(Bucket="big", Key="gone.bin", UploadId=aborted)) == ("NoSuchUpload", 404)
+assert error_of(lambda: s3.head_object(Bucket="big", Key="gone.bin"))[1] == 404
 print(json.dumps({"ok": True}))
