@@ -52,22 +52,30 @@ pub async fn link(
         .await
 }
 
-/// Removes `key` (absent: nothing to do, as S3 answers 204 either way).
-pub async fn unlink(s3: &Larder, bucket: &str, key: &str) -> Result<(), S3Error> {
+/// Removes `keys` in one write (absent ones: nothing to do, as S3 answers 204 either way).
+pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3Error> {
     let after_ms = now_ms().saturating_add(s3.grace.as_millis() as u64);
     s3.records
         .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
             let mut index = index.ok_or(S3Error::NoSuchBucket)?;
-            match index.objects.remove(key) {
-                None => Ok((Change::Keep, ())),
-                Some(old) => {
+            let mut changed = false;
+            for key in keys {
+                if let Some(old) = index.objects.remove(key) {
                     index.garbage.extend(old.body.into_iter().map(|p| Garbage {
                         blob: p.blob,
                         after_ms,
                     }));
-                    Ok((Change::Put(index), ()))
+                    changed = true;
                 }
             }
+            Ok((
+                if changed {
+                    Change::Put(index)
+                } else {
+                    Change::Keep
+                },
+                (),
+            ))
         })
         .await
 }

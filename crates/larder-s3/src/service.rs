@@ -315,7 +315,7 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let input = req.input;
         check_key(&input.key)?;
-        objects::unlink(self, &input.bucket, &input.key).await?;
+        objects::unlink(self, &input.bucket, std::slice::from_ref(&input.key)).await?;
         Ok(S3Response::with_status(
             DeleteObjectOutput::default(),
             http::StatusCode::NO_CONTENT,
@@ -332,13 +332,7 @@ impl S3 for Larder {
             (None, Some(key)) => Some(After::Key(key.clone())),
             (None, None) => None,
         };
-        let max_keys = match input.max_keys {
-            Some(n) if n < 0 => {
-                return Err(S3Error::InvalidArgument("max-keys is not negative".into()).into())
-            }
-            Some(n) => (n as usize).min(list::MAX_KEYS),
-            None => list::MAX_KEYS,
-        };
+        let max_keys = max_keys(input.max_keys)?;
         let index = self.index(&input.bucket).await?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let page = list::page(
@@ -348,27 +342,8 @@ impl S3 for Larder {
             after.as_ref(),
             max_keys,
         );
-        let contents: Vec<Object> = page
-            .objects
-            .iter()
-            .map(|(name, entry)| Object {
-                key: Some((*name).to_owned()),
-                size: i64::try_from(entry.size).ok(),
-                e_tag: Some(etag(entry)),
-                last_modified: Some(timestamp(entry.modified_ms)),
-                storage_class: Some(ObjectStorageClass::from_static(
-                    ObjectStorageClass::STANDARD,
-                )),
-                ..Default::default()
-            })
-            .collect();
-        let prefixes: Vec<CommonPrefix> = page
-            .prefixes
-            .iter()
-            .map(|p| CommonPrefix {
-                prefix: Some(p.clone()),
-            })
-            .collect();
+        let contents = contents(&page);
+        let prefixes = common_prefixes(&page);
         let count = contents.len() + prefixes.len();
         let output = ListObjectsV2Output {
             name: Some(input.bucket),
@@ -518,6 +493,177 @@ impl S3 for Larder {
         };
         Ok(S3Response::new(output))
     }
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let input = req.input;
+        let keys: Vec<String> = input.delete.objects.into_iter().map(|o| o.key).collect();
+        if keys.is_empty() || keys.len() > list::MAX_KEYS {
+            let message = format!("DeleteObjects takes 1 to {} keys", list::MAX_KEYS);
+            return Err(S3Error::MalformedXml(message).into());
+        }
+        for key in &keys {
+            check_key(key)?;
+        }
+        objects::unlink(self, &input.bucket, &keys).await?;
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let deleted = (!quiet).then(|| {
+            keys.into_iter()
+                .map(|key| DeletedObject {
+                    key: Some(key),
+                    ..Default::default()
+                })
+                .collect()
+        });
+        let output = DeleteObjectsOutput {
+            deleted,
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let input = req.input;
+        let max_keys = max_keys(input.max_keys)?;
+        // A marker that is a common prefix resumes after every name under it.
+        let after = input.marker.clone().map(|m| match &input.delimiter {
+            Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
+            _ => After::Key(m),
+        });
+        let index = self.index(&input.bucket).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.as_deref();
+        let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let next_marker = page.next.as_ref().map(|n| match n {
+            After::Key(k) | After::Prefix(k) => k.clone(),
+        });
+        let output = ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: Some(prefix),
+            delimiter: input.delimiter,
+            marker: input.marker,
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(page.next.is_some()),
+            next_marker,
+            encoding_type: input.encoding_type,
+            contents: Some(contents(&page)),
+            common_prefixes: Some(common_prefixes(&page)),
+            request_charged: None,
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        let CopySource::Bucket { bucket, key, .. } = &input.copy_source else {
+            return Err(S3Error::InvalidArgument("copy sources are bucket/key".into()).into());
+        };
+        // s3s checked the destination; the source needs read permission of its own.
+        let readable = match &req.credentials {
+            Some(c) => self
+                .keys
+                .get(&c.access_key)
+                .await?
+                .and_then(|k| k.permission(bucket)),
+            None => None,
+        };
+        if readable.is_none() {
+            return Err(s3s::s3_error!(
+                AccessDenied,
+                "This key may not read bucket {bucket}"
+            ));
+        }
+        let source = self.entry(bucket, key).await?;
+        self.index(&input.bucket).await?;
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        let (content_type, meta) = match replace {
+            true => (
+                input.content_type,
+                lower_case(input.metadata).into_iter().collect(),
+            ),
+            false => (source.content_type.clone(), source.meta.clone()),
+        };
+        let read_ahead = self.limits.chunking.read_ahead;
+        let body =
+            blobs::open_pieces(self.router(), read_ahead, &source.body, 0..source.size).await?;
+        let props = BlobProperties {
+            content_type: content_type.clone(),
+            created_ms: now_ms(),
+            ..Default::default()
+        };
+        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let entry = ObjectEntry {
+            body: vec![Piece {
+                blob: stored.id.to_string(),
+                size: stored.size,
+            }],
+            size: stored.size,
+            etag: stored.md5.clone(),
+            modified_ms: now_ms(),
+            content_type,
+            meta,
+        };
+        let modified = entry.modified_ms;
+        if let Err(err) = objects::link(self, &input.bucket, &input.key, entry, false).await {
+            let router = self.router().clone();
+            let id = stored.id.to_string();
+            tokio::spawn(async move { blobs::delete(&router, &id).await });
+            return Err(err.into());
+        }
+        let output = CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(ETag::Strong(stored.md5)),
+                last_modified: Some(timestamp(modified)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+}
+
+fn max_keys(asked: Option<i32>) -> Result<usize, S3Error> {
+    match asked {
+        Some(n) if n < 0 => Err(S3Error::InvalidArgument("max-keys is not negative".into())),
+        Some(n) => Ok((n as usize).min(list::MAX_KEYS)),
+        None => Ok(list::MAX_KEYS),
+    }
+}
+
+fn contents(page: &list::Page<'_>) -> Vec<Object> {
+    page.objects
+        .iter()
+        .map(|(name, entry)| Object {
+            key: Some((*name).to_owned()),
+            size: i64::try_from(entry.size).ok(),
+            e_tag: Some(etag(entry)),
+            last_modified: Some(timestamp(entry.modified_ms)),
+            storage_class: Some(ObjectStorageClass::from_static(
+                ObjectStorageClass::STANDARD,
+            )),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn common_prefixes(page: &list::Page<'_>) -> Vec<CommonPrefix> {
+    page.prefixes
+        .iter()
+        .map(|p| CommonPrefix {
+            prefix: Some(p.clone()),
+        })
+        .collect()
 }
 
 /// `x-amz-meta-*` names as S3 returns them: lower-case.

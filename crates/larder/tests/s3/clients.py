@@ -175,6 +175,34 @@ subprocess.run(aws + ["s3", "cp", "s3://photos/cli/upload.bin", back], env=env, 
                capture_output=True)
 assert open(back, "rb").read() == open(source, "rb").read()
 
+step("copy, list v1, delete many")
+s3.copy_object(Bucket="photos", Key="copy.txt", CopySource={"Bucket": "photos", "Key": "hello.txt"})
+got = s3.get_object(Bucket="photos", Key="copy.txt")
+assert got["Body"].read() == b"hello, larder" and got["ContentType"] == "text/plain"
+assert got["Metadata"] == {"camera": "x100"}, got["Metadata"]
+s3.copy_object(Bucket="photos", Key="copy2.txt", CopySource="photos/hello.txt",
+               MetadataDirective="REPLACE", ContentType="text/x-other", Metadata={"a": "b"})
+head = s3.head_object(Bucket="photos", Key="copy2.txt")
+assert head["ContentType"] == "text/x-other" and head["Metadata"] == {"a": "b"}, head
+assert error_of(lambda: reader.copy_object(Bucket="photos", Key="x",
+                                           CopySource="photos/hello.txt")) == ("AccessDenied", 403)
+assert error_of(lambda: s3.copy_object(Bucket="photos", Key="x",
+                                       CopySource="photos/nothing")) == ("NoSuchKey", 404)
+page = s3.list_objects(Bucket="photos", Prefix="a/", MaxKeys=2)
+assert [o["Key"] for o in page["Contents"]] == ["a/1", "a/2"] and page["IsTruncated"], page
+page = s3.list_objects(Bucket="photos", Prefix="a/", Marker=page["NextMarker"])
+assert [o["Key"] for o in page["Contents"]] == ["a/b/3"] and not page["IsTruncated"], page
+v1 = [o["Key"] for p in s3.get_paginator("list_objects").paginate(
+    Bucket="photos", Delimiter="/", PaginationConfig={"PageSize": 2})
+      for o in p.get("Contents", []) + p.get("CommonPrefixes", [])
+      for o in [{"Key": o.get("Key", o.get("Prefix"))}]]
+assert sorted(v1) == ["a/", "b/", "big.bin", "c", "cli/", "copy.txt", "copy2.txt", "d",
+                      "fresh.txt", "hello.txt", "up.txt"], v1
+deleted = s3.delete_objects(Bucket="photos", Delete={"Objects": [
+    {"Key": "copy.txt"}, {"Key": "copy2.txt"}, {"Key": "never-was"}]})
+assert sorted(d["Key"] for d in deleted["Deleted"]) == ["copy.txt", "copy2.txt", "never-was"]
+assert error_of(lambda: s3.head_object(Bucket="photos", Key="copy.txt"))[1] == 404
+
 step("delete objects, then the bucket")
 assert error_of(lambda: s3.delete_bucket(Bucket="photos")) == ("BucketNotEmpty", 409)
 s3.delete_object(Bucket="photos", Key="c")
