@@ -111,7 +111,13 @@ pub async fn serve(
             max_object_size: state.config.max_blob_size.as_u64(),
         };
         let router = state.router.clone();
-        tokio::spawn(larder_s3::serve(listener, router, limits, s3, stop_rx.clone()));
+        tokio::spawn(larder_s3::serve(
+            listener,
+            router,
+            limits,
+            s3,
+            stop_rx.clone(),
+        ));
     }
     loop {
         tokio::select! {

@@ -86,6 +86,21 @@ pub fn page<'a>(
     page
 }
 
+/// Percent-encodes every byte of `text` but unreserved characters and `/`, as S3 does for
+/// `encoding-type=url`.
+pub fn url_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
 impl After {
     /// The opaque continuation token: base64url of a version byte, a kind byte and the name.
     pub fn token(&self) -> String {
@@ -168,6 +183,11 @@ mod tests {
         assert_eq!(keys, ["b", "d"]);
         assert_eq!(page.prefixes, ["a/", "c/"]);
         assert_eq!(page.next, None);
+    }
+
+    #[test]
+    fn url_encoding_keeps_slashes_and_escapes_the_rest() {
+        assert_eq!(url_encode("a b/ü+%.txt"), "a%20b/%C3%BC%2B%25.txt");
     }
 
     #[test]

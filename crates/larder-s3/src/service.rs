@@ -342,19 +342,20 @@ impl S3 for Larder {
             after.as_ref(),
             max_keys,
         );
-        let contents = contents(&page);
-        let prefixes = common_prefixes(&page);
+        let url = url_encoded(input.encoding_type.as_ref());
+        let contents = contents(&page, url);
+        let prefixes = common_prefixes(&page, url);
         let count = contents.len() + prefixes.len();
         let output = ListObjectsV2Output {
             name: Some(input.bucket),
-            prefix: Some(prefix),
-            delimiter: input.delimiter,
+            prefix: Some(encode(url, prefix)),
+            delimiter: input.delimiter.map(|d| encode(url, d)),
             max_keys: Some(max_keys as i32),
             key_count: Some(count as i32),
             is_truncated: Some(page.next.is_some()),
             continuation_token: input.continuation_token,
             next_continuation_token: page.next.map(|n| n.token()),
-            start_after: input.start_after,
+            start_after: input.start_after.map(|s| encode(url, s)),
             encoding_type: input.encoding_type,
             contents: Some(contents),
             common_prefixes: Some(prefixes),
@@ -538,20 +539,21 @@ impl S3 for Larder {
         let prefix = input.prefix.clone().unwrap_or_default();
         let delimiter = input.delimiter.as_deref();
         let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let url = url_encoded(input.encoding_type.as_ref());
         let next_marker = page.next.as_ref().map(|n| match n {
-            After::Key(k) | After::Prefix(k) => k.clone(),
+            After::Key(k) | After::Prefix(k) => encode(url, k.clone()),
         });
         let output = ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: Some(prefix),
-            delimiter: input.delimiter,
-            marker: input.marker,
+            prefix: Some(encode(url, prefix)),
+            delimiter: input.delimiter.map(|d| encode(url, d)),
+            marker: input.marker.map(|m| encode(url, m)),
             max_keys: Some(max_keys as i32),
             is_truncated: Some(page.next.is_some()),
             next_marker,
             encoding_type: input.encoding_type,
-            contents: Some(contents(&page)),
-            common_prefixes: Some(common_prefixes(&page)),
+            contents: Some(contents(&page, url)),
+            common_prefixes: Some(common_prefixes(&page, url)),
             request_charged: None,
         };
         Ok(S3Response::new(output))
@@ -641,11 +643,24 @@ fn max_keys(asked: Option<i32>) -> Result<usize, S3Error> {
     }
 }
 
-fn contents(page: &list::Page<'_>) -> Vec<Object> {
+/// Whether a listing asked for `encoding-type=url` (the aws cli does): names, prefixes and
+/// markers are then percent-encoded in the answer, and the client decodes them.
+fn url_encoded(encoding: Option<&EncodingType>) -> bool {
+    encoding.is_some_and(|e| e.as_str() == EncodingType::URL)
+}
+
+fn encode(url: bool, text: String) -> String {
+    match url {
+        true => list::url_encode(&text),
+        false => text,
+    }
+}
+
+fn contents(page: &list::Page<'_>, url: bool) -> Vec<Object> {
     page.objects
         .iter()
         .map(|(name, entry)| Object {
-            key: Some((*name).to_owned()),
+            key: Some(encode(url, (*name).to_owned())),
             size: i64::try_from(entry.size).ok(),
             e_tag: Some(etag(entry)),
             last_modified: Some(timestamp(entry.modified_ms)),
@@ -657,11 +672,11 @@ fn contents(page: &list::Page<'_>) -> Vec<Object> {
         .collect()
 }
 
-fn common_prefixes(page: &list::Page<'_>) -> Vec<CommonPrefix> {
+fn common_prefixes(page: &list::Page<'_>, url: bool) -> Vec<CommonPrefix> {
     page.prefixes
         .iter()
         .map(|p| CommonPrefix {
-            prefix: Some(p.clone()),
+            prefix: Some(encode(url, p.clone())),
         })
         .collect()
 }

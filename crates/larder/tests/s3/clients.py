@@ -162,6 +162,12 @@ step("the aws cli")
 env = dict(os.environ, AWS_ACCESS_KEY_ID=owner_id, AWS_SECRET_ACCESS_KEY=owner_secret,
            AWS_DEFAULT_REGION="us-east-1")
 aws = [os.path.join(os.path.dirname(sys.executable), "aws"), "--endpoint-url", endpoint]
+odd = "cli/odd name+plus%.bin"
+s3.put_object(Bucket="photos", Key=odd, Body=b"odd")
+ls = subprocess.run(aws + ["s3api", "list-objects-v2", "--bucket", "photos", "--prefix", "cli/"],
+                    env=env, check=True, capture_output=True).stdout.decode()
+assert [o["Key"] for o in json.loads(ls)["Contents"]] == [odd], ls
+s3.delete_object(Bucket="photos", Key=odd)
 source = os.path.join(workdir, "cli-upload.bin")
 with open(source, "wb") as f:
     f.write(os.urandom(300 * 1024))
