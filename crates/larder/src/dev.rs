@@ -44,9 +44,10 @@ pub struct DevArgs {
     /// Address of the first frontend's HTTPS port (with --tls); the next ones follow.
     #[arg(long, default_value = "127.0.0.1:8443")]
     tls_listen: SocketAddr,
-    /// Address of the first frontend's S3 API port (HTTP/1.1 and h2c); the next ones follow.
-    /// Create a key with `larder s3 key create --config <data-dir>/frontend-dc1.toml`.
-    #[arg(long, default_value = "127.0.0.1:9000")]
+    /// Address of the first frontend's S3 API port (HTTP/1.1 and h2c; printed at start); the
+    /// next ones follow. Port 0 (the default): a free port for each, so that several `larder
+    /// dev` can run side by side. Keys: `larder s3 key create --config <data-dir>/frontend-dc1.toml`.
+    #[arg(long, default_value = "127.0.0.1:0")]
     s3_listen: SocketAddr,
 }
 
@@ -230,7 +231,11 @@ fn write_frontend_configs(
             dc.name
         );
         text.push_str(&auth_section());
-        text.push_str(&format!("\n[s3]\nlisten = \"{}\"\n", next(args.s3_listen)?));
+        let s3 = match args.s3_listen.port() {
+            0 => args.s3_listen,
+            _ => next(args.s3_listen)?,
+        };
+        text.push_str(&format!("\n[s3]\nlisten = \"{s3}\"\n"));
         if let Some(certs) = certs {
             let (cert, key) = &certs.frontend;
             text.push_str(&format!(
