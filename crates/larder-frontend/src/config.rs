@@ -48,6 +48,9 @@ pub struct FrontendConfig {
     /// The `/document/v1` API.
     #[serde(default)]
     pub documents: DocumentsConfig,
+    /// The S3-compatible API on its own port (`[s3]`). Absent: no S3 port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<larder_s3::S3Config>,
     /// On SIGTERM, wait this long for in-flight requests (GOAWAY is sent first).
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -262,6 +265,7 @@ impl FrontendConfig {
             },
             router: RouterConfig::default(),
             documents: DocumentsConfig::default(),
+            s3: None,
             shutdown_grace: default_grace(),
         }
     }

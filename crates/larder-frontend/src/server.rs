@@ -30,6 +30,8 @@ pub struct Listeners {
     pub cleartext: TcpListener,
     /// Required when the config has a `[tls]` section.
     pub tls: Option<TcpListener>,
+    /// The S3 API's port: required when the config has an `[s3]` section.
+    pub s3: Option<TcpListener>,
 }
 
 /// What the process tells a running frontend.
@@ -46,7 +48,7 @@ pub struct Signals {
 pub async fn serve(
     config: FrontendConfig,
     map: ClusterMap,
-    listeners: Listeners,
+    mut listeners: Listeners,
     mut signals: Signals,
 ) -> Result<(), String> {
     config.validate()?;
@@ -58,6 +60,9 @@ pub async fn serve(
     };
     if tls.is_some() != listeners.tls.is_some() {
         return Err("a TLS listener is needed exactly when the config has [tls]".into());
+    }
+    if config.s3.is_some() != listeners.s3.is_some() {
+        return Err("an S3 listener is needed exactly when the config has [s3]".into());
     }
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
     let credentials = config.auth.credentials()?;
@@ -104,6 +109,20 @@ pub async fn serve(
     let edge = Arc::new(Edge::new(state.clone(), tls.clone()));
     let (stop_tx, stop_rx) = watch::channel(());
     log_addresses(&listeners)?;
+    if let (Some(listener), Some(s3)) = (listeners.s3.take(), state.config.s3.clone()) {
+        let limits = larder_s3::BlobLimits {
+            chunking: state.config.chunking.clone(),
+            max_object_size: state.config.max_blob_size.as_u64(),
+        };
+        let router = state.router.clone();
+        tokio::spawn(larder_s3::serve(
+            listener,
+            router,
+            limits,
+            s3,
+            stop_rx.clone(),
+        ));
+    }
     loop {
         tokio::select! {
             accepted = listeners.cleartext.accept() => {

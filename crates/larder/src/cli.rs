@@ -58,6 +58,9 @@ enum Command {
     /// A storage node's compaction: garbage per replica, and compacting it now.
     #[command(subcommand)]
     Compaction(crate::compaction_cmd::CompactionCommand),
+    /// The S3 API: access keys.
+    #[command(subcommand)]
+    S3(crate::s3_cmd::S3Command),
 }
 
 #[derive(Subcommand)]
@@ -123,6 +126,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Feed(args) => std::process::exit(crate::feed::run(args)?),
         Command::Visit(args) => std::process::exit(crate::visit::run(args)?),
         Command::Compaction(command) => crate::compaction_cmd::run(command),
+        Command::S3(command) => crate::s3_cmd::run(command),
         Command::Config(ConfigCommand::Defaults) => {
             print_defaults();
             Ok(())
@@ -130,7 +134,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -178,9 +182,14 @@ pub async fn bind_frontend(
         Some(tls) => Some(bind(tls.listen).await?),
         None => None,
     };
+    let s3 = match &config.s3 {
+        Some(s3) => Some(bind(s3.listen).await?),
+        None => None,
+    };
     Ok(larder_frontend::Listeners {
         cleartext: bind(config.listen).await?,
         tls,
+        s3,
     })
 }
 
@@ -245,7 +254,12 @@ const OPTIONAL_SECTIONS: &str = "\
 #   [tls]
 #   ca = \"tls/ca.pem\"
 #   cert = \"tls/storage.pem\"
-#   key = \"tls/storage-key.pem\"";
+#   key = \"tls/storage-key.pem\"
+# Frontend: the S3-compatible API on its own port (HTTP/1.1 and h2c); keys: `larder s3 key`.
+#   [s3]
+#   listen = \"127.0.0.1:9000\"
+#   replaced_blob_grace = \"15m\"
+#   sweep_interval = \"1m\"";
 
 fn print_defaults() {
     let frontend =

@@ -46,6 +46,11 @@ pub struct DevArgs {
     /// Address of the first frontend's HTTPS port (with --tls); the next ones follow.
     #[arg(long, default_value = "127.0.0.1:8443")]
     tls_listen: SocketAddr,
+    /// Address of the first frontend's S3 API port (HTTP/1.1 and h2c; printed at start); the
+    /// next ones follow. Port 0 (the default): a free port for each, so that several `larder
+    /// dev` can run side by side. Keys: `larder s3 key create --config <data-dir>/frontend-dc1.toml`.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    s3_listen: SocketAddr,
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -190,12 +195,13 @@ fn warn_ignored_layout_flags(args: &DevArgs, map: &ClusterMap, data_dir: &Path) 
     }
 }
 
-/// The ports the frontends will listen on: `--listen` and `--tls-listen`, one more of each per
+/// The ports the frontends will listen on: `--listen`, `--tls-listen` and `--s3-listen`, one more of each per
 /// further datacenter.
 fn frontend_ports(args: &DevArgs, datacenters: usize) -> Vec<u16> {
     let following = |first: u16| (0..datacenters).filter_map(move |i| first.checked_add(i as u16));
     let mut ports: Vec<u16> = following(args.listen.port()).collect();
     ports.extend(following(args.tls_listen.port()));
+    ports.extend(following(args.s3_listen.port()));
     ports
 }
 
@@ -271,6 +277,11 @@ fn write_frontend_configs(
             dc.name
         );
         text.push_str(&auth_section());
+        let s3 = match args.s3_listen.port() {
+            0 => args.s3_listen,
+            _ => next(args.s3_listen)?,
+        };
+        text.push_str(&format!("\n[s3]\nlisten = \"{s3}\"\n"));
         if let Some(certs) = certs {
             let (cert, key) = &certs.frontend;
             text.push_str(&format!(
@@ -359,6 +370,14 @@ fn print_urls(
     }
     println!("  curl -sS --data-binary @README.md -H 'Content-Type: text/markdown' {url}/v1/blobs");
     println!("  curl -sS {url}/v1/blobs/<id>");
+    if let Some(s3) = &listeners.s3 {
+        let s3 = format!("http://{}", s3.local_addr()?);
+        println!(
+            "  S3 API: {s3}  (keys: larder s3 key create --config {} --grant '*:owner')",
+            config_path.display()
+        );
+        println!("  aws --endpoint-url {s3} s3 ls");
+    }
     Ok(())
 }
 

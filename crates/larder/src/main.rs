@@ -14,6 +14,7 @@ mod configs;
 mod dev;
 mod dev_certs;
 mod feed;
+mod s3_cmd;
 mod signals;
 mod visit;
 

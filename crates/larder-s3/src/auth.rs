@@ -1,0 +1,129 @@
+//! Who may do what: SigV4 secrets (s3s checks the signatures, header and presigned, with their
+//! expiry) from the key ring stored in the cluster, and per-key bucket permissions. Anonymous
+//! requests are refused.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use s3s::access::{S3Access, S3AccessContext};
+use s3s::auth::{S3Auth, SecretKey};
+use s3s::path::S3Path;
+use s3s::{s3_error, S3Result};
+
+use crate::records::{AccessKey, KeyRing, Permission, KEYS_DOC};
+use crate::store::Records;
+
+/// How long a key ring read is reused: a revoked key stops working within this.
+const KEY_RING_TTL: Duration = Duration::from_secs(1);
+
+/// The key ring, read from the cluster at most once per `KEY_RING_TTL`.
+pub struct Keys {
+    records: Arc<Records>,
+    cached: Mutex<Option<(Instant, Arc<KeyRing>)>>,
+}
+
+impl Keys {
+    pub fn new(records: Arc<Records>) -> Keys {
+        Keys {
+            records,
+            cached: Mutex::new(None),
+        }
+    }
+
+    async fn ring(&self) -> S3Result<Arc<KeyRing>> {
+        if let Some((at, ring)) = &*self.cached.lock() {
+            if at.elapsed() < KEY_RING_TTL {
+                return Ok(ring.clone());
+            }
+        }
+        let ring: KeyRing = self
+            .records
+            .read(KEYS_DOC)
+            .await
+            .map_err(s3s::S3Error::from)?
+            .unwrap_or_default();
+        let ring = Arc::new(ring);
+        *self.cached.lock() = Some((Instant::now(), ring.clone()));
+        Ok(ring)
+    }
+
+    /// The key named `access_key`, if it exists (and was not revoked).
+    pub async fn get(&self, access_key: &str) -> S3Result<Option<AccessKey>> {
+        Ok(self.ring().await?.keys.get(access_key).cloned())
+    }
+}
+
+/// The key ring as s3s's authentication and access control.
+#[derive(Clone)]
+pub struct Gate(pub Arc<Keys>);
+
+#[async_trait::async_trait]
+impl S3Auth for Gate {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        match self.0.get(access_key).await? {
+            Some(key) => Ok(SecretKey::from(key.secret)),
+            None => Err(s3_error!(
+                InvalidAccessKeyId,
+                "The AWS access key Id you provided does not exist in our records."
+            )),
+        }
+    }
+}
+
+/// What an operation needs in its bucket.
+fn needs(operation: &str) -> Permission {
+    match operation {
+        "CreateBucket" | "DeleteBucket" => Permission::Owner,
+        "GetObject"
+        | "HeadObject"
+        | "HeadBucket"
+        | "ListObjects"
+        | "ListObjectsV2"
+        | "GetBucketLocation"
+        | "ListParts"
+        | "ListMultipartUploads" => Permission::Read,
+        _ => Permission::Write,
+    }
+}
+
+#[async_trait::async_trait]
+impl S3Access for Gate {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        let Some(credentials) = cx.credentials() else {
+            return Err(s3_error!(AccessDenied, "Anonymous access is not allowed"));
+        };
+        let bucket = match cx.s3_path() {
+            // ListBuckets: shown only the buckets the key has a permission in.
+            S3Path::Root => return Ok(()),
+            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
+        };
+        let key = self
+            .0
+            .get(&credentials.access_key)
+            .await?
+            .ok_or_else(|| s3_error!(InvalidAccessKeyId))?;
+        let needed = needs(cx.s3_op().name());
+        match key.permission(&bucket) {
+            Some(granted) if granted >= needed => Ok(()),
+            _ => Err(s3_error!(
+                AccessDenied,
+                "This key may not do {} in bucket {bucket}",
+                cx.s3_op().name()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_need_read_and_bucket_changes_need_owner() {
+        assert_eq!(needs("GetObject"), Permission::Read);
+        assert_eq!(needs("PutObject"), Permission::Write);
+        assert_eq!(needs("DeleteObject"), Permission::Write);
+        assert_eq!(needs("DeleteBucket"), Permission::Owner);
+    }
+}

@@ -1,0 +1,287 @@
+//! Object bodies as Larder blobs, through the router's paths the frontend's `/v1/blobs` uses:
+//! a body within one chunk is one simple blob, a longer one a chunked upload (`Upload`: a few
+//! chunks in flight, a composite manifest at the end, chunks tombstoned if it fails). Nothing is
+//! held whole: a few chunks per request at most. Reads of a composite go through the manifest
+//! and the router's read-ahead `ChunkStream`.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use http::Method;
+use http_body_util::{BodyExt, Limited};
+use larder_cluster::{BlobId, BlobKind};
+use larder_proto::{BlobProperties, ByteRange};
+use larder_router::{ChunkingConfig, GetAnswer, Manifest, Router};
+use md5::{Digest, Md5};
+use s3s::dto::StreamingBlob;
+
+use crate::error::S3Error;
+use crate::records::Piece;
+
+/// Largest composite record read (as the frontend's `api/large.rs`).
+const MAX_MANIFEST: usize = 16 << 20;
+
+/// How object bodies are cut and bounded.
+#[derive(Clone, Debug)]
+pub struct BlobLimits {
+    pub chunking: ChunkingConfig,
+    pub max_object_size: u64,
+}
+
+/// A stored body.
+pub struct Stored {
+    pub id: BlobId,
+    pub size: u64,
+    /// Hex MD5 of the bytes (the ETag of a single PUT).
+    pub md5: String,
+}
+
+/// Stores `body` as a blob, chunked when it is longer than one chunk.
+pub async fn store(
+    router: &Arc<Router>,
+    limits: &BlobLimits,
+    props: BlobProperties,
+    body: StreamingBlob,
+) -> Result<Stored, S3Error> {
+    let chunk_size = limits.chunking.chunk_size.as_u64() as usize;
+    let mut reader = Chunks::new(body, chunk_size, limits.max_object_size);
+    let first = reader.next_chunk().await?;
+    if !reader.has_more().await? {
+        let size = first.len() as u64;
+        let id = router.put_blob(&props, first).await?;
+        return Ok(Stored {
+            id,
+            size,
+            md5: reader.md5(),
+        });
+    }
+    let mut upload = router.start_upload(props, &limits.chunking)?;
+    upload.push(first).await?;
+    loop {
+        let chunk = reader.next_chunk().await?;
+        if chunk.is_empty() {
+            break;
+        }
+        upload.push(chunk).await?;
+    }
+    let md5 = reader.md5();
+    // An upload dropped before this point (error, client gone) tombstones its chunks.
+    let (id, size) = upload.finish().await?;
+    Ok(Stored { id, size, md5 })
+}
+
+/// Cuts a body stream into chunks of `chunk_size` (the last may be shorter), hashing it.
+struct Chunks {
+    body: StreamingBlob,
+    leftover: Bytes,
+    chunk_size: usize,
+    max: u64,
+    total: u64,
+    md5: Md5,
+}
+
+impl Chunks {
+    fn new(body: StreamingBlob, chunk_size: usize, max: u64) -> Chunks {
+        Chunks {
+            body,
+            leftover: Bytes::new(),
+            chunk_size,
+            max,
+            total: 0,
+            md5: Md5::new(),
+        }
+    }
+
+    async fn next_data(&mut self) -> Result<Option<Bytes>, S3Error> {
+        while let Some(piece) = self.body.next().await {
+            let piece = piece.map_err(|e| S3Error::InvalidArgument(format!("body: {e}")))?;
+            if piece.is_empty() {
+                continue;
+            }
+            self.total = self.total.saturating_add(piece.len() as u64);
+            if self.total > self.max {
+                return Err(S3Error::TooLarge(format!(
+                    "objects are at most {} bytes",
+                    self.max
+                )));
+            }
+            self.md5.update(&piece);
+            return Ok(Some(piece));
+        }
+        Ok(None)
+    }
+
+    async fn next_chunk(&mut self) -> Result<Bytes, S3Error> {
+        let mut buf = BytesMut::new();
+        let mut pending = std::mem::take(&mut self.leftover);
+        loop {
+            if pending.is_empty() {
+                match self.next_data().await? {
+                    Some(piece) => pending = piece,
+                    None => break,
+                }
+            }
+            let room = self.chunk_size - buf.len();
+            if buf.is_empty() && pending.len() >= room {
+                // A piece that covers the whole chunk is sliced, not copied.
+                let chunk = pending.split_to(room);
+                self.leftover = pending;
+                return Ok(chunk);
+            }
+            if pending.len() >= room {
+                buf.extend_from_slice(&pending.split_to(room));
+                self.leftover = pending;
+                return Ok(buf.freeze());
+            }
+            buf.extend_from_slice(&pending);
+            pending = Bytes::new();
+        }
+        Ok(buf.freeze())
+    }
+
+    async fn has_more(&mut self) -> Result<bool, S3Error> {
+        if !self.leftover.is_empty() {
+            return Ok(true);
+        }
+        match self.next_data().await? {
+            Some(piece) => {
+                self.leftover = piece;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn md5(&self) -> String {
+        hex(&self.md5.clone().finalize())
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes `range` of blob `id` (of `size` bytes), as a stream. The first piece is awaited
+/// here, so an unreadable blob is an error status rather than a cut-short body.
+pub async fn open(
+    router: &Arc<Router>,
+    read_ahead: usize,
+    id: &str,
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
+    if range.is_empty() {
+        return Ok(StreamingBlob::wrap(futures_util::stream::empty::<
+            Result<Bytes, std::io::Error>,
+        >()));
+    }
+    let id: BlobId = id
+        .parse()
+        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))?;
+    if id.kind == BlobKind::Composite {
+        let manifest = read_manifest(router, &id).await?.ok_or_else(|| {
+            S3Error::Unavailable(format!(
+                "composite blob {id} is missing; the name may have just been replaced"
+            ))
+        })?;
+        let chunks = router.read_chunks(manifest.slices(range), read_ahead);
+        return Ok(wrap(chunks.map(|c| c.map_err(std::io::Error::other))));
+    }
+    let last = range.end - 1;
+    let found = match router
+        .get_blob(&id, Method::GET, Some(ByteRange::FromTo(range.start, last)))
+        .await?
+    {
+        GetAnswer::Found(found) => found,
+        GetAnswer::Missing(missing) => {
+            return Err(S3Error::Unavailable(format!(
+                "the blob of this name is missing ({missing:?}); it may have just been replaced"
+            )))
+        }
+    };
+    let data = found
+        .body
+        .into_data_stream()
+        .map(|d| d.map_err(std::io::Error::other));
+    Ok(wrap(data))
+}
+
+/// The bytes `range` of an object made of `pieces` (in order), as one stream: each piece's part
+/// of the range is opened when the one before it has been sent.
+pub async fn open_pieces(
+    router: &Arc<Router>,
+    read_ahead: usize,
+    pieces: &[Piece],
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
+    let mut plan = Vec::new();
+    let mut start = 0u64;
+    for piece in pieces {
+        let end = start.saturating_add(piece.size);
+        let (from, to) = (range.start.max(start), range.end.min(end));
+        if from < to {
+            plan.push((piece.blob.clone(), from - start..to - start));
+        }
+        start = end;
+    }
+    if plan.len() <= 1 {
+        let (blob, within) = plan.pop().unwrap_or_default();
+        return open(router, read_ahead, &blob, within).await;
+    }
+    let router = router.clone();
+    let streams = futures_util::stream::iter(plan).then(move |(blob, within)| {
+        let router = router.clone();
+        async move { open(&router, read_ahead, &blob, within).await }
+    });
+    let data = streams
+        .map(|opened| opened.map_err(s3s::StdError::from))
+        .try_flatten()
+        .map_err(std::io::Error::other);
+    Ok(wrap(data))
+}
+
+/// s3s wants a `Sync` stream; ours are `Send` only, and are polled by one task at a time.
+fn wrap<S>(stream: S) -> StreamingBlob
+where
+    S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    let stream = sync_wrapper::SyncStream::new(stream);
+    StreamingBlob::wrap(stream)
+}
+
+/// A composite blob's manifest; `None` when the blob is missing (deleted, or never stored).
+async fn read_manifest(router: &Arc<Router>, id: &BlobId) -> Result<Option<Manifest>, S3Error> {
+    let found = match router.get_blob(id, Method::GET, None).await? {
+        GetAnswer::Found(found) => found,
+        GetAnswer::Missing(_) => return Ok(None),
+    };
+    let bytes = Limited::new(found.body, MAX_MANIFEST)
+        .collect()
+        .await
+        .map_err(|e| S3Error::Unavailable(format!("reading a composite record: {e}")))?
+        .to_bytes();
+    Manifest::decode(&bytes)
+        .map(Some)
+        .map_err(|e| S3Error::Corrupt(format!("composite blob {id}: {e}")))
+}
+
+/// Tombstones blob `id` (a composite: the record first, then its chunks).
+pub async fn delete(router: &Arc<Router>, id: &str) -> Result<(), S3Error> {
+    let id: BlobId = id
+        .parse()
+        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))?;
+    let chunks = match id.kind {
+        // Already gone: its chunks went with it (or never were).
+        BlobKind::Composite => read_manifest(router, &id)
+            .await?
+            .map(|m| m.chunks)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    router.delete_blob(&id).await?;
+    if !chunks.is_empty() {
+        router.delete_chunks(chunks, "S3 object replaced").await;
+    }
+    Ok(())
+}

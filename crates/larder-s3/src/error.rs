@@ -1,0 +1,102 @@
+//! The S3 layer's errors, and the one function that maps them to S3's codes and statuses.
+
+use larder_router::{DocError, RouterError};
+use s3s::{S3Error as Reply, S3ErrorCode as Code};
+
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    #[error("the specified bucket does not exist")]
+    NoSuchBucket,
+    #[error("the specified key does not exist")]
+    NoSuchKey,
+    #[error("you already own this bucket")]
+    BucketExists,
+    #[error("the bucket is not empty")]
+    BucketNotEmpty,
+    #[error("at least one of the preconditions you specified did not hold")]
+    PreconditionFailed,
+    #[error("the requested range is not satisfiable")]
+    InvalidRange,
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    InvalidBucketName(String),
+    #[error("your key is too long")]
+    KeyTooLong,
+    #[error("the specified multipart upload does not exist")]
+    NoSuchUpload,
+    #[error(
+        "one or more of the specified parts could not be found, or its entity tag did not match"
+    )]
+    InvalidPart,
+    #[error("the list of parts was not in ascending order")]
+    InvalidPartOrder,
+    #[error("{0}")]
+    EntityTooSmall(String),
+    #[error("{0}")]
+    MalformedXml(String),
+    #[error("{0}")]
+    TooLarge(String),
+    /// Storage could not do it now (not enough replicas, the primary unreachable, a lost race
+    /// on every attempt): retryable.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A stored record cannot be read: this is a bug or corruption, never the client's fault.
+    #[error("stored record is unreadable: {0}")]
+    Corrupt(String),
+    /// The bucket index is at its entry bound (splitting is not built yet).
+    #[error("{0}")]
+    IndexFull(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<DocError> for S3Error {
+    fn from(err: DocError) -> Self {
+        match err {
+            DocError::TooLarge(m) => S3Error::TooLarge(m),
+            DocError::Rejected(m) => S3Error::InvalidArgument(m),
+            DocError::NoNewerVersion(e) => S3Error::Internal(e.to_string()),
+            other => S3Error::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<RouterError> for S3Error {
+    fn from(err: RouterError) -> Self {
+        match err {
+            RouterError::Rejected(m) => S3Error::InvalidArgument(m),
+            other => S3Error::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// S3's code and status for each error (the only place that decides them).
+impl From<S3Error> for Reply {
+    fn from(err: S3Error) -> Self {
+        let message = err.to_string();
+        let code = match &err {
+            S3Error::NoSuchBucket => Code::NoSuchBucket,
+            S3Error::NoSuchKey => Code::NoSuchKey,
+            S3Error::BucketExists => Code::BucketAlreadyOwnedByYou,
+            S3Error::BucketNotEmpty => Code::BucketNotEmpty,
+            S3Error::PreconditionFailed => Code::PreconditionFailed,
+            S3Error::InvalidRange => Code::InvalidRange,
+            S3Error::InvalidArgument(_) => Code::InvalidArgument,
+            S3Error::InvalidBucketName(_) => Code::InvalidBucketName,
+            S3Error::KeyTooLong => Code::KeyTooLongError,
+            S3Error::NoSuchUpload => Code::NoSuchUpload,
+            S3Error::InvalidPart => Code::InvalidPart,
+            S3Error::InvalidPartOrder => Code::InvalidPartOrder,
+            S3Error::EntityTooSmall(_) => Code::EntityTooSmall,
+            S3Error::MalformedXml(_) => Code::MalformedXML,
+            S3Error::TooLarge(_) => Code::EntityTooLarge,
+            S3Error::Unavailable(_) | S3Error::IndexFull(_) => Code::ServiceUnavailable,
+            S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,
+        };
+        if matches!(err, S3Error::Corrupt(_) | S3Error::Internal(_)) {
+            tracing::error!(%message, "S3 request failed");
+        }
+        Reply::with_message(code, message)
+    }
+}

@@ -1,0 +1,27 @@
+//! Larder's S3-compatible API: buckets and named objects on the frontend's own S3 port.
+//!
+//! s3s (an S3 service adapter on hyper 1) does the protocol: routing, XML, SigV4 (header,
+//! presigned and streaming), S3's error bodies. This crate is the storage side: names and
+//! buckets as records in Larder's replicated, versioned document storage (`records`, `store`),
+//! object bodies as Larder blobs (`blobs`), access keys stored in the cluster (`auth`, `keys`).
+//! See README.md for the choices and the layout.
+
+mod auth;
+mod blobs;
+mod config;
+mod error;
+mod keys;
+mod list;
+mod multipart;
+mod objects;
+mod records;
+mod server;
+mod service;
+mod store;
+
+pub use blobs::BlobLimits;
+pub use config::S3Config;
+pub use error::S3Error;
+pub use keys::{KeyAdmin, NewKey};
+pub use records::Permission;
+pub use server::serve;

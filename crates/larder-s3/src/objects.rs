@@ -1,0 +1,147 @@
+//! Changing what a name points at, and reclaiming the blobs no name points at any more.
+//!
+//! A PUT stores its blob first, then links the name in the bucket's index with one
+//! read-modify-write at the partition primary; the blob the name pointed at before is written
+//! into the same record's garbage list, with the time after which it may be tombstoned. So the
+//! record that unlinks a blob also remembers it (a crash leaks nothing), and reads that
+//! resolved the old name just before have the grace period to finish.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use s3s::dto::ETagCondition;
+
+use crate::blobs;
+use crate::error::S3Error;
+use crate::records::MAX_INDEX_ENTRIES;
+use crate::records::{bucket_doc, BucketIndex, Catalog, Garbage, ObjectEntry, CATALOG_DOC};
+use crate::service::{now_ms, Larder};
+use crate::store::{Change, Records};
+
+/// Points `key` at `entry`; with `only_if_absent` (`If-None-Match: *`) only when no object of
+/// that name exists, decided at the primary.
+pub async fn link(
+    s3: &Larder,
+    bucket: &str,
+    key: &str,
+    entry: ObjectEntry,
+    only_if_absent: bool,
+) -> Result<(), S3Error> {
+    let after_ms = now_ms().saturating_add(s3.grace.as_millis() as u64);
+    s3.records
+        .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
+            let mut index = index.ok_or(S3Error::NoSuchBucket)?;
+            if only_if_absent && index.objects.contains_key(key) {
+                return Err(S3Error::PreconditionFailed);
+            }
+            if !index.objects.contains_key(key) && index.objects.len() >= MAX_INDEX_ENTRIES {
+                return Err(S3Error::IndexFull(format!(
+                    "bucket {bucket} holds {MAX_INDEX_ENTRIES} objects, the most one index \
+                     record holds until key-range splitting is built"
+                )));
+            }
+            if let Some(old) = index.objects.insert(key.to_owned(), entry.clone()) {
+                index.garbage.extend(old.body.into_iter().map(|p| Garbage {
+                    blob: p.blob,
+                    after_ms,
+                }));
+            }
+            Ok((Change::Put(index), ()))
+        })
+        .await
+}
+
+/// Removes `keys` in one write (absent ones: nothing to do, as S3 answers 204 either way).
+pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3Error> {
+    let after_ms = now_ms().saturating_add(s3.grace.as_millis() as u64);
+    s3.records
+        .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
+            let mut index = index.ok_or(S3Error::NoSuchBucket)?;
+            let mut changed = false;
+            for key in keys {
+                if let Some(old) = index.objects.remove(key) {
+                    index.garbage.extend(old.body.into_iter().map(|p| Garbage {
+                        blob: p.blob,
+                        after_ms,
+                    }));
+                    changed = true;
+                }
+            }
+            Ok((
+                if changed {
+                    Change::Put(index)
+                } else {
+                    Change::Keep
+                },
+                (),
+            ))
+        })
+        .await
+}
+
+/// `If-Match` and `If-None-Match` of a GET or HEAD.
+pub fn check_conditions(
+    entry: &ObjectEntry,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> Result<(), s3s::S3Error> {
+    let matches = |c: &ETagCondition| match c {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(tag) => tag.value() == entry.etag,
+    };
+    if if_match.is_some_and(|c| !matches(c)) {
+        return Err(S3Error::PreconditionFailed.into());
+    }
+    if if_none_match.is_some_and(matches) {
+        return Err(s3s::s3_error!(NotModified));
+    }
+    Ok(())
+}
+
+/// Tombstones, every `interval`, the blobs whose grace period is over, bucket by bucket: first
+/// the blobs, then (one read-modify-write) their entries, so a crash in between only repeats a
+/// tombstone. Runs until the task is aborted.
+pub async fn sweep_forever(records: Arc<Records>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        if let Err(err) = sweep(&records).await {
+            tracing::warn!(%err, "S3 garbage sweep failed; trying again later");
+        }
+    }
+}
+
+/// One pass over every bucket (see `sweep_forever`).
+pub async fn sweep(records: &Records) -> Result<usize, S3Error> {
+    let catalog: Catalog = records.read(CATALOG_DOC).await?.unwrap_or_default();
+    let mut swept = 0;
+    for bucket in catalog.buckets.keys() {
+        let Some(index) = records.read::<BucketIndex>(&bucket_doc(bucket)).await? else {
+            continue;
+        };
+        let now = now_ms();
+        let due: HashSet<String> = index
+            .garbage
+            .iter()
+            .filter(|g| g.after_ms <= now)
+            .map(|g| g.blob.clone())
+            .collect();
+        if due.is_empty() {
+            continue;
+        }
+        for blob in &due {
+            blobs::delete(records.router(), blob).await?;
+        }
+        records
+            .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
+                let Some(mut index) = index else {
+                    return Ok((Change::Keep, ()));
+                };
+                index.garbage.retain(|g| !due.contains(&g.blob));
+                Ok((Change::Put(index), ()))
+            })
+            .await?;
+        swept += due.len();
+    }
+    Ok(swept)
+}

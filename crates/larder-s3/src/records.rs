@@ -1,0 +1,252 @@
+//! The S3 layer's records, stored as documents in Larder's own replicated, versioned storage
+//! (the router's `DocRouter`: newest version wins; read-modify-writes at the partition primary).
+//! Each is a JSON object whose `"v"` names its format; an unknown version is an error, never
+//! guessed at. The document keys start with `larder-s3:`, which no `/document/v1` ID can
+//! (those start with `id:`), so the public document API can neither address nor visit them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::S3Error;
+
+/// The one format version every record below is written in.
+pub const FORMAT: u32 = 1;
+
+/// Largest record read back (a bucket index at its entry bound is well under this).
+pub const MAX_RECORD_BYTES: usize = 8 << 20;
+
+/// Entries one bucket index holds. The index is one document for now (see README.md, "Layout":
+/// how it splits by key range is written down there, not built); past this a PUT of a new
+/// name is refused rather than growing a record every write rewrites.
+pub const MAX_INDEX_ENTRIES: usize = 10_000;
+
+/// The document holding the access keys.
+pub const KEYS_DOC: &str = "larder-s3:keys";
+/// The document listing the buckets (for ListBuckets; each bucket's own index decides).
+pub const CATALOG_DOC: &str = "larder-s3:buckets";
+
+/// The document of bucket `name`'s index.
+pub fn bucket_doc(name: &str) -> String {
+    format!("larder-s3:bucket:{name}")
+}
+
+/// A bucket and its objects in name order: the decision point for creating and deleting the
+/// bucket, and for every name in it (one document, so "delete only if empty" and a concurrent
+/// PUT are decided by the partition primary, in one order).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketIndex {
+    pub v: u32,
+    pub created_ms: u64,
+    pub objects: BTreeMap<String, ObjectEntry>,
+    /// Blobs no name points at any more, tombstoned once their grace period is over (a read
+    /// that resolved the name just before may still be fetching them). Written in the same
+    /// document write that unlinks them, so a crash cannot leak one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub garbage: Vec<Garbage>,
+}
+
+/// What a name points at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectEntry {
+    /// The bytes, in order: one blob for a single PUT, one per part for a multipart upload
+    /// (parts differ in size, so they are listed here rather than in one composite manifest).
+    pub body: Vec<Piece>,
+    pub size: u64,
+    /// The ETag's value as S3 clients expect it, without the quotes (MD5 hex for a single PUT).
+    pub etag: String,
+    pub modified_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
+}
+
+/// A Larder blob (simple or composite) holding `size` bytes of an object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Piece {
+    pub blob: String,
+    pub size: u64,
+}
+
+/// A multipart upload in progress: `larder-s3:upload:<bucket>:<upload id>`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upload {
+    pub v: u32,
+    pub key: String,
+    pub created_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
+    /// Part number → the part's blob, size and MD5 (hex).
+    pub parts: BTreeMap<u32, UploadedPart>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadedPart {
+    pub blob: String,
+    pub size: u64,
+    pub md5: String,
+    pub modified_ms: u64,
+}
+
+/// The document of multipart upload `id` into `bucket`.
+pub fn upload_doc(bucket: &str, id: &str) -> String {
+    format!("larder-s3:upload:{bucket}:{id}")
+}
+
+/// A blob to tombstone after `after_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Garbage {
+    pub blob: String,
+    pub after_ms: u64,
+}
+
+/// The buckets, for ListBuckets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Catalog {
+    pub v: u32,
+    /// Name → creation time (ms since the epoch).
+    pub buckets: BTreeMap<String, u64>,
+}
+
+/// The access keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRing {
+    pub v: u32,
+    pub keys: BTreeMap<String, AccessKey>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessKey {
+    pub secret: String,
+    pub created_ms: u64,
+    /// Bucket name (or `*`: every bucket) → what the key may do there.
+    pub buckets: BTreeMap<String, Permission>,
+}
+
+/// What a key may do in a bucket; each includes the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    /// Get, head and list objects.
+    Read,
+    /// Also put and delete objects.
+    Write,
+    /// Also create and delete the bucket.
+    Owner,
+}
+
+impl std::str::FromStr for Permission {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read" => Ok(Permission::Read),
+            "write" => Ok(Permission::Write),
+            "owner" => Ok(Permission::Owner),
+            other => Err(format!("unknown permission {other:?} (read, write, owner)")),
+        }
+    }
+}
+
+impl AccessKey {
+    /// What this key may do in `bucket`.
+    pub fn permission(&self, bucket: &str) -> Option<Permission> {
+        let named = self.buckets.get(bucket).copied();
+        let any = self.buckets.get("*").copied();
+        named.max(any)
+    }
+}
+
+/// A record with a format version.
+pub trait Record: Serialize + for<'de> Deserialize<'de> + Default {
+    fn version(&self) -> u32;
+
+    /// Decodes a stored record, refusing formats this code does not know.
+    fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
+        if bytes.len() > MAX_RECORD_BYTES {
+            return Err(S3Error::Corrupt(format!("{} bytes", bytes.len())));
+        }
+        let record: Self =
+            serde_json::from_slice(bytes).map_err(|e| S3Error::Corrupt(e.to_string()))?;
+        match record.version() {
+            FORMAT => Ok(record),
+            other => Err(S3Error::Corrupt(format!("unknown format version {other}"))),
+        }
+    }
+
+    fn encode(&self) -> bytes::Bytes {
+        serde_json::to_vec(self)
+            .expect("records are maps of strings and numbers")
+            .into()
+    }
+}
+
+macro_rules! record {
+    ($($t:ty),*) => {$(
+        impl Record for $t {
+            fn version(&self) -> u32 {
+                self.v
+            }
+        }
+    )*};
+}
+record!(BucketIndex, Catalog, KeyRing, Upload);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // Stored bytes are read back by every frontend: any bytes decode or fail, never panic.
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = BucketIndex::decode(&bytes);
+            let _ = KeyRing::decode(&bytes);
+        }
+
+        #[test]
+        fn an_index_round_trips(names in proptest::collection::btree_set("[a-z/]{1,12}", 0..8)) {
+            let mut index = BucketIndex { v: FORMAT, ..Default::default() };
+            for name in names {
+                index.objects.insert(name, ObjectEntry {
+                    body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
+                    content_type: None, meta: BTreeMap::new(),
+                });
+            }
+            prop_assert_eq!(BucketIndex::decode(&index.encode()).unwrap(), index);
+        }
+    }
+
+    #[test]
+    fn an_unknown_version_is_refused() {
+        assert!(Catalog::decode(br#"{"v":2,"buckets":{}}"#).is_err());
+        assert!(Catalog::decode(br#"{"v":1,"buckets":{}}"#).is_ok());
+    }
+
+    #[test]
+    fn a_wildcard_grant_applies_to_every_bucket() {
+        let mut key = AccessKey {
+            secret: String::new(),
+            created_ms: 0,
+            buckets: BTreeMap::new(),
+        };
+        key.buckets.insert("*".into(), Permission::Read);
+        key.buckets.insert("b".into(), Permission::Owner);
+        assert_eq!(key.permission("a"), Some(Permission::Read));
+        assert_eq!(key.permission("b"), Some(Permission::Owner));
+    }
+}

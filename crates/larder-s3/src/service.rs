@@ -1,0 +1,690 @@
+//! The S3 operations, on Larder's records and blobs. s3s does the protocol (routing, XML,
+//! SigV4, errors as S3's XML); this is the storage side.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use larder_proto::BlobProperties;
+use larder_router::Router;
+use s3s::dto::*;
+use s3s::{S3Request, S3Response, S3Result, S3};
+
+use crate::blobs::{self, BlobLimits};
+use crate::error::S3Error;
+use crate::list::{self, After};
+use crate::multipart;
+use crate::objects;
+use crate::records::{
+    bucket_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadedPart, CATALOG_DOC, FORMAT,
+};
+use crate::store::{Change, Records};
+
+/// Longest object name, in bytes (S3's).
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Larder's S3 service.
+pub struct Larder {
+    pub(crate) records: Arc<Records>,
+    pub(crate) keys: Arc<crate::auth::Keys>,
+    pub(crate) limits: BlobLimits,
+    /// How long a replaced blob stays readable (reads that resolved its name may be under way).
+    pub(crate) grace: Duration,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn timestamp(ms: u64) -> Timestamp {
+    Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn etag(entry: &ObjectEntry) -> ETag {
+    ETag::Strong(entry.etag.clone())
+}
+
+impl Larder {
+    fn router(&self) -> &Arc<Router> {
+        self.records.router()
+    }
+
+    async fn index(&self, bucket: &str) -> Result<BucketIndex, S3Error> {
+        self.records
+            .read::<BucketIndex>(&bucket_doc(bucket))
+            .await?
+            .ok_or(S3Error::NoSuchBucket)
+    }
+
+    async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
+        let index = self.index(bucket).await?;
+        index.objects.get(key).cloned().ok_or(S3Error::NoSuchKey)
+    }
+
+    /// Adds or removes `bucket` in the catalog ListBuckets reads.
+    async fn catalog(&self, bucket: &str, created_ms: Option<u64>) -> Result<(), S3Error> {
+        self.records
+            .update(CATALOG_DOC, |catalog: Option<Catalog>| {
+                let mut catalog = catalog.unwrap_or(Catalog {
+                    v: FORMAT,
+                    ..Default::default()
+                });
+                let changed = match created_ms {
+                    Some(ms) => catalog.buckets.insert(bucket.to_owned(), ms).is_none(),
+                    None => catalog.buckets.remove(bucket).is_some(),
+                };
+                Ok((
+                    if changed {
+                        Change::Put(catalog)
+                    } else {
+                        Change::Keep
+                    },
+                    (),
+                ))
+            })
+            .await
+    }
+}
+
+fn check_key(key: &str) -> Result<(), S3Error> {
+    if key.is_empty() {
+        return Err(S3Error::InvalidArgument(
+            "object names are not empty".into(),
+        ));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(S3Error::KeyTooLong);
+    }
+    Ok(())
+}
+
+/// The bytes a GET asks for, of an object of `size`.
+fn selected(range: Option<&Range>, size: u64) -> Result<std::ops::Range<u64>, S3Error> {
+    match range {
+        None => Ok(0..size),
+        Some(range) => range.check(size).map_err(|_| S3Error::InvalidRange),
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for Larder {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let bucket = req.input.bucket;
+        let created_ms = now_ms();
+        self.records
+            .update(&bucket_doc(&bucket), |index: Option<BucketIndex>| {
+                if index.is_some() {
+                    return Err(S3Error::BucketExists);
+                }
+                let index = BucketIndex {
+                    v: FORMAT,
+                    created_ms,
+                    ..Default::default()
+                };
+                Ok((Change::Put(index), ()))
+            })
+            .await?;
+        self.catalog(&bucket, Some(created_ms)).await?;
+        let output = CreateBucketOutput {
+            location: Some(format!("/{bucket}")),
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.index(&req.input.bucket).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let bucket = req.input.bucket;
+        // Replaced blobs still waiting for their grace period go now: after the bucket's
+        // record is gone nothing would find them. (Tombstoning one twice is harmless.)
+        let index = self.index(&bucket).await?;
+        if !index.objects.is_empty() {
+            return Err(S3Error::BucketNotEmpty.into());
+        }
+        for garbage in &index.garbage {
+            blobs::delete(self.router(), &garbage.blob).await?;
+        }
+        self.records
+            .update(&bucket_doc(&bucket), |index: Option<BucketIndex>| {
+                let index = index.ok_or(S3Error::NoSuchBucket)?;
+                if !index.objects.is_empty() {
+                    return Err(S3Error::BucketNotEmpty);
+                }
+                Ok((Change::Remove, index.garbage))
+            })
+            .await?;
+        self.catalog(&bucket, None).await?;
+        Ok(S3Response::new(DeleteBucketOutput::default()))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let catalog: Catalog = self.records.read(CATALOG_DOC).await?.unwrap_or_default();
+        let key = match &req.credentials {
+            Some(c) => self.keys.get(&c.access_key).await?,
+            None => None,
+        };
+        let buckets = catalog
+            .buckets
+            .iter()
+            .filter(|(name, _)| key.as_ref().is_some_and(|k| k.permission(name).is_some()))
+            .map(|(name, created)| Bucket {
+                name: Some(name.clone()),
+                creation_date: Some(timestamp(*created)),
+                bucket_region: None,
+            })
+            .collect();
+        let output = ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(Owner {
+                display_name: Some("larder".into()),
+                id: Some("larder".into()),
+            }),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        let only_if_absent = matches!(input.if_none_match, Some(ETagCondition::Any));
+        // Refused before the body is stored when the answer is already known.
+        self.index(&input.bucket).await?;
+        let props = BlobProperties {
+            content_type: input.content_type.clone(),
+            user_meta: Vec::new(),
+            created_ms: now_ms(),
+            expires_ms: None,
+        };
+        let body = input
+            .body
+            .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
+        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let entry = ObjectEntry {
+            body: vec![Piece {
+                blob: stored.id.to_string(),
+                size: stored.size,
+            }],
+            size: stored.size,
+            etag: stored.md5,
+            modified_ms: now_ms(),
+            content_type: input.content_type,
+            meta: lower_case(input.metadata).into_iter().collect(),
+        };
+        let tag = entry.etag.clone();
+        let size = entry.size;
+        let linked = objects::link(self, &input.bucket, &input.key, entry, only_if_absent).await;
+        if let Err(err) = linked {
+            // Nothing names the new blob: it goes now.
+            let router = self.router().clone();
+            let id = stored.id.to_string();
+            tokio::spawn(async move { blobs::delete(&router, &id).await });
+            return Err(err.into());
+        }
+        let output = PutObjectOutput {
+            e_tag: Some(ETag::Strong(tag)),
+            size: i64::try_from(size).ok(),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = req.input;
+        let entry = self.entry(&input.bucket, &input.key).await?;
+        objects::check_conditions(
+            &entry,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
+        let range = selected(input.range.as_ref(), entry.size)?;
+        let read_ahead = self.limits.chunking.read_ahead;
+        let body =
+            blobs::open_pieces(self.router(), read_ahead, &entry.body, range.clone()).await?;
+        let content_range = input.range.as_ref().map(|_| {
+            let last = range.end.saturating_sub(1);
+            format!("bytes {}-{last}/{}", range.start, entry.size)
+        });
+        let output = GetObjectOutput {
+            body: Some(body),
+            accept_ranges: Some("bytes".into()),
+            content_length: i64::try_from(range.end - range.start).ok(),
+            content_range,
+            content_type: entry.content_type.clone(),
+            e_tag: Some(etag(&entry)),
+            last_modified: Some(timestamp(entry.modified_ms)),
+            metadata: Some(entry.meta.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let status = match input.range {
+            Some(_) => http::StatusCode::PARTIAL_CONTENT,
+            None => http::StatusCode::OK,
+        };
+        Ok(S3Response::with_status(output, status))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = req.input;
+        let entry = self.entry(&input.bucket, &input.key).await?;
+        objects::check_conditions(
+            &entry,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
+        let output = HeadObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: i64::try_from(entry.size).ok(),
+            content_type: entry.content_type.clone(),
+            e_tag: Some(etag(&entry)),
+            last_modified: Some(timestamp(entry.modified_ms)),
+            metadata: Some(entry.meta.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        objects::unlink(self, &input.bucket, std::slice::from_ref(&input.key)).await?;
+        Ok(S3Response::with_status(
+            DeleteObjectOutput::default(),
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let input = req.input;
+        let after = match (&input.continuation_token, &input.start_after) {
+            (Some(token), _) => Some(After::parse(token)?),
+            (None, Some(key)) => Some(After::Key(key.clone())),
+            (None, None) => None,
+        };
+        let max_keys = max_keys(input.max_keys)?;
+        let index = self.index(&input.bucket).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = list::page(
+            &index.objects,
+            &prefix,
+            input.delimiter.as_deref(),
+            after.as_ref(),
+            max_keys,
+        );
+        let url = url_encoded(input.encoding_type.as_ref());
+        let contents = contents(&page, url);
+        let prefixes = common_prefixes(&page, url);
+        let count = contents.len() + prefixes.len();
+        let output = ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: Some(encode(url, prefix)),
+            delimiter: input.delimiter.map(|d| encode(url, d)),
+            max_keys: Some(max_keys as i32),
+            key_count: Some(count as i32),
+            is_truncated: Some(page.next.is_some()),
+            continuation_token: input.continuation_token,
+            next_continuation_token: page.next.map(|n| n.token()),
+            start_after: input.start_after.map(|s| encode(url, s)),
+            encoding_type: input.encoding_type,
+            contents: Some(contents),
+            common_prefixes: Some(prefixes),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        self.index(&input.bucket).await?;
+        let meta = lower_case(input.metadata);
+        let upload = multipart::new_upload(input.key.clone(), input.content_type, meta);
+        let id = multipart::create(self, &input.bucket, upload).await?;
+        let output = CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(id),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let input = req.input;
+        let number = multipart::check_part_number(input.part_number)?;
+        // Refused before the body is stored when the upload is unknown.
+        multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let props = BlobProperties {
+            created_ms: now_ms(),
+            ..Default::default()
+        };
+        let body = input
+            .body
+            .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
+        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let part = UploadedPart {
+            blob: stored.id.to_string(),
+            size: stored.size,
+            md5: stored.md5.clone(),
+            modified_ms: now_ms(),
+        };
+        let added = multipart::add_part(
+            self,
+            &input.bucket,
+            &input.key,
+            &input.upload_id,
+            number,
+            part,
+        )
+        .await;
+        if let Err(err) = added {
+            let router = self.router().clone();
+            let id = stored.id.to_string();
+            tokio::spawn(async move { blobs::delete(&router, &id).await });
+            return Err(err.into());
+        }
+        let output = UploadPartOutput {
+            e_tag: Some(ETag::Strong(stored.md5)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let input = req.input;
+        let parts = input
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .unwrap_or_default();
+        let etag =
+            multipart::complete(self, &input.bucket, &input.key, &input.upload_id, &parts).await?;
+        let output = CompleteMultipartUploadOutput {
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            e_tag: Some(ETag::Strong(etag)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let input = req.input;
+        multipart::abort(self, &input.bucket, &input.key, &input.upload_id).await?;
+        Ok(S3Response::with_status(
+            AbortMultipartUploadOutput::default(),
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let input = req.input;
+        let upload = multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let after = u32::try_from(input.part_number_marker.unwrap_or(0)).unwrap_or(0);
+        let max = input.max_parts.map_or(1000, |m| m.clamp(1, 1000)) as usize;
+        let mut parts: Vec<Part> = upload
+            .parts
+            .range(after.saturating_add(1)..)
+            .take(max + 1)
+            .map(|(n, p)| Part {
+                part_number: Some(*n as i32),
+                e_tag: Some(ETag::Strong(p.md5.clone())),
+                size: i64::try_from(p.size).ok(),
+                last_modified: Some(timestamp(p.modified_ms)),
+                ..Default::default()
+            })
+            .collect();
+        let truncated = parts.len() > max;
+        parts.truncate(max);
+        let output = ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            is_truncated: Some(truncated),
+            next_part_number_marker: parts.last().and_then(|p| p.part_number),
+            max_parts: Some(max as i32),
+            parts: Some(parts),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let input = req.input;
+        let keys: Vec<String> = input.delete.objects.into_iter().map(|o| o.key).collect();
+        if keys.is_empty() || keys.len() > list::MAX_KEYS {
+            let message = format!("DeleteObjects takes 1 to {} keys", list::MAX_KEYS);
+            return Err(S3Error::MalformedXml(message).into());
+        }
+        for key in &keys {
+            check_key(key)?;
+        }
+        objects::unlink(self, &input.bucket, &keys).await?;
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let deleted = (!quiet).then(|| {
+            keys.into_iter()
+                .map(|key| DeletedObject {
+                    key: Some(key),
+                    ..Default::default()
+                })
+                .collect()
+        });
+        let output = DeleteObjectsOutput {
+            deleted,
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let input = req.input;
+        let max_keys = max_keys(input.max_keys)?;
+        // A marker that is a common prefix resumes after every name under it.
+        let after = input.marker.clone().map(|m| match &input.delimiter {
+            Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
+            _ => After::Key(m),
+        });
+        let index = self.index(&input.bucket).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.as_deref();
+        let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let url = url_encoded(input.encoding_type.as_ref());
+        let next_marker = page.next.as_ref().map(|n| match n {
+            After::Key(k) | After::Prefix(k) => encode(url, k.clone()),
+        });
+        let output = ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: Some(encode(url, prefix)),
+            delimiter: input.delimiter.map(|d| encode(url, d)),
+            marker: input.marker.map(|m| encode(url, m)),
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(page.next.is_some()),
+            next_marker,
+            encoding_type: input.encoding_type,
+            contents: Some(contents(&page, url)),
+            common_prefixes: Some(common_prefixes(&page, url)),
+            request_charged: None,
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let input = req.input;
+        check_key(&input.key)?;
+        let CopySource::Bucket { bucket, key, .. } = &input.copy_source else {
+            return Err(S3Error::InvalidArgument("copy sources are bucket/key".into()).into());
+        };
+        // s3s checked the destination; the source needs read permission of its own.
+        let readable = match &req.credentials {
+            Some(c) => self
+                .keys
+                .get(&c.access_key)
+                .await?
+                .and_then(|k| k.permission(bucket)),
+            None => None,
+        };
+        if readable.is_none() {
+            return Err(s3s::s3_error!(
+                AccessDenied,
+                "This key may not read bucket {bucket}"
+            ));
+        }
+        let source = self.entry(bucket, key).await?;
+        self.index(&input.bucket).await?;
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        let (content_type, meta) = match replace {
+            true => (
+                input.content_type,
+                lower_case(input.metadata).into_iter().collect(),
+            ),
+            false => (source.content_type.clone(), source.meta.clone()),
+        };
+        let read_ahead = self.limits.chunking.read_ahead;
+        let body =
+            blobs::open_pieces(self.router(), read_ahead, &source.body, 0..source.size).await?;
+        let props = BlobProperties {
+            content_type: content_type.clone(),
+            created_ms: now_ms(),
+            ..Default::default()
+        };
+        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let entry = ObjectEntry {
+            body: vec![Piece {
+                blob: stored.id.to_string(),
+                size: stored.size,
+            }],
+            size: stored.size,
+            etag: stored.md5.clone(),
+            modified_ms: now_ms(),
+            content_type,
+            meta,
+        };
+        let modified = entry.modified_ms;
+        if let Err(err) = objects::link(self, &input.bucket, &input.key, entry, false).await {
+            let router = self.router().clone();
+            let id = stored.id.to_string();
+            tokio::spawn(async move { blobs::delete(&router, &id).await });
+            return Err(err.into());
+        }
+        let output = CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(ETag::Strong(stored.md5)),
+                last_modified: Some(timestamp(modified)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+}
+
+fn max_keys(asked: Option<i32>) -> Result<usize, S3Error> {
+    match asked {
+        Some(n) if n < 0 => Err(S3Error::InvalidArgument("max-keys is not negative".into())),
+        Some(n) => Ok((n as usize).min(list::MAX_KEYS)),
+        None => Ok(list::MAX_KEYS),
+    }
+}
+
+/// Whether a listing asked for `encoding-type=url` (the aws cli does): names, prefixes and
+/// markers are then percent-encoded in the answer, and the client decodes them.
+fn url_encoded(encoding: Option<&EncodingType>) -> bool {
+    encoding.is_some_and(|e| e.as_str() == EncodingType::URL)
+}
+
+fn encode(url: bool, text: String) -> String {
+    match url {
+        true => list::url_encode(&text),
+        false => text,
+    }
+}
+
+fn contents(page: &list::Page<'_>, url: bool) -> Vec<Object> {
+    page.objects
+        .iter()
+        .map(|(name, entry)| Object {
+            key: Some(encode(url, (*name).to_owned())),
+            size: i64::try_from(entry.size).ok(),
+            e_tag: Some(etag(entry)),
+            last_modified: Some(timestamp(entry.modified_ms)),
+            storage_class: Some(ObjectStorageClass::from_static(
+                ObjectStorageClass::STANDARD,
+            )),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn common_prefixes(page: &list::Page<'_>, url: bool) -> Vec<CommonPrefix> {
+    page.prefixes
+        .iter()
+        .map(|p| CommonPrefix {
+            prefix: Some(encode(url, p.clone())),
+        })
+        .collect()
+}
+
+/// `x-amz-meta-*` names as S3 returns them: lower-case.
+fn lower_case(meta: Option<Metadata>) -> Vec<(String, String)> {
+    meta.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect()
+}

@@ -1,0 +1,97 @@
+//! Reading and changing the S3 layer's records through the router's documents: reads from a
+//! quorum (strong read-after-write), changes as read-modify-writes applied at the partition
+//! primary (DESIGN 6.1), so two changes based on one read never both apply.
+
+use std::sync::Arc;
+
+use larder_router::{DocRouter, DocState, Router, Written};
+use tokio::time::Instant;
+
+use crate::error::S3Error;
+use crate::records::Record;
+
+/// How many times a change is read and applied again after losing to a concurrent one.
+const ATTEMPTS: usize = 64;
+
+/// What a change does to a record.
+pub enum Change<R> {
+    /// Write this state.
+    Put(R),
+    /// Write a tombstone.
+    Remove,
+    /// Leave it as it is.
+    Keep,
+}
+
+/// The records, over one router.
+pub struct Records {
+    docs: DocRouter,
+    router: Arc<Router>,
+}
+
+impl Records {
+    pub fn new(router: Arc<Router>) -> Records {
+        Records {
+            docs: DocRouter::new(router.clone()),
+            router,
+        }
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.router.config().operation_timeout
+    }
+
+    /// The newest state of record `id` a quorum holds (`None`: absent or removed).
+    pub async fn read<R: Record>(&self, id: &str) -> Result<Option<R>, S3Error> {
+        let state = self.docs.get(id, self.deadline()).await?;
+        decode(state).map(|(_, record)| record)
+    }
+
+    /// Reads record `id` (as the primary holds it), applies `change` and writes the result at
+    /// the primary; if another change came between, does it all again. Returns what `change`
+    /// returned with the last state it saw.
+    pub async fn update<R, T>(
+        &self,
+        id: &str,
+        mut change: impl FnMut(Option<R>) -> Result<(Change<R>, T), S3Error>,
+    ) -> Result<T, S3Error>
+    where
+        R: Record,
+    {
+        let deadline = self.deadline();
+        for _ in 0..ATTEMPTS {
+            let state = self.docs.get_for_update(id, deadline).await?;
+            let (seen, current) = decode::<R>(state)?;
+            let (what, answer) = change(current)?;
+            let json = match what {
+                Change::Keep => return Ok(answer),
+                Change::Put(record) => Some(record.encode()),
+                Change::Remove => None,
+            };
+            let version = self.docs.next_version(seen)?;
+            match self
+                .docs
+                .write_serialised(id, seen, version, json, deadline)
+                .await?
+            {
+                Written::Applied => return Ok(answer),
+                Written::Superseded(_) => continue,
+            }
+        }
+        Err(S3Error::Unavailable(format!(
+            "{id}: every one of {ATTEMPTS} attempts lost to a concurrent change; try again"
+        )))
+    }
+}
+
+fn decode<R: Record>(state: DocState) -> Result<(u64, Option<R>), S3Error> {
+    let version = state.version();
+    match state {
+        DocState::Found { json, .. } => Ok((version, Some(R::decode(&json)?))),
+        DocState::Removed { .. } | DocState::NotFound => Ok((version, None)),
+    }
+}

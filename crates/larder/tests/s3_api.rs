@@ -1,0 +1,191 @@
+//! The S3 API on its own port, through real clients (boto3, curl with presigned URLs, the aws
+//! cli; installed by `scripts/test`), with keys made by `larder s3 key create`: buckets,
+//! objects, ranges, listings, a 100 MiB multipart upload, bad requests; and the reclaiming of a
+//! replaced object's blob from the bucket record's garbage list.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{python, Cluster, LARDER};
+
+/// 1 MiB chunks, so that a few MiB make a composite blob with chunk boundaries to range across;
+/// a short grace and sweep, so that replaced blobs go within the test.
+fn s3_cluster() -> (Cluster, String) {
+    let s3 = common::free_addresses(1)[0];
+    let extra = format!(
+        "[chunking]\nchunk_size = \"1MiB\"\n\n[s3]\nlisten = \"{s3}\"\nreplaced_blob_grace = \"1s\"\nsweep_interval = \"1s\"\n"
+    );
+    let cluster = Cluster::start_with(3, 8, &extra);
+    common::wait_for_port(s3);
+    (cluster, format!("http://{s3}"))
+}
+
+/// `larder s3 key create` with `grants`: (access key ID, secret).
+fn create_key(cluster: &Cluster, grants: &[&str]) -> (String, String) {
+    let config = cluster.path("frontend-dc1.toml");
+    let mut command = Command::new(LARDER);
+    command.args(["s3", "key", "create", "--config", &config]);
+    for grant in grants {
+        command.args(["--grant", grant]);
+    }
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        key["access_key_id"].as_str().unwrap().to_owned(),
+        key["secret_access_key"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn boto3_curl_and_the_aws_cli_use_buckets_and_objects() {
+    let (cluster, endpoint) = s3_cluster();
+    let (owner, owner_secret) = create_key(&cluster, &["*:owner"]);
+    let (reader, reader_secret) = create_key(&cluster, &["photos:read"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/clients.py");
+    let workdir = cluster.dir.path().to_str().unwrap();
+    let out = Command::new(python())
+        .args([
+            script,
+            &endpoint,
+            &owner,
+            &owner_secret,
+            &reader,
+            &reader_secret,
+            workdir,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let config = cluster.path("frontend-dc1.toml");
+    let listed = Command::new(LARDER)
+        .args(["s3", "key", "list", "--config", &config])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains(&id) && listed.contains("*:owner"),
+        "{listed}"
+    );
+    assert!(!listed.contains(&secret), "{listed}");
+    let script = r#"
+import sys, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2],
+                  aws_secret_access_key=sys.argv[3], region_name="us-east-1",
+                  config=Config(retries={"max_attempts": 1}))
+try:
+    s3.list_buckets()
+    print("ok")
+except Exception as err:
+    print(err.response["Error"]["Code"])
+"#;
+    let ask = || {
+        let out = Command::new(python())
+            .args(["-c", script, &endpoint, &id, &secret])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(ask(), "ok");
+    let revoked = Command::new(LARDER)
+        .args(["s3", "key", "revoke", "--config", &config, &id])
+        .status()
+        .unwrap();
+    assert!(revoked.success());
+    // The frontend reuses a key ring read for at most a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(ask(), "InvalidAccessKeyId");
+}
+
+/// The bucket index record of `bucket` as each storage node holds it (replicas converge).
+fn bucket_records(cluster: &Cluster, bucket: &str) -> Vec<serde_json::Value> {
+    let key = format!("larder-s3:bucket:{bucket}");
+    let partitions = cluster.map.partitions.len() as u32;
+    let partition = larder_cluster::partition_for_key(key.as_bytes(), partitions);
+    let path = larder_proto::doc_path(partition, &key);
+    (0..cluster.map.nodes.len())
+        .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
+        .filter(|(status, _)| *status == 200)
+        .map(|(_, body)| serde_json::from_slice(&body).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_overwritten_objects_blob_is_tombstoned_after_the_grace_period() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = r#"
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2],
+                  aws_secret_access_key=sys.argv[3], region_name="us-east-1")
+s3.create_bucket(Bucket="reclaim")
+s3.put_object(Bucket="reclaim", Key="k", Body=b"first")
+print(sys.argv[4], flush=True)
+sys.stdin.readline()
+s3.put_object(Bucket="reclaim", Key="k", Body=b"second")
+assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
+"#;
+    let mut child = Command::new(python())
+        .args(["-c", script, &endpoint, &id, &secret, "stored"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::{BufRead, Write};
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "stored");
+    let first_blob = wait_for(|| {
+        bucket_records(&cluster, "reclaim").iter().find_map(|r| {
+            r["objects"]["k"]["body"][0]["blob"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    });
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let blob_url = cluster.url(&format!("/v1/blobs/{first_blob}"));
+    // Gone once the grace (1 s) is over and a sweep (every 1 s) ran: 410 from the main port,
+    // and the garbage list empty again.
+    wait_for(|| {
+        let status = common::curl(cluster.dir.path(), &[&blob_url]).status;
+        let records = bucket_records(&cluster, "reclaim");
+        let swept = records.len() == 3
+            && records.iter().all(|r| {
+                r["objects"]["k"]["body"][0]["blob"].as_str() != Some(first_blob.as_str())
+                    && r["garbage"].as_array().is_none_or(|g| g.is_empty())
+            });
+        (status == 410 && swept).then_some(())
+    });
+}
+
+fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
