@@ -51,12 +51,12 @@ impl Serialised {
             return Ok(None);
         };
         let ours = node.primary_fence(partition);
-        if ours.is_none() || ours.map(str::as_bytes) != Some(fence.as_bytes()) {
+        if ours.as_deref().map(str::as_bytes) != Some(fence.as_bytes()) {
             return Err(Error::NotPrimary(format!(
                 "node {} is not the primary of partition {partition} at the map the request \
                  names (this node's fence: {})",
                 node.node_id,
-                ours.unwrap_or("none: not the primary")
+                ours.as_deref().unwrap_or("none: not the primary")
             )));
         }
         let expect = header_number(headers, doc_header::EXPECT)?.ok_or_else(|| {

@@ -41,9 +41,6 @@ pub struct StorageNode {
     pub(crate) visit_scans: crate::visit::VisitScans,
     /// The peers' positions in this node's change feeds: the tombstone horizons.
     pub(crate) horizons: crate::horizon::Horizons,
-    /// The partitions this node is the primary of, with the fence of the map it was opened with
-    /// (`documents::serialised`).
-    pub(crate) primary_fences: HashMap<PartitionId, String>,
     /// Serialises the check-and-write of read-modify-writes per document.
     pub(crate) serialised: crate::documents::DocStripes,
     /// The cluster map this node runs now, how new ones are taken; `maps.subscribe()` follows
@@ -85,7 +82,6 @@ impl StorageNode {
         let compaction = crate::compaction::Compaction::new(&config.compaction);
         let mut options = config.store.to_options()?;
         options.compaction_yields_to = Some(compaction.foreground.clone());
-        let primary_fences = primary_fences(map, &config.node_id);
         let limits = &config.limits;
         // One channel for the node's map: `map_state` sends every map it accepts on it, and
         // `membership::follow_map` (replicas) and the others follow it.
@@ -113,7 +109,6 @@ impl StorageNode {
                 config.compaction.tombstone_retention,
                 config.replication.enabled,
             ),
-            primary_fences,
             serialised: Default::default(),
             maps: std::sync::Arc::new(crate::map_state::MapState::new(
                 map_tx,
@@ -197,9 +192,16 @@ impl StorageNode {
         replica_state(&self.map.borrow(), partition, &self.node_id)
     }
 
-    /// The fence of `partition` when this node is its primary (see `ClusterMap::primary_fence`).
-    pub(crate) fn primary_fence(&self, partition: PartitionId) -> Option<&str> {
-        self.primary_fences.get(&partition).map(String::as_str)
+    /// The fence of `partition` when this node is its primary in the map it runs now (see
+    /// `ClusterMap::primary_fence`): computed per read-modify-write, so that a map change that
+    /// moves the primary (or the replica list) takes effect at once.
+    pub(crate) fn primary_fence(&self, partition: PartitionId) -> Option<String> {
+        let map = self.map.borrow();
+        let dc = map.datacenter_of(&self.node_id)?;
+        if map.primary_of(partition, dc) != Some(self.node_id.as_str()) {
+            return None;
+        }
+        map.primary_fence(partition, dc)
     }
 
     pub fn store(&self, partition: PartitionId) -> Option<Store> {
@@ -290,18 +292,6 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + '
     tokio::task::spawn_blocking(f)
         .await
         .expect("store tasks do not panic")
-}
-
-/// The fences of the partitions whose primary (in this node's datacenter) is `node`.
-fn primary_fences(map: &ClusterMap, node: &str) -> HashMap<PartitionId, String> {
-    let Some(dc) = map.datacenter_of(node) else {
-        return HashMap::new();
-    };
-    map.replicas_on(node)
-        .into_iter()
-        .filter(|(p, _)| map.primary_of(*p, dc) == Some(node))
-        .filter_map(|(p, _)| Some((p, map.primary_fence(p, dc)?)))
-        .collect()
 }
 
 /// The state of `node`'s replica of `partition` in `map` (`None`: not placed there).

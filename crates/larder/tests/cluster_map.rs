@@ -421,3 +421,62 @@ fn a_dead_map_authority_is_replaced_through_the_next_one() {
         map
     );
 }
+
+fn curl_doc(addr: std::net::SocketAddr, method: &str, body: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            body,
+        ])
+        .arg(format!("http://{addr}/document/v1/ns/t/docid/counter"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.parse().unwrap(), body.to_owned())
+}
+
+/// A map change that moves a partition's primary (the first replica listed) takes effect on
+/// the storage nodes at once: the new primary takes read-modify-writes fenced with the new
+/// map, without a restart.
+#[test]
+fn a_primary_moved_by_a_map_change_serialises_updates_at_once() {
+    let cluster = Cluster::start(3, 1);
+    let addr = cluster.frontend_addr;
+    let increment = r#"{"fields":{"n":{"increment":1}}}"#;
+    assert_eq!(curl_doc(addr, "POST", r#"{"fields":{"n":0}}"#).0, 200);
+    assert_eq!(curl_doc(addr, "PUT", increment).0, 200);
+
+    let mut next = cluster.map.clone();
+    next.revision = 2;
+    next.partitions[0].replicas.reverse();
+    let (status, answer) = put_map(&cluster, 0, &next.to_toml(), true);
+    assert_eq!(status, 200, "{answer}");
+    eventually(
+        "every node and the frontend at revision 2",
+        Duration::from_secs(30),
+        || {
+            (0..3).all(|i| node_map(&cluster, i).revision == 2)
+                && frontend_cluster(addr)["map_revision"] == 2
+        },
+    );
+    for _ in 0..3 {
+        let (status, body) = curl_doc(addr, "PUT", increment);
+        assert_eq!(status, 200, "an update at the new primary: {body}");
+    }
+    let (status, body) = curl_doc(addr, "GET", "");
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["fields"]["n"], 4, "{doc}");
+}
