@@ -89,43 +89,28 @@ fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn put_blob(addr: std::net::SocketAddr) -> (u16, Option<String>) {
+/// curl with `args` (10 s at most): the status and the body.
+fn curl(args: &[&str]) -> (u16, String) {
     let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "10",
-            "-w",
-            "\n%{http_code}",
-            "--data-binary",
-            "hello",
-            &format!("http://{addr}/v1/blobs"),
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    let id = serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["id"].as_str().map(str::to_owned));
-    (code.parse().unwrap(), id)
-}
-
-fn get_blob(addr: std::net::SocketAddr, id: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "10",
-            "-w",
-            "\n%{http_code}",
-            &format!("http://{addr}/v1/blobs/{id}"),
-        ])
+        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap();
     (code.parse().unwrap(), body.to_owned())
+}
+
+fn put_blob(addr: std::net::SocketAddr) -> (u16, Option<String>) {
+    let (status, body) = curl(&["--data-binary", "hello", &format!("http://{addr}/v1/blobs")]);
+    let id = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["id"].as_str().map(str::to_owned));
+    (status, id)
+}
+
+fn get_blob(addr: std::net::SocketAddr, id: &str) -> (u16, String) {
+    curl(&[&format!("http://{addr}/v1/blobs/{id}")])
 }
 
 #[test]
@@ -423,28 +408,9 @@ fn a_dead_map_authority_is_replaced_through_the_next_one() {
 }
 
 fn curl_doc(addr: std::net::SocketAddr, method: &str, body: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "10",
-            "-w",
-            "\n%{http_code}",
-            "-X",
-            method,
-        ])
-        .args([
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            body,
-        ])
-        .arg(format!("http://{addr}/document/v1/ns/t/docid/counter"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.parse().unwrap(), body.to_owned())
+    let url = format!("http://{addr}/document/v1/ns/t/docid/counter");
+    let json = "content-type: application/json";
+    curl(&["-X", method, "-H", json, "--data-binary", body, &url])
 }
 
 /// A map change that moves a partition's primary (the first replica listed) takes effect on
