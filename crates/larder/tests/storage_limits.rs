@@ -304,20 +304,32 @@ async fn replication_skips_what_the_node_would_refuse_and_moves_on() {
             StatusCode::NOT_FOUND,
             "node {i} took the planted version"
         );
-        let (_, _, metrics) = internal::send(
-            &secret,
-            addr,
-            Method::GET,
-            larder_proto::METRICS_PATH,
-            &[],
-            Bytes::new(),
-        )
-        .await;
-        let refused: f64 = String::from_utf8_lossy(&metrics)
-            .lines()
-            .filter(|l| l.starts_with("larder_storage_replication_refused_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
-        assert!(refused >= 1.0, "node {i} counted no refused change");
+        // The later write may reach this node through the third node's feed before this node
+        // reads node 0's own feed, so the skip of the planted change is awaited, not assumed.
+        while refused_changes(&secret, addr).await < 1.0 {
+            assert!(
+                Instant::now() < deadline,
+                "node {i} counted no refused change"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
+}
+
+/// The node's `larder_storage_replication_refused_total`, summed over peers and partitions.
+async fn refused_changes(secret: &std::path::Path, addr: std::net::SocketAddr) -> f64 {
+    let (_, _, metrics) = internal::send(
+        secret,
+        addr,
+        Method::GET,
+        larder_proto::METRICS_PATH,
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    String::from_utf8_lossy(&metrics)
+        .lines()
+        .filter(|l| l.starts_with("larder_storage_replication_refused_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
