@@ -7,8 +7,8 @@
 //!
 //! Both give way to foreground work: the node counts its data requests in flight
 //! ([`Compaction::foreground`]) and the store's rewrite pauses while more than
-//! `busy_requests` are (`larder_store::Foreground`); the pass's thread also runs in the idle I/O
-//! class ([`IdleIo`]). `GET /internal/v1/compaction` shows what the last pass over each replica
+//! `busy_requests` are (`larder_store::Foreground`); the pass's thread also runs at background
+//! priority, for the CPU and the disk ([`Background`]). `GET /internal/v1/compaction` shows what the last pass over each replica
 //! measured (garbage ratio) and how long ago it completed (the lag).
 
 use std::collections::HashMap;
@@ -20,6 +20,7 @@ use larder_cluster::PartitionId;
 use larder_store::{CompactOptions, CompactReport, Foreground};
 use tokio::sync::watch;
 
+use crate::background::Background;
 use crate::config::CompactionConfig;
 use crate::error::Error;
 
@@ -135,40 +136,6 @@ impl Compaction {
     }
 }
 
-/// The pass's thread in the idle I/O class (`ioprio_set`), its old class restored on drop (the
-/// thread belongs to tokio's blocking pool and runs other work afterwards). Linux's
-/// mq-deadline and BFQ schedulers serve idle-class reads only when no other class waits (with
-/// aging, so they are never starved for good); `none` ignores it, and buffered writes are
-/// written back by the kernel's flusher threads whatever the class.
-struct IdleIo {
-    old: Option<libc::c_long>,
-}
-
-const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-const IOPRIO_CLASS_IDLE: libc::c_long = 3;
-const IOPRIO_CLASS_SHIFT: u32 = 13;
-
-impl IdleIo {
-    fn enter() -> IdleIo {
-        // SAFETY: plain syscalls on the calling thread (who = 0), no memory passed.
-        let old = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
-        let idle = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
-        let set = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, idle) };
-        IdleIo {
-            old: (old >= 0 && set == 0).then_some(old),
-        }
-    }
-}
-
-impl Drop for IdleIo {
-    fn drop(&mut self) {
-        if let Some(old) = self.old {
-            // SAFETY: as above.
-            unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, old) };
-        }
-    }
-}
-
 fn report_json(r: &CompactReport) -> serde_json::Value {
     serde_json::json!({
         "segments_compacted": r.segments_compacted,
@@ -189,7 +156,7 @@ fn pass(
     opts: &CompactOptions,
 ) -> (bool, serde_json::Map<String, serde_json::Value>) {
     let _one_pass_at_a_time = lock(&node.compaction.pass);
-    let _idle_io = IdleIo::enter();
+    let _background = Background::enter();
     let started = Instant::now();
     let mut total = NodePass {
         rate_mb_per_s: opts.max_bytes_per_sec / 1_000_000,
