@@ -19,6 +19,10 @@ pub struct VisitArgs {
     /// Independent slices visited in parallel (each one request in flight at a time).
     #[arg(long, default_value_t = 4)]
     slices: u32,
+    /// Visit only this slice of --slices (0-based), as one of N processes that together visit
+    /// everything once (Vespa's --slice-id).
+    #[arg(long)]
+    slice_id: Option<u32>,
     /// A document selection, e.g. "music.year > 2000 and id.namespace == 'ns'".
     #[arg(long)]
     selection: Option<String>,
@@ -72,6 +76,7 @@ pub fn run(args: VisitArgs) -> anyhow::Result<i32> {
         "--timeout must be a positive number of seconds"
     );
     config.slices = args.slices;
+    config.slice_id = args.slice_id;
     config.selection = args.selection.clone();
     config.field_set = args.field_set.clone();
     config.cluster = args.cluster.clone();

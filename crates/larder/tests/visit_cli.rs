@@ -1,5 +1,6 @@
 //! `larder visit` against a real cluster: 3,000 documents fed with `larder feed`, then visited
-//! with 1, 4 and 16 slices, streamed and not: every document exactly once, as stored. A
+//! with 1, 4 and 16 slices, streamed and not, and by 3 processes of one `--slice-id` each:
+//! every document exactly once, as stored. A
 //! selection and a field set narrow the output; a bad selection fails with the server's byte
 //! position and exit status 1. Also `vespa visit` (Vespa's CLI) over the same documents.
 
@@ -84,6 +85,33 @@ fn sliced_streamed_and_whole_visits_return_every_document_once() {
         &["--slices", "2", "--wanted-document-count", "100"],
     );
     check_every_document_once(&seen, "pages of 100");
+
+    // One slice per process (as on N client machines): together, every document once.
+    let mut union: BTreeMap<String, (Value, usize)> = BTreeMap::new();
+    for id in ["0", "1", "2"] {
+        let slice = visit(&cluster, &["--slices", "3", "--slice-id", id]);
+        assert!(slice.len() < DOCUMENTS, "slice {id} is a part, not all");
+        for (doc, (fields, count)) in slice {
+            union.entry(doc).or_insert((fields, 0)).1 += count;
+        }
+    }
+    check_every_document_once(&union, "3 processes, one slice each");
+    let endpoint = cluster.url("/");
+    let out = larder(&[
+        "visit",
+        "--endpoint",
+        &endpoint,
+        "--slices",
+        "3",
+        "--slice-id",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--slice-id 3 is not below --slices 3"),
+        "{stderr}"
+    );
 }
 
 #[test]

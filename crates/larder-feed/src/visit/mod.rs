@@ -55,6 +55,9 @@ pub struct VisitConfig {
     pub connection: FeedConfig,
     /// Independent slices visited at once (`--slices`); 1 visits without slicing.
     pub slices: u32,
+    /// Visit only this one of the `slices` (`--slice-id`, Vespa's `sliceId`): N processes, on
+    /// as many machines, each visiting one slice return every document exactly once together.
+    pub slice_id: Option<u32>,
     /// A document selection (`--selection`), evaluated by the server.
     pub selection: Option<String>,
     /// Which fields to return (`--field-set`): `[all]`, `[id]`, `<type>:[document]`, `<type>:a,b`.
@@ -78,6 +81,7 @@ impl VisitConfig {
         Ok(VisitConfig {
             connection,
             slices: 4,
+            slice_id: None,
             selection: None,
             field_set: None,
             cluster: None,
@@ -109,6 +113,18 @@ impl VisitConfig {
             slice: (self.slices > 1).then_some((self.slices, slice)),
         }
     }
+
+    /// The slices this process visits: all of them, or the one `slice_id` names.
+    fn own_slices(&self) -> Result<std::ops::Range<u32>, VisitError> {
+        match self.slice_id {
+            None => Ok(0..self.slices),
+            Some(id) if id < self.slices => Ok(id..id + 1),
+            Some(id) => Err(VisitError::Config(format!(
+                "--slice-id {id} is not below --slices {}",
+                self.slices
+            ))),
+        }
+    }
 }
 
 /// Visits with `config`, writing every document to `output` as a JSON line; the summary when
@@ -120,6 +136,7 @@ pub async fn visit<W: Write + Send + 'static>(
     if config.slices == 0 {
         return Err(VisitError::Config("--slices must be at least 1".into()));
     }
+    let own_slices = config.own_slices()?;
     let transport = Arc::new(connect(&config).await?);
     let visit = Arc::new(Visit {
         counters: Arc::new(Counters::default()),
@@ -134,7 +151,8 @@ pub async fn visit<W: Write + Send + 'static>(
         .connection
         .progress
         .then(|| Progress::start(visit.counters.clone()));
-    let slices: Vec<_> = (0..visit.config.slices)
+    let slices: Vec<_> = own_slices
+        .clone()
         .map(|slice| {
             let visit = visit.clone();
             tokio::spawn(async move { visit.slice(slice).await })
@@ -153,7 +171,7 @@ pub async fn visit<W: Write + Send + 'static>(
         Some(e) => Err(e),
         None => Ok(visit
             .counters
-            .summary(visit.config.slices, started.elapsed())),
+            .summary(own_slices.len() as u32, started.elapsed())),
     }
 }
 
@@ -174,8 +192,9 @@ async fn connect(config: &VisitConfig) -> Result<Transport, VisitError> {
         tls,
     };
     // One request in flight per slice: more connections than slices would idle.
-    let connections = connection.connections.clamp(1, config.slices as usize);
-    Transport::connect(target, connections, config.slices)
+    let own = config.own_slices()?.len();
+    let connections = connection.connections.clamp(1, own);
+    Transport::connect(target, connections, own as u32)
         .await
         .map_err(VisitError::Connect)
 }
