@@ -13,7 +13,8 @@
 # when the vespacli package is not in the test venv.
 # Usage: run.sh [--smoke]   (--smoke: 300 documents, 0 ms, 2 slices, results to a temp file)
 # Knobs (environment): DOCS (corpus size), SIZE (bytes of text per document), RTTS, SLICES,
-# OUT, VESPA (path of the vespa binary), LARDER (a larder binary to use instead of building).
+# OUT, VESPA (path of the vespa binary), LARDER (a larder binary to use instead of building),
+# CLIENT_CPU (share of a core per client process in the client-bound case, 0.02), BOUND_SLICES.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -51,7 +52,7 @@ fi
 [ -n "$vespa" ] && [ -x "$vespa" ] || { echo "vespa CLI not found: \`vespa visit\` is skipped" >&2; vespa=""; }
 
 bench_workdir b8
-trap 'delay_cleanup; bench_cleanup' EXIT
+trap 'delay_cleanup; bench_cleanup; rmdir /sys/fs/cgroup/cpu/larder-b8-$$-* /sys/fs/cgroup/larder-b8-$$-* 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM
 delay_setup "$work"
 
@@ -140,8 +141,75 @@ for rtt in $rtts; do
   delay_down
 done
 
+# Client-bound: every client process in its own CPU cgroup (v1 `cpu`, or v2) holding CLIENT_CPU of
+# one core, as if each ran on its own small machine (the Vespa article's client containers). Each
+# slice is one process (`--slices N --slice-id i`, streamed), for both clients: what slices buy when
+# the client is the bottleneck, and what each client gets out of the same CPU.
+client_cpu=${CLIENT_CPU:-0.02}
+bound_slices=${BOUND_SLICES:-"1 4"}
+[ "$smoke" = 1 ] && bound_slices=2
+bound="$work/bound.jsonl"
+: > "$bound"
+cgroup_root=/sys/fs/cgroup/cpu
+[ -d "$cgroup_root" ] || cgroup_root=/sys/fs/cgroup
+
+# Makes cgroup NAME with CLIENT_CPU of a core; prints its directory.
+cpu_cgroup() {
+  local dir="$cgroup_root/$1" period=100000 quota
+  quota=$(awk -v c="$client_cpu" 'BEGIN {printf "%d", c * 100000}')
+  mkdir -p "$dir"
+  if [ -f "$dir/cpu.cfs_quota_us" ]; then
+    echo "$period" > "$dir/cpu.cfs_period_us"; echo "$quota" > "$dir/cpu.cfs_quota_us"
+  else
+    echo "$quota $period" > "$dir/cpu.max"
+  fi
+  echo "$dir"
+}
+
+# One client-bound visit: CLIENT SLICES; appends a JSON line to $bound.
+visit_bound() {
+  local client=$1 slices=$2 t0 t1 docs_seen cgroups=()
+  for i in $(seq 0 $((slices - 1))); do cgroups+=("$(cpu_cgroup "larder-b8-$$-$i")"); done
+  t0=$(date +%s.%N)
+  times > "$work/times.0"
+  docs_seen=$(
+    {
+    for i in $(seq 0 $((slices - 1))); do
+      local sl=(); [ "$slices" -gt 1 ] && sl=(--slices "$slices" --slice-id "$i")
+      if [ "$client" = larder ]; then
+        ip netns exec "$ns_f" sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "${cgroups[$i]}" \
+          "$larder" visit --endpoint "$endpoint" --connections 1 --slices "$slices" ${sl[@]:2} \
+          2>>"$work/bound.log" &
+      else
+        ip netns exec "$ns_f" sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "${cgroups[$i]}" \
+          env VESPA_CLI_HOME="$work/vespa-home" VESPA_CLI_CACHE_DIR="$work/vespa-home" NO_COLOR=1 \
+          "$vespa" visit -t "${endpoint%/}" "${sl[@]}" --stream 2>>"$work/bound.log" &
+      fi
+    done
+    wait
+    } | wc -l)
+  times > "$work/times.1"
+  t1=$(date +%s.%N)
+  for dir in "${cgroups[@]}"; do rmdir "$dir" 2>/dev/null || true; done
+  [ "$docs_seen" = "$docs" ] || cat "$work/bound.log" >&2
+  local cpu; cpu=$(awk 'FNR == 2 {
+      for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); s[FILENAME] += t[1] * 60 + t[2] } }
+    END { printf "%.3f", s[ARGV[2]] - s[ARGV[1]] }' "$work/times.0" "$work/times.1")
+  local seconds; seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", b - a}')
+  echo "{\"client\":\"$client\",\"slices\":$slices,\"docs\":$docs_seen,\"seconds\":$seconds,\"cpu\":$cpu}" >> "$bound"
+  echo "  client-bound ($client_cpu core each) $client slices=$slices: $docs_seen docs in $seconds s" >&2
+}
+
+delay_up 0
+for slices in $bound_slices; do
+  visit_bound larder "$slices"
+  [ -z "$vespa" ] || visit_bound vespa "$slices"
+done
+delay_down
+
 rtt_rows=$(for rtt in $rtts; do echo "| $rtt ms | ${rtt_measured[$rtt]} ms |"; done)
 table=$(python3 "$here/report.py" "$results" "$docs" "$plot")
+bound_table=$(python3 "$here/report.py" --bound "$bound" "$docs")
 
 {
   echo "# B8: visiting throughput, \`larder visit\` by slices, streamed or not, and \`vespa visit\`"
@@ -186,6 +254,14 @@ table=$(python3 "$here/report.py" "$results" "$docs" "$plot")
   echo "## Results"
   echo
   echo "$table"
+  echo
+  echo "## Client-bound: each client process holds $client_cpu of a core"
+  echo
+  echo "Each slice is one client process (\`--slices N --slice-id i\`, streamed, one connection) in"
+  echo "its own CPU cgroup limited to $client_cpu of a core (\`cpu.cfs_quota_us\`), as if each ran on"
+  echo "its own small machine; 0 ms added RTT, same server. Client CPU is what the processes used."
+  echo
+  echo "$bound_table"
   echo
   if [ "$smoke" = 0 ] && [ -s "$plot" ]; then echo "![B8 plot](b8-visiting.svg)"; fi
 } > "$out"
