@@ -166,6 +166,12 @@ cpu_cgroup() {
   echo "$dir"
 }
 
+# Runs COMMAND... in cgroup DIR. The cgroup is joined first: `ip netns exec` remounts /sys, where
+# the cgroup files would not be found (the process would run unlimited); children inherit it.
+in_cgroup() {
+  sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$@"
+}
+
 # One client-bound visit: CLIENT SLICES; appends a JSON line to $bound.
 visit_bound() {
   local client=$1 slices=$2 t0 t1 docs_seen cgroups=()
@@ -177,12 +183,10 @@ visit_bound() {
     for i in $(seq 0 $((slices - 1))); do
       local sl=(); [ "$slices" -gt 1 ] && sl=(--slices "$slices" --slice-id "$i")
       if [ "$client" = larder ]; then
-        ip netns exec "$ns_f" sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "${cgroups[$i]}" \
-          "$larder" visit --endpoint "$endpoint" --connections 1 --slices "$slices" ${sl[@]:2} \
+        in_cgroup "${cgroups[$i]}" ip netns exec "$ns_f" "$larder" visit --endpoint "$endpoint" --connections 1 --slices "$slices" ${sl[@]:2} \
           2>>"$work/bound.log" &
       else
-        ip netns exec "$ns_f" sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "${cgroups[$i]}" \
-          env VESPA_CLI_HOME="$work/vespa-home" VESPA_CLI_CACHE_DIR="$work/vespa-home" NO_COLOR=1 \
+        in_cgroup "${cgroups[$i]}" ip netns exec "$ns_f" env VESPA_CLI_HOME="$work/vespa-home" VESPA_CLI_CACHE_DIR="$work/vespa-home" NO_COLOR=1 \
           "$vespa" visit -t "${endpoint%/}" "${sl[@]}" --stream 2>>"$work/bound.log" &
       fi
     done
