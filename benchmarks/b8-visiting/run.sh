@@ -14,7 +14,7 @@
 # Usage: run.sh [--smoke]   (--smoke: 300 documents, 0 ms, 2 slices, results to a temp file)
 # Knobs (environment): DOCS (corpus size), SIZE (bytes of text per document), RTTS, SLICES,
 # OUT, VESPA (path of the vespa binary), LARDER (a larder binary to use instead of building),
-# CLIENT_CPU (share of a core per client process in the client-bound case, 0.02), BOUND_SLICES.
+# CLIENT_CPU (share of a core per client process in the client-bound case, 0.01), BOUND_SLICES.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -145,7 +145,7 @@ done
 # one core, as if each ran on its own small machine (the Vespa article's client containers). Each
 # slice is one process (`--slices N --slice-id i`, streamed), for both clients: what slices buy when
 # the client is the bottleneck, and what each client gets out of the same CPU.
-client_cpu=${CLIENT_CPU:-0.02}
+client_cpu=${CLIENT_CPU:-0.01}
 bound_slices=${BOUND_SLICES:-"1 4"}
 [ "$smoke" = 1 ] && bound_slices=2
 bound="$work/bound.jsonl"
