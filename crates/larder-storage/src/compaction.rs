@@ -7,9 +7,10 @@
 //!
 //! Both give way to foreground work: the node counts its data requests in flight
 //! ([`Compaction::foreground`]) and the store's rewrite pauses while more than
-//! `busy_requests` are (`larder_store::Foreground`); the pass's thread also runs at background
-//! priority, for the CPU and the disk ([`Background`]). `GET /internal/v1/compaction` shows what the last pass over each replica
-//! measured (garbage ratio) and how long ago it completed (the lag).
+//! `busy_requests` are (`larder_store::Foreground`); the pass's thread also runs in the idle I/O
+//! class ([`IdleIo`]), and the store copies at idle CPU priority. `GET /internal/v1/compaction`
+//! shows what the last pass over each replica measured (garbage ratio) and how long ago it
+//! completed (the lag).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,7 +21,7 @@ use larder_cluster::PartitionId;
 use larder_store::{CompactOptions, CompactReport, Foreground};
 use tokio::sync::watch;
 
-use crate::background::Background;
+use crate::background::IdleIo;
 use crate::config::CompactionConfig;
 use crate::error::Error;
 
@@ -156,7 +157,7 @@ fn pass(
     opts: &CompactOptions,
 ) -> (bool, serde_json::Map<String, serde_json::Value>) {
     let _one_pass_at_a_time = lock(&node.compaction.pass);
-    let _background = Background::enter();
+    let _idle_io = IdleIo::enter();
     let started = Instant::now();
     let mut total = NodePass {
         rate_mb_per_s: opts.max_bytes_per_sec / 1_000_000,

@@ -439,6 +439,9 @@ impl Engine {
         let mut moved = Vec::with_capacity(plan.keep.len());
         let mut pace = Pace::new(rate, self.opts.compaction_yields_to.as_ref(), file);
         let mut copied = 0u64;
+        // The copy loop takes no lock (reads and writes of two files this rewrite owns, and
+        // the foreground counters, atomics): it may run at idle CPU priority.
+        let idle = crate::idle_cpu::IdleCpu::enter();
         for k in &plan.keep {
             throttle(&mut pace, copied);
             let bytes =
@@ -462,6 +465,7 @@ impl Engine {
             at += (head.len() + rec.data.len()) as u64;
             copied += k.end - k.start;
         }
+        drop(idle);
         file.sync_all()?;
         Ok(moved)
     }

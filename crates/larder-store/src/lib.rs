@@ -33,6 +33,7 @@ mod engine;
 mod failpoint;
 mod feed;
 mod format;
+mod idle_cpu;
 mod index;
 mod journal;
 mod ledger;
