@@ -11,6 +11,7 @@ use s3s::auth::{S3Auth, SecretKey};
 use s3s::path::S3Path;
 use s3s::{s3_error, S3Result};
 
+use crate::metrics::OperationSlot;
 use crate::records::{AccessKey, KeyRing, Permission, KEYS_DOC};
 use crate::store::Records;
 
@@ -90,6 +91,11 @@ fn needs(operation: &str) -> Permission {
 #[async_trait::async_trait]
 impl S3Access for Gate {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        // Every routed request passes here first: name its operation for the metrics.
+        let operation = cx.s3_op().name().to_owned();
+        if let Some(slot) = cx.extensions_mut().get::<OperationSlot>() {
+            slot.set(&operation);
+        }
         let Some(credentials) = cx.credentials() else {
             return Err(s3_error!(AccessDenied, "Anonymous access is not allowed"));
         };

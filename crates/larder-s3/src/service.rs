@@ -17,6 +17,7 @@ use crate::objects;
 use crate::records::{
     bucket_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadedPart, CATALOG_DOC, FORMAT,
 };
+use crate::stall::Stalled;
 use crate::store::{Change, Records};
 
 /// Longest object name, in bytes (S3's).
@@ -219,7 +220,9 @@ impl S3 for Larder {
         let body = input
             .body
             .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
-        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let stored = blobs::store(self.router(), &self.limits, props, body)
+            .await
+            .map_err(|err| body_error(&req.extensions, err))?;
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -398,7 +401,9 @@ impl S3 for Larder {
         let body = input
             .body
             .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
-        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let stored = blobs::store(self.router(), &self.limits, props, body)
+            .await
+            .map_err(|err| body_error(&req.extensions, err))?;
         let part = UploadedPart {
             blob: stored.id.to_string(),
             size: stored.size,
@@ -632,6 +637,16 @@ impl S3 for Larder {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+}
+
+/// A body that failed because the client stopped sending is S3's RequestTimeout.
+fn body_error(extensions: &http::Extensions, err: S3Error) -> S3Error {
+    match extensions.get::<Stalled>().is_some_and(Stalled::happened) {
+        true => S3Error::RequestTimeout(format!(
+            "no request body bytes arrived within the body-read timeout ({err})"
+        )),
+        false => err,
     }
 }
 
