@@ -8,6 +8,7 @@
 
 mod auth;
 mod blobs;
+mod conditions;
 mod config;
 mod error;
 mod keys;
@@ -15,15 +16,18 @@ mod list;
 mod metrics;
 mod multipart;
 mod objects;
+mod presign;
 mod records;
 mod server;
 mod service;
 mod stall;
 mod store;
+mod upload_list;
 
 pub use blobs::BlobLimits;
 pub use config::S3Config;
 pub use error::S3Error;
 pub use keys::{KeyAdmin, NewKey};
+pub use presign::{presign, Presign, MAX_EXPIRY};
 pub use records::Permission;
 pub use server::{S3Api, S3Body};

@@ -102,6 +102,28 @@ pub fn upload_doc(bucket: &str, id: &str) -> String {
     format!("larder-s3:upload:{bucket}:{id}")
 }
 
+/// The document listing bucket `bucket`'s multipart uploads in progress (for
+/// ListMultipartUploads): `larder-s3:uploads:<bucket>`.
+pub fn uploads_doc(bucket: &str) -> String {
+    format!("larder-s3:uploads:{bucket}")
+}
+
+/// A bucket's uploads in progress, by object name, then upload ID (→ creation time, ms).
+/// Written after an upload's own record and before it is removed, so every listed upload
+/// whose record is gone was completed or aborted by a request that failed half-way.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadList {
+    pub v: u32,
+    pub uploads: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl UploadList {
+    pub fn len(&self) -> usize {
+        self.uploads.values().map(BTreeMap::len).sum()
+    }
+}
+
 /// A blob to tombstone after `after_ms`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -203,7 +225,7 @@ macro_rules! record {
         }
     )*};
 }
-record!(BucketIndex, Catalog, KeyRing, Upload);
+record!(BucketIndex, Catalog, KeyRing, Upload, UploadList);
 
 #[cfg(test)]
 mod tests {

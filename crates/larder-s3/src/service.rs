@@ -10,15 +10,18 @@ use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
 
 use crate::blobs::{self, BlobLimits};
+use crate::conditions::Conditions;
 use crate::error::S3Error;
 use crate::list::{self, After};
 use crate::multipart;
 use crate::objects;
 use crate::records::{
-    bucket_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadedPart, CATALOG_DOC, FORMAT,
+    bucket_doc, uploads_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadList, UploadedPart,
+    CATALOG_DOC, FORMAT,
 };
 use crate::stall::Stalled;
 use crate::store::{Change, Records};
+use crate::upload_list;
 
 /// Longest object name, in bytes (S3's).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -258,11 +261,13 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
         let entry = self.entry(&input.bucket, &input.key).await?;
-        objects::check_conditions(
-            &entry,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-        )?;
+        let conditions = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        conditions.check(&entry)?;
         let range = selected(input.range.as_ref(), entry.size)?;
         let read_ahead = self.limits.chunking.read_ahead;
         let body =
@@ -295,11 +300,13 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = req.input;
         let entry = self.entry(&input.bucket, &input.key).await?;
-        objects::check_conditions(
-            &entry,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-        )?;
+        let conditions = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        conditions.check(&entry)?;
         let output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(entry.size).ok(),
@@ -499,6 +506,63 @@ impl S3 for Larder {
         };
         Ok(S3Response::new(output))
     }
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let input = req.input;
+        let max = input.max_uploads.map_or(1000, |m| m.clamp(1, 1000)) as usize;
+        self.index(&input.bucket).await?;
+        let list: UploadList = self
+            .records
+            .read(&uploads_doc(&input.bucket))
+            .await?
+            .unwrap_or_default();
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let markers = upload_list::Markers {
+            key: input.key_marker.as_deref(),
+            id: input.upload_id_marker.as_deref(),
+        };
+        let delimiter = input.delimiter.as_deref();
+        let page = upload_list::page(&list, &prefix, delimiter, &markers, max);
+        let url = url_encoded(input.encoding_type.as_ref());
+        let uploads = page
+            .uploads
+            .iter()
+            .map(|(key, id, created)| MultipartUpload {
+                key: Some(encode(url, (*key).to_owned())),
+                upload_id: Some((*id).to_owned()),
+                initiated: Some(timestamp(*created)),
+                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                ..Default::default()
+            })
+            .collect();
+        let prefixes = page
+            .prefixes
+            .iter()
+            .map(|p| CommonPrefix {
+                prefix: Some(encode(url, p.clone())),
+            })
+            .collect();
+        let (next_key, next_id) = page.next.clone().unzip();
+        let output = ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: Some(encode(url, prefix)),
+            delimiter: input.delimiter.map(|d| encode(url, d)),
+            key_marker: input.key_marker.map(|k| encode(url, k)),
+            upload_id_marker: input.upload_id_marker,
+            next_key_marker: next_key.map(|k| encode(url, k)),
+            next_upload_id_marker: next_id.filter(|i| !i.is_empty()),
+            max_uploads: Some(max as i32),
+            is_truncated: Some(page.next.is_some()),
+            encoding_type: input.encoding_type,
+            uploads: Some(uploads),
+            common_prefixes: Some(prefixes),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
     async fn delete_objects(
         &self,
         req: S3Request<DeleteObjectsInput>,
