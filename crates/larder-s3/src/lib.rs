@@ -11,6 +11,8 @@ mod blobs;
 mod conditions;
 mod config;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod keys;
 mod list;
 mod metrics;
