@@ -45,6 +45,10 @@ pub struct BucketIndex {
     /// document write that unlinks them, so a crash cannot leak one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub garbage: Vec<Garbage>,
+    /// Anonymous requests may read this bucket (GET, HEAD, listings): PutBucketAcl with the
+    /// canned ACL `public-read` (`private` turns it off).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_read: bool,
 }
 
 /// What a name points at.

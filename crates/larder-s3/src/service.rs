@@ -175,6 +175,46 @@ impl S3 for Larder {
         Ok(S3Response::new(DeleteBucketOutput::default()))
     }
 
+    /// Only the canned ACLs `public-read` and `private`: whether anonymous requests may read.
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let input = req.input;
+        let grants = [
+            &input.grant_full_control,
+            &input.grant_read,
+            &input.grant_read_acp,
+            &input.grant_write,
+            &input.grant_write_acp,
+        ];
+        let public = match input.acl.as_ref().map(BucketCannedACL::as_str) {
+            _ if input.access_control_policy.is_some() || grants.iter().any(|g| g.is_some()) => {
+                None
+            }
+            Some(BucketCannedACL::PUBLIC_READ) => Some(true),
+            Some(BucketCannedACL::PRIVATE) => Some(false),
+            _ => None,
+        };
+        let Some(public) = public else {
+            return Err(s3s::s3_error!(
+                NotImplemented,
+                "Larder takes the canned ACLs public-read and private only"
+            ));
+        };
+        self.records
+            .update(&bucket_doc(&input.bucket), |index: Option<BucketIndex>| {
+                let mut index = index.ok_or(S3Error::NoSuchBucket)?;
+                if index.public_read == public {
+                    return Ok((Change::Keep, ()));
+                }
+                index.public_read = public;
+                Ok((Change::Put(index), ()))
+            })
+            .await?;
+        Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
     async fn list_buckets(
         &self,
         req: S3Request<ListBucketsInput>,

@@ -1,5 +1,6 @@
-"""Conditional GET and HEAD by date and ETag, ListMultipartUploads (boto3 and the aws cli), and
-presigned URLs from `larder s3 presign` fetched with curl.
+"""Conditional GET and HEAD by date and ETag, ListMultipartUploads (boto3 and the aws cli),
+presigned URLs from `larder s3 presign` fetched with curl, and public-read buckets (PutBucketAcl)
+read by curl without a signature.
 
 Usage: operations.py ENDPOINT KEY_ID SECRET LARDER FRONTEND_CONFIG
 Every check asserts; the first failure exits non-zero with its message.
@@ -113,4 +114,20 @@ assert status == 403 and b"AccessDenied" in body, (status, body)
 url = presign("ops/k")
 status, body = curl(url[:-1] + ("0" if url[-1] != "0" else "1"))
 assert status == 403 and b"SignatureDoesNotMatch" in body, (status, body)
+
+step("a public-read bucket serves anonymous GET, HEAD and listings; nothing else")
+s3.create_bucket(Bucket="public")
+s3.put_object(Bucket="public", Key="open.txt", Body=b"for all")
+assert curl(f"{endpoint}/public/open.txt")[0] == 403
+s3.put_bucket_acl(Bucket="public", ACL="public-read")
+assert curl(f"{endpoint}/public/open.txt") == (200, b"for all")
+assert curl("-I", f"{endpoint}/public/open.txt")[0] == 200
+status, body = curl(f"{endpoint}/public?list-type=2")
+assert status == 200 and b"<Key>open.txt</Key>" in body, (status, body)
+assert curl("-X", "PUT", "--data-binary", "x", f"{endpoint}/public/new.txt")[0] == 403
+assert curl("-X", "DELETE", f"{endpoint}/public/open.txt")[0] == 403
+assert curl(f"{endpoint}/ops/k")[0] == 403
+assert curl(f"{endpoint}/")[0] == 403
+s3.put_bucket_acl(Bucket="public", ACL="private")
+assert curl(f"{endpoint}/public/open.txt")[0] == 403
 print("ok")
