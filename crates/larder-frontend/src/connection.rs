@@ -27,6 +27,9 @@ use crate::{api, FrontendConfig, Limits};
 pub(crate) enum Port {
     Cleartext,
     Tls,
+    /// The S3 API's ports (`[s3] listen`, `[s3] tls_listen`): the same edge, the S3 handler.
+    S3,
+    S3Tls,
 }
 
 impl Port {
@@ -34,6 +37,8 @@ impl Port {
         match self {
             Port::Cleartext => "cleartext",
             Port::Tls => "tls",
+            Port::S3 => "s3",
+            Port::S3Tls => "s3_tls",
         }
     }
 }
@@ -48,10 +53,15 @@ pub(crate) struct Edge {
     tls: Option<Arc<Reloading<ServerConfig>>>,
     per_ip: Arc<PerIpLimit>,
     limits: Limits,
+    s3: Option<Arc<larder_s3::S3Api>>,
 }
 
 impl Edge {
-    pub(crate) fn new(state: Arc<AppState>, tls: Option<Arc<Reloading<ServerConfig>>>) -> Edge {
+    pub(crate) fn new(
+        state: Arc<AppState>,
+        tls: Option<Arc<Reloading<ServerConfig>>>,
+        s3: Option<Arc<larder_s3::S3Api>>,
+    ) -> Edge {
         let both = builder(&state.config);
         Edge {
             h1: both.clone().http1_only(),
@@ -60,6 +70,7 @@ impl Edge {
             per_ip: PerIpLimit::new(state.config.limits.max_connections_per_ip),
             limits: state.config.limits.clone(),
             state,
+            s3,
         }
     }
 
@@ -92,7 +103,7 @@ impl Edge {
         let activity = Activity::new();
         let io = Tracked::new(stream, activity.clone());
         match (port, &self.tls) {
-            (Port::Tls, Some(tls)) => {
+            (Port::Tls | Port::S3Tls, Some(tls)) => {
                 // The config current now: a certificate reload affects the next handshake.
                 // Boxed, like `drive` below: see `serve`.
                 let handshake = Box::pin(tls.acceptor().accept(io));
@@ -185,10 +196,20 @@ impl Edge {
         // Request bodies this connection buffers, summed over its streams (see `body_budget`).
         let limit = state.config.limits.buffered_bodies_per_connection;
         let budget = BodyBudget::new(limit, "connection");
+        let s3 = match port {
+            Port::S3 | Port::S3Tls => self.s3.clone(),
+            Port::Cleartext | Port::Tls => None,
+        };
         let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(budget.clone());
             let state = state.clone();
-            async move { Ok::<_, Infallible>(api::handle(state, req).await) }
+            let s3 = s3.clone();
+            async move {
+                Ok::<_, Infallible>(match s3 {
+                    Some(s3) => s3.handle(req).await,
+                    None => api::handle(state, req).await,
+                })
+            }
         });
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);

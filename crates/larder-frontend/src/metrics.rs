@@ -52,7 +52,7 @@ pub struct NodeLabels {
 pub struct ConnectionLabels {
     /// `h1` or `h2`.
     pub protocol: &'static str,
-    /// `tls` or `cleartext`: which port it came to.
+    /// `tls`, `cleartext`, `s3` or `s3_tls`: which port it came to.
     pub transport: &'static str,
 }
 
@@ -109,7 +109,7 @@ impl EdgeMetrics {
             timed_out: Family::default(),
             certificate_reloads: Family::default(),
         };
-        for transport in ["tls", "cleartext"] {
+        for transport in ["tls", "cleartext", "s3", "s3_tls"] {
             let _ = m.accepted.get_or_create(&TransportLabels { transport });
             for protocol in ["h1", "h2"] {
                 let _ = m.open.get_or_create(&ConnectionLabels {
@@ -317,6 +317,11 @@ impl Metrics {
         self.latency
             .get_or_create(&RouteLabels { route })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// The registry, for metrics defined elsewhere (the S3 API's).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
     }
 
     pub fn encode(&self) -> String {

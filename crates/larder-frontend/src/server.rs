@@ -32,6 +32,8 @@ pub struct Listeners {
     pub tls: Option<TcpListener>,
     /// The S3 API's port: required when the config has an `[s3]` section.
     pub s3: Option<TcpListener>,
+    /// The S3 API's TLS port: required when the config has `[s3] tls_listen`.
+    pub s3_tls: Option<TcpListener>,
 }
 
 /// What the process tells a running frontend.
@@ -48,7 +50,7 @@ pub struct Signals {
 pub async fn serve(
     config: FrontendConfig,
     map: ClusterMap,
-    mut listeners: Listeners,
+    listeners: Listeners,
     mut signals: Signals,
 ) -> Result<(), String> {
     config.validate()?;
@@ -63,6 +65,13 @@ pub async fn serve(
     }
     if config.s3.is_some() != listeners.s3.is_some() {
         return Err("an S3 listener is needed exactly when the config has [s3]".into());
+    }
+    let s3_tls = config.s3.as_ref().and_then(|s3| s3.tls_listen);
+    if s3_tls.is_some() != listeners.s3_tls.is_some() {
+        return Err("an S3 TLS listener is needed exactly when [s3] has tls_listen".into());
+    }
+    if s3_tls.is_some() && tls.is_none() {
+        return Err("[s3] tls_listen serves the [tls] certificate: it needs [tls]".into());
     }
     let nodes = map.nodes.iter().map(|n| (n.id.clone(), n.address));
     let credentials = config.auth.credentials()?;
@@ -90,7 +99,18 @@ pub async fn serve(
         config.cluster_map.clone(),
     ));
     let grace = config.shutdown_grace;
-    let metrics = Metrics::new(router.metrics());
+    let mut metrics = Metrics::new(router.metrics());
+    let (stop_tx, stop_rx) = watch::channel(());
+    let s3 = config.s3.as_ref().map(|s3| {
+        let limits = larder_s3::BlobLimits {
+            chunking: config.chunking.clone(),
+            max_object_size: config.max_blob_size.as_u64(),
+            body_read_timeout: config.limits.body_read_timeout,
+        };
+        let registry = metrics.registry_mut();
+        let api = larder_s3::S3Api::start(router.clone(), limits, s3, registry, stop_rx.clone());
+        Arc::new(api)
+    });
     config.documents.validate()?;
     let body_budget = BodyBudget::new(config.limits.buffered_bodies_per_process, "process");
     let visits = Arc::new(tokio::sync::Semaphore::new(
@@ -106,23 +126,8 @@ pub async fn serve(
         router,
         metrics,
     });
-    let edge = Arc::new(Edge::new(state.clone(), tls.clone()));
-    let (stop_tx, stop_rx) = watch::channel(());
+    let edge = Arc::new(Edge::new(state.clone(), tls.clone(), s3));
     log_addresses(&listeners)?;
-    if let (Some(listener), Some(s3)) = (listeners.s3.take(), state.config.s3.clone()) {
-        let limits = larder_s3::BlobLimits {
-            chunking: state.config.chunking.clone(),
-            max_object_size: state.config.max_blob_size.as_u64(),
-        };
-        let router = state.router.clone();
-        tokio::spawn(larder_s3::serve(
-            listener,
-            router,
-            limits,
-            s3,
-            stop_rx.clone(),
-        ));
-    }
     loop {
         tokio::select! {
             accepted = listeners.cleartext.accept() => {
@@ -130,6 +135,12 @@ pub async fn serve(
             }
             accepted = accept_optional(&listeners.tls) => {
                 spawn_connection(&edge, accepted, Port::Tls, &stop_rx).await;
+            }
+            accepted = accept_optional(&listeners.s3) => {
+                spawn_connection(&edge, accepted, Port::S3, &stop_rx).await;
+            }
+            accepted = accept_optional(&listeners.s3_tls) => {
+                spawn_connection(&edge, accepted, Port::S3Tls, &stop_rx).await;
             }
             Some(()) = signals.reload.recv() => reload(&state, tls.as_deref()),
             _ = &mut signals.shutdown => break,
@@ -211,6 +222,14 @@ fn log_addresses(listeners: &Listeners) -> Result<(), String> {
     if let Some(tls) = &listeners.tls {
         let addr = tls.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(%addr, "frontend serving HTTPS (ALPN h2, http/1.1)");
+    }
+    if let Some(s3) = &listeners.s3 {
+        let addr = s3.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%addr, "S3 API serving HTTP/1.1 and h2c");
+    }
+    if let Some(s3) = &listeners.s3_tls {
+        let addr = s3.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%addr, "S3 API serving HTTPS (ALPN h2, http/1.1)");
     }
     Ok(())
 }

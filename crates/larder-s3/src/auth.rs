@@ -1,6 +1,6 @@
 //! Who may do what: SigV4 secrets (s3s checks the signatures, header and presigned, with their
 //! expiry) from the key ring stored in the cluster, and per-key bucket permissions. Anonymous
-//! requests are refused.
+//! requests are refused, but for reads of a bucket made public-read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +11,8 @@ use s3s::auth::{S3Auth, SecretKey};
 use s3s::path::S3Path;
 use s3s::{s3_error, S3Result};
 
-use crate::records::{AccessKey, KeyRing, Permission, KEYS_DOC};
+use crate::metrics::OperationSlot;
+use crate::records::{bucket_doc, AccessKey, BucketIndex, KeyRing, Permission, KEYS_DOC};
 use crate::store::Records;
 
 /// How long a key ring read is reused: a revoked key stops working within this.
@@ -48,6 +49,17 @@ impl Keys {
         Ok(ring)
     }
 
+    /// Whether `bucket` exists and was made public-read. Read from a quorum for each anonymous
+    /// request (anonymous reads of public buckets are expected to be rare next to signed ones).
+    pub async fn public_read(&self, bucket: &str) -> S3Result<bool> {
+        let index: Option<BucketIndex> = self
+            .records
+            .read(&bucket_doc(bucket))
+            .await
+            .map_err(s3s::S3Error::from)?;
+        Ok(index.is_some_and(|i| i.public_read))
+    }
+
     /// The key named `access_key`, if it exists (and was not revoked).
     pub async fn get(&self, access_key: &str) -> S3Result<Option<AccessKey>> {
         Ok(self.ring().await?.keys.get(access_key).cloned())
@@ -74,7 +86,7 @@ impl S3Auth for Gate {
 /// What an operation needs in its bucket.
 fn needs(operation: &str) -> Permission {
     match operation {
-        "CreateBucket" | "DeleteBucket" => Permission::Owner,
+        "CreateBucket" | "DeleteBucket" | "PutBucketAcl" => Permission::Owner,
         "GetObject"
         | "HeadObject"
         | "HeadBucket"
@@ -90,8 +102,13 @@ fn needs(operation: &str) -> Permission {
 #[async_trait::async_trait]
 impl S3Access for Gate {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        // Every routed request passes here first: name its operation for the metrics.
+        let operation = cx.s3_op().name().to_owned();
+        if let Some(slot) = cx.extensions_mut().get::<OperationSlot>() {
+            slot.set(&operation);
+        }
         let Some(credentials) = cx.credentials() else {
-            return Err(s3_error!(AccessDenied, "Anonymous access is not allowed"));
+            return self.check_anonymous(cx).await;
         };
         let bucket = match cx.s3_path() {
             // ListBuckets: shown only the buckets the key has a permission in.
@@ -112,6 +129,30 @@ impl S3Access for Gate {
                 cx.s3_op().name()
             )),
         }
+    }
+}
+
+/// What anonymous requests may do in a public-read bucket.
+const PUBLIC_READS: [&str; 5] = [
+    "GetObject",
+    "HeadObject",
+    "HeadBucket",
+    "ListObjects",
+    "ListObjectsV2",
+];
+
+impl Gate {
+    /// Anonymous requests: reads of a public-read bucket, nothing else.
+    async fn check_anonymous(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        let refused = || s3_error!(AccessDenied, "Anonymous access is not allowed");
+        let bucket = match cx.s3_path() {
+            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
+            S3Path::Root => return Err(refused()),
+        };
+        if PUBLIC_READS.contains(&cx.s3_op().name()) && self.0.public_read(&bucket).await? {
+            return Ok(());
+        }
+        Err(refused())
     }
 }
 

@@ -28,6 +28,9 @@ const MAX_MANIFEST: usize = 16 << 20;
 pub struct BlobLimits {
     pub chunking: ChunkingConfig,
     pub max_object_size: u64,
+    /// A request body from which nothing arrives for this long fails (the frontend's
+    /// `limits.body_read_timeout`).
+    pub body_read_timeout: std::time::Duration,
 }
 
 /// A stored body.

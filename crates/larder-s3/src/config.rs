@@ -11,6 +11,10 @@ pub struct S3Config {
     /// The S3 API's own port (HTTP/1.1 and h2c prior knowledge), apart from the main port
     /// whose `/` belongs to Vespa's tools.
     pub listen: SocketAddr,
+    /// An S3 port with TLS (HTTP/1.1 and HTTP/2 by ALPN), with the frontend's `[tls]`
+    /// certificate and key (reloaded with them on SIGHUP). Needs `[tls]`. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_listen: Option<SocketAddr>,
     /// How long the blob of an overwritten or deleted name stays readable before it is
     /// tombstoned: a GET that resolved the name just before may still be reading it.
     #[serde(default = "default_grace", with = "humantime_serde")]

@@ -37,6 +37,9 @@ pub enum S3Error {
     MalformedXml(String),
     #[error("{0}")]
     TooLarge(String),
+    /// The client stopped sending the request body (`limits.body_read_timeout`).
+    #[error("{0}")]
+    RequestTimeout(String),
     /// Storage could not do it now (not enough replicas, the primary unreachable, a lost race
     /// on every attempt): retryable.
     #[error("{0}")]
@@ -91,6 +94,7 @@ impl From<S3Error> for Reply {
             S3Error::EntityTooSmall(_) => Code::EntityTooSmall,
             S3Error::MalformedXml(_) => Code::MalformedXML,
             S3Error::TooLarge(_) => Code::EntityTooLarge,
+            S3Error::RequestTimeout(_) => Code::RequestTimeout,
             S3Error::Unavailable(_) | S3Error::IndexFull(_) => Code::ServiceUnavailable,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,
         };

@@ -75,6 +75,12 @@ impl KeyAdmin {
             .await
     }
 
+    /// The secret of key `id` (for `larder s3 presign`), if the key exists.
+    pub async fn secret(&self, id: &str) -> Result<Option<String>, S3Error> {
+        let ring: KeyRing = self.records.read(KEYS_DOC).await?.unwrap_or_default();
+        Ok(ring.keys.get(id).map(|k| k.secret.clone()))
+    }
+
     /// Every key with its grants (secrets left out).
     pub async fn list(&self) -> Result<Vec<(String, BTreeMap<String, Permission>)>, S3Error> {
         let ring: KeyRing = self.records.read(KEYS_DOC).await?.unwrap_or_default();

@@ -8,20 +8,28 @@
 
 mod auth;
 mod blobs;
+mod conditions;
 mod config;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod keys;
 mod list;
+mod metrics;
 mod multipart;
 mod objects;
+mod presign;
 mod records;
 mod server;
 mod service;
+mod stall;
 mod store;
+mod upload_list;
 
 pub use blobs::BlobLimits;
 pub use config::S3Config;
 pub use error::S3Error;
 pub use keys::{KeyAdmin, NewKey};
+pub use presign::{presign, Presign, MAX_EXPIRY};
 pub use records::Permission;
-pub use server::serve;
+pub use server::{S3Api, S3Body};

@@ -15,6 +15,7 @@ use crate::objects;
 use crate::records::{upload_doc, ObjectEntry, Piece, Upload, UploadedPart, FORMAT};
 use crate::service::{now_ms, Larder};
 use crate::store::Change;
+use crate::upload_list;
 
 /// S3's bounds: part numbers 1..=10,000; every part but the last at least 5 MiB.
 pub const MAX_PART_NUMBER: i32 = 10_000;
@@ -26,12 +27,18 @@ const UPLOAD_ID_LEN: usize = 32;
 /// A new upload's ID, after its record is written.
 pub async fn create(s3: &Larder, bucket: &str, upload: Upload) -> Result<String, S3Error> {
     let id = Alphanumeric.sample_string(&mut rand::rng(), UPLOAD_ID_LEN);
+    let (key, created_ms) = (upload.key.clone(), upload.created_ms);
     s3.records
         .update(&upload_doc(bucket, &id), |old: Option<Upload>| match old {
             Some(_) => Err(S3Error::Internal("upload ID collision".into())),
             None => Ok((Change::Put(upload.clone()), ())),
         })
         .await?;
+    // Listed after its record exists: a listed upload is one ListParts and Abort can find.
+    if let Err(err) = upload_list::add(s3, bucket, &key, &id, created_ms).await {
+        let _ = take(s3, bucket, &key, &id).await;
+        return Err(err);
+    }
     Ok(id)
 }
 
@@ -115,11 +122,24 @@ fn drop_parts(s3: &Larder, parts: Vec<UploadedPart>) {
 pub async fn abort(s3: &Larder, bucket: &str, key: &str, id: &str) -> Result<(), S3Error> {
     let upload = take(s3, bucket, key, id).await?;
     drop_parts(s3, upload.parts.into_values().collect());
+    unlist(s3, bucket, key, id).await;
     Ok(())
 }
 
+/// Removes a finished upload from the bucket's list. The upload is finished either way, so a
+/// failure here is logged, not answered: the listing shows it until a retry of the same
+/// request (whose answer is then NoSuchUpload) or an operator removes it.
+async fn unlist(s3: &Larder, bucket: &str, key: &str, id: &str) {
+    if let Err(err) = upload_list::remove(s3, bucket, key, id).await {
+        tracing::warn!(%err, bucket, upload = id, "a finished upload is still listed");
+    }
+}
+
 /// The parts `chosen` names, in order, checked against what was uploaded.
-fn select(upload: &Upload, chosen: &[CompletedPart]) -> Result<Vec<(u32, UploadedPart)>, S3Error> {
+pub(crate) fn select(
+    upload: &Upload,
+    chosen: &[CompletedPart],
+) -> Result<Vec<(u32, UploadedPart)>, S3Error> {
     if chosen.is_empty() {
         return Err(S3Error::MalformedXml(
             "CompleteMultipartUpload names no parts".into(),
@@ -201,6 +221,7 @@ pub async fn complete(
         .map(|(_, p)| p)
         .collect();
     drop_parts(s3, unused);
+    unlist(s3, bucket, key, id).await;
     if let Err(err) = objects::link(s3, bucket, key, entry.clone(), false).await {
         let parts = entry
             .body

@@ -10,8 +10,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use s3s::dto::ETagCondition;
-
 use crate::blobs;
 use crate::error::S3Error;
 use crate::records::MAX_INDEX_ENTRIES;
@@ -78,25 +76,6 @@ pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3
             ))
         })
         .await
-}
-
-/// `If-Match` and `If-None-Match` of a GET or HEAD.
-pub fn check_conditions(
-    entry: &ObjectEntry,
-    if_match: Option<&ETagCondition>,
-    if_none_match: Option<&ETagCondition>,
-) -> Result<(), s3s::S3Error> {
-    let matches = |c: &ETagCondition| match c {
-        ETagCondition::Any => true,
-        ETagCondition::ETag(tag) => tag.value() == entry.etag,
-    };
-    if if_match.is_some_and(|c| !matches(c)) {
-        return Err(S3Error::PreconditionFailed.into());
-    }
-    if if_none_match.is_some_and(matches) {
-        return Err(s3s::s3_error!(NotModified));
-    }
-    Ok(())
 }
 
 /// Tombstones, every `interval`, the blobs whose grace period is over, bucket by bucket: first

@@ -45,6 +45,10 @@ pub struct BucketIndex {
     /// document write that unlinks them, so a crash cannot leak one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub garbage: Vec<Garbage>,
+    /// Anonymous requests may read this bucket (GET, HEAD, listings): PutBucketAcl with the
+    /// canned ACL `public-read` (`private` turns it off).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_read: bool,
 }
 
 /// What a name points at.
@@ -100,6 +104,28 @@ pub struct UploadedPart {
 /// The document of multipart upload `id` into `bucket`.
 pub fn upload_doc(bucket: &str, id: &str) -> String {
     format!("larder-s3:upload:{bucket}:{id}")
+}
+
+/// The document listing bucket `bucket`'s multipart uploads in progress (for
+/// ListMultipartUploads): `larder-s3:uploads:<bucket>`.
+pub fn uploads_doc(bucket: &str) -> String {
+    format!("larder-s3:uploads:{bucket}")
+}
+
+/// A bucket's uploads in progress, by object name, then upload ID (→ creation time, ms).
+/// Written after an upload's own record and before it is removed, so every listed upload
+/// whose record is gone was completed or aborted by a request that failed half-way.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadList {
+    pub v: u32,
+    pub uploads: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl UploadList {
+    pub fn len(&self) -> usize {
+        self.uploads.values().map(BTreeMap::len).sum()
+    }
 }
 
 /// A blob to tombstone after `after_ms`.
@@ -203,7 +229,7 @@ macro_rules! record {
         }
     )*};
 }
-record!(BucketIndex, Catalog, KeyRing, Upload);
+record!(BucketIndex, Catalog, KeyRing, Upload, UploadList);
 
 #[cfg(test)]
 mod tests {

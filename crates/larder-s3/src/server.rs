@@ -1,90 +1,91 @@
-//! The S3 listener: HTTP/1.1 and h2c prior knowledge on one port (hyper-util's auto builder),
-//! s3s as the service, graceful shutdown.
+//! The S3 API as a request handler the frontend's edge serves on the S3 port(s): the edge owns
+//! the connection (TLS, per-address limit, header-read and idle timeouts, HTTP/2 limits, the
+//! same as the main port's), this owns each request: the body's stall clock, s3s, metrics.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
-use larder_router::Router;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
 use s3s::service::{S3Service, S3ServiceBuilder};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::auth::{Gate, Keys};
 use crate::blobs::BlobLimits;
+use crate::metrics::{OperationSlot, S3Metrics};
 use crate::service::Larder;
+use crate::stall::{StallClock, Stalled};
 use crate::store::Records;
 use crate::S3Config;
+use larder_router::Router;
 
-/// Streams one client connection may have open (HTTP/2).
-const MAX_STREAMS: u32 = 256;
-/// Largest request header block (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE and HTTP/1.1's buffer).
-const MAX_HEADERS: usize = 64 * 1024;
-/// How long a client has to send its request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A response body, boxed as the frontend's are.
+pub type S3Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
-/// Serves S3 on `listener` until `stop` changes or closes, then lets requests in flight finish.
-pub async fn serve(
-    listener: TcpListener,
-    router: Arc<Router>,
+/// Larder's S3 API over one router.
+pub struct S3Api {
+    service: S3Service,
+    metrics: S3Metrics,
     limits: BlobLimits,
-    config: S3Config,
-    mut stop: watch::Receiver<()>,
-) {
-    let records = Arc::new(Records::new(router));
-    let service = service(records.clone(), limits, &config);
-    let sweeper = tokio::spawn(crate::objects::sweep_forever(
-        records,
-        config.sweep_interval,
-    ));
-    let builder = builder();
-    let graceful = GracefulShutdown::new();
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "S3 API serving HTTP/1.1 and h2c");
-    }
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    let connection = builder
-                        .serve_connection(TokioIo::new(stream), service.clone())
-                        .into_owned();
-                    let connection = graceful.watch(connection);
-                    tokio::spawn(async move {
-                        if let Err(err) = connection.await {
-                            tracing::debug!(%err, "S3 connection ended with an error");
-                        }
-                    });
-                }
-                Err(err) => {
-                    tracing::warn!(%err, "S3 accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = stop.changed() => break,
-        }
-    }
-    drop(listener);
-    sweeper.abort();
-    graceful.shutdown().await;
 }
 
-fn builder() -> Builder<TokioExecutor> {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .max_buf_size(MAX_HEADERS)
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .timer(hyper_util::rt::TokioTimer::new());
-    builder
-        .http2()
-        .max_concurrent_streams(MAX_STREAMS)
-        .max_header_list_size(MAX_HEADERS as u32)
-        .timer(hyper_util::rt::TokioTimer::new());
-    builder
+impl S3Api {
+    /// The API over `router`, its metrics registered in `registry`, and its sweeper of
+    /// replaced blobs running until `stop` changes or closes.
+    pub fn start(
+        router: Arc<Router>,
+        limits: BlobLimits,
+        config: &S3Config,
+        registry: &mut Registry,
+        stop: watch::Receiver<()>,
+    ) -> S3Api {
+        let records = Arc::new(Records::new(router));
+        tokio::spawn(sweep_until(records.clone(), config.sweep_interval, stop));
+        S3Api {
+            service: service(records, limits.clone(), config),
+            metrics: S3Metrics::register(registry),
+            limits,
+        }
+    }
+
+    /// Answers one request. A body from which nothing arrives for `body_read_timeout` fails
+    /// (`RequestTimeout`); s3s's own failures become 500s, never a dropped connection.
+    pub async fn handle(&self, req: http::Request<Incoming>) -> http::Response<S3Body> {
+        let started = Instant::now();
+        let slot = OperationSlot::default();
+        let timeout = self.limits.body_read_timeout;
+        let stalled = Stalled::default();
+        let mut req =
+            req.map(|body| s3s::Body::http_body(StallClock::new(body, timeout, stalled.clone())));
+        req.extensions_mut().insert(slot.clone());
+        req.extensions_mut().insert(stalled);
+        let response = match self.service.call(req).await {
+            Ok(response) => response.map(|body| body.boxed()),
+            Err(err) => {
+                tracing::error!(?err, "s3s could not answer");
+                let mut response = http::Response::new(s3s::Body::empty().boxed());
+                *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                response
+            }
+        };
+        self.metrics
+            .observe(slot.get(), response.status(), started.elapsed());
+        response
+    }
+}
+
+async fn sweep_until(
+    records: Arc<Records>,
+    interval: std::time::Duration,
+    mut stop: watch::Receiver<()>,
+) {
+    tokio::select! {
+        _ = crate::objects::sweep_forever(records, interval) => {}
+        _ = stop.changed() => {}
+    }
 }
 
 /// The s3s service over Larder.

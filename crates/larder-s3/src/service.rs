@@ -10,14 +10,18 @@ use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
 
 use crate::blobs::{self, BlobLimits};
+use crate::conditions::Conditions;
 use crate::error::S3Error;
 use crate::list::{self, After};
 use crate::multipart;
 use crate::objects;
 use crate::records::{
-    bucket_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadedPart, CATALOG_DOC, FORMAT,
+    bucket_doc, uploads_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadList, UploadedPart,
+    CATALOG_DOC, FORMAT,
 };
+use crate::stall::Stalled;
 use crate::store::{Change, Records};
+use crate::upload_list;
 
 /// Longest object name, in bytes (S3's).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -171,6 +175,46 @@ impl S3 for Larder {
         Ok(S3Response::new(DeleteBucketOutput::default()))
     }
 
+    /// Only the canned ACLs `public-read` and `private`: whether anonymous requests may read.
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let input = req.input;
+        let grants = [
+            &input.grant_full_control,
+            &input.grant_read,
+            &input.grant_read_acp,
+            &input.grant_write,
+            &input.grant_write_acp,
+        ];
+        let public = match input.acl.as_ref().map(BucketCannedACL::as_str) {
+            _ if input.access_control_policy.is_some() || grants.iter().any(|g| g.is_some()) => {
+                None
+            }
+            Some(BucketCannedACL::PUBLIC_READ) => Some(true),
+            Some(BucketCannedACL::PRIVATE) => Some(false),
+            _ => None,
+        };
+        let Some(public) = public else {
+            return Err(s3s::s3_error!(
+                NotImplemented,
+                "Larder takes the canned ACLs public-read and private only"
+            ));
+        };
+        self.records
+            .update(&bucket_doc(&input.bucket), |index: Option<BucketIndex>| {
+                let mut index = index.ok_or(S3Error::NoSuchBucket)?;
+                if index.public_read == public {
+                    return Ok((Change::Keep, ()));
+                }
+                index.public_read = public;
+                Ok((Change::Put(index), ()))
+            })
+            .await?;
+        Ok(S3Response::new(PutBucketAclOutput::default()))
+    }
+
     async fn list_buckets(
         &self,
         req: S3Request<ListBucketsInput>,
@@ -219,7 +263,9 @@ impl S3 for Larder {
         let body = input
             .body
             .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
-        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let stored = blobs::store(self.router(), &self.limits, props, body)
+            .await
+            .map_err(|err| body_error(&req.extensions, err))?;
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -255,11 +301,13 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
         let entry = self.entry(&input.bucket, &input.key).await?;
-        objects::check_conditions(
-            &entry,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-        )?;
+        let conditions = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        conditions.check(&entry)?;
         let range = selected(input.range.as_ref(), entry.size)?;
         let read_ahead = self.limits.chunking.read_ahead;
         let body =
@@ -292,11 +340,13 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let input = req.input;
         let entry = self.entry(&input.bucket, &input.key).await?;
-        objects::check_conditions(
-            &entry,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-        )?;
+        let conditions = Conditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        conditions.check(&entry)?;
         let output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(entry.size).ok(),
@@ -398,7 +448,9 @@ impl S3 for Larder {
         let body = input
             .body
             .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
-        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let stored = blobs::store(self.router(), &self.limits, props, body)
+            .await
+            .map_err(|err| body_error(&req.extensions, err))?;
         let part = UploadedPart {
             blob: stored.id.to_string(),
             size: stored.size,
@@ -494,6 +546,63 @@ impl S3 for Larder {
         };
         Ok(S3Response::new(output))
     }
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let input = req.input;
+        let max = input.max_uploads.map_or(1000, |m| m.clamp(1, 1000)) as usize;
+        self.index(&input.bucket).await?;
+        let list: UploadList = self
+            .records
+            .read(&uploads_doc(&input.bucket))
+            .await?
+            .unwrap_or_default();
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let markers = upload_list::Markers {
+            key: input.key_marker.as_deref(),
+            id: input.upload_id_marker.as_deref(),
+        };
+        let delimiter = input.delimiter.as_deref();
+        let page = upload_list::page(&list, &prefix, delimiter, &markers, max);
+        let url = url_encoded(input.encoding_type.as_ref());
+        let uploads = page
+            .uploads
+            .iter()
+            .map(|(key, id, created)| MultipartUpload {
+                key: Some(encode(url, (*key).to_owned())),
+                upload_id: Some((*id).to_owned()),
+                initiated: Some(timestamp(*created)),
+                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                ..Default::default()
+            })
+            .collect();
+        let prefixes = page
+            .prefixes
+            .iter()
+            .map(|p| CommonPrefix {
+                prefix: Some(encode(url, p.clone())),
+            })
+            .collect();
+        let (next_key, next_id) = page.next.clone().unzip();
+        let output = ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: Some(encode(url, prefix)),
+            delimiter: input.delimiter.map(|d| encode(url, d)),
+            key_marker: input.key_marker.map(|k| encode(url, k)),
+            upload_id_marker: input.upload_id_marker,
+            next_key_marker: next_key.map(|k| encode(url, k)),
+            next_upload_id_marker: next_id.filter(|i| !i.is_empty()),
+            max_uploads: Some(max as i32),
+            is_truncated: Some(page.next.is_some()),
+            encoding_type: input.encoding_type,
+            uploads: Some(uploads),
+            common_prefixes: Some(prefixes),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
     async fn delete_objects(
         &self,
         req: S3Request<DeleteObjectsInput>,
@@ -632,6 +741,16 @@ impl S3 for Larder {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+}
+
+/// A body that failed because the client stopped sending is S3's RequestTimeout.
+fn body_error(extensions: &http::Extensions, err: S3Error) -> S3Error {
+    match extensions.get::<Stalled>().is_some_and(Stalled::happened) {
+        true => S3Error::RequestTimeout(format!(
+            "no request body bytes arrived within the body-read timeout ({err})"
+        )),
+        false => err,
     }
 }
 

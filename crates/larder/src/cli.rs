@@ -186,10 +186,15 @@ pub async fn bind_frontend(
         Some(s3) => Some(bind(s3.listen).await?),
         None => None,
     };
+    let s3_tls = match config.s3.as_ref().and_then(|s3| s3.tls_listen) {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
     Ok(larder_frontend::Listeners {
         cleartext: bind(config.listen).await?,
         tls,
         s3,
+        s3_tls,
     })
 }
 
@@ -258,6 +263,7 @@ const OPTIONAL_SECTIONS: &str = "\
 # Frontend: the S3-compatible API on its own port (HTTP/1.1 and h2c); keys: `larder s3 key`.
 #   [s3]
 #   listen = \"127.0.0.1:9000\"
+#   tls_listen = \"127.0.0.1:9443\"   # optional: S3 over TLS with [tls]'s certificate
 #   replaced_blob_grace = \"15m\"
 #   sweep_interval = \"1m\"";
 

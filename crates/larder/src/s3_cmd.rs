@@ -1,14 +1,17 @@
-//! `larder s3 key create|revoke|list`: the S3 API's access keys, stored in the cluster. The
+//! `larder s3 key create|revoke|list`: the S3 API's access keys, stored in the cluster;
+//! `larder s3 presign`: a presigned GET or PUT URL signed with one of them. The
 //! command reaches the storage nodes as a frontend does, with a frontend's config (cluster map,
 //! datacenter, and the cluster secret or `[pool.tls]` certificate): whoever can run it can
 //! already reach the data, and no public endpoint hands out keys.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use larder_s3::{KeyAdmin, Permission};
+use larder_s3::{KeyAdmin, Permission, Presign};
 
 use crate::configs;
 
@@ -17,6 +20,33 @@ pub enum S3Command {
     /// Access keys for the S3 API.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Print a presigned URL: a GET or PUT of one object that whoever holds it may do until it
+    /// expires, signed (SigV4) with a key's secret read from the cluster; the key's grants apply.
+    Presign(PresignArgs),
+}
+
+#[derive(Args)]
+pub struct PresignArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The access key ID whose secret signs the URL.
+    #[arg(long)]
+    access_key_id: String,
+    /// The request the URL allows.
+    #[arg(long, default_value = "GET", value_parser = ["GET", "PUT"])]
+    method: String,
+    /// Seconds until the URL expires (at most 604800, seven days), as `aws s3 presign`.
+    #[arg(long, default_value_t = 900)]
+    expires_in: u64,
+    /// The S3 endpoint clients reach, `http(s)://host:port` (default: the config's `[s3]
+    /// listen`, 127.0.0.1 for an unspecified address).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// The SigV4 region (any; Larder serves one).
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// The object: `s3://BUCKET/KEY` or `BUCKET/KEY`.
+    object: String,
 }
 
 #[derive(Subcommand)]
@@ -65,11 +95,11 @@ fn parse_grant(text: &str) -> Result<(String, Permission), String> {
 }
 
 pub fn run(command: S3Command) -> anyhow::Result<()> {
-    let S3Command::Key(command) = command;
     let target = match &command {
-        KeyCommand::Create(args) => &args.target,
-        KeyCommand::Revoke(args) => &args.target,
-        KeyCommand::List(target) => target,
+        S3Command::Key(KeyCommand::Create(args)) => &args.target,
+        S3Command::Key(KeyCommand::Revoke(args)) => &args.target,
+        S3Command::Key(KeyCommand::List(target)) => target,
+        S3Command::Presign(args) => &args.target,
     };
     let (config, map) = configs::frontend(&target.config)?;
     crate::cli::runtime()?.block_on(async move {
@@ -86,26 +116,76 @@ pub fn run(command: S3Command) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
         let admin = KeyAdmin::new(Arc::new(router));
         match command {
-            KeyCommand::Create(args) => {
-                let key = admin.create(args.grants).await?;
-                println!("{}", serde_json::to_string_pretty(&key)?);
-            }
-            KeyCommand::Revoke(args) => {
-                anyhow::ensure!(
-                    admin.revoke(&args.access_key_id).await?,
-                    "no key {}",
-                    args.access_key_id
-                );
-                println!("revoked {}", args.access_key_id);
-            }
-            KeyCommand::List(_) => {
-                for (id, grants) in admin.list().await? {
-                    let grants: Vec<String> =
-                        grants.iter().map(|(b, p)| format!("{b}:{p:?}")).collect();
-                    println!("{id}  {}", grants.join(" ").to_lowercase());
-                }
+            S3Command::Key(command) => keys(&admin, command).await,
+            S3Command::Presign(args) => {
+                let listen = config.s3.as_ref().map(|s3| s3.listen);
+                println!("{}", presign(&admin, args, listen).await?);
+                Ok(())
             }
         }
-        Ok(())
     })
+}
+
+async fn keys(admin: &KeyAdmin, command: KeyCommand) -> anyhow::Result<()> {
+    match command {
+        KeyCommand::Create(args) => {
+            let key = admin.create(args.grants).await?;
+            println!("{}", serde_json::to_string_pretty(&key)?);
+        }
+        KeyCommand::Revoke(args) => {
+            anyhow::ensure!(
+                admin.revoke(&args.access_key_id).await?,
+                "no key {}",
+                args.access_key_id
+            );
+            println!("revoked {}", args.access_key_id);
+        }
+        KeyCommand::List(_) => {
+            for (id, grants) in admin.list().await? {
+                let grants: Vec<String> =
+                    grants.iter().map(|(b, p)| format!("{b}:{p:?}")).collect();
+                println!("{id}  {}", grants.join(" ").to_lowercase());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The presigned URL `args` ask for.
+async fn presign(
+    admin: &KeyAdmin,
+    args: PresignArgs,
+    listen: Option<SocketAddr>,
+) -> anyhow::Result<String> {
+    let object = args.object.strip_prefix("s3://").unwrap_or(&args.object);
+    let (bucket, key) = object
+        .split_once('/')
+        .filter(|(b, k)| !b.is_empty() && !k.is_empty())
+        .with_context(|| format!("{:?} is not BUCKET/KEY", args.object))?;
+    let endpoint = match (args.endpoint, listen) {
+        (Some(endpoint), _) => endpoint.trim_end_matches('/').to_owned(),
+        (None, Some(mut listen)) => {
+            if listen.ip().is_unspecified() {
+                listen.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{listen}")
+        }
+        (None, None) => anyhow::bail!("the config has no [s3]; pass --endpoint"),
+    };
+    let secret = admin
+        .secret(&args.access_key_id)
+        .await?
+        .with_context(|| format!("no key {}", args.access_key_id))?;
+    let url = larder_s3::presign(&Presign {
+        method: &args.method,
+        endpoint: &endpoint,
+        bucket,
+        key,
+        access_key_id: &args.access_key_id,
+        secret: &secret,
+        region: &args.region,
+        expires: Duration::from_secs(args.expires_in),
+        now: SystemTime::now(),
+    })?;
+    Ok(url)
 }

@@ -71,6 +71,24 @@ fn boto3_curl_and_the_aws_cli_use_buckets_and_objects() {
 }
 
 #[test]
+fn conditional_gets_upload_listings_and_larder_presign() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/operations.py");
+    let config = cluster.path("frontend-dc1.toml");
+    let out = Command::new(python())
+        .args([script, &endpoint, &id, &secret, LARDER, &config])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);

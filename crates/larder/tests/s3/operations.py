@@ -1,0 +1,133 @@
+"""Conditional GET and HEAD by date and ETag, ListMultipartUploads (boto3 and the aws cli),
+presigned URLs from `larder s3 presign` fetched with curl, and public-read buckets (PutBucketAcl)
+read by curl without a signature.
+
+Usage: operations.py ENDPOINT KEY_ID SECRET LARDER FRONTEND_CONFIG
+Every check asserts; the first failure exits non-zero with its message.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+endpoint, key_id, secret, larder, config = sys.argv[1:6]
+s3 = boto3.client(
+    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
+    region_name="us-east-1",
+    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                  retries={"max_attempts": 1}))
+
+
+def status_of(call):
+    try:
+        call()
+        return 200
+    except ClientError as err:
+        return err.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def curl(*args):
+    out = subprocess.run(["curl", "-sS", "--max-time", "60", "-w", "\n%{http_code}", *args],
+                         capture_output=True, check=True)
+    body, _, status = out.stdout.rpartition(b"\n")
+    return int(status), body
+
+
+def step(name):
+    print(f"== {name}", flush=True)
+
+
+s3.create_bucket(Bucket="ops")
+s3.put_object(Bucket="ops", Key="k", Body=b"v1")
+head = s3.head_object(Bucket="ops", Key="k")
+modified, etag = head["LastModified"], head["ETag"]
+later, earlier = modified + timedelta(seconds=1), modified - timedelta(seconds=1)
+
+step("If-Modified-Since and If-Unmodified-Since on GET and HEAD")
+for call in (s3.get_object, s3.head_object):
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfModifiedSince=later)) == 304
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfModifiedSince=modified)) == 304
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfModifiedSince=earlier)) == 200
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfUnmodifiedSince=earlier)) == 412
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfUnmodifiedSince=later)) == 200
+    # S3's precedence: an ETag condition decides over the date beside it.
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfMatch=etag,
+                                  IfUnmodifiedSince=earlier)) == 200
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfNoneMatch=etag,
+                                  IfModifiedSince=earlier)) == 304
+    assert status_of(lambda: call(Bucket="ops", Key="k", IfNoneMatch='"other"',
+                                  IfModifiedSince=later)) == 200
+
+step("ListMultipartUploads: every upload in progress, paged, by prefix and delimiter")
+started = [(k, s3.create_multipart_upload(Bucket="ops", Key=k)["UploadId"])
+           for k in ["a/1", "a/2", "b", "b", "c"]]
+pages = s3.get_paginator("list_multipart_uploads").paginate(
+    Bucket="ops", PaginationConfig={"PageSize": 2})
+listed = [(u["Key"], u["UploadId"]) for p in pages for u in p.get("Uploads", [])]
+assert listed == sorted(started), (listed, started)
+folded = s3.list_multipart_uploads(Bucket="ops", Delimiter="/")
+assert [p["Prefix"] for p in folded["CommonPrefixes"]] == ["a/"], folded
+assert [u["Key"] for u in folded["Uploads"]] == ["b", "b", "c"], folded
+under = s3.list_multipart_uploads(Bucket="ops", Prefix="a/")
+assert [u["Key"] for u in under["Uploads"]] == ["a/1", "a/2"], under
+
+step("a completed or aborted upload is no longer listed")
+by_key = dict(started[:2] + started[4:])
+s3.abort_multipart_upload(Bucket="ops", Key="c", UploadId=by_key["c"])
+b_id = started[2][1]
+part = s3.upload_part(Bucket="ops", Key="b", UploadId=b_id, PartNumber=1, Body=b"part")
+s3.complete_multipart_upload(Bucket="ops", Key="b", UploadId=b_id,
+                             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+aws = [os.path.join(os.path.dirname(sys.executable), "aws"), "--endpoint-url", endpoint]
+env = dict(os.environ, AWS_ACCESS_KEY_ID=key_id, AWS_SECRET_ACCESS_KEY=secret,
+           AWS_DEFAULT_REGION="us-east-1")
+out = subprocess.run(aws + ["s3api", "list-multipart-uploads", "--bucket", "ops"], env=env,
+                     check=True, capture_output=True).stdout
+remaining = sorted((u["Key"], u["UploadId"]) for u in json.loads(out)["Uploads"])
+assert remaining == sorted([started[0], started[1], started[3]]), remaining
+
+step("larder s3 presign: GET and PUT through curl; an expired URL is refused")
+
+
+def presign(*args):
+    out = subprocess.run([larder, "s3", "presign", "--config", config, "--access-key-id", key_id,
+                          *args], check=True, capture_output=True)
+    return out.stdout.decode().strip()
+
+
+assert curl(presign("s3://ops/k")) == (200, b"v1")
+status, _ = curl("-X", "PUT", "--data-binary", "by presigned PUT", presign("--method", "PUT",
+                                                                            "ops/put by curl"))
+assert status == 200, status
+assert s3.get_object(Bucket="ops", Key="put by curl")["Body"].read() == b"by presigned PUT"
+expired = presign("--expires-in", "1", "ops/k")
+time.sleep(2.5)
+status, body = curl(expired)
+assert status == 403 and b"AccessDenied" in body, (status, body)
+url = presign("ops/k")
+status, body = curl(url[:-1] + ("0" if url[-1] != "0" else "1"))
+assert status == 403 and b"SignatureDoesNotMatch" in body, (status, body)
+
+step("a public-read bucket serves anonymous GET, HEAD and listings; nothing else")
+s3.create_bucket(Bucket="public")
+s3.put_object(Bucket="public", Key="open.txt", Body=b"for all")
+assert curl(f"{endpoint}/public/open.txt")[0] == 403
+s3.put_bucket_acl(Bucket="public", ACL="public-read")
+assert curl(f"{endpoint}/public/open.txt") == (200, b"for all")
+assert curl("-I", f"{endpoint}/public/open.txt")[0] == 200
+status, body = curl(f"{endpoint}/public?list-type=2")
+assert status == 200 and b"<Key>open.txt</Key>" in body, (status, body)
+assert curl("-X", "PUT", "--data-binary", "x", f"{endpoint}/public/new.txt")[0] == 403
+assert curl("-X", "DELETE", f"{endpoint}/public/open.txt")[0] == 403
+assert curl(f"{endpoint}/ops/k")[0] == 403
+assert curl(f"{endpoint}/")[0] == 403
+s3.put_bucket_acl(Bucket="public", ACL="private")
+assert curl(f"{endpoint}/public/open.txt")[0] == 403
+print("ok")

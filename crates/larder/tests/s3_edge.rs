@@ -1,0 +1,206 @@
+//! The S3 port behind the frontend's edge: the same slow-client limits as the main port
+//! (header-read and body-read timeouts, per-address connection cap), Prometheus metrics by
+//! operation and status class on the main port's `/metrics`, and S3 over TLS with the
+//! frontend's `[tls]` certificate (boto3 over HTTPS, curl over HTTP/2).
+
+mod common;
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{metrics, python, Cluster, LARDER};
+
+/// `larder s3 key create` with a grant on every bucket: (access key ID, secret).
+fn owner_key(cluster: &Cluster) -> (String, String) {
+    let config = cluster.path("frontend-dc1.toml");
+    let out = Command::new(LARDER)
+        .args([
+            "s3", "key", "create", "--config", &config, "--grant", "*:owner",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        key["access_key_id"].as_str().unwrap().to_owned(),
+        key["secret_access_key"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Runs a Python script with `args`; its stdout, after checking it succeeded.
+fn run_python(script: &str, args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+const BOTO3: &str = r#"
+import sys, boto3
+from botocore.config import Config
+def client(endpoint, key, secret, verify=None):
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key,
+                        aws_secret_access_key=secret, region_name="us-east-1", verify=verify,
+                        config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                                      retries={"max_attempts": 1}))
+"#;
+
+/// Seconds until the server closes `stream` (it must send nothing), at most `limit`.
+fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => Some(start.elapsed()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(start.elapsed()),
+        _ => None,
+    }
+}
+
+#[test]
+fn the_s3_port_has_the_main_ports_slow_client_limits() {
+    let s3: SocketAddr = common::free_addresses(1)[0];
+    let extra = format!(
+        "[limits]\nheader_read_timeout = \"1s\"\nbody_read_timeout = \"1s\"\n\
+         max_connections_per_ip = 3\n\n[s3]\nlisten = \"{s3}\"\n"
+    );
+    let cluster = Cluster::start_with(3, 8, &extra);
+    common::wait_for_port(s3);
+    let (key, secret) = owner_key(&cluster);
+    let endpoint = format!("http://{s3}");
+    let create = format!("{BOTO3}\nclient(*sys.argv[1:4]).create_bucket(Bucket='edge')");
+    run_python(&create, &[&endpoint, &key, &secret]);
+
+    // A client that connects and says nothing is closed after the header-read timeout.
+    let mut silent = TcpStream::connect(s3).unwrap();
+    let closed = closed_within(&mut silent, Duration::from_secs(15));
+    assert!(closed.is_some(), "a silent S3 connection stayed open");
+
+    // A PUT whose body stops is answered RequestTimeout after the body-read timeout.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/stalled_put.py");
+    let out = Command::new(python())
+        .args([script, &endpoint, &key, &secret, "edge", "15"])
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        answer.contains(" 400 ") && answer.contains("RequestTimeout"),
+        "{answer}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Past max_connections_per_ip, a connection is closed right after accept, and counted.
+    let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(s3).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(s3).unwrap();
+    let closed = closed_within(&mut extra, Duration::from_millis(800));
+    assert!(
+        closed.is_some(),
+        "a fourth connection from one address was served"
+    );
+    drop(held);
+    let refused = r#"larder_frontend_client_connections_refused_total{reason="per_ip_limit"}"#;
+    metrics::wait_for(
+        || metrics::scrape_frontend(cluster.frontend_addr),
+        &[(refused, 1.0)],
+    );
+}
+
+#[test]
+fn s3_requests_are_counted_by_operation_and_status_class() {
+    let s3: SocketAddr = common::free_addresses(1)[0];
+    let cluster = Cluster::start_with(3, 8, &format!("[s3]\nlisten = \"{s3}\"\n"));
+    common::wait_for_port(s3);
+    let (key, secret) = owner_key(&cluster);
+    let endpoint = format!("http://{s3}");
+    let script = format!(
+        "{BOTO3}
+s3 = client(*sys.argv[1:4])
+s3.create_bucket(Bucket='metered')
+s3.put_object(Bucket='metered', Key='k', Body=b'x')
+s3.put_object(Bucket='metered', Key='k', Body=b'y')
+s3.get_object(Bucket='metered', Key='k')['Body'].read()
+try:
+    s3.get_object(Bucket='metered', Key='absent')
+except s3.exceptions.NoSuchKey:
+    pass
+try:
+    client(sys.argv[1], sys.argv[2], 'wrong').list_buckets()
+except Exception as err:
+    print(err.response['Error']['Code'])
+"
+    );
+    let out = run_python(&script, &[&endpoint, &key, &secret]);
+    assert_eq!(out, "SignatureDoesNotMatch");
+    let text = metrics::scrape_frontend(cluster.frontend_addr).unwrap();
+    let series = |op: &str, class: &str| {
+        let name =
+            format!("larder_frontend_s3_requests_total{{operation=\"{op}\",status=\"{class}\"}}");
+        metrics::value(&text, &name)
+    };
+    assert_eq!(series("CreateBucket", "2xx"), Some(1.0), "{text}");
+    assert_eq!(series("PutObject", "2xx"), Some(2.0), "{text}");
+    assert_eq!(series("GetObject", "2xx"), Some(1.0), "{text}");
+    assert_eq!(series("GetObject", "4xx"), Some(1.0), "{text}");
+    assert_eq!(series("unrouted", "4xx"), Some(1.0), "{text}");
+    let latency = r#"larder_frontend_s3_request_seconds_count{operation="PutObject"}"#;
+    assert_eq!(metrics::value(&text, latency), Some(2.0), "{text}");
+    let accepted = r#"larder_frontend_client_connections_accepted_total{transport="s3"}"#;
+    assert!(
+        metrics::value(&text, accepted).is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn s3_over_tls_uses_the_frontends_certificate() {
+    let [s3, s3_tls]: [SocketAddr; 2] = common::free_addresses(2).try_into().unwrap();
+    let extra = format!("[s3]\nlisten = \"{s3}\"\ntls_listen = \"{s3_tls}\"\n");
+    let cluster = Cluster::start_tls(3, 8, &extra);
+    common::wait_for_port(s3_tls);
+    let (key, secret) = owner_key(&cluster);
+    let ca = cluster.certs.as_ref().unwrap().ca_path();
+    let endpoint = format!("https://localhost:{}", s3_tls.port());
+    let script = format!(
+        "{BOTO3}
+s3 = client(*sys.argv[1:5])
+s3.create_bucket(Bucket='secure')
+s3.put_object(Bucket='secure', Key='k', Body=b'over tls')
+print(s3.get_object(Bucket='secure', Key='k')['Body'].read().decode())
+print(s3.generate_presigned_url('get_object', Params={{'Bucket': 'secure', 'Key': 'k'}}))
+"
+    );
+    let out = run_python(&script, &[&endpoint, &key, &secret, &ca]);
+    let (body, url) = out.split_once('\n').unwrap();
+    assert_eq!(body, "over tls");
+    // HTTP/2 by ALPN, with a presigned URL.
+    let curl = Command::new("curl")
+        .args([
+            "-sS",
+            "--http2",
+            "--cacert",
+            &ca,
+            "-w",
+            "\n%{http_version}",
+            url,
+        ])
+        .output()
+        .unwrap();
+    let curl = String::from_utf8_lossy(&curl.stdout);
+    assert_eq!(curl.trim(), "over tls\n2", "{curl}");
+}
