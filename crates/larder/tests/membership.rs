@@ -367,3 +367,51 @@ async fn a_replaced_node_alone_serves_everything_acknowledged_before_and_during_
     assert_on_node(&cluster, new_addr, &acked).await;
     assert_blobs_read(frontend, &acked.blobs).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_drained_under_load_is_stopped_with_nothing_lost_and_no_get_failing() {
+    let mut cluster = Cluster::start_full(4, 8, "", STORAGE_EXTRA);
+    let frontend = cluster.frontend_addr;
+    let mut acked = fill(frontend, 80).await;
+    let acked_before = acked.blobs.clone();
+
+    let running = Arc::new(AtomicBool::new(true));
+    let during = Arc::new(Mutex::new(Acked {
+        blobs: acked_before,
+        ..Acked::default()
+    }));
+    let load = spawn_load(frontend, 10_000, true, running.clone(), during.clone());
+    let config = cluster.path("s1.toml");
+    let (ok, out, err) = larder_cluster(&["drain-node", "s2", "--config", &config]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("6 replica moves started"), "{out}");
+    let status = wait_moves_done(&config, frontend, 1, Duration::from_secs(120)).await;
+    let s2 = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "s2")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (s2["live"].as_u64(), s2["leaving"].as_u64()),
+        (Some(0), Some(0)),
+        "{status}"
+    );
+    // Drained: it can be stopped while the load goes on.
+    cluster.stop_node(1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.store(false, Ordering::Relaxed);
+    load.await.unwrap();
+    let during = std::mem::take(&mut *during.lock().unwrap());
+    assert!(
+        during.failed_gets.is_empty(),
+        "{} GETs failed during the drain, e.g. {}",
+        during.failed_gets.len(),
+        during.failed_gets[0]
+    );
+    acked.blobs = during.blobs;
+    acked.docs.extend(during.docs);
+    assert_blobs_read(frontend, &acked.blobs).await;
+    assert_docs_read(frontend, &acked.docs).await;
+}
