@@ -415,3 +415,139 @@ async fn a_node_drained_under_load_is_stopped_with_nothing_lost_and_no_get_faili
     assert_blobs_read(frontend, &acked.blobs).await;
     assert_docs_read(frontend, &acked.docs).await;
 }
+
+/// Storage configs with automatic re-replication after `after`.
+fn auto_extra(after: &str) -> String {
+    format!("{STORAGE_EXTRA}auto_replace_after = \"{after}\"\n")
+}
+
+/// The `cluster status` row of node `id`: [live, bootstrapping, leaving].
+fn replica_counts(status: &serde_json::Value, id: &str) -> [u64; 3] {
+    let nodes = status["nodes"].as_array().unwrap();
+    let n = nodes.iter().find(|n| n["id"] == id).unwrap();
+    [&n["live"], &n["bootstrapping"], &n["leaving"]].map(|v| v.as_u64().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_past_auto_replace_after_has_its_replicas_rebuilt_on_the_others() {
+    let mut cluster = Cluster::start_full(4, 8, "", &auto_extra("3s"));
+    let frontend = cluster.frontend_addr;
+    let mut acked = fill(frontend, 80).await;
+    // s1 is the map authority: s2, next in line, notices and decides.
+    cluster.kill_node(0);
+    let running = Arc::new(AtomicBool::new(true));
+    let during = Arc::new(Mutex::new(Acked::default()));
+    let load = spawn_load(frontend, 10_000, false, running.clone(), during.clone());
+    let config = cluster.path("s2.toml");
+    let status = wait_moves_done(&config, frontend, 1, Duration::from_secs(120)).await;
+    running.store(false, Ordering::Relaxed);
+    load.await.unwrap();
+    let during = std::mem::take(&mut *during.lock().unwrap());
+    acked.blobs.extend(during.blobs);
+    acked.docs.extend(during.docs);
+
+    // One plan (revision 2) and its completion (3); s1 holds nothing, the others all 8.
+    assert_eq!(status["map_revision"], 3, "{status}");
+    assert_eq!(status["authority"], "s2", "{status}");
+    assert_eq!(replica_counts(&status, "s1"), [0, 0, 0], "{status}");
+    for node in ["s2", "s3", "s4"] {
+        assert_eq!(replica_counts(&status, node), [8, 0, 0], "{status}");
+    }
+    assert_eq!(status["auto_replace"]["after"], "3s", "{status}");
+    assert_eq!(status["auto_replace"]["authority"]["plans"], 1, "{status}");
+    assert_eq!(
+        status["auto_replace"]["authority"]["nodes_down"], 1,
+        "{status}"
+    );
+    // Nothing lost: every survivor holds every blob and document.
+    for i in 1..4 {
+        assert_on_node(&cluster, cluster.node_addr(i), &acked).await;
+    }
+    assert_blobs_read(frontend, &acked.blobs).await;
+    assert_docs_read(frontend, &acked.docs).await;
+
+    // Never twice for one outage: later ticks plan nothing more.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (config2, addr) = (config.clone(), frontend);
+    let later = tokio::task::spawn_blocking(move || cluster_status(&config2, addr))
+        .await
+        .unwrap();
+    assert_eq!(later["map_revision"], 3, "{later}");
+    assert_eq!(later["auto_replace"]["authority"]["plans"], 1, "{later}");
+
+    // s1 comes back: it takes the map where it holds nothing and deletes its old replicas.
+    cluster.restart_node(0);
+    let s1_disk = cluster.dir.path().join("s1").join("disk0");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<String> = std::fs::read_dir(&s1_disk)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with('p'))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "s1 still holds replicas after coming back: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (config2, addr) = (config.clone(), frontend);
+    let back = tokio::task::spawn_blocking(move || cluster_status(&config2, addr))
+        .await
+        .unwrap();
+    assert_eq!(back["map_revision"], 3, "{back}");
+    assert_eq!(replica_counts(&back, "s1"), [0, 0, 0], "{back}");
+    assert_blobs_read(frontend, &acked.blobs).await;
+}
+
+#[test]
+fn a_dead_node_whose_replicas_have_nowhere_else_to_go_is_not_replaced() {
+    let mut cluster = Cluster::start_full(3, 4, "", &auto_extra("1s"));
+    let (status, id) = {
+        let out = Command::new("curl")
+            .args(["-sS", "--data-binary", "kept", &cluster.url("/v1/blobs")])
+            .output()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            json["id"].is_string(),
+            json["id"].as_str().unwrap().to_owned(),
+        )
+    };
+    assert!(status);
+    cluster.kill_node(2);
+    // Past the limit several times over: 3 replicas cannot live on the 2 nodes left.
+    std::thread::sleep(Duration::from_secs(5));
+    let status = cluster_status(&cluster.path("s1.toml"), cluster.frontend_addr);
+    assert_eq!(status["map_revision"], 1, "{status}");
+    assert_eq!(
+        status["auto_replace"]["authority"]["blocked"], 1,
+        "{status}"
+    );
+    let dead = &status["auto_replace"]["down_with_replicas"][0];
+    assert_eq!(dead["node"], "s3", "{status}");
+    assert!(
+        dead["rebuild_elsewhere"]
+            .as_str()
+            .unwrap()
+            .contains("short of replicas"),
+        "{status}"
+    );
+    let (ok, text, err) = larder_cluster(&["status", "--config", &cluster.path("s1.toml")]);
+    assert!(ok, "{err}");
+    assert!(text.contains("1 blocked"), "{text}");
+    assert!(
+        text.contains("node s3 is down and holds 4 replicas"),
+        "{text}"
+    );
+    // The cluster serves on its two nodes.
+    let out = Command::new("curl")
+        .args(["-sS", &cluster.url(&format!("/v1/blobs/{id}"))])
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"kept");
+}
