@@ -19,6 +19,13 @@ pub enum Operation {
     DrainNode(String),
     /// Every replica of a dead node is rebuilt on a new node of the same datacenter.
     ReplaceNode { dead: String, new: Node },
+    /// Every replica of a dead node is rebuilt on the other nodes of its datacenter, none on a
+    /// node in `unavailable` (down too): automatic re-replication. A drain, except that the
+    /// targets must be up.
+    RebuildElsewhere {
+        dead: String,
+        unavailable: Vec<String>,
+    },
 }
 
 fn refuse(msg: impl Into<String>) -> MapError {
@@ -39,7 +46,10 @@ pub fn plan(map: &ClusterMap, op: &Operation) -> Result<ClusterMap, MapError> {
     let mut next = map.next_revision()?;
     match op {
         Operation::AddNode(node) => add_node(&mut next, node)?,
-        Operation::DrainNode(node) => drain_node(&mut next, node)?,
+        Operation::DrainNode(node) => drain_node(&mut next, node, &[])?,
+        Operation::RebuildElsewhere { dead, unavailable } => {
+            drain_node(&mut next, dead, unavailable)?
+        }
         Operation::ReplaceNode { dead, new } => replace_node(&mut next, dead, new)?,
     }
     next.validate()?;
@@ -109,15 +119,25 @@ fn add_node(map: &mut ClusterMap, node: &Node) -> Result<(), MapError> {
     Ok(())
 }
 
-fn drain_node(map: &mut ClusterMap, node: &str) -> Result<(), MapError> {
+/// Moves every replica of `node` to the other nodes of its datacenter, none to a node in
+/// `unavailable`.
+fn drain_node(map: &mut ClusterMap, node: &str, unavailable: &[String]) -> Result<(), MapError> {
     let Some(dc) = map.datacenter_of(node).map(str::to_owned) else {
         return Err(refuse(format!("node {node:?} is not in the map")));
     };
+    let exclude: Vec<&str> = std::iter::once(node)
+        .chain(unavailable.iter().map(String::as_str))
+        .collect();
+    let up = if unavailable.is_empty() {
+        ""
+    } else {
+        " that is up"
+    };
     for (partition, _) in map.replicas_on(node) {
-        let to = pick_target(map, &dc, partition, &[node]).ok_or_else(|| {
+        let to = pick_target(map, &dc, partition, &exclude).ok_or_else(|| {
             refuse(format!(
                 "draining {node:?} would leave partition {partition} short of replicas: no \
-                 other node of datacenter {dc:?} is free to take its replica"
+                 other node of datacenter {dc:?}{up} is free to take its replica"
             ))
         })?;
         start_move(map, partition, node, &to);

@@ -11,6 +11,9 @@
 //! The plan's whole state is the map, held durably by every node: when the authority is down,
 //! map changes wait (serving goes on), and whichever node is authority next resumes the plan
 //! from the map it holds.
+//!
+//! With `[redistribution] auto_replace_after` set, the same tick also runs automatic
+//! re-replication (`auto_replace.rs`) on the authority and the node next in line.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -27,6 +30,7 @@ use larder_pool::StoragePool;
 use larder_proto::header::MAP_REVISION;
 use tokio::sync::watch;
 
+use crate::auto_replace::AutoReplace;
 use crate::map_state::{MapState, OfferKind};
 
 /// How often the map file, the other nodes' revisions and the moves are checked.
@@ -40,6 +44,7 @@ pub(crate) fn start(
     maps: Arc<MapState>,
     nodes: StoragePool,
     map_file: PathBuf,
+    mut auto: Option<AutoReplace>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -59,6 +64,9 @@ pub(crate) fn start(
                 advance_moves(&maps, &nodes).await;
             } else {
                 known.clear();
+            }
+            if let Some(auto) = auto.as_mut() {
+                auto.tick(&maps, &nodes).await;
             }
         }
     })
@@ -174,6 +182,19 @@ async fn replica_state(
         .as_str()
         .map(str::to_owned)
         .ok_or_else(|| format!("{node}: no state in the replica answer"))
+}
+
+/// The map revision `node` runs, from its health answer; `None` when it does not answer
+/// within `limit` (any answer is a node that is up).
+pub(crate) async fn node_revision(nodes: &StoragePool, node: &str, limit: Duration) -> Option<u64> {
+    let request = Request::get(larder_proto::HEALTH_PATH)
+        .body(larder_pool::empty())
+        .ok()?;
+    let response = tokio::time::timeout(limit, nodes.send(node, request))
+        .await
+        .ok()?
+        .ok()?;
+    Some(larder_proto::map_revision(response.headers()).unwrap_or(0))
 }
 
 /// `node`'s map.

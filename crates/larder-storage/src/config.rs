@@ -324,6 +324,14 @@ pub struct RedistributionConfig {
     /// after this long (requests already reading it finish).
     #[serde(with = "humantime_serde")]
     pub removal_grace: Duration,
+    /// Automatic re-replication: a node the map authority has not reached for this long has
+    /// its replicas rebuilt on the other nodes of its datacenter (never two of a partition on
+    /// one node, never fewer distinct nodes than the replica count: then it waits, logged and
+    /// counted in `larder_storage_auto_replace_blocked`). `0s` turns it off (`larder dev` does).
+    /// Read on the map authority and the node next in line. Ten minutes outlasts a restart or
+    /// an upgrade (which should not copy a node's data), yet a dead disk is rebuilt soon.
+    #[serde(with = "humantime_serde")]
+    pub auto_replace_after: Duration,
 }
 
 impl Default for RedistributionConfig {
@@ -334,6 +342,7 @@ impl Default for RedistributionConfig {
             batch_records: 512,
             batch_bytes: ByteSize::mib(16),
             removal_grace: Duration::from_secs(30),
+            auto_replace_after: Duration::from_secs(600),
         }
     }
 }

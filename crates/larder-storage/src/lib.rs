@@ -2,6 +2,7 @@
 //! partition replica it hosts. It never talks to clients directly and knows nothing of routing.
 
 mod authority;
+mod auto_replace;
 mod background;
 mod blobs;
 mod body;

@@ -85,6 +85,11 @@ impl MapState {
     }
 
     /// Whether this node decides map changes at its current map.
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
     pub fn is_authority(&self) -> bool {
         self.current().authority() == Some(self.node_id.as_str())
     }

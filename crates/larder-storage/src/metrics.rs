@@ -71,6 +71,8 @@ pub struct StorageMetrics {
     compaction_yielded_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     certificate_reloads: Family<ReloadLabels, Counter>,
     internal_auth_refusals: Family<AuthRefusalLabels, Counter>,
+    /// Automatic re-replication (`auto_replace.rs`), on the node that decides it.
+    pub auto_replace: crate::auto_replace::AutoReplaceMetrics,
     /// Bulk bootstraps copying now (`bootstrap.rs`).
     pub bootstraps_in_progress: Gauge,
     /// Bytes and records bulk bootstraps made durable here.
@@ -107,6 +109,7 @@ impl StorageMetrics {
             compaction_yielded_seconds: Counter::default(),
             certificate_reloads: Family::default(),
             internal_auth_refusals: Family::default(),
+            auto_replace: Default::default(),
             bootstraps_in_progress: Gauge::default(),
             bootstrap_bytes: Counter::default(),
             bootstrap_records: Counter::default(),
@@ -229,6 +232,21 @@ impl StorageMetrics {
             "certificate_reloads",
             "Certificate reloads (SIGHUP) of [tls] and [pool.tls], by result",
             m.certificate_reloads.clone(),
+        );
+        registry.register(
+            "auto_replace_nodes_down",
+            "Nodes of the map the deciding node (map authority) cannot reach now",
+            m.auto_replace.nodes_down.clone(),
+        );
+        registry.register(
+            "auto_replace_blocked",
+            "Nodes down past auto_replace_after whose replicas cannot be rebuilt on distinct other nodes",
+            m.auto_replace.blocked.clone(),
+        );
+        registry.register(
+            "auto_replace_plans",
+            "Plans that rebuilt a dead node's replicas on the other nodes",
+            m.auto_replace.plans.clone(),
         );
         registry.register(
             "bootstraps_in_progress",

@@ -103,6 +103,14 @@ pub fn start(
         let Some(entry) = map.partition(*partition) else {
             continue;
         };
+        for peer in entry.replicas.iter().filter(|r| {
+            r.node != node.node_id && r.state == larder_cluster::ReplicaState::Bootstrapping
+        }) {
+            note_new_peer(
+                &dir.join(format!("p{partition}-{}.cursor", peer.node)),
+                store,
+            );
+        }
         // A bootstrapping replica is no source for others (`DESIGN.md` 6.1).
         let sources = entry.replicas.iter().filter(|r| {
             r.node != node.node_id && r.state != larder_cluster::ReplicaState::Bootstrapping
@@ -136,6 +144,20 @@ pub fn start(
             tokio::spawn(worker.run(links, stop.clone()))
         })
         .collect()
+}
+
+/// A peer replica still bootstrapping is new: it has dropped nothing of its feed (its tombstone
+/// horizon waits for this replica's first pull), so this replica's position in that feed is
+/// the start, saved now with the time. Without it, a replica holding data would meet the peer,
+/// once live, with no position in its feed and count as behind it (`check_link`): it would
+/// serve its new peer nothing, and writes the new replica missed would never reach it.
+fn note_new_peer(cursor_file: &Path, store: &Store) {
+    if load_cursor(cursor_file, store.incarnation()).1.is_some() {
+        return;
+    }
+    if let Err(err) = save_cursor(cursor_file, Cursor::START, store.incarnation()) {
+        tracing::warn!(file = %cursor_file.display(), %err, "saving the start cursor of a new peer");
+    }
 }
 
 /// A link whose position cannot be shown to a peer: the local replica holds data but has no

@@ -76,10 +76,15 @@ pub async fn serve(
     let map_pool = StoragePool::new(every_node, config.pool.clone(), credentials.clone())
         .map_err(|e| e.to_string())?;
     node.maps.attach_peers(map_pool.clone());
+    let auto = crate::auto_replace::AutoReplace::new(
+        config.redistribution.auto_replace_after,
+        node.metrics.auto_replace.clone(),
+    );
     let map_task = crate::authority::start(
         node.maps.clone(),
         map_pool,
         config.cluster_map.clone(),
+        auto,
         stop.clone(),
     );
     let peers = peer_pool(&map_for_replication, &config, credentials.clone())?;

@@ -167,6 +167,8 @@ struct Cluster {
     map: ClusterMap,
     pool: StoragePool,
     map_file: PathBuf,
+    /// The config's `[redistribution] auto_replace_after` (zero: off).
+    auto_replace_after: Duration,
 }
 
 impl Cluster {
@@ -194,6 +196,7 @@ impl Cluster {
             map,
             pool,
             map_file: config.cluster_map,
+            auto_replace_after: config.redistribution.auto_replace_after,
         })
     }
 
@@ -368,11 +371,15 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let cluster = Cluster::connect(&args.target).await?;
     let map = &cluster.map;
     let mut nodes = Vec::new();
+    let mut down = Vec::new();
     for node in &map.nodes {
         let request = http::Request::get(larder_proto::HEALTH_PATH).body(larder_pool::empty())?;
         let revision = match exchange(&cluster.pool, &node.id, request).await {
             Ok((_, revision, _)) => revision.map_or("?".into(), |r| r.to_string()),
-            Err(_) => "down".to_owned(),
+            Err(_) => {
+                down.push(node.id.clone());
+                "down".to_owned()
+            }
         };
         let count = |state: ReplicaState| {
             map.partitions
@@ -397,14 +404,73 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
             .map_or_else(|e| format!("? ({e:#})"), |r| r.to_string())})
         })
         .collect();
+    let auto_replace = auto_replace_report(&cluster, &down).await;
     let report = serde_json::json!({"map_revision": map.revision,
-        "authority": map.authority(), "nodes": nodes, "moves": moves, "frontends": frontends});
+        "authority": map.authority(), "nodes": nodes, "moves": moves, "frontends": frontends,
+        "auto_replace": auto_replace});
     if args.json {
         println!("{report}");
         return Ok(());
     }
     print_status(&report);
     Ok(())
+}
+
+/// Automatic re-replication as this config sets it and the map authority reports it (its
+/// `larder_storage_auto_replace_*` metrics), and for every node down now that still holds
+/// replicas, whether they can be rebuilt on the other nodes (the plan the authority would make,
+/// or why there is none).
+async fn auto_replace_report(cluster: &Cluster, down: &[String]) -> serde_json::Value {
+    let after = match cluster.auto_replace_after.is_zero() {
+        true => "off".to_owned(),
+        false => format!("{:?}", cluster.auto_replace_after),
+    };
+    let authority = match cluster.map.authority() {
+        Some(node) => authority_metrics(&cluster.pool, node).await,
+        None => serde_json::Value::Null,
+    };
+    let dead: Vec<serde_json::Value> = down
+        .iter()
+        .filter(|node| !cluster.map.replicas_on(node).is_empty())
+        .map(|node| {
+            let op = Operation::RebuildElsewhere {
+                dead: node.clone(),
+                unavailable: down.to_vec(),
+            };
+            let rebuild = match plan(&cluster.map, &op) {
+                Ok(_) => "possible".to_owned(),
+                Err(err) => format!("impossible: {err}"),
+            };
+            serde_json::json!({"node": node, "replicas": cluster.map.replicas_on(node).len(),
+                "rebuild_elsewhere": rebuild})
+        })
+        .collect();
+    serde_json::json!({"after": after, "authority": authority, "down_with_replicas": dead})
+}
+
+/// The authority's `larder_storage_auto_replace_*` metrics (null when it does not answer).
+async fn authority_metrics(pool: &StoragePool, node: &str) -> serde_json::Value {
+    let Ok(request) = http::Request::get(larder_proto::METRICS_PATH).body(larder_pool::empty())
+    else {
+        return serde_json::Value::Null;
+    };
+    let Ok((status, _, body)) = exchange(pool, node, request).await else {
+        return serde_json::Value::Null;
+    };
+    if !status.is_success() {
+        return serde_json::Value::Null;
+    }
+    let text = String::from_utf8_lossy(&body);
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    };
+    serde_json::json!({"node": node,
+        "nodes_down": value("larder_storage_auto_replace_nodes_down"),
+        "blocked": value("larder_storage_auto_replace_blocked"),
+        "plans": value("larder_storage_auto_replace_plans_total")})
 }
 
 /// Every bootstrapping replica with bytes done and left, and a rate from two samples a second
@@ -515,6 +581,7 @@ fn print_status(report: &serde_json::Value) {
             f["map_revision"].as_str().unwrap_or("")
         );
     }
+    print_auto_replace(&report["auto_replace"]);
     let moves = report["moves"].as_array().cloned().unwrap_or_default();
     if moves.is_empty() {
         println!("no moves in progress");
@@ -547,6 +614,31 @@ fn print_status(report: &serde_json::Value) {
                     "{:.1} MB/s",
                     r as f64 / 1e6
                 )),
+        );
+    }
+}
+
+fn print_auto_replace(auto: &serde_json::Value) {
+    let after = auto["after"].as_str().unwrap_or("off");
+    let authority = &auto["authority"];
+    let count = |key: &str| authority[key].as_u64().unwrap_or(0);
+    match (after, authority.is_null()) {
+        ("off", _) => println!("automatic re-replication: off in this config"),
+        (_, true) => println!("automatic re-replication after {after} (the map authority does not answer)"),
+        (_, false) => println!(
+            "automatic re-replication after {after}: the map authority {} sees {} node(s) down, {} blocked, {} plan(s) made",
+            authority["node"].as_str().unwrap_or(""),
+            count("nodes_down"),
+            count("blocked"),
+            count("plans"),
+        ),
+    }
+    for dead in auto["down_with_replicas"].as_array().into_iter().flatten() {
+        println!(
+            "node {} is down and holds {} replicas; rebuilding them on the other nodes is {}",
+            dead["node"].as_str().unwrap_or(""),
+            dead["replicas"],
+            dead["rebuild_elsewhere"].as_str().unwrap_or("")
         );
     }
 }

@@ -248,6 +248,8 @@ fn write_storage_configs(
             node.id, node.id
         );
         text.push_str(&auth_section());
+        // A dev cluster's nodes come and go with the laptop: never rebuild them elsewhere.
+        text.push_str("\n[redistribution]\nauto_replace_after = \"0s\"\n");
         if let Some(certs) = certs {
             // Served over mutual TLS, and replicating from peers over mutual TLS.
             text.push_str(&mutual_tls_section("tls", &certs.ca, &certs.storage));

@@ -124,13 +124,37 @@ fn replace_refuses_what_would_not_validate() {
     assert!(err.to_string().contains("not in the map"), "{err}");
 }
 
+#[test]
+fn a_dead_nodes_replicas_are_spread_over_the_nodes_that_are_up_or_refused() {
+    let map = layout(1, 4, 8, 3);
+    let rebuild = |unavailable: &[&str]| {
+        plan(
+            &map,
+            &Operation::RebuildElsewhere {
+                dead: "s1".into(),
+                unavailable: unavailable.iter().map(|n| n.to_string()).collect(),
+            },
+        )
+    };
+    let done = finish(&rebuild(&["s1"]).unwrap());
+    let counts = done.replica_counts();
+    assert_eq!(counts["s1"], 0);
+    for node in ["s2", "s3", "s4"] {
+        assert_eq!(counts[node], 8, "{counts:?}");
+    }
+    // With s4 down too, 3 replicas would need two on one node: refused, with the partition.
+    let err = rebuild(&["s1", "s4"]).unwrap_err().to_string();
+    assert!(err.contains("short of replicas"), "{err}");
+    assert!(err.contains("that is up"), "{err}");
+}
+
 fn operation() -> impl Strategy<Value = (usize, usize, u32, usize, u8, usize)> {
     (
         1usize..3,
         0usize..4,
         1u32..40,
         1usize..4,
-        0u8..3,
+        0u8..4,
         0usize..12,
     )
 }
@@ -146,15 +170,28 @@ proptest! {
         let op = match kind {
             0 => Operation::AddNode(new_node("n1", &victim.datacenter, 9000)),
             1 => Operation::DrainNode(victim.id.clone()),
+            // A dead node, and with `extra` odd, another node of the map down too.
+            3 => Operation::RebuildElsewhere {
+                dead: victim.id.clone(),
+                unavailable: map.nodes.iter().filter(|n| n.id != victim.id)
+                    .take(extra % 2).map(|n| n.id.clone()).collect(),
+            },
             _ => Operation::ReplaceNode { dead: victim.id.clone(), new: new_node("n1", &victim.datacenter, 9000) },
         };
         match plan(&map, &op) {
             Err(err) => {
-                // Only a drain can be impossible: its datacenter has no spare node.
-                prop_assert!(matches!(op, Operation::DrainNode(_)), "{err}");
+                // Only a drain (or a rebuild elsewhere) can be impossible: its datacenter has
+                // no spare node that is up.
+                let unavailable = match &op {
+                    Operation::DrainNode(_) => Vec::new(),
+                    Operation::RebuildElsewhere { unavailable, .. } => unavailable.clone(),
+                    _ => return Err(TestCaseError::fail(format!("{op:?}: {err}"))),
+                };
                 prop_assert!(err.to_string().contains("short of replicas"));
-                let in_dc = map.nodes.iter().filter(|n| n.datacenter == victim.datacenter).count();
-                prop_assert!(in_dc <= replicas);
+                let up_in_dc = map.nodes.iter()
+                    .filter(|n| n.datacenter == victim.datacenter && !unavailable.contains(&n.id))
+                    .count();
+                prop_assert!(up_in_dc <= replicas);
             }
             Ok(next) => {
                 prop_assert!(next.validate().is_ok());
@@ -179,6 +216,14 @@ proptest! {
                         }
                     }
                     Operation::DrainNode(id) => prop_assert_eq!(counts[id.as_str()], 0),
+                    Operation::RebuildElsewhere { dead, unavailable } => {
+                        prop_assert_eq!(counts[dead.as_str()], 0);
+                        // Nothing new lands on a node that is down.
+                        let before = map.replica_counts();
+                        for node in unavailable {
+                            prop_assert!(counts[node.as_str()] <= before[node.as_str()]);
+                        }
+                    }
                     Operation::ReplaceNode { dead, new } => {
                         prop_assert_eq!(counts[dead.as_str()], 0);
                         prop_assert_eq!(counts[new.id.as_str()], map.replica_counts()[dead.as_str()]);
