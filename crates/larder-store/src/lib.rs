@@ -21,6 +21,7 @@
 //! journal and commit thread shared by the stores of a disk, and journal replay); and last
 //! `store`, the public facade over an `engine`.
 
+mod bulk;
 mod checkpoint;
 mod commit;
 mod compact;
@@ -51,6 +52,7 @@ mod visit;
 #[doc(hidden)]
 pub mod fuzzing;
 
+pub use bulk::{BulkOutcome, BulkRecord};
 pub use cursor::ParseCursorError;
 pub use disk::Disk;
 pub use segment::create_dir_all_durable;
