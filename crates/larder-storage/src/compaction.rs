@@ -140,7 +140,7 @@ impl Compaction {
 /// mq-deadline and BFQ schedulers serve idle-class reads only when no other class waits (with
 /// aging, so they are never starved for good); `none` ignores it, and buffered writes are
 /// written back by the kernel's flusher threads whatever the class.
-struct IdleIo {
+pub(crate) struct IdleIo {
     old: Option<libc::c_long>,
 }
 
@@ -149,7 +149,7 @@ const IOPRIO_CLASS_IDLE: libc::c_long = 3;
 const IOPRIO_CLASS_SHIFT: u32 = 13;
 
 impl IdleIo {
-    fn enter() -> IdleIo {
+    pub(crate) fn enter() -> IdleIo {
         // SAFETY: plain syscalls on the calling thread (who = 0), no memory passed.
         let old = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
         let idle = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;

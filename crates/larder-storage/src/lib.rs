@@ -5,6 +5,7 @@ mod authority;
 mod blobs;
 mod body;
 mod bootstrap;
+mod bootstrap_apply;
 mod changes;
 mod compaction;
 mod config;
