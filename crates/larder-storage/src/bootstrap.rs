@@ -120,7 +120,8 @@ impl Moves {
         positions.insert((partition, peer.to_owned()), cursor);
     }
 
-    /// A bulk batch of `partition` is durable here and `saved` covers it (`bootstrap_apply.rs`).
+    /// `saved`, the bootstrap cursor of `partition`, was saved, `bytes` more than the last time
+    /// (`bootstrap_apply.rs`).
     pub(crate) fn note_durable(&self, partition: PartitionId, saved: &Saved, bytes: u64) {
         let mut progress = self.progress();
         let p = progress.entry(partition).or_default();
@@ -432,6 +433,7 @@ async fn copy_once(
         store: store.clone(),
         path: path.to_owned(),
         saved,
+        unsaved_bytes: 0,
     };
     let (tx, done) = crate::bootstrap_apply::start(applier, QUEUED_CHUNKS)
         .map_err(|e| CopyError::Applier(e.to_string()))?;

@@ -47,6 +47,8 @@ pub(crate) struct Applier {
     pub store: Store,
     pub path: PathBuf,
     pub saved: Saved,
+    /// Bytes durable here since the cursor was last saved.
+    pub unsaved_bytes: u64,
 }
 
 /// Starts the applier thread of one copy; feed it the export body's bytes through the returned
@@ -172,13 +174,16 @@ impl Applier {
 
     /// Waits until a written batch is durable; only then does the cursor move past it.
     fn durable(&mut self, batch: Written) -> Result<(), CopyError> {
-        let outcomes = batch.commit.wait().map_err(|e| CopyError::Local(e.into()))?;
+        let outcomes = batch
+            .commit
+            .wait()
+            .map_err(|e| CopyError::Local(e.into()))?;
         for outcome in outcomes {
             match outcome {
                 Ok(_) => {}
-                Err(err @ (larder_store::Error::BadKey(_) | larder_store::Error::TooLarge { .. })) => {
-                    self.refused(None, err.into())
-                }
+                Err(
+                    err @ (larder_store::Error::BadKey(_) | larder_store::Error::TooLarge { .. }),
+                ) => self.refused(None, err.into()),
                 Err(err) => return Err(CopyError::Local(err.into())),
             }
         }
@@ -188,17 +193,18 @@ impl Applier {
         let node = &self.node;
         node.metrics.bootstrap_bytes.inc_by(batch.bytes);
         node.metrics.bootstrap_records.inc_by(batch.records);
-        node.moves
-            .note_durable(self.partition, &self.saved, batch.bytes);
+        self.unsaved_bytes = self.unsaved_bytes.saturating_add(batch.bytes);
         Ok(())
     }
 
-    fn save(&self) -> Result<(), CopyError> {
-        Ok(crate::bootstrap::save(
-            &self.path,
-            &self.saved,
-            self.store.incarnation(),
-        )?)
+    /// Saves the cursor; the progress `GET .../replica` shows is what a restart resumes from.
+    fn save(&mut self) -> Result<(), CopyError> {
+        crate::bootstrap::save(&self.path, &self.saved, self.store.incarnation())?;
+        let bytes = std::mem::take(&mut self.unsaved_bytes);
+        self.node
+            .moves
+            .note_durable(self.partition, &self.saved, bytes);
+        Ok(())
     }
 
     /// A record this node refuses (a time from the far future, bad properties) is logged,
@@ -301,4 +307,3 @@ impl Drop for LowPriority {
         }
     }
 }
-
