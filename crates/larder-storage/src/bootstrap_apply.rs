@@ -51,16 +51,16 @@ pub(crate) struct Applier {
     pub unsaved_bytes: u64,
 }
 
+/// How a copy ended, once its applier thread is done.
+pub(crate) type Done = tokio::sync::oneshot::Receiver<Result<Saved, CopyError>>;
+
 /// Starts the applier thread of one copy; feed it the export body's bytes through the returned
 /// sender (bounded: a slow disk holds the stream back). The receiver answers once with how the
 /// copy ended (`Ok` with the saved state once the end frame's position is durable and saved).
 pub(crate) fn start(
     applier: Applier,
     queued: usize,
-) -> std::io::Result<(
-    mpsc::Sender<Bytes>,
-    tokio::sync::oneshot::Receiver<Result<Saved, CopyError>>,
-)> {
+) -> std::io::Result<(mpsc::Sender<Bytes>, Done)> {
     let (tx, rx) = mpsc::channel(queued.max(1));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let name = format!("larder-bulk-{}", applier.partition);
