@@ -98,8 +98,16 @@ impl ExportFrame {
 
     /// The frame's bytes, checksum included.
     pub fn encode(&self) -> Bytes {
-        let len = FRAME_HEAD_LEN + self.key.len() + self.props.len() + self.data.len() + 4;
-        let mut out = BytesMut::with_capacity(len);
+        let mut out = BytesMut::with_capacity(usize::try_from(self.wire_len()).unwrap_or(0));
+        self.encode_into(&mut out);
+        out.freeze()
+    }
+
+    /// Appends the frame's bytes, checksum included, to `out` (an exporter packs many small
+    /// frames into one DATA frame this way, each copied once).
+    pub fn encode_into(&self, out: &mut BytesMut) {
+        let start = out.len();
+        out.reserve(usize::try_from(self.wire_len()).unwrap_or(0));
         out.put_u8(self.kind.code());
         out.put_u8(u8::from(self.expires_ms.is_some()));
         out.put_u16_le(u16::try_from(self.key.len()).unwrap_or(u16::MAX));
@@ -112,9 +120,8 @@ impl ExportFrame {
         out.put_slice(&self.key);
         out.put_slice(&self.props);
         out.put_slice(&self.data);
-        let crc = crc32c::crc32c(&out);
+        let crc = crc32c::crc32c(&out[start..]);
         out.put_u32_le(crc);
-        out.freeze()
     }
 
     /// Bytes of the frame on the wire.
@@ -331,6 +338,23 @@ mod tests {
         for step in [1, 7, 4096] {
             assert_eq!(decode_all(&wire, step).unwrap(), frames);
         }
+    }
+
+    #[test]
+    fn frames_packed_into_one_buffer_decode_alike() {
+        let frames = vec![
+            frame(FrameKind::PutBlob, b"k1", b"p", &[7; 100], 1),
+            frame(FrameKind::RemoveDoc, b"d", b"", b"", 2),
+            ExportFrame::end(3),
+        ];
+        let mut packed = BytesMut::from(&encode_stream_head(9)[..]);
+        frames.iter().for_each(|f| f.encode_into(&mut packed));
+        let one_by_one: Vec<u8> = std::iter::once(encode_stream_head(9))
+            .chain(frames.iter().map(ExportFrame::encode))
+            .flat_map(|b| b.to_vec())
+            .collect();
+        assert_eq!(&packed[..], &one_by_one[..]);
+        assert_eq!(decode_all(&packed, 4096).unwrap(), frames);
     }
 
     #[test]

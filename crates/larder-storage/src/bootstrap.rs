@@ -1,8 +1,8 @@
 //! Bulk bootstrap of a replica newly placed on this node (`DESIGN.md` 6.1, "bootstrapping"):
-//! one streamed export per partition from a live peer (`export.rs` serves it), every frame
-//! verified before its record is appended, records appended in batches that each become
-//! durable in one commit round before the bootstrap cursor (a position in the source's feed) is
-//! saved. A crash of either side resumes from that cursor. Then the ordinary change-feed pull
+//! one streamed export per partition from a live peer (`export.rs` serves it), handed to an
+//! applier thread (`bootstrap_apply.rs`) that verifies every frame before its record is
+//! appended, and appends records in bulk batches that each become durable in one commit round
+//! (`Store::begin_bulk`) before the bootstrap cursor (a position in the source's feed) moves. A crash of either side resumes from that cursor. Then the ordinary change-feed pull
 //! from every peer (`replication.rs`) brings the replica to the peers' positions taken when the
 //! bulk copy ended: from then on it is "caught up" (`GET .../replica`), which is what the map
 //! authority waits for before it makes the replica live.
@@ -17,13 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::stream::{self, StreamExt};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use larder_cluster::{ClusterMap, PartitionId, ReplicaState};
 use larder_pool::StoragePool;
-use larder_proto::{ExportDecoder, ExportFrame, FrameKind};
-use larder_store::{BlobMeta, Cursor, Store};
+use larder_store::{Cursor, Store};
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::RedistributionConfig;
@@ -32,7 +30,7 @@ use crate::StorageNode;
 
 /// Why one attempt of a bulk copy stopped (logged; retried from the saved cursor).
 #[derive(Debug, thiserror::Error)]
-enum CopyError {
+pub(crate) enum CopyError {
     #[error("no live peer to copy from")]
     NoSource,
     #[error(transparent)]
@@ -53,6 +51,8 @@ enum CopyError {
     Save(#[from] std::io::Error),
     #[error("the replica is no longer placed here")]
     Gone,
+    #[error("the applier thread: {0}")]
+    Applier(String),
 }
 
 /// Where one partition's bootstrap is.
@@ -74,7 +74,7 @@ struct Progress {
 
 /// The node's bootstraps: progress per partition, the concurrency slots and the shared rate.
 pub struct Moves {
-    config: RedistributionConfig,
+    pub(crate) config: RedistributionConfig,
     slots: Semaphore,
     progress: Mutex<HashMap<PartitionId, Progress>>,
     /// Replication's position in each peer's feed, per partition (for "caught up").
@@ -118,6 +118,16 @@ impl Moves {
     pub fn note_position(&self, partition: PartitionId, peer: &str, cursor: Cursor) {
         let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
         positions.insert((partition, peer.to_owned()), cursor);
+    }
+
+    /// `saved`, the bootstrap cursor of `partition`, was saved, `bytes` more than the last time
+    /// (`bootstrap_apply.rs`).
+    pub(crate) fn note_durable(&self, partition: PartitionId, saved: &Saved, bytes: u64) {
+        let mut progress = self.progress();
+        let p = progress.entry(partition).or_default();
+        p.bytes_done = saved.bytes;
+        p.records_done = saved.records;
+        p.bytes_this_run = p.bytes_this_run.saturating_add(bytes);
     }
 
     /// Forgets a partition no longer hosted here.
@@ -245,11 +255,11 @@ fn write_durably(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// The saved state of a bulk copy.
 #[derive(Clone, Debug, Default, PartialEq)]
-struct Saved {
-    source: Option<String>,
-    cursor: Cursor,
-    bytes: u64,
-    records: u64,
+pub(crate) struct Saved {
+    pub source: Option<String>,
+    pub cursor: Cursor,
+    pub bytes: u64,
+    pub records: u64,
 }
 
 /// Reads the cursor file; a cursor saved for another incarnation of the local replica (it was
@@ -272,7 +282,7 @@ fn load(path: &Path, local_incarnation: u64) -> Saved {
     }
 }
 
-fn save(path: &Path, saved: &Saved, local_incarnation: u64) -> std::io::Result<()> {
+pub(crate) fn save(path: &Path, saved: &Saved, local_incarnation: u64) -> std::io::Result<()> {
     let text = format!(
         "{} {} {local_incarnation:016x} {} {}\n",
         saved.source.as_deref().unwrap_or("-"),
@@ -417,211 +427,77 @@ async fn copy_once(
         p.started.get_or_insert_with(Instant::now);
     }
     tracing::info!(partition, %source, after = %saved.cursor, "bootstrap: copying");
-    let mut body = response.into_body();
-    let mut decoder = ExportDecoder::new(node.intake.max_body);
-    let mut batch = Batch::default();
+    let applier = crate::bootstrap_apply::Applier {
+        node: node.clone(),
+        partition,
+        store: store.clone(),
+        path: path.to_owned(),
+        saved,
+        unsaved_bytes: 0,
+    };
+    let (tx, done) = crate::bootstrap_apply::start(applier, QUEUED_CHUNKS)
+        .map_err(|e| CopyError::Applier(e.to_string()))?;
+    let pumped = pump(response.into_body(), tx, ctx, &source).await;
+    // Always wait for the thread (it saves what is durable when the stream stops), so a retry
+    // never runs two appliers of one partition.
+    let applied = done
+        .await
+        .map_err(|_| CopyError::Applier("it ended without an answer".into()))?;
+    pumped?;
+    let saved = applied?;
+    finish(node, partition, &store, &source, &saved, path)
+}
+
+/// Body chunks queued towards the applier thread (each at most the pool's frame size): with the
+/// h2 stream window this bounds what one copy holds in memory.
+const QUEUED_CHUNKS: usize = 8;
+
+/// Forwards the export body to the applier thread until the body ends or the thread stops
+/// taking it (it read the end frame, or failed: its answer says which).
+async fn pump(
+    mut body: hyper::body::Incoming,
+    tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    ctx: &Context,
+    source: &str,
+) -> Result<(), CopyError> {
     loop {
-        let frame = tokio::time::timeout(ctx.request_timeout, body.frame())
-            .await
-            .map_err(|_| CopyError::Timeout(source.clone()))?;
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(ctx.request_timeout, body.frame()) => frame,
+            _ = tx.closed() => return Ok(()),
+        };
+        let frame = frame.map_err(|_| CopyError::Timeout(source.to_owned()))?;
         let Some(frame) = frame else {
-            return Err(CopyError::Truncated);
+            return Ok(()); // the thread tells whether the end frame came
         };
         let frame = frame.map_err(|e| CopyError::Stream(e.to_string()))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        decoder.push(&data);
-        while let Some(frame) = decoder.next_frame()? {
-            let incarnation = decoder.incarnation().expect("frames follow the head");
-            if frame.kind == FrameKind::End {
-                batch.end = Some(frame.sequence);
-                flush(
-                    node,
-                    partition,
-                    &store,
-                    &mut batch,
-                    &mut saved,
-                    incarnation,
-                    path,
-                )
-                .await?;
-                return finish(node, partition, &store, &source, &saved, path);
-            }
-            batch.push(frame);
-            if batch.full(&node.moves.config) {
-                flush(
-                    node,
-                    partition,
-                    &store,
-                    &mut batch,
-                    &mut saved,
-                    incarnation,
-                    path,
-                )
-                .await?;
-            }
+        if tx.send(data).await.is_err() {
+            return Ok(());
         }
     }
 }
 
-/// Records decoded and not yet durable here.
-#[derive(Default)]
-struct Batch {
-    frames: Vec<ExportFrame>,
-    bytes: u64,
-    /// The end frame's position, once read.
-    end: Option<u64>,
-}
-
-impl Batch {
-    fn push(&mut self, frame: ExportFrame) {
-        self.bytes = self.bytes.saturating_add(frame.wire_len());
-        self.frames.push(frame);
-    }
-
-    fn full(&self, config: &RedistributionConfig) -> bool {
-        self.frames.len() >= config.batch_records.max(1)
-            || self.bytes >= config.batch_bytes.as_u64()
-    }
-}
-
-/// Appends a batch (every record's commit in flight at once, so the disk's commit rounds make
-/// them durable together), waits until every one is durable, then saves the cursor: nothing is
-/// counted as copied before it is synced. Throttled by the shared rate and by foreground load.
-async fn flush(
-    node: &StorageNode,
-    partition: PartitionId,
-    store: &Store,
-    batch: &mut Batch,
-    saved: &mut Saved,
-    incarnation: u64,
-    path: &Path,
-) -> Result<(), CopyError> {
-    let frames = std::mem::take(&mut batch.frames);
-    let bytes = std::mem::take(&mut batch.bytes);
-    throttle(node, bytes).await;
-    let last = frames.last().map(|f| f.sequence);
-    let count = frames.len() as u64;
-    // Every write of the batch begun before any is awaited: the disk's commit thread then makes
-    // them durable in one round (or very few), not one round per slice of them. The batch's
-    // size bounds what this holds (`batch_records`, `batch_bytes`).
-    let in_flight = frames.len().max(1);
-    let applied: Vec<Result<(), CopyError>> =
-        stream::iter(frames.into_iter().map(|f| apply(node, partition, store, f)))
-            .buffer_unordered(in_flight)
-            .collect()
-            .await;
-    applied
-        .into_iter()
-        .collect::<Result<Vec<()>, CopyError>>()?;
-    let Some(sequence) = batch.end.or(last) else {
-        return Ok(());
-    };
-    saved.cursor = Cursor {
-        incarnation,
-        sequence,
-    };
-    saved.bytes = saved.bytes.saturating_add(bytes);
-    saved.records = saved.records.saturating_add(count);
-    let (file, state, local) = (path.to_owned(), saved.clone(), store.incarnation());
-    crate::node::blocking(move || save(&file, &state, local)).await?;
-    node.metrics.bootstrap_bytes.inc_by(bytes);
-    node.metrics.bootstrap_records.inc_by(count);
-    let mut progress = node.moves.progress();
-    let p = progress.entry(partition).or_default();
-    p.bytes_done = saved.bytes;
-    p.records_done = saved.records;
-    p.bytes_this_run = p.bytes_this_run.saturating_add(bytes);
-    Ok(())
-}
-
 /// Waits for the rate limit, then while the node is busy with foreground requests (as
-/// compaction does), for at most nine times what the batch took to wait for the rate.
-async fn throttle(node: &StorageNode, bytes: u64) {
+/// compaction does), for at most nine times what the batch took to wait for the rate. Runs on
+/// the applier thread (`bootstrap_apply.rs`), which keeps throttled batches small, so these
+/// waits space the copy evenly rather than in bursts of a whole batch.
+pub(crate) fn throttle_blocking(node: &StorageNode, bytes: u64) {
     let wait = {
         let mut limiter = node.moves.limiter.lock().unwrap_or_else(|e| e.into_inner());
         limiter.take(bytes)
     };
     if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
+        std::thread::sleep(wait);
+    }
+    if node.moves.config.rate_mb_per_s == 0 {
+        return; // unthrottled: as fast as the disk goes
     }
     let foreground = &node.compaction.foreground;
     let deadline = Instant::now() + (wait * 9).max(Duration::from_millis(50));
     while foreground.is_busy() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Applies one verified frame like replication applies a change: blobs are immutable and
-/// tombstones win, documents keep their newest version, so the order against the writes
-/// frontends send meanwhile does not matter. A record this node refuses (a time from the far
-/// future, bad properties) is logged and passed over, as replication does.
-async fn apply(
-    node: &StorageNode,
-    partition: PartitionId,
-    store: &Store,
-    frame: ExportFrame,
-) -> Result<(), CopyError> {
-    let refused = |err: Error| {
-        tracing::warn!(partition, key = %String::from_utf8_lossy(&frame.key), %err, "bootstrap: skipping a record this node refuses");
-        node.metrics
-            .replication_refused
-            .get_or_create(&crate::metrics::PeerLabels {
-                partition: partition.to_string(),
-                peer: "bootstrap".into(),
-            })
-            .inc();
-        Ok(())
-    };
-    let Ok(key) = std::str::from_utf8(&frame.key) else {
-        return refused(Error::BadKey("not UTF-8"));
-    };
-    let time = match node
-        .clock
-        .check_time(larder_proto::header::TIME_MS, frame.time_ms)
-    {
-        Ok(time) => time,
-        Err(err) => return refused(err),
-    };
-    let written = match frame.kind {
-        FrameKind::PutBlob => {
-            if let Err(err) = crate::props::to_header(&frame.props) {
-                return refused(err);
-            }
-            let expires_ms = match node.clock.check_expiry(frame.expires_ms) {
-                Ok(expiry) => expiry,
-                Err(err) => return refused(err),
-            };
-            let meta = BlobMeta {
-                props: frame.props.clone(),
-                time_ms: time,
-                expires_ms,
-            };
-            crate::node::put_blob(store, key, meta, std::slice::from_ref(&frame.data))
-                .await
-                .map(|_| ())
-        }
-        FrameKind::DeleteBlob => crate::node::delete_blob(store, key, time).await.map(|_| ()),
-        FrameKind::PutDoc | FrameKind::RemoveDoc => {
-            if let Err(err) = node.clock.check_version(frame.version) {
-                return refused(err);
-            }
-            match frame.kind {
-                FrameKind::PutDoc => {
-                    crate::node::put_doc(store, key, frame.version, time, frame.data.clone()).await
-                }
-                _ => crate::node::remove_doc(store, key, frame.version, time).await,
-            }
-            .map(|_| ())
-        }
-        FrameKind::End => Ok(()),
-    };
-    match written {
-        Err(err @ (larder_store::Error::BadKey(_) | larder_store::Error::TooLarge { .. })) => {
-            refused(err.into())
-        }
-        other => other.map_err(|e| CopyError::Local(e.into())),
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -29,9 +29,12 @@ use crate::StorageNode;
 
 /// Feed records read per page while exporting.
 const PAGE: usize = 256;
-/// Frames queued towards the connection; with h2's send buffer this bounds what one export
-/// holds in memory (a few records of at most `max_record_size`).
+/// Messages queued towards the connection; with h2's send buffer this bounds what one export
+/// holds in memory (a few packs, or records of at most `max_record_size`).
 const QUEUED_FRAMES: usize = 4;
+/// Small frames are packed into one message (one DATA frame on the wire) of about this size:
+/// a 1 KiB record is then not a channel message, a wake-up and an h2 frame of its own.
+const PACK_BYTES: usize = 256 << 10;
 
 pub async fn export(
     node: Arc<StorageNode>,
@@ -90,9 +93,7 @@ fn produce(
     tx: &mpsc::Sender<std::result::Result<Bytes, BoxError>>,
 ) {
     let send = |bytes: Bytes| tx.blocking_send(Ok(bytes)).is_ok();
-    if !send(larder_proto::encode_stream_head(store.incarnation())) {
-        return;
-    }
+    let mut pack = BytesMut::from(&larder_proto::encode_stream_head(store.incarnation())[..]);
     let head = store.stats().durable_cursor;
     let mut cursor = after;
     loop {
@@ -107,8 +108,18 @@ fn produce(
         let full = batch.changes.len() == PAGE;
         for change in &batch.changes {
             match frame_of(store, change) {
-                Ok(Some(frame)) => {
+                Ok(Some(frame)) if frame.wire_len() >= PACK_BYTES as u64 => {
+                    // A large record goes as it is, after what is packed before it.
+                    if !pack.is_empty() && !send(pack.split().freeze()) {
+                        return;
+                    }
                     if !send(frame.encode()) {
+                        return;
+                    }
+                }
+                Ok(Some(frame)) => {
+                    frame.encode_into(&mut pack);
+                    if pack.len() >= PACK_BYTES && !send(pack.split().freeze()) {
                         return;
                     }
                 }
@@ -127,7 +138,8 @@ fn produce(
             break;
         }
     }
-    send(ExportFrame::end(cursor.sequence).encode());
+    ExportFrame::end(cursor.sequence).encode_into(&mut pack);
+    send(pack.freeze());
 }
 
 /// The frame of one change, with its data read and verified; `None` when the record is gone

@@ -7,6 +7,7 @@ mod background;
 mod blobs;
 mod body;
 mod bootstrap;
+mod bootstrap_apply;
 mod changes;
 mod compaction;
 mod config;

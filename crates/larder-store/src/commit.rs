@@ -41,10 +41,10 @@ pub(crate) enum PendingBlob {
 }
 
 /// A record appended but not yet published to the index.
-struct Queued {
-    end: LogPos,
-    info: RecordInfo,
-    loc: Location,
+pub(crate) struct Queued {
+    pub end: LogPos,
+    pub info: RecordInfo,
+    pub loc: Location,
 }
 
 /// Bytes written to a segment (page cache only) that the next round must put in the journal.
@@ -81,30 +81,30 @@ pub(crate) struct LogState {
     pub sealed_bytes: u64,
     /// The sequence number the next appended record gets. Never reused, even for a record cut
     /// back after a failed write (gaps are allowed; order is what cursors rely on).
-    next_seq: u64,
+    pub(crate) next_seq: u64,
     /// End of the last appended record.
-    written: LogPos,
+    pub(crate) written: LogPos,
     /// Small records appended to the active segment but not yet written to it: the bytes just
     /// before `active_len`.
-    batch: Vec<u8>,
+    pub(crate) batch: Vec<u8>,
     /// Batches written to their segment but not yet journaled.
     frames: Vec<Frame>,
     /// End of the last record known durable and published.
-    durable: LogPos,
+    pub(crate) durable: LogPos,
     /// Segment files the next round must sync (sealed ones, and one that got an unbatched record).
-    unsynced: Vec<Arc<File>>,
+    pub(crate) unsynced: Vec<Arc<File>>,
     /// Whether the log is queued for the next round of its disk.
-    dirty: bool,
+    pub(crate) dirty: bool,
     /// Writers waiting for a round to cover their record, by the end of their record.
-    waiting: Vec<(LogPos, Completer)>,
+    pub(crate) waiting: Vec<(LogPos, Completer)>,
     /// Writers whose records were cut from the log, told by the round's end (never under a lock,
     /// nor while the round still holds the store).
     lost: Vec<(Completer, Outcome)>,
-    queue: VecDeque<Queued>,
+    pub(crate) queue: VecDeque<Queued>,
     /// Effects of queued records, consulted with the index so decisions see pending writes.
     pub pending_blobs: HashMap<Bytes, (LogPos, PendingBlob)>,
     pub pending_docs: HashMap<Bytes, (LogPos, u64)>,
-    failed: Option<String>,
+    pub(crate) failed: Option<String>,
     closed: bool,
 }
 
@@ -135,7 +135,7 @@ impl LogState {
         }
     }
 
-    fn needs_sync(&mut self, file: &Arc<File>) {
+    pub(crate) fn needs_sync(&mut self, file: &Arc<File>) {
         if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, file)) {
             self.unsynced.push(file.clone());
         }
@@ -269,7 +269,7 @@ impl Engine {
     }
 
     /// Moves queued records up to `upto` into the index and advances the durable cursor.
-    fn publish(&self, st: &mut LogState, upto: LogPos) {
+    pub(crate) fn publish(&self, st: &mut LogState, upto: LogPos) {
         let mut published = 0;
         {
             let mut index = self.index.write();
@@ -287,7 +287,7 @@ impl Engine {
 
     /// Starts a new segment once the active one would exceed `segment_size` (a record larger
     /// than a segment gets a segment of its own).
-    fn maybe_rotate(&self, st: &mut LogState, record_len: u64) -> Result<()> {
+    pub(crate) fn maybe_rotate(&self, st: &mut LogState, record_len: u64) -> Result<()> {
         if st.active_len <= FILE_HEADER_LEN || st.active_len + record_len <= self.opts.segment_size
         {
             return Ok(());
@@ -372,7 +372,7 @@ impl Engine {
     /// Writes the batch to the active segment. On failure the file is cut back to where the
     /// batch starts and its records are taken out of the log: their writers are told they are
     /// lost, and nothing after them exists, so the log goes on from there.
-    fn write_batch(&self, st: &mut LogState) -> Result<()> {
+    pub(crate) fn write_batch(&self, st: &mut LogState) -> Result<()> {
         if st.batch.is_empty() {
             return Ok(());
         }
@@ -402,7 +402,7 @@ impl Engine {
     }
 
     /// Forgets every record after `from` (none of them was written or published).
-    fn cut_back(&self, st: &mut LogState, from: LogPos, why: &io::Error) {
+    pub(crate) fn cut_back(&self, st: &mut LogState, from: LogPos, why: &io::Error) {
         st.active_len = from.offset;
         st.written = from;
         let mut dropped = 0;
@@ -453,7 +453,7 @@ impl Engine {
         Ok(start)
     }
 
-    fn write_at(&self, file: &File, offset: u64, bufs: &[&[u8]]) -> io::Result<()> {
+    pub(crate) fn write_at(&self, file: &File, offset: u64, bufs: &[&[u8]]) -> io::Result<()> {
         #[cfg(test)]
         if let Some(e) = self.fail.partial_write(file, offset, bufs) {
             return Err(e);
@@ -461,7 +461,7 @@ impl Engine {
         crate::segment::write_all_vectored_at(file, offset, bufs)
     }
 
-    fn truncate(&self, file: &File, len: u64) -> io::Result<()> {
+    pub(crate) fn truncate(&self, file: &File, len: u64) -> io::Result<()> {
         #[cfg(test)]
         if self.fail.truncate_fails() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
@@ -512,7 +512,7 @@ impl Engine {
 }
 
 impl Engine {
-    fn writable(&self, st: &LogState) -> Result<()> {
+    pub(crate) fn writable(&self, st: &LogState) -> Result<()> {
         if st.closed {
             return Err(Error::Unavailable("store is closed".into()));
         }
@@ -526,7 +526,7 @@ impl Engine {
     }
 }
 
-fn remember_pending(st: &mut LogState, info: &RecordInfo, end: LogPos) {
+pub(crate) fn remember_pending(st: &mut LogState, info: &RecordInfo, end: LogPos) {
     let key = info.key.clone();
     match info.op {
         Op::PutBlob => st

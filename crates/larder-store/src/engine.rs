@@ -77,7 +77,7 @@ pub(crate) struct Engine {
     pub fail: crate::failpoint::FailPoints,
 }
 
-fn check_key(key: &[u8]) -> Result<()> {
+pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() {
         return Err(Error::BadKey("empty key".into()));
     }
@@ -90,7 +90,7 @@ fn check_key(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn check_size(size: u64, limit: u64) -> Result<()> {
+pub(crate) fn check_size(size: u64, limit: u64) -> Result<()> {
     if size > limit {
         return Err(Error::TooLarge { size, limit });
     }
@@ -98,7 +98,7 @@ fn check_size(size: u64, limit: u64) -> Result<()> {
 }
 
 /// A blob's state as writers must see it: pending (appended, not yet durable) first.
-fn blob_state(st: &LogState, index: &Index, key: &[u8]) -> Option<PendingBlob> {
+pub(crate) fn blob_state(st: &LogState, index: &Index, key: &[u8]) -> Option<PendingBlob> {
     if let Some((_, p)) = st.pending_blobs.get(key) {
         return Some(*p);
     }
@@ -108,7 +108,7 @@ fn blob_state(st: &LogState, index: &Index, key: &[u8]) -> Option<PendingBlob> {
     })
 }
 
-fn doc_version(st: &LogState, index: &Index, key: &[u8]) -> Option<u64> {
+pub(crate) fn doc_version(st: &LogState, index: &Index, key: &[u8]) -> Option<u64> {
     match st.pending_docs.get(key) {
         Some((_, v)) => Some(*v),
         None => index.docs.get(key).map(DocState::version),

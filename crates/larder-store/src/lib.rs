@@ -17,10 +17,12 @@
 //! `index`, `completion` (a writer's wait for durability), `journal` (the disk journal's format),
 //! `reader` (verified reads), `space` (the free-space reserve); then `engine` (the state of one
 //! open store and the decisions of each operation), with its parts `commit` (write path, the log's
-//! side of a commit round), `checkpoint`, `recovery` (open) and `feed` (change feed); `disk` (the
+//! side of a commit round), `bulk` (a batch of records made durable by one round), `checkpoint`,
+//! `recovery` (open) and `feed` (change feed); `disk` (the
 //! journal and commit thread shared by the stores of a disk, and journal replay); and last
 //! `store`, the public facade over an `engine`.
 
+mod bulk;
 mod checkpoint;
 mod commit;
 mod compact;
@@ -52,6 +54,7 @@ mod visit;
 #[doc(hidden)]
 pub mod fuzzing;
 
+pub use bulk::{BulkOutcome, BulkRecord};
 pub use cursor::ParseCursorError;
 pub use disk::Disk;
 pub use segment::create_dir_all_durable;

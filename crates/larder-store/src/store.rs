@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
+use crate::bulk::{BulkOutcome, BulkRecord};
 use crate::commit::{Appended, BATCH_RECORD_MAX};
 use crate::completion::Completion;
 use crate::disk::Disk;
@@ -149,6 +150,28 @@ impl Store {
             self.engine.delete_blob(key, time_ms),
             DeleteOutcome::Deleted,
         )
+    }
+
+    /// Applies `records` in order as a bulk batch (`bulk.rs`): every record gets the answer its
+    /// single write would get (per record: a validation error, a refusal, or the outcome), and
+    /// the ones written become durable together, in one commit round that syncs their segment
+    /// (they are not copied into the disk journal). The returned commit resolves once all of
+    /// them are durable and published, or to the error that failed the batch (records written
+    /// before it may still land, as a failed single write may have). Blocking I/O: the records
+    /// are written to their segment by this call.
+    pub fn begin_bulk(&self, records: Vec<BulkRecord>) -> Commit<Vec<Result<BulkOutcome>>> {
+        match self.engine.bulk(records) {
+            Ok((outcomes, waiting)) => Commit {
+                waiting,
+                then: Some(Ok(outcomes)),
+            },
+            Err(e) => Commit::ready(Err(e)),
+        }
+    }
+
+    /// [`Store::begin_bulk`], waiting until the batch is durable.
+    pub fn bulk(&self, records: Vec<BulkRecord>) -> Result<Vec<Result<BulkOutcome>>> {
+        self.begin_bulk(records).wait()
     }
 
     /// Looks a blob up; `now_ms` decides TTL expiry.

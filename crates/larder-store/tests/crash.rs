@@ -66,7 +66,8 @@ fn child_writer(store: &Store, round: u64, t: u64) {
     let mut mine = Vec::new();
     let mut version = round * 1_000_000;
     for i in 0.. {
-        match rng.random_range(0..10) {
+        match rng.random_range(0..12) {
+            10 | 11 => child_bulk(store, round, t, i, &mut rng, &mut mine),
             0..=4 => {
                 let size = if rng.random_bool(0.5) {
                     rng.random_range(0..2000)
@@ -119,6 +120,55 @@ fn child_writer(store: &Store, round: u64, t: u64) {
             }
         }
     }
+}
+
+/// A bulk batch (`Store::bulk`) of blob puts and deletes, each acknowledged once the batch's
+/// commit resolved: the bulk path's records must survive a kill like single writes.
+fn child_bulk(
+    store: &Store,
+    round: u64,
+    t: u64,
+    i: u64,
+    rng: &mut impl Rng,
+    mine: &mut Vec<String>,
+) {
+    let mut records = Vec::new();
+    let mut acks = Vec::new();
+    for j in 0..rng.random_range(1..40) {
+        if j % 7 == 6 {
+            if let Some(key) = mine.pop() {
+                records.push(BulkRecord::DeleteBlob {
+                    key: Bytes::from(key.clone()),
+                    time_ms: i,
+                });
+                acks.push(format!("DEL {key}"));
+                continue;
+            }
+        }
+        let size = if rng.random_bool(0.8) {
+            rng.random_range(0..2000)
+        } else {
+            rng.random_range(60_000..250_000)
+        };
+        let key = format!("b/{round}/{t}/{i}.{j}/{size}");
+        records.push(BulkRecord::PutBlob {
+            key: Bytes::from(key.clone()),
+            meta: BlobMeta {
+                props: Bytes::from(key.clone()),
+                time_ms: i,
+                expires_ms: None,
+            },
+            data: Bytes::from(content(key.as_bytes(), size)),
+        });
+        acks.push(format!("PUT {key}"));
+        mine.push(key);
+    }
+    let outcomes = store.bulk(records).unwrap();
+    assert!(outcomes.iter().all(|o| matches!(
+        o,
+        Ok(BulkOutcome::Put(PutOutcome::Stored) | BulkOutcome::Delete(DeleteOutcome::Deleted))
+    )));
+    acks.into_iter().for_each(ack);
 }
 
 /// Everything the parent has seen acknowledged, over all rounds.
