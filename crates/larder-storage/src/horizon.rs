@@ -232,10 +232,13 @@ impl Horizons {
         let now = Instant::now();
         let window = self.caught_up_window;
         self.with_peers(partition, |peers| {
-            peers.iter().filter(|p| p.local && !p.bootstrapping).all(|p| {
-                p.head_at
-                    .is_some_and(|at| now.saturating_duration_since(at) <= window)
-            })
+            peers
+                .iter()
+                .filter(|p| p.local && !p.bootstrapping)
+                .all(|p| {
+                    p.head_at
+                        .is_some_and(|at| now.saturating_duration_since(at) <= window)
+                })
         })
         .unwrap_or(false)
     }

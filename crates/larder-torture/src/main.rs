@@ -236,8 +236,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         }
     };
     let completions = history.completions();
-    let mut violations =
-        checker::check_reads(&completions, Duration::from_millis(args.settle_ms));
+    let mut violations = checker::check_reads(&completions, Duration::from_millis(args.settle_ms));
     let (final_violations, converged) = final_check
         .run(&completions, Duration::from_secs(args.converge_seconds))
         .await;

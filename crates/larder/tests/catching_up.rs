@@ -84,7 +84,11 @@ async fn a_replica_that_missed_a_delete_does_not_serve_the_blob_while_it_catches
         let (status, _) = client.get(&deleted).await;
         assert_eq!(status, StatusCode::GONE, "a deleted blob was served");
         let (status, body) = client.get(&kept).await;
-        assert_eq!(status, StatusCode::OK, "a blob nobody deleted must still be served");
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "a blob nobody deleted must still be served"
+        );
         assert_eq!(&body[..], b"kept");
     }
 }
