@@ -58,6 +58,10 @@ pub mod header {
     /// The cluster map revision the sender runs (decimal): on every frontend request and every
     /// storage node answer (the fence of `INTERNAL_API.md`, "Map revisions").
     pub const MAP_REVISION: &str = "larder-map-revision";
+    /// On a storage node's 200/206 to a blob GET/HEAD: the replica has not reached every local
+    /// peer's feed head recently (`caught-up window`), so it may lack a recent tombstone; the
+    /// frontend confirms such an answer with another replica.
+    pub const CATCHING_UP: &str = "x-larder-catching-up";
     /// Outcome of an internal put: `stored` or `exists`.
     pub const PUT_OUTCOME: &str = "x-larder-put";
     /// On an export answer: the source replica's bytes on disk, an estimate of what is left to

@@ -57,6 +57,12 @@ impl Router {
         // only those replicas' "not found" can prove that no acknowledged write exists.
         let quorum_dc = origin.unwrap_or(&self.datacenter);
         let in_quorum_dc = count_in(map, partition, quorum_dc);
+        // A delete through this datacenter reached a quorum of its replicas: a "found" from a
+        // replica still catching up stands once enough of them answered without a tombstone.
+        let mut confirm = Confirmation::new(
+            count_in(map, partition, &self.datacenter),
+            self.config.write_quorum,
+        );
         let deadline = Instant::now() + self.config.operation_timeout;
         let uri: Uri = blob_path(id.partition, &id.to_string())
             .parse()
@@ -86,7 +92,15 @@ impl Router {
         // One timer for every hedge of this read, armed only while a hedge can be due.
         let hedge_timer = tokio::time::sleep_until(deadline);
         tokio::pin!(hedge_timer);
+        let is_local = |node: &str| map.datacenter_of(node) == Some(self.datacenter.as_str());
         loop {
+            if confirm.holds_caught_up() && !pending.iter().any(|n| is_local(n)) {
+                // Another datacenter's caught-up replica found it, and no local replica is
+                // still to answer: it is served, as a failover read always was.
+                if let Some(held) = confirm.take() {
+                    return Ok(held);
+                }
+            }
             if in_flight.is_empty() {
                 // Nothing pending: ask the next replica now (first try, or failover).
                 let Some(node) = remaining.next() else { break };
@@ -116,15 +130,32 @@ impl Router {
                         Ok(response) => decode(response, range, deadline).await,
                         Err(err) => Err(Undecoded::Failed(err)),
                     };
+                    let local = is_local(node);
                     match answer {
-                    // A replica elsewhere may just not have pulled the blob yet.
-                    Err(Undecoded::NotFound) if map.datacenter_of(node) == Some(quorum_dc) => {
-                        not_found += 1
+                    Err(Undecoded::NotFound) => {
+                        confirm.no_tombstone(local);
+                        // A replica elsewhere may just not have pulled the blob yet.
+                        if map.datacenter_of(node) == Some(quorum_dc) {
+                            not_found += 1;
+                        }
+                        if let Some(held) = confirm.release() {
+                            return Ok(held);
+                        }
                     }
-                    Err(Undecoded::NotFound) => {}
                     Err(Undecoded::Failed(err)) => errors.push(format!("{node}: {err}")),
                     Err(Undecoded::Refused(message)) => {
                         return Err(RouterError::Rejected(format!("{node}: {message}")));
+                    }
+                    // A replica catching up may lack a tombstone; so may another datacenter's
+                    // while a replica here, which may hold one, has not answered yet.
+                    Ok(GetAnswer::Found(found))
+                        if found.catching_up
+                            || (!local && pending.iter().any(|n| is_local(n))) =>
+                    {
+                        confirm.hold(local, found);
+                        if let Some(held) = confirm.release() {
+                            return Ok(held);
+                        }
                     }
                     Ok(answer) => {
                         if hedged {
@@ -146,6 +177,19 @@ impl Router {
         }
         if Instant::now() >= deadline {
             return Err(RouterError::Timeout(self.config.operation_timeout));
+        }
+        if confirm.holds_caught_up() {
+            if let Some(held) = confirm.take() {
+                return Ok(held);
+            }
+        }
+        if confirm.held.is_some() {
+            // Found only by replicas catching up, and not enough local ones answered to rule
+            // out a delete acknowledged here: the blob may be deleted, so no answer.
+            return Err(RouterError::Unavailable(format!(
+                "only replicas still catching up found it ({})",
+                errors.join("; ")
+            )));
         }
         // A quorum write reached `write_quorum` replicas in its datacenter, so once more than
         // the rest of them say "not found", no acknowledged write can exist.
@@ -189,6 +233,66 @@ impl Router {
     }
 }
 
+/// A "found" from a replica that is catching up (`x-larder-catching-up`: it has not reached
+/// every local peer's feed head recently, so it may lack a tombstone) is held until enough
+/// replicas of this datacenter answered without a tombstone that a delete acknowledged here
+/// (at a quorum of them) cannot exist; a 410 or a found from a caught-up local replica wins
+/// over it, and with no confirmation the read fails. A caught-up replica of another datacenter
+/// vouches for its own datacenter only: its "found" waits for the local replicas still asked
+/// (a 410 from one wins), and is served once none is left to answer. When every replica is
+/// caught up and the first one asked is local, nothing is held and no extra request is sent.
+struct Confirmation {
+    /// Answers without a tombstone (found or 404) from this datacenter's replicas.
+    local_clear: usize,
+    /// More local answers than this without a tombstone rule out a delete acknowledged here.
+    enough: usize,
+    held: Option<FoundBlob>,
+}
+
+impl Confirmation {
+    fn new(local_replicas: usize, write_quorum: usize) -> Confirmation {
+        let quorum = write_quorum.clamp(1, local_replicas.max(1));
+        Confirmation {
+            local_clear: 0,
+            enough: local_replicas.saturating_sub(quorum),
+            held: None,
+        }
+    }
+
+    /// A replica answered without a tombstone (found or not found).
+    fn no_tombstone(&mut self, local: bool) {
+        if local {
+            self.local_clear += 1;
+        }
+    }
+
+    /// Holds `found` until confirmed; a caught-up replica's answer replaces one catching up.
+    fn hold(&mut self, local: bool, found: FoundBlob) {
+        self.no_tombstone(local);
+        match &self.held {
+            Some(held) if found.catching_up || !held.catching_up => {}
+            _ => self.held = Some(found),
+        }
+    }
+
+    /// Whether the answer held is a caught-up replica's (another datacenter's).
+    fn holds_caught_up(&self) -> bool {
+        self.held.as_ref().is_some_and(|h| !h.catching_up)
+    }
+
+    fn take(&mut self) -> Option<GetAnswer> {
+        self.held.take().map(GetAnswer::Found)
+    }
+
+    /// The held answer, once enough local answers rule out a delete acknowledged here.
+    fn release(&mut self) -> Option<GetAnswer> {
+        if self.local_clear > self.enough {
+            return self.take();
+        }
+        None
+    }
+}
+
 /// Why a replica's answer is not a `GetAnswer`.
 enum Undecoded {
     /// 404: this replica does not have the blob.
@@ -214,6 +318,7 @@ async fn decode(
             let properties = BlobProperties::from_internal_answer(response.headers())
                 .map_err(|e| Undecoded::Failed(format!("bad properties: {e}")))?;
             let partial = response.status() == StatusCode::PARTIAL_CONTENT;
+            let catching_up = response.headers().contains_key(h::CATCHING_UP);
             let selected = match (partial, range) {
                 (false, _) => 0..size,
                 (true, Some(range)) => range
@@ -226,6 +331,7 @@ async fn decode(
                 size,
                 selected,
                 partial,
+                catching_up,
                 body: response.into_body(),
             }))
         }

@@ -79,6 +79,9 @@ pub struct FoundBlob {
     pub selected: Range<u64>,
     /// Whether a range was asked for and is what `body` holds (a 206 for the client).
     pub partial: bool,
+    /// The replica was catching up (it may lack a recent tombstone): the router serves it
+    /// only once confirmed (`read.rs`).
+    pub catching_up: bool,
     /// The bytes (empty for HEAD).
     pub body: Incoming,
 }

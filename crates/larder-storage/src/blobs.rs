@@ -84,11 +84,16 @@ fn gone(reason: &'static str, time_ms: Option<u64>) -> Response<Body> {
 }
 
 pub async fn get(
+    node: &StorageNode,
+    partition: larder_cluster::PartitionId,
     store: Store,
     key: &str,
     req: &Request<Incoming>,
     with_body: bool,
 ) -> Result<Response<Body>> {
+    // Before the lookup: a replica that vouches has applied every change its local peers
+    // held a caught-up window ago, so the lookup below sees their tombstones.
+    let vouched = node.horizons.vouches(partition);
     let include_expired = req.uri().query().is_some_and(|q| {
         q.split('&')
             .any(|p| p == larder_proto::INCLUDE_EXPIRED_QUERY)
@@ -108,7 +113,12 @@ pub async fn get(
             Ok(gone("expired", record.meta.expires_ms))
         }
         BlobLookup::Found(record) | BlobLookup::Expired(record) => {
-            serve(store, record, range, with_body).await
+            let mut response = serve(store, record, range, with_body).await?;
+            if !vouched {
+                let headers = response.headers_mut();
+                headers.insert(h::CATCHING_UP, HeaderValue::from_static("1"));
+            }
+            Ok(response)
         }
     }
 }

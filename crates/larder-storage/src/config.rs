@@ -290,6 +290,14 @@ pub struct ReplicationConfig {
     /// Deadline for one request to a peer: a stalled peer must not hold up the others.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// A replica answers "found" on its own only while its pulls reached the head of every
+    /// caught-up peer's feed in its datacenter within this long; otherwise (just started and
+    /// not caught up yet, cut off from a peer, replication off) its found answers say
+    /// `x-larder-catching-up` and the frontend confirms them with another replica. A delete
+    /// acknowledged longer ago than this is never read back as present through its
+    /// datacenter (`ARCHITECTURE.md`, "The read path").
+    #[serde(with = "humantime_serde")]
+    pub caught_up_window: Duration,
 }
 
 impl Default for ReplicationConfig {
@@ -302,6 +310,7 @@ impl Default for ReplicationConfig {
             concurrency: 16,
             backoff_max: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            caught_up_window: Duration::from_secs(5),
         }
     }
 }

@@ -10,11 +10,14 @@
 //! peer pulled from an older one, or starts from the beginning) counts as 0.
 //!
 //! It also holds the other half of "rebuilt, never rejoined": whether this replica may serve a
-//! peer at all (`may_serve`), from how that peer answered our own pulls since we started.
+//! peer at all (`may_serve`), from how that peer answered our own pulls since we started; and
+//! whether this replica may answer a read alone (`vouches`): only while its own pulls reached
+//! the head of every caught-up peer's feed in its datacenter recently (`ARCHITECTURE.md`, "The
+//! read path").
 
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use larder_cluster::{ClusterMap, PartitionId, ReplicaState};
 use larder_store::Cursor;
@@ -33,6 +36,11 @@ struct Peer {
     /// anything our dropped tombstones removed, and nobody pulls from it (so the check above
     /// could never happen): it is served without it. Its position still holds the horizon.
     bootstrapping: bool,
+    /// In this node's datacenter: a delete acknowledged here reached a quorum of such peers.
+    local: bool,
+    /// When our last pull of its feed that reached its head was sent (the page applied here
+    /// since): every change the peer held then is here. `None` since this process started.
+    head_at: Option<Instant>,
 }
 
 /// Whether a peer replica may pull the local replica's feed (`Horizons::may_serve`).
@@ -47,6 +55,8 @@ pub enum Serve {
 
 pub struct Horizons {
     retention: Duration,
+    /// How recently every local peer's head must have been reached for `vouches`.
+    caught_up_window: Duration,
     /// Without replication this node never pulls, so it can never check itself: it serves.
     check_before_serving: bool,
     /// Per hosted partition; replaced as the map changes (`update`).
@@ -60,9 +70,11 @@ impl Horizons {
         node_id: &str,
         retention: Duration,
         check_before_serving: bool,
+        caught_up_window: Duration,
     ) -> Horizons {
         let horizons = Horizons {
             retention,
+            caught_up_window,
             check_before_serving,
             partitions: RwLock::default(),
         };
@@ -77,6 +89,7 @@ impl Horizons {
     pub fn update(&self, map: &ClusterMap, node_id: &str) {
         let mut partitions = self.partitions.write().unwrap_or_else(|e| e.into_inner());
         let mut next = HashMap::new();
+        let here = map.datacenter_of(node_id);
         for (partition, _) in map.replicas_on(node_id) {
             let Some(entry) = map.partition(partition) else {
                 continue;
@@ -91,9 +104,11 @@ impl Horizons {
                 .filter(|r| r.node != node_id)
                 .map(|r| {
                     let bootstrapping = r.state == ReplicaState::Bootstrapping;
+                    let local = here.is_some() && map.datacenter_of(&r.node) == here;
                     match known.iter().position(|p| p.node == r.node) {
                         Some(i) => Peer {
                             bootstrapping,
+                            local,
                             ..known.swap_remove(i)
                         },
                         None => Peer {
@@ -102,6 +117,8 @@ impl Horizons {
                             checked: false,
                             behind: false,
                             bootstrapping,
+                            local,
+                            head_at: None,
                         },
                     }
                 })
@@ -193,11 +210,45 @@ impl Horizons {
         })
         .unwrap_or(Serve::Yes)
     }
+
+    /// Notes that our pull of `peer`'s feed of `partition` sent at `sent` reached its head
+    /// (a page that was not full), and that page is applied here.
+    pub fn reached_head(&self, partition: PartitionId, peer: &str, sent: Instant) {
+        self.with_peers(partition, |peers| {
+            if let Some(p) = peers.iter_mut().find(|p| p.node == peer) {
+                p.head_at = Some(p.head_at.map_or(sent, |at| at.max(sent)));
+            }
+        });
+    }
+
+    /// Whether the local replica of `partition` may answer "found" alone: our pulls reached
+    /// the head of every caught-up peer in this datacenter within `caught_up_window` of now.
+    /// A delete acknowledged here reached a quorum of them; so once its acknowledgement is
+    /// that old, a replica that vouches has its tombstone. Call it before the lookup it
+    /// vouches for. A replica that does not vouch (it started recently and has not caught up,
+    /// it cannot reach a peer, it does not replicate) still answers; the frontend confirms
+    /// with another replica. A partition with no local peer has nothing to miss.
+    pub fn vouches(&self, partition: PartitionId) -> bool {
+        let now = Instant::now();
+        let window = self.caught_up_window;
+        self.with_peers(partition, |peers| {
+            peers
+                .iter()
+                .filter(|p| p.local && !p.bootstrapping)
+                .all(|p| {
+                    p.head_at
+                        .is_some_and(|at| now.saturating_duration_since(at) <= window)
+                })
+        })
+        .unwrap_or(false)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(5);
 
     fn map() -> ClusterMap {
         let node = |id: &str, port: u16| {
@@ -216,7 +267,7 @@ mod tests {
 
     #[test]
     fn the_horizon_waits_for_every_peer_and_follows_the_slowest() {
-        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true, WINDOW);
         let at = |sequence| Cursor {
             incarnation: 7,
             sequence,
@@ -235,7 +286,7 @@ mod tests {
 
     #[test]
     fn a_bootstrapping_replica_holds_the_horizon_until_it_pulled() {
-        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true, WINDOW);
         let at = |sequence| Cursor {
             incarnation: 7,
             sequence,
@@ -269,7 +320,7 @@ mod tests {
 
     #[test]
     fn a_peer_is_served_only_once_our_pull_of_it_was_not_refused() {
-        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true);
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true, WINDOW);
         assert_eq!(h.may_serve(0, "s2"), Serve::NotChecked);
         h.answered(0, "s2", false);
         assert_eq!(h.may_serve(0, "s2"), Serve::Yes);
@@ -277,7 +328,25 @@ mod tests {
         assert_eq!(h.may_serve(0, "s3"), Serve::Behind);
         h.answered(0, "s3", false);
         assert_eq!(h.may_serve(0, "s3"), Serve::Behind, "until rebuilt");
-        let unchecked = Horizons::new(&map(), "s1", Duration::from_secs(1), false);
+        let unchecked = Horizons::new(&map(), "s1", Duration::from_secs(1), false, WINDOW);
         assert_eq!(unchecked.may_serve(0, "s2"), Serve::Yes);
+    }
+
+    #[test]
+    fn a_replica_vouches_only_while_it_reached_every_local_peers_head_recently() {
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true, WINDOW);
+        assert!(!h.vouches(0), "nothing pulled since the start");
+        let now = Instant::now();
+        h.reached_head(0, "s2", now);
+        assert!(!h.vouches(0), "s3 not reached yet");
+        h.reached_head(0, "s3", now);
+        assert!(h.vouches(0));
+        h.reached_head(0, "s3", now - WINDOW * 2);
+        assert!(h.vouches(0), "an older pull does not move the time back");
+        let stale = Horizons::new(&map(), "s1", Duration::from_secs(1), true, WINDOW);
+        stale.reached_head(0, "s2", now);
+        stale.reached_head(0, "s3", now - WINDOW * 2);
+        assert!(!stale.vouches(0), "s3's head was reached too long ago");
+        assert!(!h.vouches(1), "not hosted");
     }
 }

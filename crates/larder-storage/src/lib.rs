@@ -37,4 +37,4 @@ pub use config::{
 pub use map_state::{MapState, OfferKind, MAP_FILE};
 pub use node::OpenError;
 pub use node::StorageNode;
-pub use server::{serve, ShutdownSignal, Signals};
+pub use server::{serve, Listen, ShutdownSignal, Signals};

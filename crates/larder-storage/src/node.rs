@@ -108,6 +108,7 @@ impl StorageNode {
                 &config.node_id,
                 config.compaction.tombstone_retention,
                 config.replication.enabled,
+                config.replication.caught_up_window,
             ),
             serialised: Default::default(),
             maps: std::sync::Arc::new(crate::map_state::MapState::new(

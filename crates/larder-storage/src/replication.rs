@@ -330,11 +330,18 @@ impl Worker {
     /// Up to `max_pages_per_round` pages of the peer's feed; stops early once caught up.
     async fn round(&self, link: &mut Link) -> Result<()> {
         for _ in 0..self.config.max_pages_per_round {
+            let sent = std::time::Instant::now();
             let page = self.fetch_page(link).await?;
             self.record_lag(link, &page.changes);
             if page.changes.is_empty() {
-                return self.keep_fresh(link, &page.next);
+                self.keep_fresh(link, &page.next)?;
+                self.node
+                    .horizons
+                    .reached_head(link.partition, &link.peer, sent);
+                return Ok(());
             }
+            // The page reached the peer's head when the request came (`INTERNAL_API.md`).
+            let at_head = covers(&page.next, &page.head);
             let mut pending = Vec::with_capacity(page.changes.len());
             for change in &page.changes {
                 pending.push(self.apply_or_skip(link, change));
@@ -364,6 +371,13 @@ impl Worker {
             self.node
                 .moves
                 .note_position(link.partition, &link.peer, next);
+            if at_head {
+                // Applied and saved: every change the peer held when we asked is here.
+                self.node
+                    .horizons
+                    .reached_head(link.partition, &link.peer, sent);
+                return Ok(());
+            }
         }
         Ok(())
     }
@@ -590,6 +604,16 @@ impl Worker {
         }
         let put = crate::node::put_blob(&link.store, &change.key, meta, &body.chunks).await;
         put.map(|_| ()).map_err(|e| classify(e.into()))
+    }
+}
+
+/// Whether a page's `next` cursor is at or past its `head` (both of the peer's incarnation).
+fn covers(next: &str, head: &str) -> bool {
+    match (next.parse::<Cursor>(), head.parse::<Cursor>()) {
+        (Ok(next), Ok(head)) => {
+            next.incarnation == head.incarnation && next.sequence >= head.sequence
+        }
+        _ => false,
     }
 }
 

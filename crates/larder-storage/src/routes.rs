@@ -79,8 +79,8 @@ async fn route(
             match *req.method() {
                 Method::PUT => blobs::put(&node, store, key.to_owned(), req).await,
                 // Reads borrow the key from the request: no copy of it per GET.
-                Method::GET => blobs::get(store, key, &req, true).await,
-                Method::HEAD => blobs::get(store, key, &req, false).await,
+                Method::GET => blobs::get(&node, partition, store, key, &req, true).await,
+                Method::HEAD => blobs::get(&node, partition, store, key, &req, false).await,
                 Method::DELETE => blobs::delete(&node, store, key.to_owned(), req).await,
                 _ => Err(Error::MethodNotAllowed("PUT, GET, HEAD or DELETE")),
             }

@@ -41,13 +41,34 @@ impl Signals {
     }
 }
 
-/// Opens the replicas and serves the internal API on `listener` until `signals.shutdown`
-/// resolves; then stops accepting, lets in-flight requests finish (up to the grace period), syncs
-/// and checkpoints every store.
+/// Where a storage node listens: an address it binds once its replicas are open (the
+/// binary), or a listener bound already (tests that must know the port first).
+pub enum Listen {
+    At(SocketAddr),
+    Bound(TcpListener),
+}
+
+impl From<SocketAddr> for Listen {
+    fn from(addr: SocketAddr) -> Listen {
+        Listen::At(addr)
+    }
+}
+
+impl From<TcpListener> for Listen {
+    fn from(listener: TcpListener) -> Listen {
+        Listen::Bound(listener)
+    }
+}
+
+/// Opens the replicas, then binds `listen` and serves the internal API until
+/// `signals.shutdown` resolves; then stops accepting, lets in-flight requests finish (up to the
+/// grace period), syncs and checkpoints every store. The port is bound only once every
+/// replica is open: a node that accepts connections can serve them (a client, or a harness
+/// waiting for the port, never meets a node still replaying its journals).
 pub async fn serve(
     config: StorageConfig,
     map: ClusterMap,
-    listener: TcpListener,
+    listen: impl Into<Listen>,
     mut signals: Signals,
 ) -> Result<(), String> {
     let tls = match &config.tls {
@@ -71,6 +92,12 @@ pub async fn serve(
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     let node = Arc::new(node);
+    let listener = match listen.into() {
+        Listen::Bound(listener) => listener,
+        Listen::At(addr) => TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("binding {addr}: {e}"))?,
+    };
     let (stop_replication, stop) = tokio::sync::watch::channel(false);
     let every_node = crate::map_state::node_addresses(&map_for_replication);
     let map_pool = StoragePool::new(every_node, config.pool.clone(), credentials.clone())

@@ -78,8 +78,10 @@ impl Disk {
         let root = root.as_ref().to_path_buf();
         crate::segment::create_dir_all_durable(&root)?;
         let lock = crate::lock::lock_file(&root.join(JOURNAL_LOCK), &root)?;
-        let next = replay(&root)?;
-        let journal = JournalFile::create(&root, next, lock)?;
+        let journal = match replay(&root)? {
+            Replayed::Emptied { number, file } => JournalFile::reuse(&root, number, file, lock),
+            Replayed::Nothing => JournalFile::create(&root, 1, lock)?,
+        };
         let shared = Arc::new(Shared {
             root,
             queue: Mutex::new(Queue::default()),
@@ -242,6 +244,17 @@ impl JournalFile {
         })
     }
 
+    /// The journal file `number`, emptied by replay (`Replayed::Emptied`), appended to again.
+    fn reuse(dir: &Path, number: u32, file: File, lock: File) -> JournalFile {
+        JournalFile {
+            dir: dir.to_path_buf(),
+            number,
+            file: Arc::new(file),
+            len: FILE_HEADER_LEN,
+            _lock: lock,
+        }
+    }
+
     /// Syncs every segment file this journal file covers: after that nothing needs it.
     fn sync_touched(&mut self, shared: &Shared) -> io::Result<()> {
         let mut touched = shared.touched.lock();
@@ -364,8 +377,13 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
     }
     // Every store is gone: make their segments durable so the journal is no longer needed.
     match journal.sync_touched(&shared) {
+        // Emptied, not removed: the next open appends to it again, which needs no free
+        // space (a node restarted on a full disk still opens).
         Ok(()) => {
-            let _ = std::fs::remove_file(journal.dir.join(journal_name(journal.number)));
+            let emptied = journal.file.set_len(FILE_HEADER_LEN);
+            if let Err(e) = emptied.and_then(|()| journal.file.sync_all()) {
+                tracing::warn!(error = %e, "emptying the journal at close failed");
+            }
         }
         Err(e) => {
             tracing::warn!(error = %e, "syncing segments at close failed; keeping the journal")
@@ -524,9 +542,9 @@ fn finish(shared: &Shared, written: Written, failed: Option<String>) {
     }
 }
 
-/// Replays every journal file under `root` into the segments it names, syncs them and removes
-/// the journal files. Returns the number for the next journal file.
-fn replay(root: &Path) -> Result<u32> {
+/// Replays every journal file under `root` into the segments it names, syncs them, removes
+/// the older journal files and empties the newest, which the disk appends to next.
+fn replay(root: &Path) -> Result<Replayed> {
     let dir = root;
     let mut numbers: Vec<u32> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
@@ -556,11 +574,32 @@ fn replay(root: &Path) -> Result<u32> {
         }
     }
     segments.sync_all()?;
-    for &n in &numbers {
+    let Some((&last, older)) = numbers.split_last() else {
+        return Ok(Replayed::Nothing);
+    };
+    for &n in older {
         std::fs::remove_file(dir.join(journal_name(n)))?;
     }
+    // The newest file is emptied in place rather than replaced by a new one: shrinking needs
+    // no free space, so a node whose disk is full still opens (and serves reads, refusing
+    // writes as out of space) instead of failing to create its journal.
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(journal_name(last)))?;
+    file.set_len(FILE_HEADER_LEN)?;
+    file.write_all_at(&encode_file_header(), 0)?;
+    file.sync_all()?;
     sync_dir(dir)?;
-    Ok(numbers.last().map_or(1, |n| n + 1))
+    Ok(Replayed::Emptied { number: last, file })
+}
+
+/// What replay left for the journal.
+enum Replayed {
+    /// No journal file: a new disk.
+    Nothing,
+    /// Journal file `number`, emptied (only its header), to be appended to.
+    Emptied { number: u32, file: File },
 }
 
 /// The segment files replay touched, open until they are synced.

@@ -24,6 +24,8 @@ pub struct Settings {
     pub datacenters: Vec<String>,
     /// `durable` or `relaxed-no-sync-for-benchmarks` (the checker's own test).
     pub durability: String,
+    /// The storage nodes' `[replication] caught_up_window`: the settle window of deletes.
+    pub caught_up_window_ms: u64,
 }
 
 pub struct Process {
@@ -406,14 +408,16 @@ fn is_mountpoint(path: &Path) -> bool {
 }
 
 /// Small segments and a fast compaction with a short tombstone retention, so that a run of
-/// minutes seals, compacts and drops tombstones many times.
+/// minutes seals, compacts and drops tombstones many times; the caught-up window is the
+/// checker's settle window for deletes.
 fn storage_config(node: &str, internal: SocketAddr, settings: &Settings) -> String {
     format!(
         "node_id = {node:?}\ncluster_map = \"cluster.toml\"\ndata_dir = {node:?}\nlisten = \"{internal}\"\n\
          shutdown_grace = \"5s\"\n\n\
          [auth]\nsecret_file = \"cluster.secret\"\n\n\
          [store]\nsegment_size = \"8 MiB\"\ndurability = {:?}\nmin_free_space = \"16 MiB\"\n\n\
-         [compaction]\ninterval = \"3s\"\nmin_garbage_ratio = 0.2\ntombstone_retention = \"10s\"\n",
-        settings.durability
+         [compaction]\ninterval = \"3s\"\nmin_garbage_ratio = 0.2\ntombstone_retention = \"10s\"\n\n\
+         [replication]\ncaught_up_window = \"{}ms\"\n",
+        settings.durability, settings.caught_up_window_ms
     )
 }

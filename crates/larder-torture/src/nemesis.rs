@@ -112,35 +112,14 @@ fn pick_kind(rng: &mut Rng, power_loss: bool) -> FaultKind {
     }
 }
 
-/// When a fault was in force (history time, from its start until it was healed).
-#[derive(Clone, Debug)]
-pub struct Span {
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub kind: FaultKind,
-    pub target: usize,
-}
-
-impl Span {
-    /// The storage nodes (by index) it touched.
-    pub fn storage_nodes(&self, nodes: usize) -> Vec<usize> {
-        match self.kind {
-            FaultKind::KillFrontend | FaultKind::PauseFrontend => Vec::new(),
-            FaultKind::PowerLossCluster => (0..nodes).collect(),
-            _ => vec![self.target],
-        }
-    }
-}
-
-/// Applies `faults` in order (blocking); returns the count per kind and when each was in force.
+/// Applies `faults` in order (blocking); returns the count per kind.
 pub fn run(
     faults: &[Fault],
     cluster: &Arc<Mutex<Cluster>>,
     history: &History,
-) -> (BTreeMap<FaultKind, u64>, Vec<Span>) {
+) -> BTreeMap<FaultKind, u64> {
     let start = Instant::now();
     let mut counts = BTreeMap::new();
-    let mut spans = Vec::new();
     for fault in faults {
         let at = Duration::from_millis(fault.at_ms);
         if let Some(wait) = at.checked_sub(start.elapsed()) {
@@ -148,21 +127,13 @@ pub fn run(
         }
         let detail = serde_json::to_string(fault).unwrap_or_default();
         history.note("nemesis", "fault", &detail);
-        let start_ms = history.now_ms();
-        let result = apply(fault, cluster);
-        spans.push(Span {
-            start_ms,
-            end_ms: history.now_ms(),
-            kind: fault.kind,
-            target: fault.target,
-        });
-        match result {
+        match apply(fault, cluster) {
             Ok(()) => *counts.entry(fault.kind).or_insert(0) += 1,
             Err(e) => history.note("nemesis", "fault-failed", &format!("{detail}: {e:#}")),
         }
         history.note("nemesis", "healed", &detail);
     }
-    (counts, spans)
+    counts
 }
 
 fn lock(cluster: &Arc<Mutex<Cluster>>) -> std::sync::MutexGuard<'_, Cluster> {

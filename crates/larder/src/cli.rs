@@ -149,9 +149,9 @@ fn run_storage(path: &std::path::Path) -> anyhow::Result<()> {
     let addr = config.listen.unwrap_or(node.address);
     runtime()?.block_on(async move {
         // Handlers first: once the port answers, SIGHUP must reload, not kill (its default).
+        // The node binds its port itself, once its replicas are open.
         let signals = signals::storage();
-        let listener = bind(addr).await?;
-        larder_storage::serve(config, map, listener, signals)
+        larder_storage::serve(config, map, addr, signals)
             .await
             .map_err(anyhow::Error::msg)
     })
