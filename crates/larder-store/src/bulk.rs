@@ -18,7 +18,6 @@
 
 use bytes::Bytes;
 
-use crate::commit::{remember_pending, Queued};
 use crate::completion::{pair, Completion};
 use crate::engine::{blob_state, check_key, check_size, doc_version, Engine};
 use crate::format::{block_crcs, encode_head, RecordInfo, MAX_PROPS_LEN};
@@ -255,23 +254,8 @@ impl Engine {
             let start = st.active_len;
             let head = encode_head(&info, &p.crcs, st.active.id, start);
             st.active_len += len;
-            st.next_seq += 1;
-            let end = LogPos {
-                segment: st.active.id,
-                offset: st.active_len,
-            };
-            st.written = end;
             outcomes.push(Ok(stored(info.op)));
-            remember_pending(&mut st, &info, end);
-            let loc = Location {
-                segment: st.active.id,
-                offset: start,
-                file: st.active.file.clone(),
-            };
-            st.queue.push_back(Queued { end, info, loc });
-            self.counters
-                .appended
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let end = self.queue_written(&mut st, info, start);
             slice.heads.push(head);
             slice.data.push(p.data);
             slice.bytes += len;

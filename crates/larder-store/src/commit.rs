@@ -155,6 +155,27 @@ impl Drop for LogState {
 }
 
 impl Engine {
+    /// Takes the record at `start` of the active segment, which ends at `active_len`, as
+    /// written: it has the next sequence, its key is pending, and it waits in the queue for the
+    /// round that makes it durable. Returns where it ends. (Single and bulk appends alike.)
+    pub(crate) fn queue_written(&self, st: &mut LogState, info: RecordInfo, start: u64) -> LogPos {
+        let end = LogPos {
+            segment: st.active.id,
+            offset: st.active_len,
+        };
+        st.written = end;
+        st.next_seq += 1;
+        remember_pending(st, &info, end);
+        let loc = Location {
+            segment: st.active.id,
+            offset: start,
+            file: st.active.file.clone(),
+        };
+        st.queue.push_back(Queued { end, info, loc });
+        self.counters.appended.fetch_add(1, Ordering::Relaxed);
+        end
+    }
+
     /// Appends `info` + `data` unless `check` (run under the log lock, seeing pending writes and
     /// the index) returns an early answer. A small record is only copied into the batch; a large
     /// one is written to its segment here (blocking). Durability comes with the next round.
@@ -176,20 +197,7 @@ impl Engine {
         info.seq = st.next_seq;
         let head = encode_head(&info, &crcs, st.active.id, st.active_len);
         let start = self.add_record(&mut st, &head, data)?;
-        let end = LogPos {
-            segment: st.active.id,
-            offset: st.active_len,
-        };
-        st.written = end;
-        st.next_seq += 1;
-        remember_pending(&mut st, &info, end);
-        let loc = Location {
-            segment: st.active.id,
-            offset: start,
-            file: st.active.file.clone(),
-        };
-        st.queue.push_back(Queued { end, info, loc });
-        self.counters.appended.fetch_add(1, Ordering::Relaxed);
+        let end = self.queue_written(&mut st, info, start);
         if self.opts.durability == Durability::RelaxedNoSyncForBenchmarks {
             self.publish(&mut st, end);
             return Ok(Appended::Done);
