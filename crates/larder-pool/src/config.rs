@@ -54,7 +54,8 @@ pub struct PoolConfig {
     pub keepalive_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub keepalive_timeout: Duration,
-    /// Backoff between failed connection attempts to one node: starts here, doubles up to the max.
+    /// Backoff between failed connection attempts to one node: starts here, doubles up to the
+    /// max (a refused connection keeps the minimum: the node may be restarting).
     #[serde(with = "humantime_serde")]
     pub reconnect_backoff_min: Duration,
     #[serde(with = "humantime_serde")]

@@ -322,7 +322,15 @@ impl NodePool {
                 Ok(sender)
             }
             Err(err) => {
-                slot.failures = slot.failures.saturating_add(1);
+                // Refused: the host answered at once (nothing listens yet: a node restarting),
+                // so trying again costs a round trip and the node is often back in moments;
+                // keep the shortest backoff. Timeouts and failed handshakes cost far more per
+                // try: back off, doubling.
+                slot.failures = if err.kind() == std::io::ErrorKind::ConnectionRefused {
+                    1
+                } else {
+                    slot.failures.saturating_add(1)
+                };
                 slot.retry_at = Some(Instant::now() + self.backoff(slot.failures));
                 Err(PoolError::Connect {
                     addr: self.addr,

@@ -49,6 +49,14 @@ pub struct RouterConfig {
     /// Also wait for one replica in another datacenter to acknowledge a PUT (by default remote
     /// datacenters receive blobs by replication only).
     pub wait_for_remote_ack: bool,
+    /// How long a read holding only a catching-up replica's "found" keeps asking again the
+    /// local replicas that failed to answer (a node just restarted, a connection still in its
+    /// reconnect backoff) for the confirmation it needs, before it answers 503. A little more
+    /// than the pool's backoff after a refused connection (50 ms), so a node back on its port
+    /// is asked again; it is also how much longer a read waits before a 503 while the
+    /// confirming replicas are down.
+    #[serde(with = "humantime_serde")]
+    pub confirm_retry_for: Duration,
 }
 
 impl Default for RouterConfig {
@@ -67,6 +75,7 @@ impl Default for RouterConfig {
             hedge_min_delay: Duration::from_micros(500),
             hedge_max_delay: None,
             wait_for_remote_ack: false,
+            confirm_retry_for: Duration::from_millis(300),
         }
     }
 }

@@ -86,6 +86,8 @@ impl Router {
 
         let mut in_flight = FuturesUnordered::new();
         let (mut not_found, mut errors) = (0, Vec::new());
+        // Local replicas that failed to answer, asked again while a held answer needs them.
+        let mut reask = Reask::new(self.config.confirm_retry_for, deadline);
         let mut last_asked = "";
         // Replicas asked that have not answered yet (at most the replica count).
         let mut pending: Vec<&str> = Vec::new();
@@ -102,8 +104,16 @@ impl Router {
                 }
             }
             if in_flight.is_empty() {
-                // Nothing pending: ask the next replica now (first try, or failover).
-                let Some(node) = remaining.next() else { break };
+                // Nothing pending: ask the next replica now (first try, or failover); once all
+                // were asked, again a local one that failed, if a held answer waits for it.
+                let node = match remaining.next() {
+                    Some(node) => node,
+                    None if confirm.held.is_some() => match reask.next().await {
+                        Some(node) => node,
+                        None => break,
+                    },
+                    None => break,
+                };
                 last_asked = node;
                 pending.push(node);
                 in_flight.push(attempt(node, false));
@@ -142,7 +152,12 @@ impl Router {
                             return Ok(held);
                         }
                     }
-                    Err(Undecoded::Failed(err)) => errors.push(format!("{node}: {err}")),
+                    Err(Undecoded::Failed(err)) => {
+                        errors.push(format!("{node}: {err}"));
+                        if local {
+                            reask.failed(node);
+                        }
+                    }
                     Err(Undecoded::Refused(message)) => {
                         return Err(RouterError::Rejected(format!("{node}: {message}")));
                     }
@@ -290,6 +305,50 @@ impl Confirmation {
             return self.take();
         }
         None
+    }
+}
+
+/// Local replicas that failed to answer a read which holds a catching-up replica's "found".
+/// A node just restarted is often the only confirmation there is (its peers restarted with
+/// it), and the pool refuses to connect to it until its reconnect backoff ends: failing the
+/// read at once would answer 503 for seconds after every node is back. So they are asked
+/// again, after a pause doubling from 50 ms, for `retry_for` at most.
+struct Reask<'a> {
+    failed: Vec<&'a str>,
+    until: Instant,
+    pause: Duration,
+}
+
+impl<'a> Reask<'a> {
+    fn new(retry_for: Duration, deadline: Instant) -> Reask<'a> {
+        let until = Instant::now()
+            .checked_add(retry_for)
+            .map_or(deadline, |at| at.min(deadline));
+        Reask {
+            failed: Vec::new(),
+            until,
+            pause: Duration::from_millis(50),
+        }
+    }
+
+    fn failed(&mut self, node: &'a str) {
+        if !self.failed.contains(&node) {
+            self.failed.push(node);
+        }
+    }
+
+    /// After a pause, the replica to ask again; `None` once there is none or no time left.
+    async fn next(&mut self) -> Option<&'a str> {
+        if self.failed.is_empty() {
+            return None;
+        }
+        let at = Instant::now().checked_add(self.pause)?;
+        if at >= self.until {
+            return None;
+        }
+        tokio::time::sleep_until(at).await;
+        self.pause = (self.pause * 2).min(Duration::from_millis(200));
+        Some(self.failed.remove(0))
     }
 }
 

@@ -92,3 +92,48 @@ async fn a_replica_that_missed_a_delete_does_not_serve_the_blob_while_it_catches
         assert_eq!(&body[..], b"kept");
     }
 }
+
+/// The other side of the rule: with every replica catching up (one cut off from its peers, two
+/// just restarted), a read must not fail for the seconds the frontend's pool waits before
+/// connecting again to a node it saw refuse connections. The CI once saw a 503 for a blob read
+/// right after both killed nodes came back (`faults.rs`): the third node's "found" needed
+/// their confirmation, and the pool was still backing off from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_right_after_the_other_replicas_restart_waits_for_their_confirmation() {
+    let mut cluster =
+        Cluster::start_full(3, 1, "", "[replication]\ncaught_up_window = \"300ms\"\n");
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let (status, id, json) = client.put(Bytes::from_static(b"still here")).await;
+    assert_eq!(status, StatusCode::CREATED, "{json}");
+    let id = id.unwrap();
+    wait_caught_up(&cluster, &id, StatusCode::OK).await;
+
+    cluster.kill_node(0);
+    cluster.kill_node(1);
+    // Node 2 alone is catching up (it cannot reach its peers): its "found" is not enough. Reads
+    // for a few seconds teach the frontend's pool to back off from the dead nodes (up to 2 s).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let down_since = Instant::now();
+    while down_since.elapsed() < Duration::from_secs(3) {
+        let started = Instant::now();
+        let (status, body) = client.get(&id).await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a read with no confirmation to be had gives up: {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    cluster.restart_node(0);
+    cluster.restart_node(1);
+    let (status, body) = client.get(&id).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(&body[..], b"still here");
+}
