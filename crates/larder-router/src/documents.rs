@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::order::{caught_up_in, replicas_in};
-use crate::router::{refusal_message, refuses_the_request};
+use crate::router::{refusal, refusal_message, refuses_the_request};
 use crate::{Hlc, Router};
 
 /// Why a document operation failed.
@@ -217,13 +217,9 @@ impl DocRouter {
                     "refused: not the primary at this frontend's map ({message})"
                 )));
             }
-            status => {
-                let message = refusal_message(response, deadline).await;
-                return Err(write_failure(
-                    0,
-                    quorum,
-                    &[(primary, Some(status), message)],
-                ));
+            _ => {
+                let failure = write_refusal(primary, response, deadline).await;
+                return Err(write_failure(0, quorum, &[failure]));
             }
         }
         if let Some(newer) = version_header(&response).filter(|v| *v > version) {
@@ -305,11 +301,7 @@ impl Acks {
                     acks += 1;
                     newest = newest.max(version_header(&r).unwrap_or(version));
                 }
-                (node, Ok(r)) => {
-                    let status = r.status();
-                    let message = refusal_message(r, deadline).await;
-                    failures.push((node, Some(status), message));
-                }
+                (node, Ok(r)) => failures.push(write_refusal(node, r, deadline).await),
                 (node, Err(e)) => failures.push((node, None, e)),
             }
             if acks >= quorum {
@@ -543,6 +535,18 @@ async fn read_state(answer: Answer, deadline: Instant) -> Result<DocState, ReadF
         )),
         other => Err(ReadFailure::Failed(format!("status {other}"))),
     }
+}
+
+/// A replica's refusal of a write, as `write_failure` takes it. A refusal of this frontend's
+/// clock carries no status: the request was fine, so the client gets a 503, not a 400.
+async fn write_refusal(
+    node: String,
+    response: Response<Incoming>,
+    deadline: Instant,
+) -> (String, Option<StatusCode>, String) {
+    let refusal = refusal(response, deadline).await;
+    let status = (!refusal.clock_ahead).then_some(refusal.status);
+    (node, status, refusal.message)
 }
 
 fn write_failure(

@@ -446,6 +446,24 @@ const MAX_REFUSAL_BODY: usize = 4096;
 /// The message of a replica's error answer (`{"error":{"message":…}}`) with its status, read
 /// until `deadline` at most; the status alone when there is no such message.
 pub(crate) async fn refusal_message(response: Response<Incoming>, deadline: Instant) -> String {
+    refusal(response, deadline).await.message
+}
+
+/// The error code storage nodes give a time or version ahead of their clock by more than their
+/// `max_clock_skew`: the fault of this frontend's clock, never of the client's request.
+const CLOCK_AHEAD_CODE: &str = "FromTheFuture";
+
+/// A replica's error answer.
+pub(crate) struct Refusal {
+    pub status: http::StatusCode,
+    /// The node refused a time or version this frontend's clock gave (see `CLOCK_AHEAD_CODE`).
+    pub clock_ahead: bool,
+    pub message: String,
+}
+
+/// Reads a replica's error answer (`{"error":{"code":…,"message":…}}`) until `deadline` at
+/// most.
+pub(crate) async fn refusal(response: Response<Incoming>, deadline: Instant) -> Refusal {
     use http_body_util::BodyExt;
     let status = response.status();
     let body = http_body_util::Limited::new(response.into_body(), MAX_REFUSAL_BODY).collect();
@@ -453,13 +471,25 @@ pub(crate) async fn refusal_message(response: Response<Incoming>, deadline: Inst
         Ok(Ok(body)) => body.to_bytes(),
         _ => bytes::Bytes::new(),
     };
-    serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .map_or_else(
-            || format!("status {status}"),
-            |m| format!("status {status}: {m}"),
-        )
+    let json = serde_json::from_slice::<serde_json::Value>(&body).ok();
+    let field = |name: &str| {
+        json.as_ref()
+            .and_then(|v| v["error"][name].as_str().map(str::to_owned))
+    };
+    let clock_ahead = field("code").as_deref() == Some(CLOCK_AHEAD_CODE);
+    let message = match field("message") {
+        Some(m) if clock_ahead => format!(
+            "status {status}: {m}: this frontend's clock is ahead of that node's by more than \
+             the node's max_clock_skew; check the clocks (NTP)"
+        ),
+        Some(m) => format!("status {status}: {m}"),
+        None => format!("status {status}"),
+    };
+    Refusal {
+        status,
+        clock_ahead,
+        message,
+    }
 }
 
 /// How many good answers an operation needs, out of how many asked, per side. The totals

@@ -210,6 +210,21 @@ impl Cluster {
         wait_for_port(self.frontend_addr);
     }
 
+    /// SIGKILLs the (first) frontend, then starts it again with `env` added to its environment.
+    pub fn restart_frontend_with_env(&mut self, env: &[(&str, &str)]) {
+        let frontend = &mut self.frontends[0];
+        frontend.kill().unwrap();
+        frontend.wait().unwrap();
+        *frontend = Command::new(LARDER)
+            .args(["frontend", "--config", &self.frontend_configs[0]])
+            .env("LARDER_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_port(self.frontend_addr);
+    }
+
     /// Sends `sig` to storage node `i` (e.g. SIGSTOP = 19, SIGCONT = 18).
     pub fn signal_node(&self, i: usize, sig: i32) {
         signal(self.nodes[i].as_ref().expect("node is running"), sig);
