@@ -27,6 +27,8 @@ pub enum Error {
         header: &'static str,
         value: u64,
         limit: u64,
+        /// How far past the limit, in milliseconds of this node's clock.
+        ahead_ms: u64,
     },
     #[error("body does not match x-larder-body-crc32c")]
     ChecksumMismatch,

@@ -47,7 +47,8 @@ enum ReplicationError {
     #[error("saving cursor: {0}")]
     SaveCursor(std::io::Error),
     /// What the peer sent cannot be stored here (a time or version from the far future, bad
-    /// properties): skipped and logged, never retried (it would never become right).
+    /// properties): skipped and logged, never retried (it would never become right). A time or
+    /// version less than `CLOCK_LAG_RETRIED_MS` ahead is not this: see `classify`.
     #[error("refused what the peer sent: {0}")]
     Refused(Error),
     /// Anything this node failed at itself (the store, the body budget): retried.
@@ -57,10 +58,21 @@ enum ReplicationError {
 
 type Result<T> = std::result::Result<T, ReplicationError>;
 
+/// A time or version ahead of this node's clock (plus its `max_clock_skew`) by less than this
+/// is most likely this node's clock lagging (an NTP step, a VM resumed), not a bad peer: it
+/// becomes acceptable once the clock catches up, so the link retries it instead of skipping it.
+/// Skipping would lose that change on this replica for good (the nemesis suite's clock skew
+/// found replicas that never converged). Farther ahead, it is the peer's data that is wrong.
+const CLOCK_LAG_RETRIED_MS: u64 = 24 * 3600 * 1000;
+
 /// Whether an error of this node's own checks means "the peer's data is bad" (skip it) or "try
-/// again later" (a full disk, a spent body budget, a broken connection).
+/// again later" (a full disk, a spent body budget, a broken connection, this node's clock
+/// lagging).
 fn classify(err: Error) -> ReplicationError {
     match err {
+        Error::FromTheFuture { ahead_ms, .. } if ahead_ms < CLOCK_LAG_RETRIED_MS => {
+            ReplicationError::Local(err)
+        }
         Error::FromTheFuture { .. }
         | Error::BadProperties(_)
         | Error::BadHeader(_)

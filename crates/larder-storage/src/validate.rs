@@ -45,7 +45,7 @@ impl Clock {
     pub fn check_time(&self, header: &'static str, time_ms: u64) -> Result<u64> {
         let limit = self.latest_ms();
         if time_ms > limit {
-            return Err(future(header, time_ms, limit));
+            return Err(future(header, time_ms, limit, time_ms - limit));
         }
         Ok(time_ms)
     }
@@ -55,7 +55,13 @@ impl Clock {
         let limit = self.latest_ms();
         if version >> VERSION_COUNTER_BITS > limit {
             let limit_version = limit.checked_shl(VERSION_COUNTER_BITS).unwrap_or(u64::MAX);
-            return Err(future(doc_header::VERSION, version, limit_version));
+            let ahead_ms = (version >> VERSION_COUNTER_BITS).saturating_sub(limit);
+            return Err(future(
+                doc_header::VERSION,
+                version,
+                limit_version,
+                ahead_ms,
+            ));
         }
         Ok(version)
     }
@@ -63,7 +69,12 @@ impl Clock {
     /// An expiry may be far ahead (a long TTL), but not past what an HTTP date can say.
     pub fn check_expiry(&self, expires_ms: Option<u64>) -> Result<Option<u64>> {
         match expires_ms {
-            Some(ms) if ms > MAX_EXPIRES_MS => Err(future(h::EXPIRES_MS, ms, MAX_EXPIRES_MS)),
+            Some(ms) if ms > MAX_EXPIRES_MS => Err(future(
+                h::EXPIRES_MS,
+                ms,
+                MAX_EXPIRES_MS,
+                ms - MAX_EXPIRES_MS,
+            )),
             other => Ok(other),
         }
     }
@@ -82,17 +93,19 @@ pub fn header_number(headers: &http::HeaderMap, name: &'static str) -> Result<Op
     }
 }
 
-fn future(header: &'static str, value: u64, limit: u64) -> Error {
+fn future(header: &'static str, value: u64, limit: u64, ahead_ms: u64) -> Error {
     tracing::warn!(
         header,
         value,
         limit,
+        ahead_ms,
         "refused a time or version from the future"
     );
     Error::FromTheFuture {
         header,
         value,
         limit,
+        ahead_ms,
     }
 }
 

@@ -298,6 +298,21 @@ impl Cluster {
         }
     }
 
+    /// Starts stopped node `i` again with `env` added to its environment.
+    pub fn restart_node_with_env(&mut self, i: usize, env: &[(&str, &str)]) {
+        assert!(self.nodes[i].is_none(), "node {i} is still running");
+        let config = self.path(&format!("{}.toml", self.map.nodes[i].id));
+        let child = Command::new(LARDER)
+            .args(["storage", "--config", &config])
+            .env("LARDER_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.nodes[i] = Some(child);
+        wait_for_port(self.node_addr(i));
+    }
+
     pub fn restart_node(&mut self, i: usize) {
         assert!(self.nodes[i].is_none(), "node {i} is still running");
         let child = self.spawn_node(i);
