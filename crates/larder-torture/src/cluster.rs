@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use larder_cluster::ClusterMap;
 
+use crate::clock::Clocks;
 use crate::proxy::Proxy;
 
 pub struct Settings {
@@ -26,11 +27,15 @@ pub struct Settings {
     pub durability: String,
     /// The storage nodes' `[replication] caught_up_window`: the settle window of deletes.
     pub caught_up_window_ms: u64,
+    /// Every `larder` process on its own skewable clock (`clock.rs`).
+    pub clocks: Option<Clocks>,
 }
 
 pub struct Process {
     pub name: String,
     args: Vec<String>,
+    /// Added to the inherited environment (the clock's, when skewed).
+    env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
     /// SIGSTOPped right now.
@@ -66,6 +71,7 @@ impl Process {
         Process {
             name: name.to_owned(),
             args,
+            env: Vec::new(),
             log,
             child: None,
             stopped: false,
@@ -80,6 +86,7 @@ impl Process {
         let mut command = Command::new(&self.args[0]);
         command
             .args(&self.args[1..])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -230,12 +237,16 @@ impl Cluster {
             std::fs::create_dir_all(&data)?;
             std::fs::create_dir_all(&backing)?;
             let log = dir.join("logs").join(format!("{}.log", node.id));
+            let mut process = Process::new(
+                &node.id,
+                larder_args(&settings.larder, "storage", &config),
+                log,
+            );
+            if let Some(clocks) = &settings.clocks {
+                process.env = clocks.env(&node.id)?;
+            }
             cluster.storage.push(StorageNode {
-                process: Process::new(
-                    &node.id,
-                    larder_args(&settings.larder, "storage", &config),
-                    log,
-                ),
+                process,
                 internal,
                 proxy: Proxy::start(node.address, internal).await?,
                 data,
@@ -270,6 +281,9 @@ impl Cluster {
                 larder_args(&settings.larder, "frontend", &config),
                 log,
             );
+            if let Some(clocks) = &settings.clocks {
+                process.env = clocks.env(&process.name)?;
+            }
             process.start()?;
             anyhow::ensure!(
                 wait_for_port(addr, Duration::from_secs(60)),

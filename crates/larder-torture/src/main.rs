@@ -8,6 +8,7 @@
 
 mod checker;
 mod client;
+mod clock;
 mod cluster;
 mod content;
 mod history;
@@ -80,6 +81,9 @@ pub struct Args {
     /// End with a whole-cluster power loss (every node at once), then check.
     #[arg(long)]
     final_cluster_power_loss: bool,
+    /// No clock skew, even where libfaketime is installed (`clock.rs`).
+    #[arg(long)]
+    no_clock_skew: bool,
 }
 
 fn main() {
@@ -139,6 +143,12 @@ fn run(args: Args) -> anyhow::Result<i32> {
             false => "durable".into(),
         },
         caught_up_window_ms: args.settle_ms,
+        clocks: match args.no_clock_skew {
+            false if std::path::Path::new(clock::LIBFAKETIME).exists() => {
+                Some(clock::Clocks::new(&dir, clock::LIBFAKETIME.into())?)
+            }
+            _ => None,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -164,7 +174,8 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     let history = history::History::create(&settings.dir.join("history.jsonl"))?;
     let started = cluster::Cluster::start(&settings).await;
     let cluster = Arc::new(Mutex::new(started?));
-    let (targets, power_loss, spec_nodes, frontends) = {
+    let clocks = settings.clocks.clone();
+    let (targets, power_loss, spec_nodes, frontends, processes) = {
         let c = cluster.lock().unwrap_or_else(|e| e.into_inner());
         let targets: Vec<_> = c
             .frontends
@@ -174,11 +185,18 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
                 datacenter: f.datacenter.clone(),
             })
             .collect();
+        let processes: Vec<String> = c
+            .storage
+            .iter()
+            .map(|n| n.process.name.clone())
+            .chain(c.frontends.iter().map(|f| f.process.name.clone()))
+            .collect();
         (
             targets,
             c.uses_lossyfs(),
             c.storage.len(),
             c.frontends.len(),
+            processes,
         )
     };
     let faults = nemesis::schedule(&nemesis::ScheduleSpec {
@@ -191,6 +209,15 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         mean_gap_ms: args.mean_gap_ms,
     });
     history.note("harness", "schedule", &serde_json::to_string(&faults)?);
+    let skews = match &clocks {
+        Some(_) => clock::schedule(args.seed, Duration::from_secs(args.seconds), &processes),
+        None => Vec::new(),
+    };
+    history.note("harness", "clock-schedule", &serde_json::to_string(&skews)?);
+    let skewing = clocks.map(|clocks| {
+        let history = history.clone();
+        std::thread::spawn(move || clock::run(&skews, &clocks, &history))
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let workload = Arc::new(workload::Workload {
         seed: args.seed,
@@ -200,6 +227,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         stop: stop.clone(),
         max_blob: args.max_blob,
         timeout: Duration::from_secs(20),
+        pin_documents: skewing.is_some(),
     });
     let workers: Vec<_> = (0..args.workers)
         .map(|w| tokio::spawn(workload.clone().run_worker(w)))
@@ -214,8 +242,14 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     });
     // On this thread, which lives as long as the run: children get SIGKILL when the thread that
     // started them ends (PR_SET_PDEATHSIG), and the nemesis restarts processes.
-    let fault_counts = tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
+    let mut fault_counts =
+        tokio::task::block_in_place(|| nemesis::run(&faults, &cluster, &history));
     load.await?;
+    if let Some(skewing) = skewing {
+        let applied = tokio::task::block_in_place(|| skewing.join())
+            .map_err(|_| anyhow::anyhow!("the clock-skew thread panicked"))?;
+        fault_counts.insert(nemesis::FaultKind::ClockSkew, applied);
+    }
     history.note("harness", "healing", "");
     let final_check = {
         let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());

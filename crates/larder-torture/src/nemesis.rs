@@ -31,6 +31,8 @@ pub enum FaultKind {
     PowerLossCluster,
     /// A storage node's disk reports no free space and refuses to grow files, for the duration.
     DiskFull,
+    /// A process's wall clock jumped (`clock.rs`: its own schedule, overlapping these faults).
+    ClockSkew,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -175,6 +177,8 @@ fn apply(fault: &Fault, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
             std::thread::sleep(pause);
             lock(cluster).toggle_disk_full(i);
         }
+        // Scheduled and applied by `clock.rs`, never drawn here.
+        FaultKind::ClockSkew => {}
         FaultKind::PowerLossCluster => {
             let n = lock(cluster).storage.len();
             for node in 0..n {

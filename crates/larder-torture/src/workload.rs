@@ -37,6 +37,8 @@ pub struct Workload {
     pub stop: Arc<AtomicBool>,
     pub max_blob: u64,
     pub timeout: Duration,
+    /// Write each document through one datacenter only (under clock skew).
+    pub pin_documents: bool,
 }
 
 pub fn doc_id(worker: usize, k: u64) -> String {
@@ -54,18 +56,36 @@ impl Workload {
         let name = format!("w{worker}");
         let mut doc_seq = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
-            let t = rng.range(0, self.targets.len() as u64) as usize;
-            let conn = &mut connections[t];
-            let dc = self.targets[t].datacenter.clone();
+            let mut t = rng.range(0, self.targets.len() as u64) as usize;
             match rng.range(0, 100) {
-                0..=34 => self.blob_put(conn, &name, &dc, &mut rng).await,
-                35..=64 => self.blob_get(conn, &name, &dc, &mut rng).await,
-                65..=74 => self.blob_delete(conn, &name, &dc, &mut rng).await,
+                0..=34 => {
+                    let dc = self.targets[t].datacenter.clone();
+                    self.blob_put(&mut connections[t], &name, &dc, &mut rng)
+                        .await
+                }
+                35..=64 => {
+                    let dc = self.targets[t].datacenter.clone();
+                    self.blob_get(&mut connections[t], &name, &dc, &mut rng)
+                        .await
+                }
+                65..=74 => {
+                    let dc = self.targets[t].datacenter.clone();
+                    self.blob_delete(&mut connections[t], &name, &dc, &mut rng)
+                        .await
+                }
                 _ => {
                     doc_seq += 1;
                     let value = (worker as u64) << 32 | doc_seq;
-                    let doc = doc_id(worker, rng.range(0, DOCS_PER_WORKER));
-                    self.doc_write(conn, &name, &dc, &doc, value, &mut rng)
+                    let k = rng.range(0, DOCS_PER_WORKER);
+                    if self.pin_documents {
+                        // Versions order one document's writes across datacenters only while
+                        // the frontends' clocks agree (last writer wins, TORTURE.md): under
+                        // clock skew each document is written through one datacenter.
+                        t = (worker + k as usize) % self.targets.len();
+                    }
+                    let dc = self.targets[t].datacenter.clone();
+                    let doc = doc_id(worker, k);
+                    self.doc_write(&mut connections[t], &name, &dc, &doc, value, &mut rng)
                         .await
                 }
             }
