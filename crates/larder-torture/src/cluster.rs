@@ -13,7 +13,7 @@ use anyhow::Context;
 use larder_cluster::ClusterMap;
 
 use crate::clock::Clocks;
-use crate::proxy::Proxy;
+use crate::proxy::{Isolated, Proxy};
 
 pub struct Settings {
     pub larder: PathBuf,
@@ -64,6 +64,8 @@ pub struct Cluster {
     pub storage: Vec<StorageNode>,
     pub frontends: Vec<Frontend>,
     lossyfs: Option<PathBuf>,
+    /// Storage nodes cut off from their peers' proxies too (two-way partitions).
+    isolated: Isolated,
 }
 
 impl Process {
@@ -227,6 +229,7 @@ impl Cluster {
             storage: Vec::new(),
             frontends: Vec::new(),
             lossyfs: settings.lossyfs.clone(),
+            isolated: Isolated::default(),
         };
         for node in cluster.map.nodes.clone() {
             let internal = free_port()?;
@@ -248,7 +251,7 @@ impl Cluster {
             cluster.storage.push(StorageNode {
                 process,
                 internal,
-                proxy: Proxy::start(node.address, internal).await?,
+                proxy: Proxy::start(node.address, internal, &cluster.isolated).await?,
                 data,
                 backing,
                 mount: None,
@@ -359,12 +362,17 @@ impl Cluster {
         self.storage[i].process.start()
     }
 
+    /// Cuts node `i` off both ways (`proxy.rs`), or joins it again.
     pub fn set_partitioned(&self, i: usize, partitioned: bool) {
         self.storage[i].proxy.set_blocked(partitioned);
+        if let Some(pid) = self.storage[i].process.pid() {
+            self.isolated.set(pid, partitioned);
+        }
     }
 
     /// Everything up and reachable again: restarts what is down, continues what is stopped.
     pub fn heal(&mut self) -> anyhow::Result<()> {
+        self.isolated.clear();
         for i in 0..self.storage.len() {
             self.set_partitioned(i, false);
             heal_process(&mut self.storage[i].process)?;
