@@ -46,7 +46,14 @@ pub struct StorageNode {
     pub process: Process,
     pub internal: SocketAddr,
     proxy: Proxy,
-    data: PathBuf,
+    data: LossyDir,
+}
+
+/// A directory a process writes, mounted through lossyfs when the run uses it: only what was
+/// synced survives a power loss.
+pub struct LossyDir {
+    name: String,
+    path: PathBuf,
     backing: PathBuf,
     mount: Option<Process>,
 }
@@ -55,6 +62,8 @@ pub struct Frontend {
     pub process: Process,
     pub addr: SocketAddr,
     pub datacenter: String,
+    /// Its upload journal (`upload_journal_dir`).
+    journal: LossyDir,
 }
 
 pub struct Cluster {
@@ -235,10 +244,7 @@ impl Cluster {
             let internal = free_port()?;
             let config = dir.join(format!("{}.toml", node.id));
             std::fs::write(&config, storage_config(&node.id, internal, settings))?;
-            let data = dir.join(&node.id);
-            let backing = dir.join(format!("{}.backing", node.id));
-            std::fs::create_dir_all(&data)?;
-            std::fs::create_dir_all(&backing)?;
+            let data = LossyDir::new(dir, &node.id)?;
             let log = dir.join("logs").join(format!("{}.log", node.id));
             let mut process = Process::new(
                 &node.id,
@@ -253,12 +259,12 @@ impl Cluster {
                 internal,
                 proxy: Proxy::start(node.address, internal, &cluster.isolated).await?,
                 data,
-                backing,
-                mount: None,
             });
         }
         for i in 0..cluster.storage.len() {
-            cluster.mount(i)?;
+            cluster.storage[i]
+                .data
+                .mount(dir, settings.lossyfs.as_deref())?;
             cluster.storage[i].process.start()?;
         }
         for i in 0..cluster.storage.len() {
@@ -278,6 +284,8 @@ impl Cluster {
                      upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n"
                 ),
             )?;
+            let mut journal = LossyDir::new(dir, &format!("frontend-{dc}-uploads"))?;
+            journal.mount(dir, settings.lossyfs.as_deref())?;
             let log = dir.join("logs").join(format!("frontend-{dc}.log"));
             let mut process = Process::new(
                 &format!("frontend-{dc}"),
@@ -296,60 +304,33 @@ impl Cluster {
                 process,
                 addr,
                 datacenter: dc.clone(),
+                journal,
             });
         }
         Ok(cluster)
-    }
-
-    /// Mounts node `i`'s data directory through lossyfs (when the run uses it).
-    fn mount(&mut self, i: usize) -> anyhow::Result<()> {
-        let Some(lossyfs) = self.lossyfs.clone() else {
-            return Ok(());
-        };
-        let node = &mut self.storage[i];
-        let log = self
-            .dir
-            .join("logs")
-            .join(format!("{}-lossyfs.log", node.process.name));
-        let args = vec![
-            lossyfs.display().to_string(),
-            node.backing.display().to_string(),
-            node.data.display().to_string(),
-        ];
-        let mut mount = Process::new(&format!("{}-lossyfs", node.process.name), args, log);
-        mount.start()?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !is_mountpoint(&node.data) {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "lossyfs did not mount {}",
-                node.data.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        node.mount = Some(mount);
-        Ok(())
     }
 
     /// Power loss of node `i`: the node dies, then its file system loses everything not synced
     /// (the lossyfs process, which alone held it, is killed), and is mounted again.
     pub fn power_loss(&mut self, i: usize) -> anyhow::Result<()> {
         self.storage[i].process.kill();
-        self.unmount(i);
-        self.mount(i)
+        self.storage[i]
+            .data
+            .power_loss(&self.dir, self.lossyfs.as_deref())
     }
 
-    fn unmount(&mut self, i: usize) {
-        let node = &mut self.storage[i];
-        if let Some(mut mount) = node.mount.take() {
-            mount.kill();
-            let _ = Command::new("umount").arg("-l").arg(&node.data).status();
-        }
+    /// Power loss of frontend `i`: it dies, and its upload journal loses what was not synced.
+    /// Without lossyfs, a kill.
+    pub fn power_loss_frontend(&mut self, i: usize) -> anyhow::Result<()> {
+        self.frontends[i].process.kill();
+        self.frontends[i]
+            .journal
+            .power_loss(&self.dir, self.lossyfs.as_deref())
     }
 
     /// Fills node `i`'s disk, or empties it again (lossyfs's SIGUSR1).
     pub fn toggle_disk_full(&self, i: usize) {
-        if let Some(mount) = &self.storage[i].mount {
+        if let Some(mount) = &self.storage[i].data.mount {
             mount.signal(libc::SIGUSR1);
         }
     }
@@ -396,9 +377,67 @@ impl Cluster {
         for node in &mut self.storage {
             node.process.terminate(Duration::from_secs(20));
         }
-        for i in 0..self.storage.len() {
-            self.unmount(i);
+        for node in &mut self.storage {
+            node.data.unmount();
         }
+        for frontend in &mut self.frontends {
+            frontend.journal.unmount();
+        }
+    }
+}
+
+impl LossyDir {
+    /// `<run>/<name>`, backed by `<run>/<name>.backing` when mounted.
+    fn new(run: &Path, name: &str) -> anyhow::Result<LossyDir> {
+        let dir = LossyDir {
+            name: name.to_owned(),
+            path: run.join(name),
+            backing: run.join(format!("{name}.backing")),
+            mount: None,
+        };
+        std::fs::create_dir_all(&dir.path)?;
+        std::fs::create_dir_all(&dir.backing)?;
+        Ok(dir)
+    }
+
+    /// Mounts it through `lossyfs` (nothing without one).
+    fn mount(&mut self, run: &Path, lossyfs: Option<&Path>) -> anyhow::Result<()> {
+        let Some(lossyfs) = lossyfs else {
+            return Ok(());
+        };
+        let log = run.join("logs").join(format!("{}-lossyfs.log", self.name));
+        let args = vec![
+            lossyfs.display().to_string(),
+            self.backing.display().to_string(),
+            self.path.display().to_string(),
+        ];
+        let mut mount = Process::new(&format!("{}-lossyfs", self.name), args, log);
+        mount.start()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mountpoint(&self.path) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "lossyfs did not mount {}",
+                self.path.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.mount = Some(mount);
+        Ok(())
+    }
+
+    fn unmount(&mut self) {
+        if let Some(mut mount) = self.mount.take() {
+            mount.kill();
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+    }
+
+    /// What was not synced is gone (the lossyfs process, which alone held it, is killed); the
+    /// synced state is mounted again. The process using it must be dead already.
+    fn power_loss(&mut self, run: &Path, lossyfs: Option<&Path>) -> anyhow::Result<()> {
+        self.unmount();
+        self.mount(run, lossyfs)
     }
 }
 

@@ -19,7 +19,8 @@ pub enum FaultKind {
     KillStorage,
     /// SIGSTOP a storage node for the duration, then SIGCONT.
     PauseStorage,
-    /// SIGKILL a frontend, restart it after the duration.
+    /// SIGKILL a frontend (its upload journal loses what it did not sync), restart it after
+    /// the duration.
     KillFrontend,
     /// SIGSTOP a frontend for the duration.
     PauseFrontend,
@@ -155,7 +156,8 @@ fn apply(fault: &Fault, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
             pause_for(cluster, pause, |c| &mut c.storage[i].process);
         }
         FaultKind::KillFrontend => {
-            lock(cluster).frontends[i].process.kill();
+            // With lossyfs its upload journal loses what was not synced, as in a power loss.
+            lock(cluster).power_loss_frontend(i)?;
             std::thread::sleep(pause);
             lock(cluster).frontends[i].process.start()?;
         }
