@@ -174,9 +174,9 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
     if has_data && at_start && away {
         tracing::error!(partition = link.partition, peer = %link.peer,
             "this replica holds data but no recent position in the peer's feed: it may be \
-             behind tombstones the peer dropped; rebuild this replica (move its directory away \
-             and restart)");
+             behind tombstones the peer dropped; rebuilding this replica");
         node.horizons.answered(link.partition, &link.peer, true);
+        crate::rebuild::request(node, link.partition);
     } else if saved_ms.is_none() {
         let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
         if let Err(err) = saved {
@@ -466,7 +466,14 @@ impl Worker {
         );
         // Naming ourselves makes our cursor our position in the peer's feed (its horizon).
         let path = format!("{path}&replica={}", self.node.node_id);
-        let response = self.get(&link.peer, path).await?;
+        let response = match self.get(&link.peer, path).await {
+            Ok(response) => response,
+            Err(err) => {
+                // No answer: the peer cannot confirm a read either (`checked_for_reads`).
+                self.node.horizons.unreachable(link.partition, &link.peer);
+                return Err(err);
+            }
+        };
         let status = response.status();
         // A page (200) or "too early" (425: the peer has not pulled from us yet) means the peer
         // checked our cursor and found it is not behind its dropped tombstones (409): this
@@ -479,8 +486,8 @@ impl Worker {
         }
         if refused {
             tracing::error!(partition = link.partition, peer = %link.peer, cursor = %link.cursor,
-                "the peer dropped tombstones this replica never saw: rebuild this replica \
-                 (move its directory away and restart)");
+                "the peer dropped tombstones this replica never saw: rebuilding this replica");
+            crate::rebuild::request(&self.node, link.partition);
         }
         if status != StatusCode::OK {
             let what = "change feed".to_owned();
