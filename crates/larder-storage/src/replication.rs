@@ -172,11 +172,14 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
     let retention = node.horizons.retention_ms();
     let away = saved_ms.is_none_or(|t| t.saturating_add(retention) < now_ms());
     if has_data && at_start && away {
+        // Not rebuilt for this alone: it is only a suspicion (a peer whose cursor files were
+        // lost looks the same), and every replica of a partition could hold it at once. The
+        // rebuild waits for a peer's 409, which proves this replica's position went back.
         tracing::error!(partition = link.partition, peer = %link.peer,
             "this replica holds data but no recent position in the peer's feed: it may be \
-             behind tombstones the peer dropped; rebuilding this replica");
+             behind tombstones the peer dropped; it serves that peer nothing until a peer \
+             refuses its pull (then it rebuilds itself) or it is rebuilt by hand");
         node.horizons.answered(link.partition, &link.peer, true);
-        crate::rebuild::request(node, link.partition);
     } else if saved_ms.is_none() {
         let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
         if let Err(err) = saved {

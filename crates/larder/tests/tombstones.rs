@@ -220,10 +220,9 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_reb
     cluster.restart_node(2);
     wait_for(&cluster, &[2], &deleted, StatusCode::GONE).await;
     compact_until_gone(&cluster, &[0, 1, 2], &deleted).await;
-    // Node 2's data goes back to before the deletes, and its peers forget they ever pulled
-    // from it (as for a node removed from the map and added back with its old disk): it still
-    // holds the blobs, and their puts are in its feed from the beginning. It asks its peers
-    // from before their drops, is refused, and hands nothing back.
+    // Node 2's data goes back to before the deletes: it still holds the blobs, and their puts
+    // are in its feed. It asks its peers from before their drops, is refused, hands nothing
+    // back, and rebuilds itself.
     cluster.stop_node(2);
     std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
     copy_tree(backup.path(), &data_dir(&cluster, 2));
@@ -242,18 +241,6 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_reb
         {
             std::fs::remove_file(entry.path()).unwrap();
         }
-    }
-    let stale = cluster.map.nodes[2].id.clone();
-    for i in 0..2 {
-        cluster.stop_node(i);
-        let cursors = data_dir(&cluster, i).join("replication");
-        for entry in std::fs::read_dir(cursors).unwrap().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(&format!("-{stale}.cursor")) {
-                std::fs::remove_file(entry.path()).unwrap();
-            }
-        }
-        cluster.restart_node(i);
     }
     cluster.restart_node(2);
     // Its peers never get the blobs back (a tombstone they pulled again from each other while
