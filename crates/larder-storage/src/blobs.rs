@@ -113,6 +113,10 @@ pub async fn get(
             Ok(gone("expired", record.meta.expires_ms))
         }
         BlobLookup::Found(record) | BlobLookup::Expired(record) => {
+            // Only off the common path (a replica that vouches checked itself long ago).
+            if !vouched && !node.horizons.checked_for_reads(partition) {
+                return Err(Error::Unchecked { partition });
+            }
             let mut response = serve(store, record, range, with_body).await?;
             if !vouched {
                 let headers = response.headers_mut();

@@ -139,7 +139,7 @@ impl Moves {
 
     /// Caught up: the bulk copy is done and replication covers every live peer's position
     /// taken when it ended (`DESIGN.md` 6.1); writes since reach this replica directly.
-    fn caught_up(&self, partition: PartitionId) -> bool {
+    pub(crate) fn caught_up(&self, partition: PartitionId) -> bool {
         let progress = self.progress();
         let Some(targets) = progress.get(&partition).and_then(|p| p.targets.clone()) else {
             return false;
@@ -241,7 +241,7 @@ pub fn pending(data_dir: &Path, partition: PartitionId) -> bool {
     cursor_file(data_dir, partition).exists()
 }
 
-fn write_durably(path: &Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_durably(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().expect("cursor files live in a directory");
     larder_store::create_dir_all_durable(dir)?;
@@ -330,6 +330,9 @@ pub async fn run(node: Arc<StorageNode>, partition: PartitionId, ctx: Context) {
         }
     }
     take_targets(&node, partition, &ctx).await;
+    if node.rebuilds.copying(partition) {
+        crate::rebuild::finish_when_caught_up(&node, partition, ctx.stop.clone()).await;
+    }
 }
 
 async fn copy_until_done(

@@ -113,6 +113,12 @@ impl Compaction {
         }
     }
 
+    /// Waits for the pass running now, if any, and keeps others from starting until dropped
+    /// (`rebuild.rs` replaces a replica's store under it).
+    pub(crate) fn hold_passes(&self) -> MutexGuard<'_, ()> {
+        lock(&self.pass)
+    }
+
     /// The last completed pass over `partition`.
     pub fn last_pass(&self, partition: PartitionId) -> Option<LastPass> {
         lock(&self.replicas).get(&partition).cloned()

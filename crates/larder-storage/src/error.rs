@@ -73,6 +73,14 @@ pub enum Error {
     /// This replica is behind tombstones a peer dropped: it serves no peer until rebuilt.
     #[error("partition {partition}: this replica is behind tombstones a peer dropped and must be rebuilt")]
     MustBeRebuilt { partition: u32 },
+    /// This replica is being replaced by a fresh copy from its peers (`rebuild.rs`): it serves
+    /// no data request until that copy has caught up.
+    #[error("partition {partition}: this replica is being rebuilt from its peers")]
+    Rebuilding { partition: u32 },
+    /// A read found the blob, but this replica has not yet heard from every local peer since
+    /// it started whether it is behind tombstones they dropped (`Horizons::checked_for_reads`).
+    #[error("partition {partition}: this replica has not yet checked itself against its peers")]
+    Unchecked { partition: u32 },
     /// This replica is still bootstrapping (`DESIGN.md` 6.1): no source for others' replication
     /// or bootstrap yet.
     #[error("partition {partition}: this replica is bootstrapping and is no source yet")]

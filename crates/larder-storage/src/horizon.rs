@@ -38,6 +38,9 @@ struct Peer {
     bootstrapping: bool,
     /// In this node's datacenter: a delete acknowledged here reached a quorum of such peers.
     local: bool,
+    /// Our last pull of its feed got no answer at all (refused connection, timeout): it cannot
+    /// confirm a read either, so reads do not wait for its check (`checked_for_reads`).
+    unreachable: bool,
     /// When our last pull of its feed that reached its head was sent (the page applied here
     /// since): every change the peer held then is here. `None` since this process started.
     head_at: Option<Instant>,
@@ -118,6 +121,7 @@ impl Horizons {
                             behind: false,
                             bootstrapping,
                             local,
+                            unreachable: false,
                             head_at: None,
                         },
                     }
@@ -190,8 +194,51 @@ impl Horizons {
             if let Some(p) = peers.iter_mut().find(|p| p.node == peer) {
                 p.checked = true;
                 p.behind |= refused;
+                p.unreachable = false;
             }
         });
+    }
+
+    /// Notes that our pull of `peer`'s feed got no answer (a refused connection, a timeout).
+    pub fn unreachable(&self, partition: PartitionId, peer: &str) {
+        self.with_peers(partition, |peers| {
+            if let Some(p) = peers.iter_mut().find(|p| p.node == peer) {
+                p.unreachable = true;
+            }
+        });
+    }
+
+    /// Forgets what the peers said of the local replica of `partition`, which was just
+    /// replaced by an empty one (`rebuild.rs`): it is behind no one, and checked by no one yet.
+    pub fn reset(&self, partition: PartitionId) {
+        self.with_peers(partition, |peers| {
+            for p in peers.iter_mut() {
+                p.checked = false;
+                p.behind = false;
+                p.unreachable = false;
+                p.head_at = None;
+            }
+        });
+    }
+
+    /// Whether the local replica of `partition` may answer "found" to a read while it does not
+    /// vouch: once every local peer that answers at all has answered our pull since this
+    /// process started without refusing it. Before that, the replica may be one whose data
+    /// went back behind tombstones a peer dropped (a restored copy): its "found" for a deleted
+    /// blob would be confirmed by that peer's 404 (`ARCHITECTURE.md`, "The read path"), so
+    /// it answers 503 instead and the frontend asks elsewhere. Without replication this node
+    /// never checks itself: it answers.
+    pub fn checked_for_reads(&self, partition: PartitionId) -> bool {
+        if !self.check_before_serving {
+            return true;
+        }
+        self.with_peers(partition, |peers| {
+            peers
+                .iter()
+                .filter(|p| p.local && !p.bootstrapping)
+                .all(|p| (p.checked || p.unreachable) && !p.behind)
+        })
+        .unwrap_or(true)
     }
 
     /// Whether `peer` may pull the local replica's feed. A replica whose data went back (a

@@ -10,7 +10,9 @@
 //!   from then on no restart serves it), then removed. Leftovers, and replica directories of
 //!   partitions the map does not place here, are deleted at start;
 //! - replication restarts from its saved cursors with the new map's peers, and the tombstone
-//!   horizons follow the new replica sets.
+//!   horizons follow the new replica sets;
+//! - a replica found behind its peers' dropped tombstones is replaced by an empty one that
+//!   bootstraps from them (`rebuild.rs`; `Rebuilds::wake` runs a reconcile for it).
 //!
 //! A replica deleted in this process is not created again before a restart: the disk's journal
 //! may still hold frames of its old segments, which a crash's replay would write into the new
@@ -69,6 +71,7 @@ pub async fn follow_map(
         reconcile(&node, &map, &ctx, &mut running).await;
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { break },
+            _ = node.rebuilds.wake.notified() => {}
             _ = stop.changed() => break,
         }
         if *stop.borrow() {
@@ -107,6 +110,7 @@ async fn reconcile(
             add(node, map, *partition, disk, running).await;
         }
     }
+    rebuild_replicas(node, map, &wanted, running).await;
     // Before replication starts: it must wait for the bulk copies.
     for (partition, _) in node.partitions() {
         if crate::bootstrap::pending(&node.data_dir, partition) {
@@ -115,6 +119,49 @@ async fn reconcile(
     }
     restart_replication(node, map, ctx, running).await;
     start_bootstraps(node, ctx, running);
+}
+
+/// Replaces every replica found behind its peers' dropped tombstones by an empty one marked
+/// for a bulk bootstrap (`rebuild::wipe`), with replication stopped (its links hold the old
+/// store; `restart_replication` starts it again) and the partition's bootstrap task gone. A
+/// wipe that fails is tried again a few seconds later.
+async fn rebuild_replicas(
+    node: &Arc<StorageNode>,
+    map: &Arc<ClusterMap>,
+    wanted: &HashMap<PartitionId, String>,
+    running: &mut Running,
+) {
+    let partitions = node.rebuilds.to_wipe();
+    if partitions.is_empty() {
+        return;
+    }
+    if let Some((stop, handles)) = running.replication.take() {
+        let _ = stop.send(true);
+        for handle in handles {
+            let _ = handle.await;
+        }
+    }
+    for partition in partitions {
+        let Some(disk) = wanted.get(&partition).cloned() else {
+            continue; // retired meanwhile: its directory goes with it
+        };
+        if let Some(handle) = running.bootstraps.remove(&partition) {
+            handle.abort();
+            let _ = handle.await;
+        }
+        let (for_wipe, map) = (node.clone(), map.clone());
+        let wiped =
+            crate::node::blocking(move || crate::rebuild::wipe(&for_wipe, &map, partition, &disk))
+                .await;
+        if let Err(err) = wiped {
+            tracing::error!(partition, %err, "rebuild: cannot replace the replica; retrying");
+            let node = node.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                node.rebuilds.wake.notify_one();
+            });
+        }
+    }
 }
 
 /// Serves a replica newly placed here (or one placed here again within its grace period).
@@ -181,6 +228,7 @@ fn retire(node: &Arc<StorageNode>, partition: PartitionId, running: &mut Running
         handle.abort();
     }
     node.moves.forget(partition);
+    crate::rebuild::forget(node, partition);
     let dir = store_dir(node, partition, &store);
     running
         .leaving
@@ -233,7 +281,7 @@ fn store_dir(node: &StorageNode, partition: PartitionId, store: &Store) -> Optio
 
 /// Deletes a replica's directory so that no crash leaves a half-deleted replica that a restart
 /// would serve: first a rename out of the replica name (synced), then the removal.
-fn delete_replica_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn delete_replica_dir(dir: &Path) -> std::io::Result<()> {
     let doomed = dir.with_extension("deleting");
     if dir.exists() {
         std::fs::rename(dir, &doomed)?;

@@ -82,6 +82,10 @@ pub struct StorageMetrics {
     pub bootstrap_seconds_left: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Records an export left out because they failed their checksum here.
     pub export_corrupt_skipped: Counter,
+    /// Replicas found behind their peers' dropped tombstones and rebuilt (`rebuild.rs`).
+    pub rebuilds: Counter,
+    /// Replicas being rebuilt now.
+    pub replicas_rebuilding: Gauge,
 }
 
 impl StorageMetrics {
@@ -115,6 +119,8 @@ impl StorageMetrics {
             bootstrap_records: Counter::default(),
             bootstrap_seconds_left: Gauge::default(),
             export_corrupt_skipped: Counter::default(),
+            rebuilds: Counter::default(),
+            replicas_rebuilding: Gauge::default(),
             registry: Registry::default(),
         };
         // Zeros up front, so a failed reload is an increase, not a new series.
@@ -247,6 +253,16 @@ impl StorageMetrics {
             "auto_replace_plans",
             "Plans that rebuilt a dead node's replicas on the other nodes",
             m.auto_replace.plans.clone(),
+        );
+        registry.register(
+            "rebuilds",
+            "Replicas found behind tombstones their peers dropped, and rebuilt from them",
+            m.rebuilds.clone(),
+        );
+        registry.register(
+            "replicas_rebuilding",
+            "Replicas being rebuilt from their peers now (they serve no data request)",
+            m.replicas_rebuilding.clone(),
         );
         registry.register(
             "bootstraps_in_progress",

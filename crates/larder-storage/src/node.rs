@@ -41,6 +41,8 @@ pub struct StorageNode {
     pub(crate) visit_scans: crate::visit::VisitScans,
     /// The peers' positions in this node's change feeds: the tombstone horizons.
     pub(crate) horizons: crate::horizon::Horizons,
+    /// Replicas being rebuilt from their peers (`rebuild.rs`).
+    pub(crate) rebuilds: crate::rebuild::Rebuilds,
     /// Serialises the check-and-write of read-modify-writes per document.
     pub(crate) serialised: crate::documents::DocStripes,
     /// The cluster map this node runs now, how new ones are taken; `maps.subscribe()` follows
@@ -68,6 +70,11 @@ pub enum OpenError {
         "cannot save the bootstrap marker or start cursors of partition {partition}: {source}"
     )]
     Marker {
+        partition: PartitionId,
+        source: std::io::Error,
+    },
+    #[error("cannot delete the unfinished rebuild of partition {partition}: {source}")]
+    Rebuild {
         partition: PartitionId,
         source: std::io::Error,
     },
@@ -111,6 +118,7 @@ impl StorageNode {
                 config.replication.caught_up_window,
             ),
             serialised: Default::default(),
+            rebuilds: Default::default(),
             maps: std::sync::Arc::new(crate::map_state::MapState::new(
                 map_tx,
                 &config.node_id,
@@ -119,7 +127,15 @@ impl StorageNode {
         };
         for (partition, disk_name) in map.replicas_on(&config.node_id) {
             let state = replica_state(map, partition, &config.node_id);
-            let store = node.open_replica(map, partition, &disk_name, state, true)?;
+            // A rebuild that did not finish starts over: the old directory goes before
+            // anything is served, and the store is created empty, marked for a bootstrap.
+            let rebuilding = crate::rebuild::marked(&config.data_dir, partition);
+            if rebuilding {
+                let dir = replica_dir(&config.data_dir, &disk_name, partition);
+                crate::rebuild::restart(&node, partition, &dir)
+                    .map_err(|source| OpenError::Rebuild { partition, source })?;
+            }
+            let store = node.open_replica(map, partition, &disk_name, state, !rebuilding)?;
             node.serve_replica(partition, store);
         }
         tracing::info!(node = %config.node_id, replicas = node.stores_read().len(), "replicas open");

@@ -184,10 +184,13 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
     let retention = node.horizons.retention_ms();
     let away = saved_ms.is_none_or(|t| t.saturating_add(retention) < now_ms());
     if has_data && at_start && away {
+        // Not rebuilt for this alone: it is only a suspicion (a peer whose cursor files were
+        // lost looks the same), and every replica of a partition could hold it at once. The
+        // rebuild waits for a peer's 409, which proves this replica's position went back.
         tracing::error!(partition = link.partition, peer = %link.peer,
             "this replica holds data but no recent position in the peer's feed: it may be \
-             behind tombstones the peer dropped; rebuild this replica (move its directory away \
-             and restart)");
+             behind tombstones the peer dropped; it serves that peer nothing until a peer \
+             refuses its pull (then it rebuilds itself) or it is rebuilt by hand");
         node.horizons.answered(link.partition, &link.peer, true);
     } else if saved_ms.is_none() {
         let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
@@ -478,7 +481,14 @@ impl Worker {
         );
         // Naming ourselves makes our cursor our position in the peer's feed (its horizon).
         let path = format!("{path}&replica={}", self.node.node_id);
-        let response = self.get(&link.peer, path).await?;
+        let response = match self.get(&link.peer, path).await {
+            Ok(response) => response,
+            Err(err) => {
+                // No answer: the peer cannot confirm a read either (`checked_for_reads`).
+                self.node.horizons.unreachable(link.partition, &link.peer);
+                return Err(err);
+            }
+        };
         let status = response.status();
         // A page (200) or "too early" (425: the peer has not pulled from us yet) means the peer
         // checked our cursor and found it is not behind its dropped tombstones (409): this
@@ -491,8 +501,8 @@ impl Worker {
         }
         if refused {
             tracing::error!(partition = link.partition, peer = %link.peer, cursor = %link.cursor,
-                "the peer dropped tombstones this replica never saw: rebuild this replica \
-                 (move its directory away and restart)");
+                "the peer dropped tombstones this replica never saw: rebuilding this replica");
+            crate::rebuild::request(&self.node, link.partition);
         }
         if status != StatusCode::OK {
             let what = "change feed".to_owned();

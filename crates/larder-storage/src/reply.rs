@@ -90,13 +90,18 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::NotCheckedYet { .. } => (S::TOO_EARLY, "ReplicaNotCheckedYet"),
         Error::MustBeRebuilt { .. } => (S::SERVICE_UNAVAILABLE, "ThisReplicaMustBeRebuilt"),
         Error::Bootstrapping { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaBootstrapping"),
+        Error::Rebuilding { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaRebuilding"),
+        Error::Unchecked { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaUnchecked"),
         Error::MapRefused(_) => (S::BAD_REQUEST, "MapRefused"),
         Error::Store(err) => store_status(err),
     };
     let mut response = coded(code, stable, err);
     let headers = response.headers_mut();
     match err {
-        Error::BodyBudgetSpent { .. } | Error::Busy(_) | Error::Bootstrapping { .. } => {
+        Error::BodyBudgetSpent { .. }
+        | Error::Busy(_)
+        | Error::Bootstrapping { .. }
+        | Error::Rebuilding { .. } => {
             headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
         }
         Error::BadRange(err @ RangeError::Unsatisfiable { size }) => {

@@ -66,12 +66,11 @@ async fn route(
             crate::export::export(node, partition, store, &query).await
         }
         Some(InternalPath::Replica { partition }) => {
-            hosted(&node, partition)?;
+            hosted_even_rebuilding(&node, partition)?;
             let state = node.replica_state(partition);
-            Ok(reply::json(
-                StatusCode::OK,
-                &node.moves.status(partition, state),
-            ))
+            let mut status = node.moves.status(partition, state);
+            status["rebuilding"] = node.rebuilds.active(partition).into();
+            Ok(reply::json(StatusCode::OK, &status))
         }
         Some(InternalPath::Blob { partition, key }) => {
             let _busy = node.compaction.foreground.enter();
@@ -131,7 +130,16 @@ fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
     })
 }
 
+/// The replica of `partition` for a data request: not while it is being rebuilt.
 fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {
+    let store = hosted_even_rebuilding(node, partition)?;
+    if node.rebuilds.active(partition) {
+        return Err(Error::Rebuilding { partition });
+    }
+    Ok(store)
+}
+
+fn hosted_even_rebuilding(node: &StorageNode, partition: u32) -> Result<Store> {
     node.store(partition).ok_or_else(|| Error::NotHosted {
         node: node.node_id.clone(),
         partition,
@@ -164,6 +172,7 @@ fn health(node: &StorageNode) -> Response<Body> {
         .collect();
     reply::json(
         StatusCode::OK,
-        &serde_json::json!({"node": node.node_id, "partitions": partitions}),
+        &serde_json::json!({"node": node.node_id, "partitions": partitions,
+            "rebuilding": node.rebuilds.status()}),
     )
 }

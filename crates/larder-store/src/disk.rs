@@ -68,6 +68,8 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct Queue {
     dirty: Vec<Arc<Engine>>,
+    /// Callers of `Disk::rotate_journal` waiting for the next rotation.
+    rotations: Vec<std::sync::mpsc::SyncSender<std::result::Result<(), String>>>,
     stop: bool,
 }
 
@@ -131,6 +133,32 @@ impl Disk {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.handle.shared
+    }
+
+    /// Replaces the journal file now: every segment file it holds records of is synced, the
+    /// next file is started and this one deleted (as when it passes `journal_file_size`).
+    /// Returns once done. After a store of this disk was closed, no journal frame names its
+    /// segments any more, so its directory may be deleted and a new store created at the same
+    /// path without a crash's replay writing the old store's bytes into the new one's
+    /// segments (`FORMAT.md`, "Disk journal").
+    pub fn rotate_journal(&self) -> Result<()> {
+        let shared = &self.handle.shared;
+        if let Some(why) = shared.failed() {
+            return Err(Error::Unavailable(why));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut queue = shared.queue.lock();
+            if queue.stop {
+                return Err(Error::Unavailable("the disk was closed".into()));
+            }
+            queue.rotations.push(tx);
+        }
+        shared.wake.notify_all();
+        match rx.recv() {
+            Ok(outcome) => outcome.map_err(Error::Unavailable),
+            Err(_) => Err(Error::Unavailable("the commit thread stopped".into())),
+        }
     }
 
     /// The path of `dir` below the root, as a frame names it; `dir` must be the root or below it.
@@ -399,16 +427,25 @@ fn write_stage(
 ) {
     let mut number: u64 = 0;
     loop {
-        let dirty = {
+        let (dirty, rotations) = {
             let mut queue = shared.queue.lock();
-            while queue.dirty.is_empty() && !queue.stop {
+            while queue.dirty.is_empty() && queue.rotations.is_empty() && !queue.stop {
                 shared.wake.wait(&mut queue);
             }
-            if queue.dirty.is_empty() {
+            if queue.dirty.is_empty() && queue.rotations.is_empty() {
                 return;
             }
-            std::mem::take(&mut queue.dirty)
+            let rotations = std::mem::take(&mut queue.rotations);
+            (std::mem::take(&mut queue.dirty), rotations)
         };
+        if !rotations.is_empty() {
+            // Before the round: its frames go to the new file, which names only stores that
+            // are still writing.
+            rotate_for(shared, journal, rotations);
+        }
+        if dirty.is_empty() {
+            continue;
+        }
         let collected: Vec<(Arc<Engine>, Collected)> = dirty
             .into_iter()
             .map(|engine| {
@@ -441,6 +478,25 @@ fn write_stage(
                 finish(shared, written, why);
             }
         }
+    }
+}
+
+/// Rotates the journal for the callers of `Disk::rotate_journal` and tells each the outcome.
+fn rotate_for(
+    shared: &Shared,
+    journal: &mut JournalFile,
+    callers: Vec<std::sync::mpsc::SyncSender<std::result::Result<(), String>>>,
+) {
+    let outcome = match shared.failed() {
+        Some(why) => Err(why),
+        None => journal.rotate(shared).map_err(|e| {
+            let why = format!("journal rotation failed: {e}");
+            shared.fail(why.clone());
+            why
+        }),
+    };
+    for caller in callers {
+        let _ = caller.send(outcome.clone());
     }
 }
 

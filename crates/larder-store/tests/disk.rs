@@ -430,3 +430,55 @@ fn journal_frames_of_a_compacted_segment_are_not_replayed_into_it() {
         );
     }
 }
+
+/// A replica rebuilt in place (the storage node's "rebuilt, never rejoined"): its store is
+/// closed, the journal rotated, its directory deleted and a new store created at the same
+/// path. A crash then must not replay the old store's journal frames into the new store's
+/// segments (same path, same segment ids): after `Disk::rotate_journal` no frame names them.
+#[test]
+fn a_store_recreated_at_the_same_path_after_a_rotation_is_not_overwritten_by_replay() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let dir = store_dir(root.path(), 0);
+    let old = Store::open_on(&disk, &dir, opts()).unwrap();
+    for i in 0..200 {
+        let key = format!("old-{i}");
+        old.put_blob(key.as_bytes(), meta(&key), &[content(&key, 500)])
+            .unwrap();
+    }
+    old.close().unwrap();
+    drop(old);
+    disk.rotate_journal().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let new = Store::open_on(&disk, &dir, opts()).unwrap();
+    // Records too large to batch (as a bulk bootstrap's): written to the segment, never to
+    // the journal, so no later frame would repair what an old one overwrote.
+    let keys: Vec<String> = (0..4).map(|i| format!("new-{i}")).collect();
+    for key in &keys {
+        new.put_blob(key.as_bytes(), meta(key), &[content(key, 100_000)])
+            .unwrap();
+    }
+    // The process dies now: the journal and the segments are as they are (page cache kept).
+    let after = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(root.path()).unwrap().flatten() {
+        let name = entry.file_name().into_string().unwrap();
+        if name.starts_with("journal-") {
+            std::fs::copy(entry.path(), after.path().join(&name)).unwrap();
+        }
+    }
+    let copied = store_dir(after.path(), 0);
+    std::fs::create_dir_all(&copied).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        if entry.file_type().unwrap().is_file() && entry.file_name() != "LOCK" {
+            std::fs::copy(entry.path(), copied.join(entry.file_name())).unwrap();
+        }
+    }
+    drop(new);
+    let disk = Disk::open(after.path(), DiskOptions::default()).unwrap();
+    let store = Store::open_on(&disk, &copied, opts()).unwrap();
+    assert_eq!(store.stats().corrupt_records_found, 0);
+    for key in &keys {
+        assert_eq!(read(&store, key), Some(content(key, 100_000)), "{key}");
+    }
+    assert!(read(&store, "old-0").is_none());
+}

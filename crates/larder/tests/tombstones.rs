@@ -3,7 +3,7 @@
 //! here) has passed, compaction drops them; deleted blobs then answer 404 (never found again),
 //! also after restarts and on a replica rebuilt from scratch. A replica that has not pulled
 //! keeps every drop waiting; one whose data went back behind the drops (restored from a copy)
-//! is refused and hands nothing back.
+//! is refused, hands nothing back, and rebuilds itself from its peers.
 
 mod common;
 
@@ -176,7 +176,7 @@ async fn tombstones_go_once_every_replica_has_them_and_deleted_blobs_stay_gone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_refused() {
+async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_rebuilt() {
     let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
     let client = H2Client::connect(cluster.frontend_addr).await;
     let ids = put_blobs(&client, 8).await;
@@ -220,10 +220,9 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_ref
     cluster.restart_node(2);
     wait_for(&cluster, &[2], &deleted, StatusCode::GONE).await;
     compact_until_gone(&cluster, &[0, 1, 2], &deleted).await;
-    // Node 2's data goes back to before the deletes, and its peers forget they ever pulled
-    // from it (as for a node removed from the map and added back with its old disk): it still
-    // holds the blobs, and their puts are in its feed from the beginning. It asks its peers
-    // from before their drops, is refused, and hands nothing back.
+    // Node 2's data goes back to before the deletes: it still holds the blobs, and their puts
+    // are in its feed. It asks its peers from before their drops, is refused, hands nothing
+    // back, and rebuilds itself.
     cluster.stop_node(2);
     std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
     copy_tree(backup.path(), &data_dir(&cluster, 2));
@@ -243,22 +242,11 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_ref
             std::fs::remove_file(entry.path()).unwrap();
         }
     }
-    let stale = cluster.map.nodes[2].id.clone();
-    for i in 0..2 {
-        cluster.stop_node(i);
-        let cursors = data_dir(&cluster, i).join("replication");
-        for entry in std::fs::read_dir(cursors).unwrap().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(&format!("-{stale}.cursor")) {
-                std::fs::remove_file(entry.path()).unwrap();
-            }
-        }
-        cluster.restart_node(i);
-    }
     cluster.restart_node(2);
-    wait_for(&cluster, &[2], &ids, StatusCode::OK).await;
     // Its peers never get the blobs back (a tombstone they pulled again from each other while
-    // dropping is still a delete: 404 or 410, never 200).
+    // dropping is still a delete: 404 or 410, never 200); node 2 learns that it is behind
+    // (from node 1's 409, and by itself for node 0) and rebuilds itself from them
+    // (`rebuild.rs`): the survivors come back to it, the deleted blobs do not.
     for _ in 0..15 {
         for i in [0, 1] {
             for id in &deleted {
@@ -271,7 +259,10 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_ref
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // It knows it must be rebuilt: it serves its feed to neither peer.
+    wait_for(&cluster, &[2], &ids[4..], StatusCode::OK).await;
+    wait_for(&cluster, &[2], &deleted, StatusCode::NOT_FOUND).await;
+    check_public(&client, &ids, &deleted, StatusCode::NOT_FOUND).await;
+    // Rebuilt, it serves its feed to its peers again.
     let parsed: BlobId = deleted[0].parse().unwrap();
     let node2 = cluster.node_client(cluster.node_addr(2)).await;
     for peer in [0, 1] {
@@ -280,13 +271,18 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_ref
             larder_proto::changes_path(parsed.partition, "0000000000000000.0", 10),
             cluster.map.nodes[peer].id
         );
-        let (status, body) = node2.request(Method::GET, &path, Bytes::new()).await;
-        let text = String::from_utf8_lossy(&body);
-        assert_eq!(
-            status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "peer {peer}: {text}"
-        );
-        assert!(text.contains("ThisReplicaMustBeRebuilt"), "{text}");
+        let started = Instant::now();
+        loop {
+            let (status, body) = node2.request(Method::GET, &path, Bytes::new()).await;
+            if status == StatusCode::OK {
+                break;
+            }
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "peer {peer}: {status} {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }

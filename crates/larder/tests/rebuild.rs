@@ -1,0 +1,245 @@
+//! "Rebuilt, never rejoined", by the node itself (`ARCHITECTURE.md`, Replication;
+//! `larder-storage/src/rebuild.rs`): a replica whose data went back behind tombstones its peers
+//! dropped (here: node 0's directory restored from a copy taken before the deletes) is refused
+//! by them (409), replaces its data with a fresh copy from them without any operator step, and
+//! ends up holding exactly the live blobs. Meanwhile no deleted blob is ever served, neither by
+//! the frontend nor by node 0 itself.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::h2::H2Client;
+use common::Cluster;
+use http::{Method, StatusCode};
+use larder_cluster::BlobId;
+
+/// Compaction runs only when asked (`compact`), and drops a tombstone 1 s after its delete
+/// once every replica has pulled past it.
+const STORAGE: &str = "[compaction]\nenabled = false\ntombstone_retention = \"1s\"\n";
+
+fn blob(i: usize) -> Bytes {
+    Bytes::from(format!("rebuild test blob {i} ").repeat(1 + i % 50))
+}
+
+async fn put_blobs(client: &H2Client, from: usize, n: usize) -> Vec<(String, Bytes)> {
+    let mut blobs = Vec::new();
+    for i in from..from + n {
+        let (status, id, json) = client.put(blob(i)).await;
+        assert_eq!(status, StatusCode::CREATED, "{json}");
+        blobs.push((id.unwrap(), blob(i)));
+    }
+    blobs
+}
+
+/// GET of `id` on storage node `i`, through the internal API.
+async fn on_node(cluster: &Cluster, i: usize, id: &str) -> (StatusCode, Bytes) {
+    let parsed: BlobId = id.parse().unwrap();
+    let path = larder_proto::blob_path(parsed.partition, id);
+    let client = cluster.node_client(cluster.node_addr(i)).await;
+    client.request(Method::GET, &path, Bytes::new()).await
+}
+
+/// Waits until `id` answers `want` on node `i`, for every node and id.
+async fn wait_for(cluster: &Cluster, nodes: &[usize], ids: &[String], want: StatusCode) {
+    let started = Instant::now();
+    for &i in nodes {
+        for id in ids {
+            loop {
+                let (got, _) = on_node(cluster, i, id).await;
+                if got == want {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "node {i}, {id}: {got}, want {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Compacts nodes 0 to 2 until every one answers 404 for every deleted blob: the tombstones
+/// went (every replica pulled past them, and the retention passed).
+async fn compact_until_gone(cluster: &Cluster, deleted: &[String]) {
+    let started = Instant::now();
+    loop {
+        for i in 0..3 {
+            let client = cluster.node_client(cluster.node_addr(i)).await;
+            let (status, body) = client
+                .request(Method::POST, "/internal/v1/compaction", Bytes::new())
+                .await;
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        }
+        let mut left = 0;
+        for i in 0..3 {
+            for id in deleted {
+                left += (on_node(cluster, i, id).await.0 != StatusCode::NOT_FOUND) as usize;
+            }
+        }
+        if left == 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{left} tombstones left"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+fn data_dir(cluster: &Cluster, i: usize) -> std::path::PathBuf {
+    cluster.dir.path().join(&cluster.map.nodes[i].id)
+}
+
+/// Waits until node 0 has saved a position past the start in each peer's feed of each
+/// partition (2 partitions x 2 peers): it has pulled from them.
+async fn wait_for_cursors(cluster: &Cluster) {
+    let cursors = data_dir(cluster, 0).join("replication");
+    let pulled = |e: &std::fs::DirEntry| {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        e.file_name().to_string_lossy().ends_with(".cursor")
+            && !text.starts_with("0000000000000000.")
+    };
+    let started = Instant::now();
+    while std::fs::read_dir(&cursors).map_or(0, |d| d.flatten().filter(pulled).count()) < 4 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no cursors saved"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One of node 0's metrics, by its exposition name.
+async fn metric(cluster: &Cluster, name: &str) -> f64 {
+    let client = cluster.node_client(cluster.node_addr(0)).await;
+    let (status, body) = client
+        .request(Method::GET, "/internal/v1/metrics", Bytes::new())
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_behind_dropped_tombstones_rebuilds_itself_and_never_serves_a_deleted_blob() {
+    let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let old = put_blobs(&client, 0, 16).await;
+    let (deleted, kept) = old.split_at(8);
+    let deleted: Vec<String> = deleted.iter().map(|(id, _)| id.clone()).collect();
+    let old_ids: Vec<String> = old.iter().map(|(id, _)| id.clone()).collect();
+    wait_for(&cluster, &[0], &old_ids, StatusCode::OK).await;
+    wait_for_cursors(&cluster).await;
+
+    // A copy of node 0's data as it is now, before the deletes (a backup to restore later).
+    cluster.stop_node(0);
+    let backup = tempfile::tempdir().unwrap();
+    copy_tree(&data_dir(&cluster, 0), backup.path());
+    cluster.restart_node(0);
+
+    // Deletes and new blobs through the frontend; every replica pulls them, then every
+    // node's compaction drops the tombstones.
+    for id in &deleted {
+        let path = format!("/v1/blobs/{id}");
+        let (status, _) = client.request(Method::DELETE, &path, Bytes::new()).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    let new = put_blobs(&client, 16, 8).await;
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::GONE).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    compact_until_gone(&cluster, &deleted).await;
+
+    // Node 0's data goes back to the copy: it holds the deleted blobs again, and its
+    // positions in its peers' feeds lie before their drops.
+    cluster.stop_node(0);
+    std::fs::remove_dir_all(data_dir(&cluster, 0)).unwrap();
+    copy_tree(backup.path(), &data_dir(&cluster, 0));
+    cluster.restart_node(0);
+
+    // From its start on, neither node 0 nor the frontend ever serves a deleted blob, and node
+    // 0 ends up with exactly the live blobs: no operator step.
+    let live: Vec<(String, Bytes)> = kept.iter().chain(&new).cloned().collect();
+    let started = Instant::now();
+    loop {
+        for id in &deleted {
+            let (status, _) = on_node(&cluster, 0, id).await;
+            assert_ne!(status, StatusCode::OK, "node 0 serves deleted {id}");
+            let (status, _) = client.get(id).await;
+            assert_ne!(status, StatusCode::OK, "the frontend serves deleted {id}");
+        }
+        let mut missing = 0;
+        for (id, _) in &live {
+            missing += (on_node(&cluster, 0, id).await.0 != StatusCode::OK) as usize;
+        }
+        let gone = {
+            let mut gone = true;
+            for id in &deleted {
+                let (status, _) = on_node(&cluster, 0, id).await;
+                gone &= status == StatusCode::NOT_FOUND || status == StatusCode::GONE;
+            }
+            gone
+        };
+        if missing == 0 && gone {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "node 0 not rebuilt: {missing} live blobs missing, deleted ones gone: {gone}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (id, bytes) in &live {
+        let (status, body) = on_node(&cluster, 0, id).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body == *bytes, "{id} differs on node 0");
+        let (status, body) = client.get(id).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body == *bytes, "{id} differs through the frontend");
+    }
+    assert_eq!(metric(&cluster, "larder_storage_rebuilds_total").await, 2.0);
+    assert_eq!(
+        metric(&cluster, "larder_storage_replicas_rebuilding").await,
+        0.0
+    );
+    let bootstrap = data_dir(&cluster, 0).join("bootstrap");
+    let left: Vec<String> = std::fs::read_dir(&bootstrap)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "markers left: {left:?}");
+
+    // It serves its peers again, and a restart keeps what it holds.
+    cluster.stop_node(0);
+    cluster.restart_node(0);
+    let ids: Vec<String> = live.iter().map(|(id, _)| id.clone()).collect();
+    wait_for(&cluster, &[0], &ids, StatusCode::OK).await;
+    for id in &deleted {
+        let (status, _) = on_node(&cluster, 0, id).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{id} after a restart");
+    }
+}
