@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     /// Logs waiting for the next round. Tests hold it to keep rounds from starting.
     pub(crate) queue: Mutex<Queue>,
     wake: Condvar,
+    /// Signalled when a journal rotation asked for is done (or the commit thread stops).
+    rotated: Condvar,
     failed: Mutex<Option<String>>,
     /// The sync stage's threads, which must not wait for the commit thread (see `Handle::stop`).
     sync_threads: Mutex<Vec<std::thread::ThreadId>>,
@@ -69,6 +71,10 @@ pub(crate) struct Shared {
 pub(crate) struct Queue {
     dirty: Vec<Arc<Engine>>,
     stop: bool,
+    /// Journal rotations asked for (`Disk::rotate_journal`), and the outcome of the last done.
+    rotations_asked: u64,
+    rotations_done: u64,
+    rotation_failed: Option<String>,
 }
 
 impl Disk {
@@ -86,6 +92,7 @@ impl Disk {
             root,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            rotated: Condvar::new(),
             failed: Mutex::new(None),
             sync_threads: Mutex::new(Vec::new()),
             journal_syncs: AtomicU64::new(0),
@@ -115,6 +122,29 @@ impl Disk {
     /// Counters of this disk: its commit rounds and fdatasyncs.
     pub fn stats(&self) -> DiskStats {
         self.handle.shared.stats()
+    }
+
+    /// Makes every segment the journal covers durable and starts a new journal file, deleting
+    /// the old one: afterwards no journal frame written before this call is replayed by a later
+    /// open. A store directory deleted before this call can then be created again at the same
+    /// path without a crash's replay writing the old store's frames into the new store's
+    /// segments. Blocking: one round's wait plus a sync of each covered segment.
+    pub fn rotate_journal(&self) -> Result<()> {
+        let shared = &self.handle.shared;
+        let mut queue = shared.queue.lock();
+        queue.rotations_asked += 1;
+        let asked = queue.rotations_asked;
+        shared.wake.notify_all();
+        while queue.rotations_done < asked {
+            if queue.stop {
+                return Err(Error::Unavailable("the disk is closing".into()));
+            }
+            shared.rotated.wait(&mut queue);
+        }
+        match &queue.rotation_failed {
+            Some(why) => Err(Error::Io(io::Error::other(why.clone()))),
+            None => Ok(()),
+        }
     }
 
     /// Stops the commit thread after the rounds already queued, syncs the segments the journal
@@ -168,6 +198,7 @@ impl Handle {
     fn stop(&self) {
         self.shared.queue.lock().stop = true;
         self.shared.wake.notify_all();
+        self.shared.rotated.notify_all();
         // The last store may be dropped by the commit or a sync thread itself (it held the store
         // during a round): then the commit thread stops on its own once the queue is empty (and
         // waits for the sync threads, which must therefore not wait for it).
@@ -399,16 +430,21 @@ fn write_stage(
 ) {
     let mut number: u64 = 0;
     loop {
-        let dirty = {
+        let (dirty, rotate) = {
             let mut queue = shared.queue.lock();
-            while queue.dirty.is_empty() && !queue.stop {
+            let rotate = |q: &Queue| q.rotations_asked > q.rotations_done;
+            while queue.dirty.is_empty() && !queue.stop && !rotate(&queue) {
                 shared.wake.wait(&mut queue);
             }
-            if queue.dirty.is_empty() {
+            if queue.dirty.is_empty() && !rotate(&queue) {
                 return;
             }
-            std::mem::take(&mut queue.dirty)
+            (std::mem::take(&mut queue.dirty), queue.rotations_asked)
         };
+        if dirty.is_empty() {
+            rotate_now(shared, journal, rotate);
+            continue;
+        }
         let collected: Vec<(Arc<Engine>, Collected)> = dirty
             .into_iter()
             .map(|engine| {
@@ -441,7 +477,28 @@ fn write_stage(
                 finish(shared, written, why);
             }
         }
+        rotate_now(shared, journal, rotate);
     }
+}
+
+/// Rotates the journal if rotations up to `asked` are wanted and not done yet (after the round
+/// just written: its frames are in the old file, its segment bytes already written, so the
+/// rotation's sync of the covered segments makes them durable as a size rotation does).
+fn rotate_now(shared: &Shared, journal: &mut JournalFile, asked: u64) {
+    if shared.queue.lock().rotations_done >= asked {
+        return;
+    }
+    let outcome = match shared.failed() {
+        Some(why) => Err(why),
+        None => journal.rotate(shared).map_err(|e| e.to_string()),
+    };
+    if let Err(why) = &outcome {
+        tracing::warn!(disk = %shared.root.display(), %why, "rotating the journal failed");
+    }
+    let mut queue = shared.queue.lock();
+    queue.rotations_done = asked;
+    queue.rotation_failed = outcome.err();
+    shared.rotated.notify_all();
 }
 
 /// Rotates the journal when it is due, then appends the round's frames.
