@@ -584,7 +584,8 @@ async fn a_drained_node_is_added_again_without_a_restart() {
     let revision = drained["map_revision"].as_u64().unwrap();
     let back = wait_moves_done(&config, frontend, revision, Duration::from_secs(120)).await;
     assert_eq!(replica_counts(&back, "s2"), [6, 0, 0], "{back}");
-    let map = larder_cluster::ClusterMap::load(cluster.path("cluster.toml")).unwrap();
+    let map = larder_cluster::ClusterMap::load(std::path::Path::new(&cluster.path("cluster.toml")))
+        .unwrap();
     let on_s2: Vec<u32> = map.replicas_on("s2").into_iter().map(|(p, _)| p).collect();
     let client = cluster.node_client(cluster.node_addr(1)).await;
     let mut checked = 0;
