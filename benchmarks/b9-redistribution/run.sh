@@ -13,7 +13,9 @@
 # GETs and PUTs (h2load at a fixed rate) while s4 bootstraps, throttled (the default
 # `[redistribution] rate_mb_per_s`) and unthrottled, next to the same load with no bootstrap.
 # Usage: run.sh [--smoke]   (--smoke: 2 MiB per size, 1 s loads, results to a temp file)
-# Knobs: MIB (default 256), DURATION (s per load, default 8), RPS (default 200), OUT.
+# Knobs: MIB (default 256), DURATION (s per load, default 8), RPS (default 200), OUT,
+# SIZES (blob sizes of part 1, default "1024 65536 4194304"), COPY_ONLY=1 (print part 1's rows
+# and stop: no dd, PUT rate, latency or RESULTS.md; e.g. BENCH_PROFILE=dev SIZES=1024 MIB=64).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -103,13 +105,14 @@ rate() { python3 -c "print(f'{float(\"$1\") / max(float(\"$2\"), 1e-9) / ${3:-1}
 
 # --- 1. copy rate per blob size, unthrottled ---
 rows=()
-for size in 1024 65536 4194304; do
+for size in ${SIZES:-1024 65536 4194304}; do
   fresh_cluster
   fill "$size"
   grow 0
   read -r secs bytes records < <(bootstrap)
   rows+=("| $size | $records | $((bytes / 1000000)) | $(python3 -c "print(f'{$secs:.2f}')") | **$(rate "$bytes" "$secs" 1e6)** | **$(rate "$records" "$secs")** |")
 done
+if [ -n "${COPY_ONLY:-}" ]; then printf '%s\n' "${rows[@]}"; exit 0; fi
 dd_mib=$(( mib > 4 ? mib : 4 ))
 dd_rate=$(dd if=/dev/zero of="$work/dd.bin" bs=4M count=$((dd_mib / 4)) conv=fdatasync 2>&1 | awk -F', ' '/copied/ {print $NF}')
 rm -f "$work/dd.bin"

@@ -18,5 +18,5 @@ pub use map::{
     Replica, ReplicaState, FORMAT_VERSION,
 };
 pub use placement::partition_for_key;
-pub use plan::{complete_moves, plan, Operation};
+pub use plan::{complete_moves, has_moves_to, plan, Operation};
 pub use revision::{FileWatch, Offer, MAX_MAP_BYTES};

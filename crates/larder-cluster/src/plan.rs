@@ -13,7 +13,8 @@ use crate::map::{ClusterMap, MapError, Node, PartitionId, Replica, ReplicaState}
 /// What an operator asks of the cluster.
 #[derive(Clone, Debug)]
 pub enum Operation {
-    /// A new node, and a balanced share of its datacenter's replicas moved to it.
+    /// A new node, and a balanced share of its datacenter's replicas moved to it; also a node
+    /// of the map that holds no replica (drained, or replaced while it was down) and is back.
     AddNode(Node),
     /// Every replica of the node moves to the others of its datacenter.
     DrainNode(String),
@@ -26,6 +27,10 @@ pub enum Operation {
         dead: String,
         unavailable: Vec<String>,
     },
+    /// Every move to the node (dead, or unable to finish its bootstraps) is cancelled: its
+    /// bootstrapping replicas go and the replicas they were to replace stay live. The one plan
+    /// made while moves are in progress: it is what unblocks the next plan.
+    CancelMovesTo(String),
 }
 
 fn refuse(msg: impl Into<String>) -> MapError {
@@ -36,6 +41,12 @@ fn refuse(msg: impl Into<String>) -> MapError {
 /// still in progress, and whenever the result would not validate (a partition short of
 /// replicas, two replicas on one node).
 pub fn plan(map: &ClusterMap, op: &Operation) -> Result<ClusterMap, MapError> {
+    if let Operation::CancelMovesTo(node) = op {
+        let mut next = map.next_revision()?;
+        cancel_moves_to(&mut next, node)?;
+        next.validate()?;
+        return Ok(next);
+    }
     if let Some(p) = map.partitions.iter().find(|p| moving(map, p.id)) {
         return Err(refuse(format!(
             "partition {} is still moving (a plan is in progress); wait until `larder cluster \
@@ -51,6 +62,7 @@ pub fn plan(map: &ClusterMap, op: &Operation) -> Result<ClusterMap, MapError> {
             drain_node(&mut next, dead, unavailable)?
         }
         Operation::ReplaceNode { dead, new } => replace_node(&mut next, dead, new)?,
+        Operation::CancelMovesTo(_) => unreachable!("handled above"),
     }
     next.validate()?;
     Ok(next)
@@ -98,10 +110,18 @@ fn moving(map: &ClusterMap, partition: PartitionId) -> bool {
 }
 
 fn add_node(map: &mut ClusterMap, node: &Node) -> Result<(), MapError> {
-    if map.node(&node.id).is_some() {
-        return Err(refuse(format!("node {:?} is already in the map", node.id)));
+    match map.nodes.iter().position(|n| n.id == node.id) {
+        // A node that holds nothing (drained, replaced or rebuilt elsewhere while it was down)
+        // and came back is added again as it is now, and takes its share like a new one.
+        Some(i) if map.replicas_on(&node.id).is_empty() => map.nodes[i] = node.clone(),
+        Some(_) => {
+            return Err(refuse(format!(
+                "node {:?} is already in the map and holds replicas",
+                node.id
+            )))
+        }
+        None => map.nodes.push(node.clone()),
     }
-    map.nodes.push(node.clone());
     map.validate()?;
     let dc = node.datacenter.clone();
     let total: usize = future_counts(map, &dc).values().sum();
@@ -250,6 +270,38 @@ fn pick_target(
         .filter(|(node, _)| !p.replicas.iter().any(|r| &r.node == node))
         .min_by_key(|(node, count)| (*count, node.clone()))
         .map(|(node, _)| node)
+}
+
+/// Whether a move to `node` is in progress (it holds a bootstrapping replica).
+pub fn has_moves_to(map: &ClusterMap, node: &str) -> bool {
+    map.partitions.iter().any(|p| {
+        p.replicas
+            .iter()
+            .any(|r| r.node == node && r.state == ReplicaState::Bootstrapping)
+    })
+}
+
+/// Undoes every move to `node`: a plan starts at most one move per partition (a partition is
+/// never planned while it moves), so in a partition where `node` bootstraps, the leaving
+/// replicas are that move's sources and turn live again.
+fn cancel_moves_to(map: &mut ClusterMap, node: &str) -> Result<(), MapError> {
+    if !has_moves_to(map, node) {
+        return Err(refuse(format!("no move to node {node:?} is in progress")));
+    }
+    for p in &mut map.partitions {
+        let before = p.replicas.len();
+        p.replicas
+            .retain(|r| !(r.node == node && r.state == ReplicaState::Bootstrapping));
+        if p.replicas.len() == before {
+            continue;
+        }
+        for r in &mut p.replicas {
+            if r.state == ReplicaState::Leaving {
+                r.state = ReplicaState::Live;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// c → leaving, d appended as bootstrapping (after the others, so never the primary).

@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use larder_cluster::{plan, ClusterMap, Operation, ReplicaState};
+use larder_cluster::{has_moves_to, plan, ClusterMap, Operation, ReplicaState};
 use larder_pool::StoragePool;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -82,20 +82,19 @@ impl AutoReplace {
             maps.saw_newer(); // behind: nothing is planned until the newer map is here
             return;
         }
-        if moves_in_progress(&map) {
-            return; // one plan at a time; the next waits for these moves
-        }
         let now = Instant::now();
+        if moves_in_progress(&map) {
+            // One plan at a time; the next waits for these moves. A move to a node down past
+            // `after` never finishes: it is cancelled, which unblocks the next plan.
+            if let Some((dead, next)) = self.cancellation(&map, me, now) {
+                self.offer_cancellation(maps, next, &dead).await;
+            }
+            return;
+        }
         let down: Vec<String> = self.down_since.keys().cloned().collect();
-        let overdue: Vec<String> = map
-            .nodes
-            .iter()
-            .map(|n| n.id.clone())
-            .filter(|n| {
-                self.down_since
-                    .get(n)
-                    .is_some_and(|since| now.saturating_duration_since(*since) >= self.after)
-            })
+        let overdue: Vec<String> = self
+            .overdue(&map, now)
+            .into_iter()
             .filter(|n| !map.replicas_on(n).is_empty() && !self.planned.contains(n))
             .collect();
         let mut blocked = 0;
@@ -124,6 +123,53 @@ impl AutoReplace {
             break;
         }
         self.metrics.blocked.set(blocked);
+    }
+
+    /// The nodes of `map` down for at least `after`.
+    fn overdue(&self, map: &ClusterMap, now: Instant) -> Vec<String> {
+        map.nodes
+            .iter()
+            .map(|n| n.id.clone())
+            .filter(|n| {
+                self.down_since
+                    .get(n)
+                    .is_some_and(|since| now.saturating_duration_since(*since) >= self.after)
+            })
+            .collect()
+    }
+
+    /// The plan cancelling the moves to a node down past `after`, if there is one and `me`
+    /// offers it (the authority, or its successor when the authority is that node).
+    fn cancellation(
+        &self,
+        map: &ClusterMap,
+        me: &str,
+        now: Instant,
+    ) -> Option<(String, ClusterMap)> {
+        let dead = self
+            .overdue(map, now)
+            .into_iter()
+            .find(|node| has_moves_to(map, node))?;
+        let next = plan(map, &Operation::CancelMovesTo(dead.clone())).ok()?;
+        (map.authority() == Some(me) || next.authority() == Some(me)).then_some((dead, next))
+    }
+
+    async fn offer_cancellation(&mut self, maps: &Arc<MapState>, next: ClusterMap, dead: &str) {
+        let revision = next.revision;
+        let offered = maps.clone();
+        match tokio::task::spawn_blocking(move || offered.offer(next, OfferKind::Change)).await {
+            Ok(Ok(_)) => {
+                self.metrics.plans.inc();
+                tracing::warn!(node = %dead, revision, after = ?self.after,
+                    "move target down past auto_replace_after: its moves are cancelled");
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(node = %dead, %err, "cancelling the moves to a dead node was refused")
+            }
+            Err(err) => {
+                tracing::error!(node = %dead, %err, "cancelling the moves to a dead node failed")
+            }
+        }
     }
 
     /// Probes every other node of `map`; returns the newest revision among the answers (or
@@ -247,6 +293,45 @@ mod tests {
         assert!(decides(&map, "s2"));
         assert!(!decides(&map, "s3"));
         assert!(!decides(&map, "s4"));
+    }
+
+    /// A move to a node that then stays down never finishes and blocks every plan: past
+    /// `after`, the authority cancels it (and only then).
+    #[test]
+    fn moves_to_a_node_down_past_after_are_cancelled() {
+        let before = map(3);
+        let moving = plan(
+            &before,
+            &Operation::AddNode(larder_cluster::Node {
+                id: "s4".into(),
+                datacenter: "dc1".into(),
+                address: "127.0.0.1:7200".parse().unwrap(),
+                disks: vec!["disk0".into()],
+            }),
+        )
+        .unwrap();
+        assert!(moves_in_progress(&moving));
+        let mut auto =
+            AutoReplace::new(Duration::from_secs(5), AutoReplaceMetrics::default()).expect("on");
+        let now = Instant::now();
+        auto.down_since.insert("s4".into(), now);
+        assert!(
+            auto.cancellation(&moving, "s1", now).is_none(),
+            "not down long enough"
+        );
+        let later = now + Duration::from_secs(6);
+        assert!(
+            auto.cancellation(&moving, "s3", later).is_none(),
+            "s3 does not decide"
+        );
+        let (dead, next) = auto.cancellation(&moving, "s1", later).expect("cancelled");
+        assert_eq!(dead, "s4");
+        assert!(!moves_in_progress(&next));
+        assert_eq!(next.revision, moving.revision + 1);
+        assert_eq!(
+            next.partitions, before.partitions,
+            "the sources stay, s4 holds nothing"
+        );
     }
 
     #[test]

@@ -95,9 +95,11 @@ fn produce(
     let send = |bytes: Bytes| tx.blocking_send(Ok(bytes)).is_ok();
     let mut pack = BytesMut::from(&larder_proto::encode_stream_head(store.incarnation())[..]);
     let head = store.stats().durable_cursor;
-    let mut cursor = after;
+    // Each page starts exactly where the last one stopped (not at a shared hint other readers
+    // may have pushed out): the export reads the log once, not once per page.
+    let mut feed = store.feed(after);
     loop {
-        let batch = match store.changes(cursor, PAGE) {
+        let batch = match feed.next_page(PAGE) {
             Ok(batch) => batch,
             Err(err) => {
                 tracing::warn!(partition, %err, "export: reading the feed failed");
@@ -131,14 +133,13 @@ fn produce(
                 }
             }
         }
-        cursor = batch.next;
         // A page that is not full reached the durable end; past the head of when the export
         // began, the change feed pull takes over.
-        if !full || cursor.sequence >= head.sequence {
+        if !full || feed.cursor().sequence >= head.sequence {
             break;
         }
     }
-    ExportFrame::end(cursor.sequence).encode_into(&mut pack);
+    ExportFrame::end(feed.cursor().sequence).encode_into(&mut pack);
     send(pack.freeze());
 }
 

@@ -14,9 +14,11 @@
 //! - a replica found behind its peers' dropped tombstones is replaced by an empty one that
 //!   bootstraps from them (`rebuild.rs`; `Rebuilds::wake` runs a reconcile for it).
 //!
-//! A replica deleted in this process is not created again before a restart: the disk's journal
-//! may still hold frames of its old segments, which a crash's replay would write into the new
-//! ones (the journal is emptied when the disk opens).
+//! A replica deleted in this process is created again (a node that was drained, or whose
+//! replicas were rebuilt elsewhere, is given partitions back without a restart) only once its
+//! disk's journal was rotated after the deletion (`Disk::rotate_journal`): until then the
+//! journal may still hold frames of its old segments, which a crash's replay would write into
+//! the new ones. The deletion task rotates it, then the map is reconciled again.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -48,8 +50,11 @@ struct Running {
     bootstraps: HashMap<PartitionId, JoinHandle<()>>,
     /// Replicas no longer served, waiting for their grace period to end.
     leaving: Arc<Mutex<HashMap<PartitionId, Store>>>,
-    /// Replica directories deleted by this process (never recreated before a restart).
+    /// Replica directories being deleted by this process: not created again until the deletion
+    /// and the journal rotation after it are done (or, if they failed, before a restart).
     deleted: Arc<Mutex<HashSet<PathBuf>>>,
+    /// Told when a deletion is done: a replica placed here again meanwhile is created then.
+    deletion_done: Arc<tokio::sync::Notify>,
     deletions: Vec<JoinHandle<()>>,
     /// The node addresses the peer pool was made for.
     pool_nodes: Vec<(String, std::net::SocketAddr)>,
@@ -69,10 +74,12 @@ pub async fn follow_map(
     loop {
         let map = rx.borrow_and_update().clone();
         reconcile(&node, &map, &ctx, &mut running).await;
+        let deletion_done = running.deletion_done.clone();
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { break },
             _ = node.rebuilds.wake.notified() => {}
             _ = stop.changed() => break,
+            _ = deletion_done.notified() => {}
         }
         if *stop.borrow() {
             break;
@@ -192,9 +199,9 @@ async fn add(
         .unwrap_or_else(|e| e.into_inner())
         .contains(&dir)
     {
-        tracing::error!(partition, dir = %dir.display(),
-            "replica placed here again after this process deleted it: restart the node to create it \
-             (the disk journal may still hold frames of the old replica)");
+        tracing::warn!(partition, dir = %dir.display(),
+            "replica placed here again while its old copy is being deleted: created once the \
+             deletion and a journal rotation are done (if they failed: after a restart)");
         return;
     }
     let state = crate::node::replica_state(map, partition, &node.node_id);
@@ -235,10 +242,11 @@ fn retire(node: &Arc<StorageNode>, partition: PartitionId, running: &mut Running
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(partition, store);
-    let (node, leaving, deleted) = (
+    let (node, leaving, deleted, done) = (
         node.clone(),
         running.leaving.clone(),
         running.deleted.clone(),
+        running.deletion_done.clone(),
     );
     let grace = node.moves.removal_grace();
     running.deletions.push(tokio::spawn(async move {
@@ -256,19 +264,31 @@ fn retire(node: &Arc<StorageNode>, partition: PartitionId, running: &mut Running
             .unwrap_or_else(|e| e.into_inner())
             .insert(dir.clone());
         let data_dir = node.data_dir.clone();
+        let doomed = dir.clone();
         let outcome = crate::node::blocking(move || {
+            let disk = store.disk().clone();
             if let Err(err) = store.close() {
                 tracing::warn!(partition, %err, "closing a retired replica");
             }
             drop(store);
             crate::replication::forget_partition(&data_dir, partition);
             crate::bootstrap::forget_cursor(&data_dir, partition);
-            delete_replica_dir(&dir)
+            delete_replica_dir(&doomed)?;
+            // No frame of the deleted replica is replayed after this: it may be created again.
+            disk.rotate_journal().map_err(std::io::Error::other)
         })
         .await;
         match outcome {
-            Ok(()) => tracing::info!(partition, "retired replica deleted"),
-            Err(err) => tracing::error!(partition, %err, "deleting a retired replica failed"),
+            Ok(()) => {
+                tracing::info!(partition, "retired replica deleted");
+                deleted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&dir);
+                done.notify_one();
+            }
+            Err(err) => tracing::error!(partition, %err,
+                "deleting a retired replica failed; it is not placed here again before a restart"),
         }
     }));
 }

@@ -41,6 +41,9 @@ pub(crate) struct Counters {
     pub appended: AtomicU64,
     pub syncs: AtomicU64,
     pub corrupt: AtomicU64,
+    /// Segment bytes the change feed read (`feed.rs`): each byte of the log O(1) times over a
+    /// reader's pass, not once per page.
+    pub feed_read: AtomicU64,
 }
 
 /// One open store. See the module docs for its lock order.

@@ -3,15 +3,20 @@
 //! A cursor is logical (`DESIGN.md` 6.1): the store's incarnation and the sequence number of the
 //! last record the reader saw. Records are in sequence order in the log (appended under the log
 //! mutex, and compaction keeps the order), so "records after a cursor" are the records with a
-//! larger sequence found by scanning forward from any physical position before them. The scan
-//! starts from a hint (where an earlier page of the feed stopped: a reader that keeps asking
-//! with the `next` it got starts exactly there) or else from the start of the last segment whose
-//! first sequence is not past the cursor, so a cold cursor costs at most one segment's headers.
+//! larger sequence found by scanning forward from any physical position before them. A
+//! [`FeedReader`] (a bootstrap export) starts each page exactly where its last one stopped.
+//! Other readers (replication pulls over HTTP, which carry only the logical cursor) start from a
+//! hint (where an earlier page of the feed stopped: a reader that keeps asking with the `next`
+//! it got starts exactly there, unless its hint was forgotten, least recently used first) or
+//! else from the start of the last segment whose first sequence is not past the cursor, so a
+//! cold cursor costs at most one segment's headers. A place in the log is used only in the
+//! segment generation it was found in (compaction rewrites a segment as a new generation).
 //! A cursor whose records compaction dropped resumes at the next surviving record; a cursor of
 //! another incarnation (a rebuilt replica) starts from the beginning. Records the index no
 //! longer serves (superseded puts and removes) are left out even before compaction drops them.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 use crate::engine::Engine;
 use crate::format::RecordInfo;
@@ -21,32 +26,96 @@ use crate::scan::{Found, Scanner};
 use crate::segment::Segment;
 use crate::types::{Change, ChangeBatch, Cursor, LogPos, Op, Result};
 
-/// Most hints kept; the smallest sequences are forgotten first (readers move forward).
+/// Most hints kept; the least recently used is forgotten first, so a reader far behind the
+/// tail keeps its hint while others pull at the tail (forgetting the smallest sequence first made
+/// exactly that reader start its every page from its segment's start: a quadratic export).
 const MAX_HINTS: usize = 256;
+
+/// An exact place in the log, valid only in the generation of the segment it names: compaction
+/// rewrites a segment under a new generation, where the same offset means nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FeedPos {
+    pos: LogPos,
+    gen: u32,
+}
+
+impl FeedPos {
+    /// The place if its segment is still in `segments` in the same generation.
+    fn valid_in(self, segments: &[Segment]) -> Option<LogPos> {
+        segments
+            .iter()
+            .any(|s| s.id == self.pos.segment && s.gen == self.gen)
+            .then_some(self.pos)
+    }
+}
 
 /// Where the feed can start scanning for a sequence: `hint(s)` is a position such that every
 /// record with a sequence larger than `s` lies at or after it.
 #[derive(Default)]
 pub(crate) struct FeedHints {
-    hints: BTreeMap<u64, LogPos>,
+    /// Sequence -> (position, the tick it was last inserted or found at).
+    hints: BTreeMap<u64, (FeedPos, u64)>,
+    tick: u64,
 }
 
 impl FeedHints {
-    fn find(&self, after_seq: u64) -> Option<LogPos> {
-        self.hints.range(..=after_seq).next_back().map(|(_, p)| *p)
+    fn find(&mut self, after_seq: u64) -> Option<FeedPos> {
+        self.tick = self.tick.wrapping_add(1);
+        let (_, (pos, used)) = self.hints.range_mut(..=after_seq).next_back()?;
+        *used = self.tick;
+        Some(*pos)
     }
 
-    fn insert(&mut self, seq: u64, pos: LogPos) {
-        self.hints.insert(seq, pos);
-        while self.hints.len() > MAX_HINTS {
-            self.hints.pop_first();
+    fn insert(&mut self, seq: u64, pos: FeedPos) {
+        self.tick = self.tick.wrapping_add(1);
+        self.hints.insert(seq, (pos, self.tick));
+        if self.hints.len() > MAX_HINTS {
+            // A linear pass over a few hundred entries, once per page that adds a hint.
+            let oldest = self.hints.iter().min_by_key(|(_, (_, used))| *used);
+            if let Some((&seq, _)) = oldest {
+                self.hints.remove(&seq);
+            }
         }
     }
 
     /// Forgets every hint into `segment`: for a segment compaction rewrote or removed.
-    #[allow(dead_code)]
     pub(crate) fn forget_segment(&mut self, segment: u32) {
-        self.hints.retain(|_, p| p.segment != segment);
+        self.hints.retain(|_, (p, _)| p.pos.segment != segment);
+    }
+}
+
+/// A reader of the change feed that keeps its exact place in the log between pages (a bootstrap
+/// export, `Store::feed`): each page starts where the last one stopped, whatever other readers
+/// do to the shared hints, so a pass over the feed reads each byte of the log about once. The
+/// place is private and only ever used in the segment generation it was found in; the cursor
+/// stays the logical one (`DESIGN.md` 6.1).
+pub struct FeedReader {
+    store: crate::Store,
+    after: Cursor,
+    /// Where the page after `after` starts, if a page of this reader stopped there.
+    at: Option<FeedPos>,
+}
+
+impl FeedReader {
+    pub(crate) fn new(store: crate::Store, after: Cursor) -> FeedReader {
+        FeedReader {
+            store,
+            after,
+            at: None,
+        }
+    }
+
+    /// The next page: at most `limit` durable changes after the reader's cursor, which then
+    /// moves to the page's `next`.
+    pub fn next_page(&mut self, limit: usize) -> Result<ChangeBatch> {
+        let (batch, at) = self.store.engine.changes_from(self.after, self.at, limit)?;
+        (self.after, self.at) = (batch.next, at);
+        Ok(batch)
+    }
+
+    /// The cursor the next page starts after.
+    pub fn cursor(&self) -> Cursor {
+        self.after
     }
 }
 
@@ -58,15 +127,25 @@ enum Stop {
 
 impl Engine {
     pub(crate) fn changes(&self, after: Cursor, limit: usize) -> Result<ChangeBatch> {
+        self.changes_from(after, None, limit)
+            .map(|(batch, _)| batch)
+    }
+
+    /// A page of the feed after `after`, starting at `resume` if it is a place where a page
+    /// after that same cursor stopped (and its segment was not rewritten since), else at a hint;
+    /// also the place where this page stopped (`None` when there is nothing to resume from).
+    pub(crate) fn changes_from(
+        &self,
+        after: Cursor,
+        resume: Option<FeedPos>,
+        limit: usize,
+    ) -> Result<(ChangeBatch, Option<FeedPos>)> {
         let (durable, last_seq) = {
             let index = self.index.read();
             (index.durable, index.last_seq)
         };
-        let after_seq = if after.incarnation == self.incarnation {
-            after.sequence
-        } else {
-            0
-        };
+        let ours = after.incarnation == self.incarnation;
+        let after_seq = if ours { after.sequence } else { 0 };
         let mut batch = ChangeBatch {
             changes: Vec::new(),
             next: Cursor {
@@ -75,11 +154,14 @@ impl Engine {
             },
         };
         if limit == 0 {
-            return Ok(batch);
+            return Ok((batch, resume.filter(|_| ours)));
         }
         let segments = self.segments.read().clone();
-        let start = self.feed_start(&segments, after_seq);
-        let mut stop = Stop::End;
+        let start = match resume.filter(|_| ours).and_then(|r| r.valid_in(&segments)) {
+            Some(pos) => pos,
+            None => self.feed_start(&segments, after_seq),
+        };
+        let mut full = None;
         for seg in segments
             .iter()
             .filter(|s| s.id >= start.segment && s.id <= durable.segment)
@@ -97,32 +179,40 @@ impl Engine {
             } else {
                 len
             };
-            stop = self.scan_changes(seg, from, to, after_seq, limit, &mut batch)?;
-            if matches!(stop, Stop::Full(_)) {
+            let mut scanner = Scanner::new(&seg.file, seg.id, to);
+            let scanned = self.scan_changes(&mut scanner, from, to, after_seq, limit, &mut batch);
+            (self.counters.feed_read).fetch_add(scanner.bytes_read(), Ordering::Relaxed);
+            if let Stop::Full(pos) = scanned? {
+                full = Some(FeedPos { pos, gen: seg.gen });
                 break;
             }
         }
-        let hint = match stop {
-            Stop::Full(pos) => pos,
+        let stopped = match full {
+            Some(pos) => Some(pos),
             // Everything durable was seen: the reader is at the durable end, even if the last
             // records it skipped are gone (compacted garbage).
-            Stop::End => {
+            None => {
                 batch.next.sequence = batch.next.sequence.max(last_seq);
-                durable
+                segments
+                    .iter()
+                    .find(|s| s.id == durable.segment)
+                    .map(|s| FeedPos {
+                        pos: durable,
+                        gen: s.gen,
+                    })
             }
         };
-        if batch.next.sequence > 0 {
-            self.feed_hints.lock().insert(batch.next.sequence, hint);
+        if let Some(pos) = stopped.filter(|_| batch.next.sequence > 0) {
+            self.feed_hints.lock().insert(batch.next.sequence, pos);
         }
-        Ok(batch)
+        Ok((batch, stopped))
     }
 
     /// A position before every record with a sequence larger than `after_seq`.
     fn feed_start(&self, segments: &[Segment], after_seq: u64) -> LogPos {
-        if let Some(pos) = self.feed_hints.lock().find(after_seq) {
-            if segments.iter().any(|s| s.id == pos.segment) {
-                return pos;
-            }
+        let hint = self.feed_hints.lock().find(after_seq);
+        if let Some(pos) = hint.and_then(|h| h.valid_in(segments)) {
+            return pos;
         }
         // Records of earlier segments all have sequences below this one's first.
         let seg = segments
@@ -156,18 +246,18 @@ impl Engine {
 
     fn scan_changes(
         &self,
-        seg: &Segment,
+        scanner: &mut Scanner,
         mut pos: u64,
         to: u64,
         after_seq: u64,
         limit: usize,
         batch: &mut ChangeBatch,
     ) -> Result<Stop> {
-        let mut scanner = Scanner::new(&seg.file, seg.id, to);
+        let segment = scanner.segment();
         while pos < to {
             if batch.changes.len() >= limit {
                 return Ok(Stop::Full(LogPos {
-                    segment: seg.id,
+                    segment,
                     offset: pos,
                 }));
             }
@@ -204,7 +294,7 @@ impl Engine {
         }
         if batch.changes.len() >= limit {
             return Ok(Stop::Full(LogPos {
-                segment: seg.id,
+                segment,
                 offset: pos,
             }));
         }

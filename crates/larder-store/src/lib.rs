@@ -57,6 +57,7 @@ pub mod fuzzing;
 pub use bulk::{BulkOutcome, BulkRecord};
 pub use cursor::ParseCursorError;
 pub use disk::Disk;
+pub use feed::FeedReader;
 pub use segment::create_dir_all_durable;
 pub use store::{is_batched, BlobReader, Commit, Store};
 pub use types::*;

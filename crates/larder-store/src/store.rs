@@ -242,6 +242,13 @@ impl Store {
         self.engine.changes(after, limit)
     }
 
+    /// A reader paging through the change feed after `after` that keeps its exact place in the
+    /// log between pages (pages as [`Store::changes`] gives them): for a pass over a long feed,
+    /// such as a bootstrap export, whose every page must start where the last one stopped.
+    pub fn feed(&self, after: Cursor) -> crate::FeedReader {
+        crate::FeedReader::new(self.clone(), after)
+    }
+
     /// Calls `f` for every live document key (for visiting); stops when it returns false.
     pub fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
         self.engine.for_each_doc(f)

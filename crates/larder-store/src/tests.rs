@@ -602,3 +602,153 @@ fn compaction_runs_alongside_writes() {
     let store = reopen(dir.path());
     verify(&store);
 }
+
+/// A log of `records` small blobs in one segment, appended in bulk batches.
+fn long_log(records: u32) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    for first in (0..records).step_by(10_000) {
+        let batch = (first..records.min(first + 10_000))
+            .map(|i| BulkRecord::PutBlob {
+                key: format!("k{i:07}").into_bytes().into(),
+                meta: meta(),
+                data: Bytes::from_static(b"sixteen bytes!!!"),
+            })
+            .collect();
+        store.bulk(batch).unwrap();
+    }
+    (dir, store)
+}
+
+fn feed_bytes_read(store: &Store) -> u64 {
+    (store.engine.counters.feed_read).load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Pages of 256 (as an export reads) through the whole feed with `next_page`; `between` runs
+/// after each page. Returns how many changes were seen.
+fn page_through(mut next_page: impl FnMut() -> ChangeBatch, mut between: impl FnMut(u64)) -> u64 {
+    let (mut pages, mut seen) = (0u64, 0u64);
+    loop {
+        let batch = next_page();
+        seen += batch.changes.len() as u64;
+        pages += 1;
+        if batch.changes.len() < 256 {
+            return seen;
+        }
+        between(pages);
+    }
+}
+
+/// A reader paging through the whole feed with the `next` it got (a replica catching up) reads
+/// each byte of the log a bounded number of times: each page starts at its hint and reads about
+/// what it needs, not a whole scanner window past it (1 MiB a page: 45 times this log).
+#[test]
+fn paging_through_the_feed_reads_the_log_about_once() {
+    const RECORDS: u32 = 200_000;
+    let (_dir, store) = long_log(RECORDS);
+    let log = store.stats().bytes_on_disk;
+    let mut cursor = Cursor::START;
+    let seen = page_through(
+        || {
+            let batch = store.changes(cursor, 256).unwrap();
+            cursor = batch.next;
+            batch
+        },
+        |_| {},
+    );
+    assert_eq!(seen, u64::from(RECORDS));
+    let read = feed_bytes_read(&store);
+    assert!(read <= 2 * log, "{read} bytes read for a log of {log}");
+}
+
+/// Pulls of `readers` readers, each at its own place after `first` (replicas pulling as writes
+/// land): each pull leaves a new hint. Returns the bytes they read.
+fn pull_near_the_tail(store: &Store, first: u64, readers: u64) -> u64 {
+    let before = feed_bytes_read(store);
+    for i in 0..readers {
+        let at = Cursor {
+            incarnation: store.incarnation(),
+            sequence: first + i,
+        };
+        store.changes(at, 1).unwrap();
+    }
+    feed_bytes_read(store) - before
+}
+
+/// An export (`Store::feed`) keeps its exact place between pages while other readers fill the
+/// shared hints: before, once 256 hints were ahead of it, its own hint was forgotten as soon
+/// as it was made and every page scanned from the segment's start, a quadratic pass.
+#[test]
+fn an_export_reads_the_log_about_once_whatever_other_readers_do() {
+    const RECORDS: u32 = 200_000;
+    let (_dir, store) = long_log(RECORDS);
+    let log = store.stats().bytes_on_disk;
+    let mut reader = store.feed(Cursor::START);
+    let mut others_read = 0;
+    let seen = page_through(
+        || reader.next_page(256).unwrap(),
+        |page| {
+            if page % 50 == 0 {
+                let first = u64::from(RECORDS) - 10_000 + page * 6;
+                others_read += pull_near_the_tail(&store, first, 300);
+            }
+        },
+    );
+    assert_eq!(seen, u64::from(RECORDS));
+    let read = feed_bytes_read(&store) - others_read;
+    assert!(read <= 2 * log, "{read} bytes read for a log of {log}");
+}
+
+/// A replica far behind, pulling with the `next` it got, keeps its hint while others pull at
+/// the tail (fewer than the hints kept between two of its pulls): the least recently used hint
+/// is forgotten first, not the smallest sequence (the reader behind).
+#[test]
+fn a_reader_behind_keeps_its_hint_while_others_pull_at_the_tail() {
+    const RECORDS: u32 = 200_000;
+    let (_dir, store) = long_log(RECORDS);
+    let log = store.stats().bytes_on_disk;
+    let mut cursor = Cursor::START;
+    let mut others_read = 0;
+    let seen = page_through(
+        || {
+            let batch = store.changes(cursor, 256).unwrap();
+            cursor = batch.next;
+            batch
+        },
+        |page| {
+            if page % 10 == 0 {
+                let first = u64::from(RECORDS) - 10_000 + page * 10;
+                others_read += pull_near_the_tail(&store, first, 100);
+            }
+        },
+    );
+    assert_eq!(seen, u64::from(RECORDS));
+    let read = feed_bytes_read(&store) - others_read;
+    assert!(read <= 2 * log, "{read} bytes read for a log of {log}");
+}
+
+/// A feed reader whose place is in a segment compaction then rewrote (shorter: what was before
+/// its place moved down) goes on with exactly the changes after its cursor: a place is used
+/// only in the segment generation it was found in.
+#[test]
+fn a_feed_reader_resumes_right_after_compaction_rewrote_its_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small()).unwrap();
+    for i in 0..40u32 {
+        let key = format!("c{i:02}").into_bytes();
+        store
+            .put_blob(&key, meta(), &[data(1000, i as u8)])
+            .unwrap();
+    }
+    let mut reader = store.feed(Cursor::START);
+    assert_eq!(reader.next_page(20).unwrap().changes.len(), 20);
+    for i in (0..20u32).step_by(2) {
+        store.delete_blob(format!("c{i:02}").as_bytes(), 2).unwrap();
+    }
+    assert!(compact_all(&store).segments_compacted > 0);
+    let want = store.changes(reader.cursor(), usize::MAX).unwrap();
+    let got = reader.next_page(usize::MAX).unwrap();
+    assert_eq!(got.changes, want.changes);
+    assert_eq!(got.next, want.next);
+    assert!(got.changes.iter().any(|c| c.key[..] == b"c20"[..]));
+}

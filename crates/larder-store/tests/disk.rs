@@ -482,3 +482,42 @@ fn a_store_recreated_at_the_same_path_after_a_rotation_is_not_overwritten_by_rep
     }
     assert!(read(&store, "old-0").is_none());
 }
+
+/// A store deleted and created again at the same path on a running disk (a storage node given a
+/// partition back after it retired its replica): once the journal was rotated, a crash's replay
+/// writes none of the old store's frames into the new store's segments.
+#[test]
+fn a_store_created_again_after_a_journal_rotation_gets_no_old_frames() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let dir = store_dir(root.path(), 0);
+    let old = Store::open_on(&disk, &dir, opts()).unwrap();
+    for i in 0..20 {
+        let key = format!("old{i}");
+        let body = content(&key, 3000);
+        old.put_blob(key.as_bytes(), meta(&key), &[body]).unwrap();
+    }
+    old.close().unwrap();
+    drop(old);
+    std::fs::remove_dir_all(&dir).unwrap();
+    disk.rotate_journal().unwrap();
+    let new = Store::open_on(&disk, &dir, opts()).unwrap();
+    let mut kept = Vec::new();
+    for i in 0..20 {
+        let key = format!("new{i}");
+        let body = content(&key, 2000 + i * 10);
+        new.put_blob(key.as_bytes(), meta(&key), std::slice::from_ref(&body))
+            .unwrap();
+        kept.push((key, body));
+    }
+    // A crash now: the journal is replayed into the new store's segments.
+    let crashed = tempfile::tempdir().unwrap();
+    copy_tree(root.path(), crashed.path());
+    let disk2 = Disk::open(crashed.path(), DiskOptions::default()).unwrap();
+    let store2 = Store::open_on(&disk2, store_dir(crashed.path(), 0), opts()).unwrap();
+    assert_eq!(store2.stats().corrupt_records_found, 0);
+    for (key, body) in &kept {
+        assert_eq!(read(&store2, key).as_deref(), Some(&body[..]), "{key}");
+    }
+    assert_eq!(read(&store2, "old0"), None);
+}

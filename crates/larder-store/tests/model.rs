@@ -46,6 +46,10 @@ enum Step {
         from: usize,
         limit: usize,
     },
+    /// The next page of a feed reader kept across steps (an export resumed after a restart).
+    FeedPage {
+        limit: usize,
+    },
     Crash,
     CloseReopen,
     /// Compact everything (seal the active segment, any garbage) with expiry decided at `now`;
@@ -72,6 +76,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (key.clone(), 0u64..8).prop_map(|(key, version)| Step::RemoveDoc { key, version }),
         2 => key.clone().prop_map(|key| Step::GetDoc { key }),
         2 => (0usize..60, 0usize..8).prop_map(|(from, limit)| Step::Changes { from, limit }),
+        2 => (0usize..8).prop_map(|limit| Step::FeedPage { limit }),
         1 => Just(Step::Crash),
         1 => Just(Step::CloseReopen),
         3 => (0u64..120, proptest::option::of(0u64..=100), proptest::bool::ANY)
@@ -207,6 +212,10 @@ fn crc(b: &[u8]) -> u32 {
 struct Harness {
     dir: tempfile::TempDir,
     store: Option<Store>,
+    /// A reader paging the feed across steps; made again from its cursor after a reopen.
+    feed: Option<FeedReader>,
+    /// Its cursor while the store is closed.
+    feed_cursor: Cursor,
     model: Model,
 }
 
@@ -232,11 +241,14 @@ impl Harness {
             Step::RemoveDoc { key, version } => self.remove_doc(key, version, time),
             Step::GetDoc { key } => self.check_doc(key),
             Step::Changes { from, limit } => self.check_changes(from, limit),
+            Step::FeedPage { limit } => self.check_feed_page(limit),
             Step::Crash => {
+                self.drop_feed_reader();
                 drop(self.store.take());
                 self.reopen();
             }
             Step::CloseReopen => {
+                self.drop_feed_reader();
                 self.store().close().unwrap();
                 drop(self.store.take());
                 self.reopen();
@@ -318,6 +330,7 @@ impl Harness {
 
     fn reopen(&mut self) {
         self.store = Some(open_when_unlocked(self.dir.path()));
+        self.feed = Some(self.store().feed(self.feed_cursor));
         let stats = self.store().stats();
         assert_eq!(stats.corrupt_records_found, 0);
         let live = self
@@ -513,6 +526,25 @@ impl Harness {
         assert_eq!(summary(&got), summary(&want), "doc {key}");
     }
 
+    /// The feed reader, which keeps its place in the log between pages (through compactions
+    /// too), gives the page the change feed gives for its cursor.
+    fn check_feed_page(&mut self, limit: usize) {
+        let reader = self.feed.as_mut().unwrap();
+        let after = reader.cursor();
+        let got = reader.next_page(limit).unwrap();
+        let want = self.store.as_ref().unwrap().changes(after, limit).unwrap();
+        assert_eq!(got.changes, want.changes);
+        assert_eq!(got.next, want.next);
+        assert_eq!(reader.cursor(), want.next);
+    }
+
+    /// Holds no clone of the store across its crash or close.
+    fn drop_feed_reader(&mut self) {
+        if let Some(reader) = self.feed.take() {
+            self.feed_cursor = reader.cursor();
+        }
+    }
+
     /// The whole feed must equal the model's log; a page from the `from`-th change must be the
     /// following `limit` entries.
     fn check_changes(&self, from: usize, limit: usize) {
@@ -564,7 +596,8 @@ proptest! {
     fn store_matches_model(steps in proptest::collection::vec(step(), 1..60)) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), opts()).unwrap();
-        let mut h = Harness { dir, store: Some(store), model: Model::default() };
+        let feed = Some(store.feed(Cursor::START));
+        let mut h = Harness { dir, store: Some(store), feed, feed_cursor: Cursor::START, model: Model::default() };
         for s in steps {
             h.run(s);
         }

@@ -551,3 +551,54 @@ fn a_dead_node_whose_replicas_have_nowhere_else_to_go_is_not_replaced() {
         .unwrap();
     assert_eq!(out.stdout, b"kept");
 }
+
+/// A node drained (it keeps running, holding nothing) is added again with `larder cluster
+/// add-node`: it takes its share back, replicas of partitions it held before included, without
+/// a restart, and holds every acknowledged write of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_is_added_again_without_a_restart() {
+    let cluster = Cluster::start_full(4, 8, "", STORAGE_EXTRA);
+    let frontend = cluster.frontend_addr;
+    let acked = fill(frontend, 40).await;
+    let config = cluster.path("s1.toml");
+    let (ok, out, err) = larder_cluster(&["drain-node", "s2", "--config", &config]);
+    assert!(ok, "{out}{err}");
+    let drained = wait_moves_done(&config, frontend, 1, Duration::from_secs(120)).await;
+    assert_eq!(replica_counts(&drained, "s2"), [0, 0, 0], "{drained}");
+    // Its old replicas are deleted (after the removal grace).
+    let s2_disk = cluster.dir.path().join("s2").join("disk0");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&s2_disk)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with('p'))
+    {
+        assert!(Instant::now() < deadline, "s2 keeps its drained replicas");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let s2 = cluster.node_addr(1).to_string();
+    let (ok, out, err) = larder_cluster(&["add-node", "s2", "--address", &s2, "--config", &config]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("6 replica moves started"), "{out}");
+    let revision = drained["map_revision"].as_u64().unwrap();
+    let back = wait_moves_done(&config, frontend, revision, Duration::from_secs(120)).await;
+    assert_eq!(replica_counts(&back, "s2"), [6, 0, 0], "{back}");
+    let map = larder_cluster::ClusterMap::load(std::path::Path::new(&cluster.path("cluster.toml")))
+        .unwrap();
+    let on_s2: Vec<u32> = map.replicas_on("s2").into_iter().map(|(p, _)| p).collect();
+    let client = cluster.node_client(cluster.node_addr(1)).await;
+    let mut checked = 0;
+    for (id, i) in &acked.blobs {
+        let partition = id.parse::<larder_cluster::BlobId>().unwrap().partition;
+        if !on_s2.contains(&partition) {
+            continue;
+        }
+        let path = larder_proto::blob_path(partition, id);
+        let (status, body) = client.request(Method::GET, &path, Bytes::new()).await;
+        assert_eq!(status, StatusCode::OK, "blob {i} on s2's replica");
+        assert!(body == blob(*i), "blob {i} on s2 has other bytes");
+        checked += 1;
+    }
+    assert!(checked > 0);
+}

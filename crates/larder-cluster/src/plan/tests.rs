@@ -124,6 +124,42 @@ fn replace_refuses_what_would_not_validate() {
     assert!(err.to_string().contains("not in the map"), "{err}");
 }
 
+/// Moves to a node that died are cancelled whatever else moves: the sources stay live, the
+/// dead target's bootstrapping replicas go, and the next plan is accepted again.
+#[test]
+fn moves_to_a_dead_target_are_cancelled_and_unblock_the_next_plan() {
+    let map = layout(1, 3, 8, 3);
+    let moving = plan(&map, &Operation::AddNode(new_node("s4", "dc0", 7200))).unwrap();
+    assert!(moves(&moving) > 0);
+    let err = plan(&moving, &Operation::DrainNode("s3".into())).unwrap_err();
+    assert!(err.to_string().contains("still moving"), "{err}");
+    let cancelled = plan(&moving, &Operation::CancelMovesTo("s4".into())).unwrap();
+    assert_eq!(cancelled.revision, moving.revision + 1);
+    assert_eq!(moves(&cancelled), 0);
+    assert_eq!(cancelled.partitions, map.partitions);
+    assert!(cancelled.replicas_on("s4").is_empty());
+    let err = plan(&cancelled, &Operation::CancelMovesTo("s4".into())).unwrap_err();
+    assert!(err.to_string().contains("no move to node"), "{err}");
+    plan(&cancelled, &Operation::DrainNode("s4".into())).unwrap();
+}
+
+/// A drained node (or one rebuilt elsewhere while down) that is back is added again: it takes
+/// its share, at the address it has now.
+#[test]
+fn a_node_that_holds_nothing_is_added_again_and_takes_its_share() {
+    let map = layout(1, 4, 8, 3);
+    let drained = finish(&plan(&map, &Operation::DrainNode("s2".into())).unwrap());
+    assert!(drained.replicas_on("s2").is_empty());
+    let back = new_node("s2", "dc0", 7300);
+    let next = plan(&drained, &Operation::AddNode(back.clone())).unwrap();
+    assert_eq!(next.node("s2"), Some(&back));
+    assert_eq!(next.nodes.len(), 4);
+    assert_eq!(moves(&next), 6, "24 replicas / 4 nodes");
+    let done = finish(&next);
+    let counts = done.replica_counts();
+    assert!(counts.values().all(|&c| c == 6), "{counts:?}");
+}
+
 #[test]
 fn a_dead_nodes_replicas_are_spread_over_the_nodes_that_are_up_or_refused() {
     let map = layout(1, 4, 8, 3);
@@ -228,6 +264,7 @@ proptest! {
                         prop_assert_eq!(counts[dead.as_str()], 0);
                         prop_assert_eq!(counts[new.id.as_str()], map.replica_counts()[dead.as_str()]);
                     }
+                    Operation::CancelMovesTo(_) => unreachable!("not generated"),
                 }
             }
         }
