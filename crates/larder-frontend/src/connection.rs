@@ -8,6 +8,7 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use larder_pool::BatchedWrites;
 use larder_tls::rustls::ServerConfig;
 use larder_tls::{Reloading, ALPN_H1, ALPN_H2};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -211,6 +212,11 @@ impl Edge {
                 })
             }
         });
+        // HTTP/2 answers of a turn of the connection's task go out in one write (`BatchedWrites`).
+        let io = match protocol {
+            Protocol::H1 => BatchedWrites::write_through(io),
+            Protocol::H2 => BatchedWrites::new(io),
+        };
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let mut closing = false;

@@ -11,7 +11,7 @@ use larder_tls::TlsConnector;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::{Body, PoolConfig};
+use crate::{BatchedWrites, Body, PoolConfig};
 
 /// Connects (TLS when `tls` is set; else the secret handshake when `secrets` is set), applies
 /// the socket and HTTP/2 settings and spawns the connection's driver task. The returned sender
@@ -117,7 +117,7 @@ where
         // (or mutual TLS) before any request, so it is no attacker flooding us with resets.
         .max_concurrent_reset_streams(REMEMBERED_RESET_STREAMS)
         .max_local_error_reset_streams(None)
-        .handshake(TokioIo::new(stream))
+        .handshake(TokioIo::new(BatchedWrites::new(stream)))
         .await
         .map_err(io::Error::other)?;
     tokio::spawn(async move {

@@ -4,12 +4,14 @@
 //!
 //! The pool knows addresses, not the cluster: the router owns placement and quorum.
 
+mod batched;
 mod body;
 mod config;
 mod connection;
 mod http1;
 mod pool;
 
+pub use batched::BatchedWrites;
 pub use body::{empty, full, Body, BoxError};
 pub use config::{PoolConfig, PoolProtocol};
 pub use pool::{NodePool, PoolError, StoragePool};

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::connection::connection_builder;
 use crate::{internal_auth, routes, StorageConfig, StorageNode};
+use larder_pool::BatchedWrites;
 
 /// Resolves when the node should stop (SIGTERM in the binary; a channel in tests).
 pub type ShutdownSignal = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -164,12 +165,12 @@ pub async fn serve(
                                     return;
                                 }
                             }
-                            watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+                            watcher.watch(builder.serve_connection(TokioIo::new(BatchedWrites::after_h2_preface(stream)), service)).await
                         }
                         Some(acceptor) => {
                             // A client without a certificate from the cluster CA fails here.
                             let Some(stream) = handshake(&acceptor, stream, peer).await else { return };
-                            watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+                            watcher.watch(builder.serve_connection(TokioIo::new(BatchedWrites::after_h2_preface(stream)), service)).await
                         }
                     };
                     if let Err(err) = result {

@@ -38,13 +38,41 @@ fn read_error(loc: &Location, e: io::Error) -> Error {
     }
 }
 
+/// Records up to this size (head and data) are read whole, in one `pread`: a 1 KiB GET then
+/// costs one system call instead of two (head, then data). The data is verified block by
+/// block as it is served, as any other.
+const READ_WHOLE_UP_TO: u64 = 64 * 1024;
+
 /// Reads and verifies the head of the record at `loc`, checking it is the record the index
-/// expects (same key and size). Returns the block CRC table.
-fn read_head(loc: &Location, key: &[u8], props_len: usize, size: u64) -> Result<Vec<u32>> {
+/// expects (same key and size). Returns the block CRC table and, for a small record, its data
+/// (read with the head, not yet verified).
+fn read_head(
+    loc: &Location,
+    key: &[u8],
+    props_len: usize,
+    size: u64,
+) -> Result<(Vec<u32>, Option<Bytes>)> {
     let hl = head_len(key.len(), props_len, size) as usize;
-    let buf = read_exact_at(&loc.file, loc.offset, hl).map_err(|e| read_error(loc, e))?;
-    let fixed = parse_fixed(&buf).map_err(|e| corrupt(loc, format!("bad record header: {e:?}")))?;
-    let head = verify_head(&buf, fixed, loc.segment, loc.offset)
+    let whole = (hl as u64)
+        .checked_add(size)
+        .filter(|len| *len <= READ_WHOLE_UP_TO);
+    let len = whole.map_or(hl, |len| len as usize);
+    let buf =
+        Bytes::from(read_exact_at(&loc.file, loc.offset, len).map_err(|e| read_error(loc, e))?);
+    let data = whole.map(|_| buf.slice(hl..));
+    let crcs = verify_record_head(loc, &buf[..hl], key, props_len, size)?;
+    Ok((crcs, data))
+}
+
+fn verify_record_head(
+    loc: &Location,
+    buf: &[u8],
+    key: &[u8],
+    props_len: usize,
+    size: u64,
+) -> Result<Vec<u32>> {
+    let fixed = parse_fixed(buf).map_err(|e| corrupt(loc, format!("bad record header: {e:?}")))?;
+    let head = verify_head(buf, fixed, loc.segment, loc.offset)
         .map_err(|e| corrupt(loc, format!("bad record head: {e:?}")))?;
     if head.key != key || head.fixed.size != size || head.props.len() != props_len {
         return Err(corrupt(loc, "record does not match the index"));
@@ -73,6 +101,8 @@ pub(crate) struct BlobReaderState {
     data_at: u64,
     size: u64,
     crcs: Vec<u32>,
+    /// The whole data of a small record, read with its head (see `READ_WHOLE_UP_TO`).
+    data: Option<Bytes>,
     pos: u64,
     end: u64,
     chunk: usize,
@@ -88,7 +118,7 @@ impl BlobReaderState {
         range: Range<u64>,
         chunk: usize,
     ) -> Result<Self> {
-        let crcs = read_head(loc, key, props_len, size)?;
+        let (crcs, data) = read_head(loc, key, props_len, size)?;
         let end = range.end.min(size);
         Ok(BlobReaderState {
             file: loc.file.clone(),
@@ -96,6 +126,7 @@ impl BlobReaderState {
             data_at: loc.offset + head_len(key.len(), props_len, size),
             size,
             crcs,
+            data,
             pos: range.start.min(end),
             end,
             chunk: chunk.max(1),
@@ -121,10 +152,16 @@ impl BlobReaderState {
         let last = (piece_end - 1) / BLOCK_SIZE;
         let from = first * BLOCK_SIZE;
         let to = ((last + 1) * BLOCK_SIZE).min(self.size);
-        let mut buf = vec![0u8; (to - from) as usize];
-        self.file
-            .read_exact_at(&mut buf, self.data_at + from)
-            .map_err(|e| read_error(&self.loc, e))?;
+        let buf = match &self.data {
+            Some(data) => data.slice(from as usize..to as usize),
+            None => {
+                let mut buf = vec![0u8; (to - from) as usize];
+                self.file
+                    .read_exact_at(&mut buf, self.data_at + from)
+                    .map_err(|e| read_error(&self.loc, e))?;
+                Bytes::from(buf)
+            }
+        };
         for (i, block) in buf.chunks(BLOCK_SIZE as usize).enumerate() {
             let n = first + i as u64;
             if crc32c::crc32c(block) != self.crcs[n as usize] {
@@ -134,7 +171,7 @@ impl BlobReaderState {
                 ));
             }
         }
-        let piece = Bytes::from(buf).slice((self.pos - from) as usize..(piece_end - from) as usize);
+        let piece = buf.slice((self.pos - from) as usize..(piece_end - from) as usize);
         self.pos = piece_end;
         Ok(piece)
     }
