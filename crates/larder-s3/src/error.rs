@@ -50,6 +50,9 @@ pub enum S3Error {
     /// The bucket index is at its entry bound (splitting is not built yet).
     #[error("{0}")]
     IndexFull(String),
+    /// A request form S3 defines that Larder does not take.
+    #[error("{0}")]
+    NotImplemented(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -96,6 +99,7 @@ impl From<S3Error> for Reply {
             S3Error::TooLarge(_) => Code::EntityTooLarge,
             S3Error::RequestTimeout(_) => Code::RequestTimeout,
             S3Error::Unavailable(_) | S3Error::IndexFull(_) => Code::ServiceUnavailable,
+            S3Error::NotImplemented(_) => Code::NotImplemented,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,
         };
         if matches!(err, S3Error::Corrupt(_) | S3Error::Internal(_)) {

@@ -10,7 +10,7 @@ use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
 
 use crate::blobs::{self, BlobLimits};
-use crate::conditions::Conditions;
+use crate::conditions::{Conditions, WriteConditions};
 use crate::error::S3Error;
 use crate::list::{self, After};
 use crate::multipart;
@@ -159,6 +159,7 @@ impl S3 for Larder {
         if !index.objects.is_empty() {
             return Err(S3Error::BucketNotEmpty.into());
         }
+
         for garbage in &index.garbage {
             blobs::delete(self.router(), &garbage.blob).await?;
         }
@@ -171,6 +172,10 @@ impl S3 for Larder {
                 Ok((Change::Remove, index.garbage))
             })
             .await?;
+        // Uploads in progress do not keep a bucket (AWS deletes it and them): they are aborted,
+        // their parts tombstoned, once the bucket is gone, so that an upload created while
+        // this ran is found too (it checks the bucket again after listing itself).
+        multipart::abort_all(self, &bucket).await?;
         self.catalog(&bucket, None).await?;
         Ok(S3Response::new(DeleteBucketOutput::default()))
     }
@@ -251,9 +256,13 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let input = req.input;
         check_key(&input.key)?;
-        let only_if_absent = matches!(input.if_none_match, Some(ETagCondition::Any));
-        // Refused before the body is stored when the answer is already known.
-        self.index(&input.bucket).await?;
+        let conditions =
+            WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        // Refused before the body is stored when the answer is already known (and decided
+        // again at the primary when the name is linked).
+        let index = self.index(&input.bucket).await?;
+        conditions.check(index.objects.get(&input.key))?;
+        drop(index);
         let props = BlobProperties {
             content_type: input.content_type.clone(),
             user_meta: Vec::new(),
@@ -279,7 +288,7 @@ impl S3 for Larder {
         };
         let tag = entry.etag.clone();
         let size = entry.size;
-        let linked = objects::link(self, &input.bucket, &input.key, entry, only_if_absent).await;
+        let linked = objects::link(self, &input.bucket, &input.key, entry, &conditions).await;
         if let Err(err) = linked {
             // Nothing names the new blob: it goes now.
             let router = self.router().clone();
@@ -488,8 +497,14 @@ impl S3 for Larder {
             .multipart_upload
             .and_then(|m| m.parts)
             .unwrap_or_default();
-        let etag =
-            multipart::complete(self, &input.bucket, &input.key, &input.upload_id, &parts).await?;
+        let conditions =
+            WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let upload = multipart::Finishing {
+            bucket: &input.bucket,
+            key: &input.key,
+            id: &input.upload_id,
+        };
+        let etag = multipart::complete(self, &upload, &parts, &conditions).await?;
         let output = CompleteMultipartUploadOutput {
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             bucket: Some(input.bucket),
@@ -693,6 +708,13 @@ impl S3 for Larder {
             ));
         }
         let source = self.entry(bucket, key).await?;
+        let source_conditions = Conditions {
+            if_match: input.copy_source_if_match.as_ref(),
+            if_none_match: input.copy_source_if_none_match.as_ref(),
+            if_modified_since: input.copy_source_if_modified_since.as_ref(),
+            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+        };
+        source_conditions.check_copy_source(&source)?;
         self.index(&input.bucket).await?;
         let replace = input
             .metadata_directive
@@ -726,7 +748,9 @@ impl S3 for Larder {
             meta,
         };
         let modified = entry.modified_ms;
-        if let Err(err) = objects::link(self, &input.bucket, &input.key, entry, false).await {
+        let unconditional = WriteConditions::default();
+        let linked = objects::link(self, &input.bucket, &input.key, entry, &unconditional).await;
+        if let Err(err) = linked {
             let router = self.router().clone();
             let id = stored.id.to_string();
             tokio::spawn(async move { blobs::delete(&router, &id).await });
