@@ -37,7 +37,7 @@ impl Conditions<'_> {
     pub fn check(&self, entry: &ObjectEntry) -> Result<(), s3s::S3Error> {
         match self.evaluate(&entry.etag, entry.modified_ms / 1000) {
             Outcome::Serve => Ok(()),
-            Outcome::NotModified => Err(s3s::s3_error!(NotModified)),
+            Outcome::NotModified => Err(not_modified(entry)),
             Outcome::PreconditionFailed => Err(S3Error::PreconditionFailed.into()),
         }
     }
@@ -76,6 +76,22 @@ impl Conditions<'_> {
             false => Outcome::Serve,
         }
     }
+}
+
+/// A 304 carries the object's `ETag` and `Last-Modified`, as S3's does (caches revalidate
+/// with them).
+fn not_modified(entry: &ObjectEntry) -> s3s::S3Error {
+    let mut err = s3s::s3_error!(NotModified);
+    let mut headers = http::HeaderMap::new();
+    if let Ok(etag) = http::HeaderValue::from_str(&format!("\"{}\"", entry.etag)) {
+        headers.insert(http::header::ETAG, etag);
+    }
+    let modified = UNIX_EPOCH + std::time::Duration::from_millis(entry.modified_ms);
+    if let Ok(date) = http::HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
+        headers.insert(http::header::LAST_MODIFIED, date);
+    }
+    err.set_headers(headers);
+    err
 }
 
 /// The conditions of a write to a name, as S3 takes them on PutObject and
@@ -225,10 +241,16 @@ mod tests {
         let any = ETagCondition::Any;
         let absent = WriteConditions::new(None, Some(&any)).unwrap();
         assert!(absent.check(None).is_ok());
-        assert!(matches!(absent.check(Some(&entry("e"))), Err(S3Error::PreconditionFailed)));
+        assert!(matches!(
+            absent.check(Some(&entry("e"))),
+            Err(S3Error::PreconditionFailed)
+        ));
         let matching = WriteConditions::new(Some(&tag("e")), None).unwrap();
         assert!(matching.check(Some(&entry("e"))).is_ok());
-        assert!(matches!(matching.check(Some(&entry("f"))), Err(S3Error::PreconditionFailed)));
+        assert!(matches!(
+            matching.check(Some(&entry("f"))),
+            Err(S3Error::PreconditionFailed)
+        ));
         assert!(matches!(matching.check(None), Err(S3Error::NoSuchKey)));
         assert!(WriteConditions::new(None, Some(&tag("e"))).is_err());
         // A copy source whose tag matches If-None-Match is not copied: 412, not 304.
@@ -237,7 +259,10 @@ mod tests {
             if_none_match: Some(&matched),
             ..Default::default()
         };
-        assert!(matches!(copy.check_copy_source(&entry("e")), Err(S3Error::PreconditionFailed)));
+        assert!(matches!(
+            copy.check_copy_source(&entry("e")),
+            Err(S3Error::PreconditionFailed)
+        ));
         assert!(copy.check_copy_source(&entry("f")).is_ok());
     }
 }

@@ -10,9 +10,9 @@ use rand::distr::{Alphanumeric, SampleString};
 use s3s::dto::{CompletedPart, ETag};
 
 use crate::blobs;
+use crate::conditions::WriteConditions;
 use crate::error::S3Error;
 use crate::objects;
-use crate::conditions::WriteConditions;
 use crate::records::{
     bucket_doc, upload_doc, uploads_doc, BucketIndex, ObjectEntry, Piece, Upload, UploadList,
     UploadedPart, FORMAT,
@@ -245,7 +245,10 @@ pub async fn complete(
     // Checked before anything changes, so a bad request (or a condition that fails now) leaves
     // the upload as it was. The conditions are decided again when the name is linked; if they
     // fail only then (a write to the name in between), the upload is gone and its parts go.
-    let upload = read(s3, bucket, key, id).await?;
+    let upload = match read(s3, bucket, key, id).await {
+        Err(S3Error::NoSuchUpload) => return already_completed(s3, finishing, chosen).await,
+        other => other?,
+    };
     select(&upload, chosen)?;
     if *conditions != WriteConditions::default() {
         let index = s3
@@ -296,6 +299,44 @@ pub async fn complete(
         return Err(err);
     }
     Ok(etag)
+}
+
+/// A Complete sent again after it succeeded (an SDK retrying after a lost answer): S3 answers
+/// it with the object again. The upload's record is gone, so the object named is recognised by
+/// its ETag, which the parts' ETags in the request determine.
+async fn already_completed(
+    s3: &Larder,
+    finishing: &Finishing<'_>,
+    chosen: &[CompletedPart],
+) -> Result<String, S3Error> {
+    check_id(finishing.id)?;
+    let md5s: Option<Vec<(u32, UploadedPart)>> = chosen
+        .iter()
+        .map(|part| {
+            let md5 = part.e_tag.as_ref()?.value().to_owned();
+            let number = u32::try_from(part.part_number.unwrap_or(0)).ok()?;
+            let part = UploadedPart {
+                blob: String::new(),
+                size: 0,
+                md5,
+                modified_ms: 0,
+            };
+            Some((number, part))
+        })
+        .collect();
+    let md5s = md5s
+        .filter(|m| !m.is_empty())
+        .ok_or(S3Error::NoSuchUpload)?;
+    let etag = multipart_etag(&md5s);
+    let index = s3
+        .records
+        .read::<BucketIndex>(&bucket_doc(finishing.bucket))
+        .await?
+        .ok_or(S3Error::NoSuchBucket)?;
+    match index.objects.get(finishing.key) {
+        Some(entry) if entry.etag == etag => Ok(etag),
+        _ => Err(S3Error::NoSuchUpload),
+    }
 }
 
 /// A new upload's record.

@@ -67,6 +67,12 @@ impl Larder {
         index.objects.get(key).cloned().ok_or(S3Error::NoSuchKey)
     }
 
+    /// Tombstones a stored blob no name points at, in the background.
+    fn drop_blob(&self, id: String) {
+        let router = self.router().clone();
+        tokio::spawn(async move { blobs::delete(&router, &id).await });
+    }
+
     /// Adds or removes `bucket` in the catalog ListBuckets reads.
     async fn catalog(&self, bucket: &str, created_ms: Option<u64>) -> Result<(), S3Error> {
         self.records
@@ -146,6 +152,15 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<HeadBucketOutput>> {
         self.index(&req.input.bucket).await?;
         Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    /// Every bucket is in the one region: S3's answer for us-east-1, no constraint.
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.index(&req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 
     async fn delete_bucket(
@@ -241,10 +256,7 @@ impl S3 for Larder {
             .collect();
         let output = ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(Owner {
-                display_name: Some("larder".into()),
-                id: Some("larder".into()),
-            }),
+            owner: Some(owner()),
             ..Default::default()
         };
         Ok(S3Response::new(output))
@@ -275,6 +287,10 @@ impl S3 for Larder {
         let stored = blobs::store(self.router(), &self.limits, props, body)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
+        if let Err(err) = blobs::check_content_md5(input.content_md5.as_deref(), &stored.md5) {
+            self.drop_blob(stored.id.to_string());
+            return Err(err.into());
+        }
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -386,7 +402,9 @@ impl S3 for Larder {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         let input = req.input;
-        let after = match (&input.continuation_token, &input.start_after) {
+        // An empty token is no token (S3 lists from the start and echoes it).
+        let token = input.continuation_token.as_ref().filter(|t| !t.is_empty());
+        let after = match (token, &input.start_after) {
             (Some(token), _) => Some(After::parse(token)?),
             (None, Some(key)) => Some(After::Key(key.clone())),
             (None, None) => None,
@@ -402,13 +420,13 @@ impl S3 for Larder {
             max_keys,
         );
         let url = url_encoded(input.encoding_type.as_ref());
-        let contents = contents(&page, url);
+        let contents = contents(&page, url, input.fetch_owner == Some(true));
         let prefixes = common_prefixes(&page, url);
         let count = contents.len() + prefixes.len();
         let output = ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: Some(encode(url, prefix)),
-            delimiter: input.delimiter.map(|d| encode(url, d)),
+            delimiter: shown_delimiter(input.delimiter, url),
             max_keys: Some(max_keys as i32),
             key_count: Some(count as i32),
             is_truncated: Some(page.next.is_some()),
@@ -460,6 +478,10 @@ impl S3 for Larder {
         let stored = blobs::store(self.router(), &self.limits, props, body)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
+        if let Err(err) = blobs::check_content_md5(input.content_md5.as_deref(), &stored.md5) {
+            self.drop_blob(stored.id.to_string());
+            return Err(err.into());
+        }
         let part = UploadedPart {
             blob: stored.id.to_string(),
             size: stored.size,
@@ -669,16 +691,73 @@ impl S3 for Larder {
         });
         let output = ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: Some(encode(url, prefix)),
-            delimiter: input.delimiter.map(|d| encode(url, d)),
-            marker: input.marker.map(|m| encode(url, m)),
+            // Version 1 answers the prefix as given, even with encoding-type=url (as S3 does;
+            // clients decode only the delimiter, markers, keys and common prefixes there).
+            prefix: Some(prefix),
+            delimiter: shown_delimiter(input.delimiter, url),
+            // Always there, empty without a marker, as in S3's answer.
+            marker: Some(encode(url, input.marker.unwrap_or_default())),
             max_keys: Some(max_keys as i32),
             is_truncated: Some(page.next.is_some()),
             next_marker,
             encoding_type: input.encoding_type,
-            contents: Some(contents(&page, url)),
+            contents: Some(contents(&page, url, true)),
             common_prefixes: Some(common_prefixes(&page, url)),
             request_charged: None,
+        };
+        Ok(S3Response::new(output))
+    }
+
+    /// Buckets are never versioned: each object is its one version, `null` (as S3 lists an
+    /// unversioned bucket), so tools that clean up through this listing work.
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let input = req.input;
+        let max_keys = max_keys(input.max_keys)?;
+        let after = input.key_marker.clone().map(|m| match &input.delimiter {
+            Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
+            _ => After::Key(m),
+        });
+        let index = self.index(&input.bucket).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.as_deref();
+        let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let url = url_encoded(input.encoding_type.as_ref());
+        let versions = page
+            .objects
+            .iter()
+            .map(|(name, entry)| ObjectVersion {
+                key: Some(encode(url, (*name).to_owned())),
+                version_id: Some("null".into()),
+                is_latest: Some(true),
+                size: i64::try_from(entry.size).ok(),
+                e_tag: Some(etag(entry)),
+                last_modified: Some(timestamp(entry.modified_ms)),
+                storage_class: Some(ObjectVersionStorageClass::from_static(
+                    ObjectVersionStorageClass::STANDARD,
+                )),
+                ..Default::default()
+            })
+            .collect();
+        let next_key_marker = page.next.as_ref().map(|n| match n {
+            After::Key(k) | After::Prefix(k) => encode(url, k.clone()),
+        });
+        let output = ListObjectVersionsOutput {
+            name: Some(input.bucket),
+            prefix: Some(encode(url, prefix)),
+            delimiter: shown_delimiter(input.delimiter, url),
+            key_marker: input.key_marker.map(|m| encode(url, m)),
+            version_id_marker: input.version_id_marker,
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(page.next.is_some()),
+            next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_owned()),
+            next_key_marker,
+            encoding_type: input.encoding_type,
+            versions: Some(versions),
+            common_prefixes: Some(common_prefixes(&page, url)),
+            ..Default::default()
         };
         Ok(S3Response::new(output))
     }
@@ -707,6 +786,18 @@ impl S3 for Larder {
                 "This key may not read bucket {bucket}"
             ));
         }
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        if !replace && **bucket == *input.bucket && **key == *input.key {
+            return Err(S3Error::InvalidRequest(
+                "This copy request is illegal because it is trying to copy an object to itself \
+                 without changing the object's metadata"
+                    .into(),
+            )
+            .into());
+        }
         let source = self.entry(bucket, key).await?;
         let source_conditions = Conditions {
             if_match: input.copy_source_if_match.as_ref(),
@@ -716,10 +807,6 @@ impl S3 for Larder {
         };
         source_conditions.check_copy_source(&source)?;
         self.index(&input.bucket).await?;
-        let replace = input
-            .metadata_directive
-            .as_ref()
-            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let (content_type, meta) = match replace {
             true => (
                 input.content_type,
@@ -799,11 +886,27 @@ fn encode(url: bool, text: String) -> String {
     }
 }
 
-fn contents(page: &list::Page<'_>, url: bool) -> Vec<Object> {
+/// A delimiter as a listing answers it: an empty one is left out, as S3 does.
+fn shown_delimiter(delimiter: Option<String>, url: bool) -> Option<String> {
+    delimiter.filter(|d| !d.is_empty()).map(|d| encode(url, d))
+}
+
+/// The one owner every object has (access is by key grants, not per-object owners).
+fn owner() -> Owner {
+    Owner {
+        display_name: Some("larder".into()),
+        id: Some("larder".into()),
+    }
+}
+
+/// The listed objects; with `owners` (ListObjects v1 always, v2 with `fetch-owner=true`)
+/// each with its owner.
+fn contents(page: &list::Page<'_>, url: bool, owners: bool) -> Vec<Object> {
     page.objects
         .iter()
         .map(|(name, entry)| Object {
             key: Some(encode(url, (*name).to_owned())),
+            owner: owners.then(owner),
             size: i64::try_from(entry.size).ok(),
             e_tag: Some(etag(entry)),
             last_modified: Some(timestamp(entry.modified_ms)),

@@ -92,7 +92,27 @@ fn conditional_gets_upload_listings_and_larder_presign() {
 fn conditional_copies_puts_and_completes() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/conditional_writes.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/s3/conditional_writes.py"
+    );
+    let out = Command::new(python())
+        .args([script, &endpoint, &id, &secret])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn what_ceph_s3_tests_found_listing_details_versions_digests_and_retries() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/listing_details.py");
     let out = Command::new(python())
         .args([script, &endpoint, &id, &secret])
         .output()
