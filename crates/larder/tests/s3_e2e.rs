@@ -1,7 +1,7 @@
 //! A third-party conformance suite against the S3 port: `s3s-e2e` (crates.io, the s3s
 //! project's end-to-end cases on the AWS Rust SDK), installed by `scripts/test` with
-//! `cargo install --locked` into a per-machine cache (`~/.cache/larder-tools`) and named by
-//! `$LARDER_TEST_S3S_E2E` (else `<target>/tools`). It reads the endpoint and a key from the usual AWS variables.
+//! `cargo install --locked` into `<target>/tools` (built once per target dir), or named by
+//! `$LARDER_TEST_S3S_E2E`. It reads the endpoint and a key from the usual AWS variables.
 //!
 //! Without the tool the test is skipped with a message, unless `LARDER_REQUIRE_INTEROP=1` (as
 //! `scripts/test` sets it) and `scripts/test` did not record that the install failed
