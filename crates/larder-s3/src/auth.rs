@@ -92,7 +92,6 @@ fn needs(operation: &str) -> Permission {
         | "HeadBucket"
         | "ListObjects"
         | "ListObjectsV2"
-        | "ListObjectVersions"
         | "GetBucketLocation"
         | "ListParts"
         | "ListMultipartUploads" => Permission::Read,

@@ -56,16 +56,6 @@ impl S3Api {
     pub async fn handle(&self, req: http::Request<Incoming>) -> http::Response<S3Body> {
         let started = Instant::now();
         let slot = OperationSlot::default();
-        let expiry = req
-            .uri()
-            .query()
-            .and_then(crate::presign::expiry_out_of_bounds);
-        if let Some(message) = expiry {
-            let response = query_error(message);
-            self.metrics
-                .observe(slot.get(), response.status(), started.elapsed());
-            return response;
-        }
         let timeout = self.limits.body_read_timeout;
         let stalled = Stalled::default();
         let mut req =
@@ -85,21 +75,6 @@ impl S3Api {
             .observe(slot.get(), response.status(), started.elapsed());
         response
     }
-}
-
-/// S3's 403 `AuthorizationQueryParametersError` (a presigned request's query out of SigV4's
-/// bounds), as S3's XML error.
-fn query_error(message: &str) -> http::Response<S3Body> {
-    let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AuthorizationQueryParametersError</Code><Message>{message}</Message></Error>"
-    );
-    let mut response = http::Response::new(s3s::Body::from(body).boxed());
-    *response.status_mut() = http::StatusCode::FORBIDDEN;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/xml"),
-    );
-    response
 }
 
 async fn sweep_until(
