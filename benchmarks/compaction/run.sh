@@ -55,6 +55,30 @@ last_pass() {
     | python3 -c 'import sys,json; p=json.load(sys.stdin)["last_pass"]; print(p["seconds"], p["bytes_reclaimed"], p["live_bytes_copied"])'
 }
 
+# syncs NODE: "round_syncs sync_seconds syncs_met_writeback writeback_bytes_met" over the node's
+# disks (`disks` in `larder compaction status --json`): counters, read before and after a load.
+syncs() {
+  "$LARDER" compaction status --config "$work/s1.toml" --node "$1" --json | python3 -c '
+import sys, json
+d = json.load(sys.stdin)["disks"].values()
+print(sum(x["journal_syncs"] for x in d), sum(x["sync_seconds"] for x in d),
+      sum(x["syncs_during_compaction_writeback"] for x in d),
+      sum(x["compaction_writeback_bytes_during_syncs"] for x in d))'
+}
+snap() { for n in s1 s2 s3; do syncs "$n" > "$work/$n.$1.syncs"; done; }
+# sync_row NODE LOAD: a table row of the node's round syncs between the snaps LOAD.0 and LOAD.1.
+sync_row() {
+  python3 - "$1" "$2" "$work/$1.$2.0.syncs" "$work/$1.$2.1.syncs" <<'PY'
+import sys
+a = [float(x) for x in open(sys.argv[3]).read().split()]
+b = [float(x) for x in open(sys.argv[4]).read().split()]
+n, secs, met, met_bytes = (y - x for x, y in zip(a, b))
+mean = f"{secs / n * 1000:.2f}" if n else "-"
+per = f"{met_bytes / met / 1024:.0f}" if met else "-"
+print(f"| {sys.argv[1]} | {sys.argv[2]} | {n:.0f} | {mean} | {met:.0f} | {per} |")
+PY
+}
+
 mbps() { python3 -c "print(f'{float(\"$1\") / 1e6 / max(float(\"$2\"), 1e-9):.1f}')"; }
 
 # --- 1. throughput, one node at a time, no rate limit ---
@@ -96,9 +120,12 @@ PY
 # Write-back of what came before (dd, the rewrites, the uploads) must not land in a measurement.
 settle() { sync; sleep 2; }
 settle
+snap idle.0
 load idle
+snap idle.1
 fill "$mib"
 settle
+snap busy.0
 began=$(date +%s.%N)
 pass_pids=()
 for n in s1 s2 s3; do
@@ -107,9 +134,14 @@ for n in s1 s2 s3; do
 done
 load busy
 for p in "${pass_pids[@]}"; do wait "$p"; done
+snap busy.1
 first_end=$(sort -n "$work"/s?.ended | head -1)
 settle
 load after
+rows_syncs=()
+for load in idle busy; do
+  for n in s1 s2 s3; do rows_syncs+=("$(sync_row "$n" "$load")"); done
+done
 rows_default=()
 for n in s1 s2 s3; do
   read -r secs reclaimed copied < <(last_pass "$n")
@@ -172,5 +204,15 @@ window=$(python3 -c "print(f'{$first_end - $began:.1f}')")
   echo
   echo "Targets (issue 14): foreground p99 ≤ 1.5x while compacting at the default rate; the default"
   echo "rate reclaims ≥ 50 MB/s of garbage on this machine."
+  echo
+  echo "## 3. The nodes' commit round syncs during the loads (counted by the nodes, not timed here)"
+  echo
+  echo "Per node, over the load without compaction before (idle) and the load with it (busy, until every"
+  echo "pass ended): round syncs (journal fdatasyncs, which PUTs wait for), their mean duration, how"
+  echo "many started while that node's compaction write-back was in flight, and how much of it then."
+  echo
+  echo "| node | load | round syncs | mean sync ms | syncs meeting write-back | KiB in flight per such sync |"
+  echo "| --- | --- | ---: | ---: | ---: | ---: |"
+  printf '%s\n' "${rows_syncs[@]}"
 } > "$out"
 cat "$out"

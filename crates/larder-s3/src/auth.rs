@@ -92,6 +92,7 @@ fn needs(operation: &str) -> Permission {
         | "HeadBucket"
         | "ListObjects"
         | "ListObjectsV2"
+        | "ListObjectVersions"
         | "GetBucketLocation"
         | "ListParts"
         | "ListMultipartUploads" => Permission::Read,

@@ -288,3 +288,20 @@ pub async fn delete(router: &Arc<Router>, id: &str) -> Result<(), S3Error> {
     }
     Ok(())
 }
+
+/// Checks a stored body's MD5 (hex) against the request's `Content-MD5` (base64), if sent.
+pub fn check_content_md5(sent: Option<&str>, md5_hex: &str) -> Result<(), S3Error> {
+    use base64::Engine as _;
+    let Some(sent) = sent else {
+        return Ok(());
+    };
+    let digest = base64::engine::general_purpose::STANDARD
+        .decode(sent.trim())
+        .ok()
+        .filter(|d| d.len() == 16)
+        .ok_or(S3Error::InvalidDigest)?;
+    match hex(&digest) == md5_hex {
+        true => Ok(()),
+        false => Err(S3Error::BadDigest),
+    }
+}

@@ -2,6 +2,12 @@
 //! `If-Unmodified-Since` only without `If-Match` (412 when false); `If-None-Match`, then
 //! `If-Modified-Since` only without `If-None-Match` (304 when the object is unchanged). Dates
 //! compare at whole seconds, the precision `Last-Modified` is sent in.
+//!
+//! CopyObject's `x-amz-copy-source-if-*` headers are the same four on the source object, with
+//! every failure 412 (a copy has nothing to answer 304 with). Writes (PutObject,
+//! CompleteMultipartUpload) take `If-None-Match: *` and `If-Match` (`WriteConditions`),
+//! checked against the name's current entry inside the bucket index's read-modify-write at
+//! the partition primary, so two conditional writes are decided in one order.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -31,8 +37,16 @@ impl Conditions<'_> {
     pub fn check(&self, entry: &ObjectEntry) -> Result<(), s3s::S3Error> {
         match self.evaluate(&entry.etag, entry.modified_ms / 1000) {
             Outcome::Serve => Ok(()),
-            Outcome::NotModified => Err(s3s::s3_error!(NotModified)),
+            Outcome::NotModified => Err(not_modified(entry)),
             Outcome::PreconditionFailed => Err(S3Error::PreconditionFailed.into()),
+        }
+    }
+
+    /// For a CopyObject source: any condition that fails is 412 `PreconditionFailed`.
+    pub fn check_copy_source(&self, entry: &ObjectEntry) -> Result<(), S3Error> {
+        match self.evaluate(&entry.etag, entry.modified_ms / 1000) {
+            Outcome::Serve => Ok(()),
+            Outcome::NotModified | Outcome::PreconditionFailed => Err(S3Error::PreconditionFailed),
         }
     }
 
@@ -60,6 +74,72 @@ impl Conditions<'_> {
         match unchanged {
             true => Outcome::NotModified,
             false => Outcome::Serve,
+        }
+    }
+}
+
+/// A 304 carries the object's `ETag` and `Last-Modified`, as S3's does (caches revalidate
+/// with them).
+fn not_modified(entry: &ObjectEntry) -> s3s::S3Error {
+    let mut err = s3s::s3_error!(NotModified);
+    let mut headers = http::HeaderMap::new();
+    if let Ok(etag) = http::HeaderValue::from_str(&format!("\"{}\"", entry.etag)) {
+        headers.insert(http::header::ETAG, etag);
+    }
+    let modified = UNIX_EPOCH + std::time::Duration::from_millis(entry.modified_ms);
+    if let Ok(date) = http::HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
+        headers.insert(http::header::LAST_MODIFIED, date);
+    }
+    err.set_headers(headers);
+    err
+}
+
+/// The conditions of a write to a name, as S3 takes them on PutObject and
+/// CompleteMultipartUpload.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteConditions {
+    /// `If-None-Match: *`: only if no object has the name (else 412).
+    pub absent: bool,
+    /// `If-Match`: only if an object has the name (else 404 `NoSuchKey`) and, for a tag
+    /// rather than `*`, that ETag (else 412).
+    pub matching: Option<ETagCondition>,
+}
+
+impl WriteConditions {
+    /// From the request's headers; `If-None-Match` with a tag rather than `*` is refused, as
+    /// S3 does (only `*` means something for a write).
+    pub fn new(
+        if_match: Option<&ETagCondition>,
+        if_none_match: Option<&ETagCondition>,
+    ) -> Result<WriteConditions, S3Error> {
+        let absent = match if_none_match {
+            None => false,
+            Some(ETagCondition::Any) => true,
+            Some(ETagCondition::ETag(_)) => {
+                return Err(S3Error::NotImplemented(
+                    "If-None-Match on a write takes only *".into(),
+                ))
+            }
+        };
+        Ok(WriteConditions {
+            absent,
+            matching: if_match.cloned(),
+        })
+    }
+
+    /// Whether the write may replace `current` (the name's entry now, if any).
+    pub fn check(&self, current: Option<&ObjectEntry>) -> Result<(), S3Error> {
+        if self.absent && current.is_some() {
+            return Err(S3Error::PreconditionFailed);
+        }
+        match (&self.matching, current) {
+            (None, _) => Ok(()),
+            (Some(_), None) => Err(S3Error::NoSuchKey),
+            (Some(ETagCondition::Any), Some(_)) => Ok(()),
+            (Some(ETagCondition::ETag(tag)), Some(entry)) => match tag.value() == entry.etag {
+                true => Ok(()),
+                false => Err(S3Error::PreconditionFailed),
+            },
         }
     }
 }
@@ -143,5 +223,46 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(conditions.evaluate("e", T), Outcome::PreconditionFailed);
+    }
+
+    fn entry(etag: &str) -> ObjectEntry {
+        ObjectEntry {
+            body: Vec::new(),
+            size: 0,
+            etag: etag.into(),
+            modified_ms: T * 1000,
+            content_type: None,
+            meta: Default::default(),
+        }
+    }
+
+    #[test]
+    fn writes_check_absence_and_tags_and_copies_fail_with_412() {
+        let any = ETagCondition::Any;
+        let absent = WriteConditions::new(None, Some(&any)).unwrap();
+        assert!(absent.check(None).is_ok());
+        assert!(matches!(
+            absent.check(Some(&entry("e"))),
+            Err(S3Error::PreconditionFailed)
+        ));
+        let matching = WriteConditions::new(Some(&tag("e")), None).unwrap();
+        assert!(matching.check(Some(&entry("e"))).is_ok());
+        assert!(matches!(
+            matching.check(Some(&entry("f"))),
+            Err(S3Error::PreconditionFailed)
+        ));
+        assert!(matches!(matching.check(None), Err(S3Error::NoSuchKey)));
+        assert!(WriteConditions::new(None, Some(&tag("e"))).is_err());
+        // A copy source whose tag matches If-None-Match is not copied: 412, not 304.
+        let matched = tag("e");
+        let copy = Conditions {
+            if_none_match: Some(&matched),
+            ..Default::default()
+        };
+        assert!(matches!(
+            copy.check_copy_source(&entry("e")),
+            Err(S3Error::PreconditionFailed)
+        ));
+        assert!(copy.check_copy_source(&entry("f")).is_ok());
     }
 }

@@ -51,6 +51,17 @@ pub enum S3Error {
     #[error("{0}")]
     IndexFull(String),
     #[error("{0}")]
+    InvalidRequest(String),
+    /// `Content-MD5` is not a base64 MD5.
+    #[error("the Content-MD5 you specified is not valid")]
+    InvalidDigest,
+    /// The body's MD5 is not the `Content-MD5` sent.
+    #[error("the Content-MD5 you specified did not match what was received")]
+    BadDigest,
+    /// A request form S3 defines that Larder does not take.
+    #[error("{0}")]
+    NotImplemented(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -96,6 +107,10 @@ impl From<S3Error> for Reply {
             S3Error::TooLarge(_) => Code::EntityTooLarge,
             S3Error::RequestTimeout(_) => Code::RequestTimeout,
             S3Error::Unavailable(_) | S3Error::IndexFull(_) => Code::ServiceUnavailable,
+            S3Error::NotImplemented(_) => Code::NotImplemented,
+            S3Error::InvalidRequest(_) => Code::InvalidRequest,
+            S3Error::InvalidDigest => Code::InvalidDigest,
+            S3Error::BadDigest => Code::BadDigest,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,
         };
         if matches!(err, S3Error::Corrupt(_) | S3Error::Internal(_)) {

@@ -10,9 +10,13 @@ use rand::distr::{Alphanumeric, SampleString};
 use s3s::dto::{CompletedPart, ETag};
 
 use crate::blobs;
+use crate::conditions::WriteConditions;
 use crate::error::S3Error;
 use crate::objects;
-use crate::records::{upload_doc, ObjectEntry, Piece, Upload, UploadedPart, FORMAT};
+use crate::records::{
+    bucket_doc, upload_doc, uploads_doc, BucketIndex, ObjectEntry, Piece, Upload, UploadList,
+    UploadedPart, FORMAT,
+};
 use crate::service::{now_ms, Larder};
 use crate::store::Change;
 use crate::upload_list;
@@ -39,7 +43,44 @@ pub async fn create(s3: &Larder, bucket: &str, upload: Upload) -> Result<String,
         let _ = take(s3, bucket, &key, &id).await;
         return Err(err);
     }
+    // A DeleteBucket may have removed the bucket since it was checked: then this upload goes
+    // (DeleteBucket aborts what it finds listed after removing the bucket, so one of the two
+    // sees the other).
+    let bucket_exists = s3
+        .records
+        .read::<BucketIndex>(&bucket_doc(bucket))
+        .await?
+        .is_some();
+    if !bucket_exists {
+        if take(s3, bucket, &key, &id).await.is_ok() {
+            unlist(s3, bucket, &key, &id).await;
+        }
+        return Err(S3Error::NoSuchBucket);
+    }
     Ok(id)
+}
+
+/// Aborts every upload listed for `bucket`, tombstoning their parts, and removes the list
+/// (DeleteBucket, after the bucket's index is gone).
+pub async fn abort_all(s3: &Larder, bucket: &str) -> Result<(), S3Error> {
+    let Some(list) = s3.records.read::<UploadList>(&uploads_doc(bucket)).await? else {
+        return Ok(());
+    };
+    for (key, ids) in &list.uploads {
+        for id in ids.keys() {
+            match abort(s3, bucket, key, id).await {
+                Ok(()) | Err(S3Error::NoSuchUpload) => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    // Entries whose upload was already finished (a failed unlist) go with the list, so that a
+    // bucket made again with this name starts with none.
+    s3.records
+        .update(&uploads_doc(bucket), |_: Option<UploadList>| {
+            Ok((Change::Remove, ()))
+        })
+        .await
 }
 
 /// The record of upload `id`, refusing IDs this server cannot have minted.
@@ -185,17 +226,38 @@ fn unhex(hex: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Completes upload `id` as object `key`; returns its ETag.
+/// The upload a CompleteMultipartUpload names.
+pub struct Finishing<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+    pub id: &'a str,
+}
+
+/// Completes an upload as its object if `conditions` hold for what the name points at;
+/// returns the object's ETag.
 pub async fn complete(
     s3: &Larder,
-    bucket: &str,
-    key: &str,
-    id: &str,
+    finishing: &Finishing<'_>,
     chosen: &[CompletedPart],
+    conditions: &WriteConditions,
 ) -> Result<String, S3Error> {
-    // Checked before anything changes, so a bad request leaves the upload as it was.
-    let upload = read(s3, bucket, key, id).await?;
+    let Finishing { bucket, key, id } = *finishing;
+    // Checked before anything changes, so a bad request (or a condition that fails now) leaves
+    // the upload as it was. The conditions are decided again when the name is linked; if they
+    // fail only then (a write to the name in between), the upload is gone and its parts go.
+    let upload = match read(s3, bucket, key, id).await {
+        Err(S3Error::NoSuchUpload) => return already_completed(s3, finishing, chosen).await,
+        other => other?,
+    };
     select(&upload, chosen)?;
+    if *conditions != WriteConditions::default() {
+        let index = s3
+            .records
+            .read::<BucketIndex>(&bucket_doc(bucket))
+            .await?
+            .ok_or(S3Error::NoSuchBucket)?;
+        conditions.check(index.objects.get(key))?;
+    }
     let upload = take(s3, bucket, key, id).await?;
     let parts = select(&upload, chosen)?;
     let etag = multipart_etag(&parts);
@@ -222,7 +284,7 @@ pub async fn complete(
         .collect();
     drop_parts(s3, unused);
     unlist(s3, bucket, key, id).await;
-    if let Err(err) = objects::link(s3, bucket, key, entry.clone(), false).await {
+    if let Err(err) = objects::link(s3, bucket, key, entry.clone(), conditions).await {
         let parts = entry
             .body
             .into_iter()
@@ -237,6 +299,44 @@ pub async fn complete(
         return Err(err);
     }
     Ok(etag)
+}
+
+/// A Complete sent again after it succeeded (an SDK retrying after a lost answer): S3 answers
+/// it with the object again. The upload's record is gone, so the object named is recognised by
+/// its ETag, which the parts' ETags in the request determine.
+async fn already_completed(
+    s3: &Larder,
+    finishing: &Finishing<'_>,
+    chosen: &[CompletedPart],
+) -> Result<String, S3Error> {
+    check_id(finishing.id)?;
+    let md5s: Option<Vec<(u32, UploadedPart)>> = chosen
+        .iter()
+        .map(|part| {
+            let md5 = part.e_tag.as_ref()?.value().to_owned();
+            let number = u32::try_from(part.part_number.unwrap_or(0)).ok()?;
+            let part = UploadedPart {
+                blob: String::new(),
+                size: 0,
+                md5,
+                modified_ms: 0,
+            };
+            Some((number, part))
+        })
+        .collect();
+    let md5s = md5s
+        .filter(|m| !m.is_empty())
+        .ok_or(S3Error::NoSuchUpload)?;
+    let etag = multipart_etag(&md5s);
+    let index = s3
+        .records
+        .read::<BucketIndex>(&bucket_doc(finishing.bucket))
+        .await?
+        .ok_or(S3Error::NoSuchBucket)?;
+    match index.objects.get(finishing.key) {
+        Some(entry) if entry.etag == etag => Ok(etag),
+        _ => Err(S3Error::NoSuchUpload),
+    }
 }
 
 /// A new upload's record.

@@ -11,28 +11,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::blobs;
+use crate::conditions::WriteConditions;
 use crate::error::S3Error;
 use crate::records::MAX_INDEX_ENTRIES;
 use crate::records::{bucket_doc, BucketIndex, Catalog, Garbage, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
 
-/// Points `key` at `entry`; with `only_if_absent` (`If-None-Match: *`) only when no object of
-/// that name exists, decided at the primary.
+/// Points `key` at `entry` if `conditions` (`If-None-Match: *`, `If-Match`) hold for what the
+/// name points at now, decided at the primary.
 pub async fn link(
     s3: &Larder,
     bucket: &str,
     key: &str,
     entry: ObjectEntry,
-    only_if_absent: bool,
+    conditions: &WriteConditions,
 ) -> Result<(), S3Error> {
     let after_ms = now_ms().saturating_add(s3.grace.as_millis() as u64);
     s3.records
         .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
             let mut index = index.ok_or(S3Error::NoSuchBucket)?;
-            if only_if_absent && index.objects.contains_key(key) {
-                return Err(S3Error::PreconditionFailed);
-            }
+            conditions.check(index.objects.get(key))?;
             if !index.objects.contains_key(key) && index.objects.len() >= MAX_INDEX_ENTRIES {
                 return Err(S3Error::IndexFull(format!(
                     "bucket {bucket} holds {MAX_INDEX_ENTRIES} objects, the most one index \

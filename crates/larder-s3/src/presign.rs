@@ -13,6 +13,21 @@ use crate::error::S3Error;
 /// SigV4's longest presigned URL lifetime: seven days.
 pub const MAX_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Whether a request's query keeps SigV4's bounds on `X-Amz-Expires` (1 second to seven
+/// days; s3s checks the signature and the expiry, not the bound). `None` for a query without
+/// one; else the answer, with S3's message. Linear in the query's length.
+pub fn expiry_out_of_bounds(query: &str) -> Option<&'static str> {
+    let value = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("X-Amz-Expires="))?;
+    match value.parse::<u64>() {
+        Ok(seconds) if (1..=MAX_EXPIRY.as_secs()).contains(&seconds) => None,
+        Ok(0) => Some("X-Amz-Expires must be non-negative"),
+        Ok(_) => Some("X-Amz-Expires must be less than a week (in seconds) that is 604800"),
+        Err(_) => Some("X-Amz-Expires should be a number"),
+    }
+}
+
 /// What to sign.
 pub struct Presign<'a> {
     pub method: &'a str,
@@ -194,5 +209,26 @@ mod tests {
             .starts_with("http://127.0.0.1:9000/b/k?X-Amz-Algorithm="));
         p.endpoint = "ftp://x";
         assert!(presign(&p).is_err());
+    }
+
+    #[test]
+    fn the_expiry_of_a_presigned_request_is_one_second_to_seven_days() {
+        assert_eq!(expiry_out_of_bounds("a=b"), None);
+        assert_eq!(expiry_out_of_bounds("X-Amz-Expires=604800&x=y"), None);
+        assert_eq!(expiry_out_of_bounds("x=y&X-Amz-Expires=1"), None);
+        for bad in ["0", "604801", "-7", "", "1e3", "99999999999999999999999"] {
+            let query = format!("X-Amz-Date=1&X-Amz-Expires={bad}");
+            assert!(expiry_out_of_bounds(&query).is_some(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        // Any query is answered, never a panic; a number in range always passes.
+        #[test]
+        fn any_query_is_judged(query in ".{0,200}", seconds in 1u64..=604_800) {
+            let _ = expiry_out_of_bounds(&query);
+            let query = format!("X-Amz-Expires={seconds}");
+            proptest::prop_assert_eq!(expiry_out_of_bounds(&query), None);
+        }
     }
 }

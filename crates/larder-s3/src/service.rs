@@ -10,7 +10,7 @@ use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
 
 use crate::blobs::{self, BlobLimits};
-use crate::conditions::Conditions;
+use crate::conditions::{Conditions, WriteConditions};
 use crate::error::S3Error;
 use crate::list::{self, After};
 use crate::multipart;
@@ -65,6 +65,12 @@ impl Larder {
     async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
         let index = self.index(bucket).await?;
         index.objects.get(key).cloned().ok_or(S3Error::NoSuchKey)
+    }
+
+    /// Tombstones a stored blob no name points at, in the background.
+    fn drop_blob(&self, id: String) {
+        let router = self.router().clone();
+        tokio::spawn(async move { blobs::delete(&router, &id).await });
     }
 
     /// Adds or removes `bucket` in the catalog ListBuckets reads.
@@ -148,6 +154,15 @@ impl S3 for Larder {
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
+    /// Every bucket is in the one region: S3's answer for us-east-1, no constraint.
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.index(&req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,
@@ -159,6 +174,7 @@ impl S3 for Larder {
         if !index.objects.is_empty() {
             return Err(S3Error::BucketNotEmpty.into());
         }
+
         for garbage in &index.garbage {
             blobs::delete(self.router(), &garbage.blob).await?;
         }
@@ -171,6 +187,14 @@ impl S3 for Larder {
                 Ok((Change::Remove, index.garbage))
             })
             .await?;
+        // Uploads in progress do not keep a bucket (AWS deletes it and them): they are aborted,
+        // their parts tombstoned, once the bucket is gone, so that an upload created while
+        // this ran is found too (it checks the bucket again after listing itself).
+        // The bucket is gone either way: a failure here is logged, and what stays listed is
+        // aborted by the next DeleteBucket of this name.
+        if let Err(err) = multipart::abort_all(self, &bucket).await {
+            tracing::warn!(%err, bucket, "uploads of a deleted bucket were not all aborted");
+        }
         self.catalog(&bucket, None).await?;
         Ok(S3Response::new(DeleteBucketOutput::default()))
     }
@@ -236,10 +260,7 @@ impl S3 for Larder {
             .collect();
         let output = ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(Owner {
-                display_name: Some("larder".into()),
-                id: Some("larder".into()),
-            }),
+            owner: Some(owner()),
             ..Default::default()
         };
         Ok(S3Response::new(output))
@@ -251,9 +272,13 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let input = req.input;
         check_key(&input.key)?;
-        let only_if_absent = matches!(input.if_none_match, Some(ETagCondition::Any));
-        // Refused before the body is stored when the answer is already known.
-        self.index(&input.bucket).await?;
+        let conditions =
+            WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        // Refused before the body is stored when the answer is already known (and decided
+        // again at the primary when the name is linked).
+        let index = self.index(&input.bucket).await?;
+        conditions.check(index.objects.get(&input.key))?;
+        drop(index);
         let props = BlobProperties {
             content_type: input.content_type.clone(),
             user_meta: Vec::new(),
@@ -266,6 +291,10 @@ impl S3 for Larder {
         let stored = blobs::store(self.router(), &self.limits, props, body)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
+        if let Err(err) = blobs::check_content_md5(input.content_md5.as_deref(), &stored.md5) {
+            self.drop_blob(stored.id.to_string());
+            return Err(err.into());
+        }
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -279,7 +308,7 @@ impl S3 for Larder {
         };
         let tag = entry.etag.clone();
         let size = entry.size;
-        let linked = objects::link(self, &input.bucket, &input.key, entry, only_if_absent).await;
+        let linked = objects::link(self, &input.bucket, &input.key, entry, &conditions).await;
         if let Err(err) = linked {
             // Nothing names the new blob: it goes now.
             let router = self.router().clone();
@@ -377,7 +406,9 @@ impl S3 for Larder {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         let input = req.input;
-        let after = match (&input.continuation_token, &input.start_after) {
+        // An empty token is no token (S3 lists from the start and echoes it).
+        let token = input.continuation_token.as_ref().filter(|t| !t.is_empty());
+        let after = match (token, &input.start_after) {
             (Some(token), _) => Some(After::parse(token)?),
             (None, Some(key)) => Some(After::Key(key.clone())),
             (None, None) => None,
@@ -393,13 +424,13 @@ impl S3 for Larder {
             max_keys,
         );
         let url = url_encoded(input.encoding_type.as_ref());
-        let contents = contents(&page, url);
+        let contents = contents(&page, url, input.fetch_owner == Some(true));
         let prefixes = common_prefixes(&page, url);
         let count = contents.len() + prefixes.len();
         let output = ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: Some(encode(url, prefix)),
-            delimiter: input.delimiter.map(|d| encode(url, d)),
+            delimiter: shown_delimiter(input.delimiter, url),
             max_keys: Some(max_keys as i32),
             key_count: Some(count as i32),
             is_truncated: Some(page.next.is_some()),
@@ -451,6 +482,10 @@ impl S3 for Larder {
         let stored = blobs::store(self.router(), &self.limits, props, body)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
+        if let Err(err) = blobs::check_content_md5(input.content_md5.as_deref(), &stored.md5) {
+            self.drop_blob(stored.id.to_string());
+            return Err(err.into());
+        }
         let part = UploadedPart {
             blob: stored.id.to_string(),
             size: stored.size,
@@ -488,8 +523,14 @@ impl S3 for Larder {
             .multipart_upload
             .and_then(|m| m.parts)
             .unwrap_or_default();
-        let etag =
-            multipart::complete(self, &input.bucket, &input.key, &input.upload_id, &parts).await?;
+        let conditions =
+            WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let upload = multipart::Finishing {
+            bucket: &input.bucket,
+            key: &input.key,
+            id: &input.upload_id,
+        };
+        let etag = multipart::complete(self, &upload, &parts, &conditions).await?;
         let output = CompleteMultipartUploadOutput {
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             bucket: Some(input.bucket),
@@ -654,16 +695,73 @@ impl S3 for Larder {
         });
         let output = ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: Some(encode(url, prefix)),
-            delimiter: input.delimiter.map(|d| encode(url, d)),
-            marker: input.marker.map(|m| encode(url, m)),
+            // Version 1 answers the prefix as given, even with encoding-type=url (as S3 does;
+            // clients decode only the delimiter, markers, keys and common prefixes there).
+            prefix: Some(prefix),
+            delimiter: shown_delimiter(input.delimiter, url),
+            // Always there, empty without a marker, as in S3's answer.
+            marker: Some(encode(url, input.marker.unwrap_or_default())),
             max_keys: Some(max_keys as i32),
             is_truncated: Some(page.next.is_some()),
             next_marker,
             encoding_type: input.encoding_type,
-            contents: Some(contents(&page, url)),
+            contents: Some(contents(&page, url, true)),
             common_prefixes: Some(common_prefixes(&page, url)),
             request_charged: None,
+        };
+        Ok(S3Response::new(output))
+    }
+
+    /// Buckets are never versioned: each object is its one version, `null` (as S3 lists an
+    /// unversioned bucket), so tools that clean up through this listing work.
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let input = req.input;
+        let max_keys = max_keys(input.max_keys)?;
+        let after = input.key_marker.clone().map(|m| match &input.delimiter {
+            Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
+            _ => After::Key(m),
+        });
+        let index = self.index(&input.bucket).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.as_deref();
+        let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let url = url_encoded(input.encoding_type.as_ref());
+        let versions = page
+            .objects
+            .iter()
+            .map(|(name, entry)| ObjectVersion {
+                key: Some(encode(url, (*name).to_owned())),
+                version_id: Some("null".into()),
+                is_latest: Some(true),
+                size: i64::try_from(entry.size).ok(),
+                e_tag: Some(etag(entry)),
+                last_modified: Some(timestamp(entry.modified_ms)),
+                storage_class: Some(ObjectVersionStorageClass::from_static(
+                    ObjectVersionStorageClass::STANDARD,
+                )),
+                ..Default::default()
+            })
+            .collect();
+        let next_key_marker = page.next.as_ref().map(|n| match n {
+            After::Key(k) | After::Prefix(k) => encode(url, k.clone()),
+        });
+        let output = ListObjectVersionsOutput {
+            name: Some(input.bucket),
+            prefix: Some(encode(url, prefix)),
+            delimiter: shown_delimiter(input.delimiter, url),
+            key_marker: input.key_marker.map(|m| encode(url, m)),
+            version_id_marker: input.version_id_marker,
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(page.next.is_some()),
+            next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_owned()),
+            next_key_marker,
+            encoding_type: input.encoding_type,
+            versions: Some(versions),
+            common_prefixes: Some(common_prefixes(&page, url)),
+            ..Default::default()
         };
         Ok(S3Response::new(output))
     }
@@ -692,12 +790,27 @@ impl S3 for Larder {
                 "This key may not read bucket {bucket}"
             ));
         }
-        let source = self.entry(bucket, key).await?;
-        self.index(&input.bucket).await?;
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        if !replace && **bucket == *input.bucket && **key == *input.key {
+            return Err(S3Error::InvalidRequest(
+                "This copy request is illegal because it is trying to copy an object to itself \
+                 without changing the object's metadata"
+                    .into(),
+            )
+            .into());
+        }
+        let source = self.entry(bucket, key).await?;
+        let source_conditions = Conditions {
+            if_match: input.copy_source_if_match.as_ref(),
+            if_none_match: input.copy_source_if_none_match.as_ref(),
+            if_modified_since: input.copy_source_if_modified_since.as_ref(),
+            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+        };
+        source_conditions.check_copy_source(&source)?;
+        self.index(&input.bucket).await?;
         let (content_type, meta) = match replace {
             true => (
                 input.content_type,
@@ -726,7 +839,9 @@ impl S3 for Larder {
             meta,
         };
         let modified = entry.modified_ms;
-        if let Err(err) = objects::link(self, &input.bucket, &input.key, entry, false).await {
+        let unconditional = WriteConditions::default();
+        let linked = objects::link(self, &input.bucket, &input.key, entry, &unconditional).await;
+        if let Err(err) = linked {
             let router = self.router().clone();
             let id = stored.id.to_string();
             tokio::spawn(async move { blobs::delete(&router, &id).await });
@@ -775,11 +890,27 @@ fn encode(url: bool, text: String) -> String {
     }
 }
 
-fn contents(page: &list::Page<'_>, url: bool) -> Vec<Object> {
+/// A delimiter as a listing answers it: an empty one is left out, as S3 does.
+fn shown_delimiter(delimiter: Option<String>, url: bool) -> Option<String> {
+    delimiter.filter(|d| !d.is_empty()).map(|d| encode(url, d))
+}
+
+/// The one owner every object has (access is by key grants, not per-object owners).
+fn owner() -> Owner {
+    Owner {
+        display_name: Some("larder".into()),
+        id: Some("larder".into()),
+    }
+}
+
+/// The listed objects; with `owners` (ListObjects v1 always, v2 with `fetch-owner=true`)
+/// each with its owner.
+fn contents(page: &list::Page<'_>, url: bool, owners: bool) -> Vec<Object> {
     page.objects
         .iter()
         .map(|(name, entry)| Object {
             key: Some(encode(url, (*name).to_owned())),
+            owner: owners.then(owner),
             size: i64::try_from(entry.size).ok(),
             e_tag: Some(etag(entry)),
             last_modified: Some(timestamp(entry.modified_ms)),

@@ -515,6 +515,7 @@ fn finish(
     path: &Path,
 ) -> Result<(), CopyError> {
     crate::replication::save_position(&node.data_dir, partition, source, saved.cursor, store)?;
+    crate::replication::refresh_start_positions(&node.data_dir, partition, source, store);
     node.moves.note_position(partition, source, saved.cursor);
     std::fs::remove_file(path)?;
     if let Some(dir) = path.parent() {

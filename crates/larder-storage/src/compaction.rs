@@ -329,10 +329,28 @@ pub fn status(node: &StorageNode) -> Response<Body> {
             "running": compaction.pass.try_lock().is_err(),
             "foreground_in_flight": compaction.foreground.in_flight(),
             "yielded_seconds": compaction.foreground.yielded().as_secs_f64(),
+            "disks": disks_json(node),
             "last_pass": lock(&compaction.last_node_pass).as_ref().map(NodePass::json),
             "partitions": partitions,
         }),
     )
+}
+
+/// Each disk's commit round syncs, and how often compaction write-back was in flight when one
+/// started (what yielding to them should keep near 0; `larder-store`'s `sync_watch.rs`).
+fn disks_json(node: &StorageNode) -> serde_json::Value {
+    let disks = node.disks().into_iter().map(|(name, disk)| {
+        let stats = disk.stats();
+        let value = serde_json::json!({
+            "journal_syncs": stats.journal_syncs,
+            "segment_syncs": stats.segment_syncs,
+            "sync_seconds": stats.sync_time.as_secs_f64(),
+            "syncs_during_compaction_writeback": stats.syncs_during_writeback,
+            "compaction_writeback_bytes_during_syncs": stats.writeback_bytes_during_syncs,
+        });
+        (name, value)
+    });
+    serde_json::Value::Object(disks.collect())
 }
 
 #[cfg(test)]

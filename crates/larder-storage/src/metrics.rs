@@ -21,6 +21,12 @@ pub struct PartitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DiskLabels {
+    /// The disk's name in the cluster map.
+    pub disk: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DiskSyncLabels {
     /// The disk's name in the cluster map.
     pub disk: String,
@@ -59,6 +65,9 @@ pub struct StorageMetrics {
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
     disk_fdatasyncs: Family<DiskSyncLabels, Counter>,
+    disk_sync_seconds: Family<DiskLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    disk_syncs_during_writeback: Family<DiskLabels, Counter>,
+    disk_writeback_bytes_during_syncs: Family<DiskLabels, Counter>,
     compaction_bytes_reclaimed: Family<PartitionLabels, Counter>,
     compaction_segments: Family<PartitionLabels, Counter>,
     compaction_corrupt_dropped: Family<PartitionLabels, Counter>,
@@ -101,6 +110,9 @@ impl StorageMetrics {
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
             disk_fdatasyncs: Family::default(),
+            disk_sync_seconds: Family::default(),
+            disk_syncs_during_writeback: Family::default(),
+            disk_writeback_bytes_during_syncs: Family::default(),
             compaction_bytes_reclaimed: Family::default(),
             compaction_segments: Family::default(),
             compaction_corrupt_dropped: Family::default(),
@@ -235,6 +247,21 @@ impl StorageMetrics {
             m.disk_fdatasyncs.clone(),
         );
         registry.register(
+            "disk_sync_seconds",
+            "Time each disk's commit rounds spent syncing (their writers wait for it)",
+            m.disk_sync_seconds.clone(),
+        );
+        registry.register(
+            "disk_syncs_during_compaction_writeback",
+            "Commit round syncs that started while compaction write-back was in flight on the disk",
+            m.disk_syncs_during_writeback.clone(),
+        );
+        registry.register(
+            "disk_compaction_writeback_bytes_during_syncs",
+            "Compaction write-back bytes in flight when a commit round sync started, summed",
+            m.disk_writeback_bytes_during_syncs.clone(),
+        );
+        registry.register(
             "certificate_reloads",
             "Certificate reloads (SIGHUP) of [tls] and [pool.tls], by result",
             m.certificate_reloads.clone(),
@@ -307,6 +334,25 @@ impl StorageMetrics {
                 disk: disk.clone(),
                 kind,
             });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+        let labels = DiskLabels { disk };
+        let seconds = self.disk_sync_seconds.get_or_create(&labels);
+        let total = stats.sync_time.as_secs_f64();
+        if total > seconds.get() {
+            seconds.inc_by(total - seconds.get());
+        }
+        for (family, total) in [
+            (
+                &self.disk_syncs_during_writeback,
+                stats.syncs_during_writeback,
+            ),
+            (
+                &self.disk_writeback_bytes_during_syncs,
+                stats.writeback_bytes_during_syncs,
+            ),
+        ] {
+            let counter = family.get_or_create(&labels);
             counter.inc_by(total.saturating_sub(counter.get()));
         }
     }

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use larder_cluster::{ClusterMap, PartitionId};
 use tokio::sync::{watch, Notify};
@@ -44,11 +44,29 @@ enum Phase {
     Copying,
 }
 
+/// One partition's rebuild.
+#[derive(Clone, Copy, Debug)]
+struct Rebuild {
+    phase: Phase,
+    /// When it was decided, in seconds since the Unix epoch (kept in the marker: a restart
+    /// goes on with the same rebuild).
+    since: u64,
+}
+
+/// A rebuild as `GET /internal/v1/health` and `larder cluster status` show it.
+pub struct RebuildStatus {
+    pub partition: PartitionId,
+    /// `replacing` (the old data is still there) or `copying` (the fresh copy bootstraps).
+    pub phase: &'static str,
+    /// When the rebuild was decided (seconds since the Unix epoch).
+    pub since: u64,
+}
+
 /// The node's rebuilds. A partition is in it from the moment it is known to be behind until
 /// its fresh copy caught up.
 #[derive(Default)]
 pub struct Rebuilds {
-    partitions: Mutex<HashMap<PartitionId, Phase>>,
+    partitions: Mutex<HashMap<PartitionId, Rebuild>>,
     /// How many partitions are in `partitions`: the request path reads only this while none is.
     count: AtomicUsize,
     /// Wakes `membership::follow_map` to wipe a replica.
@@ -56,7 +74,7 @@ pub struct Rebuilds {
 }
 
 impl Rebuilds {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, Phase>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, Rebuild>> {
         // A poisoned lock only means a panic elsewhere; the phases stay meaningful.
         self.partitions.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -70,7 +88,10 @@ impl Rebuilds {
     /// Whether the replica of `partition` is a rebuild's fresh copy still bootstrapping.
     pub fn copying(&self, partition: PartitionId) -> bool {
         self.count.load(Ordering::Acquire) > 0
-            && self.lock().get(&partition) == Some(&Phase::Copying)
+            && self
+                .lock()
+                .get(&partition)
+                .is_some_and(|r| r.phase == Phase::Copying)
     }
 
     /// Partitions whose old data is still to be replaced.
@@ -78,32 +99,47 @@ impl Rebuilds {
         let partitions = self.lock();
         let mut wipe: Vec<PartitionId> = partitions
             .iter()
-            .filter(|(_, phase)| **phase == Phase::Wipe)
+            .filter(|(_, rebuild)| rebuild.phase == Phase::Wipe)
             .map(|(p, _)| *p)
             .collect();
         wipe.sort_unstable();
         wipe
     }
 
-    /// Starts a rebuild of `partition` (phase `Wipe`); false when one is already under way.
-    fn begin(&self, partition: PartitionId) -> bool {
+    /// Starts a rebuild of `partition` (phase `Wipe`) now; `None` when one is already under
+    /// way, else when it started.
+    fn begin(&self, partition: PartitionId) -> Option<u64> {
         let mut partitions = self.lock();
         if partitions.contains_key(&partition) {
-            return false;
+            return None;
         }
-        partitions.insert(partition, Phase::Wipe);
+        let since = unix_now();
+        let phase = Phase::Wipe;
+        partitions.insert(partition, Rebuild { phase, since });
         self.count.fetch_add(1, Ordering::AcqRel);
-        true
+        Some(since)
     }
 
-    /// Notes `partition` in `phase`; true when it was not being rebuilt before.
-    fn set(&self, partition: PartitionId, phase: Phase) -> bool {
+    /// Notes `partition` in `phase` (a rebuild decided at `since` when it is not known yet);
+    /// true when it was not being rebuilt before.
+    fn set(&self, partition: PartitionId, phase: Phase, since: u64) -> bool {
         let mut partitions = self.lock();
-        let new = partitions.insert(partition, phase).is_none();
-        if new {
-            self.count.fetch_add(1, Ordering::AcqRel);
+        match partitions.get_mut(&partition) {
+            Some(rebuild) => {
+                rebuild.phase = phase;
+                false
+            }
+            None => {
+                partitions.insert(partition, Rebuild { phase, since });
+                self.count.fetch_add(1, Ordering::AcqRel);
+                true
+            }
         }
-        new
+    }
+
+    /// When the rebuild of `partition` was decided, if one is under way.
+    fn since(&self, partition: PartitionId) -> Option<u64> {
+        self.lock().get(&partition).map(|r| r.since)
     }
 
     fn remove(&self, partition: PartitionId) -> bool {
@@ -115,27 +151,50 @@ impl Rebuilds {
         removed
     }
 
-    /// The rebuilds as `GET /internal/v1/health` shows them: partition and phase.
-    pub fn status(&self) -> serde_json::Value {
+    /// The rebuilds under way, by partition.
+    pub fn status(&self) -> Vec<RebuildStatus> {
         let partitions = self.lock();
-        let map: serde_json::Map<String, serde_json::Value> = partitions
+        let mut status: Vec<RebuildStatus> = partitions
             .iter()
-            .map(|(p, phase)| {
-                let phase = match phase {
+            .map(|(p, rebuild)| RebuildStatus {
+                partition: *p,
+                phase: match rebuild.phase {
                     Phase::Wipe => "replacing",
                     Phase::Copying => "copying",
-                };
-                (p.to_string(), serde_json::Value::from(phase))
+                },
+                since: rebuild.since,
             })
             .collect();
-        serde_json::Value::Object(map)
+        status.sort_unstable_by_key(|s| s.partition);
+        status
     }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn marker(data_dir: &Path, partition: PartitionId) -> PathBuf {
     data_dir
         .join("bootstrap")
         .join(format!("p{partition}.rebuild"))
+}
+
+/// The marker's text: the rebuild's start, so that a restart shows the same `since`.
+fn marker_text(since: u64) -> String {
+    format!("rebuild {since}\n")
+}
+
+/// When the rebuild in the marker was decided (now for a marker without it, or unreadable).
+fn marked_since(data_dir: &Path, partition: PartitionId) -> u64 {
+    let text = std::fs::read_to_string(marker(data_dir, partition)).unwrap_or_default();
+    let mut fields = text.split_whitespace();
+    match (fields.next(), fields.next().map(str::parse::<u64>)) {
+        (Some("rebuild"), Some(Ok(since))) => since,
+        _ => unix_now(),
+    }
 }
 
 /// Whether a rebuild of `partition` was decided and has not finished (read at start).
@@ -150,9 +209,9 @@ pub(crate) fn request(node: &StorageNode, partition: PartitionId) {
         return; // no longer hosted here
     }
     // Once per rebuild, however many peers refuse it (the workers of several peers call this).
-    if !node.rebuilds.begin(partition) {
+    let Some(since) = node.rebuilds.begin(partition) else {
         return;
-    }
+    };
     node.metrics.rebuilds.inc();
     node.metrics.replicas_rebuilding.inc();
     tracing::warn!(
@@ -163,7 +222,7 @@ pub(crate) fn request(node: &StorageNode, partition: PartitionId) {
     // serving the stale replica until a peer refuses it again. (`wipe` saves it again, and
     // deletes nothing without it.)
     if let Err(err) =
-        crate::bootstrap::write_durably(&marker(&node.data_dir, partition), "rebuild\n")
+        crate::bootstrap::write_durably(&marker(&node.data_dir, partition), &marker_text(since))
     {
         tracing::error!(partition, %err, "cannot save the rebuild marker; retrying before the wipe");
     }
@@ -180,8 +239,9 @@ pub(crate) fn restart(
 ) -> std::io::Result<()> {
     tracing::warn!(partition, dir = %dir.display(),
         "a rebuild of this replica did not finish: starting it over");
+    let since = marked_since(&node.data_dir, partition);
     clear(&node.data_dir, partition, dir)?;
-    if node.rebuilds.set(partition, Phase::Copying) {
+    if node.rebuilds.set(partition, Phase::Copying, since) {
         node.metrics.replicas_rebuilding.inc();
     }
     Ok(())
@@ -203,7 +263,9 @@ pub(crate) fn wipe(
     partition: PartitionId,
     disk_name: &str,
 ) -> Result<(), String> {
-    let marked = crate::bootstrap::write_durably(&marker(&node.data_dir, partition), "rebuild\n");
+    let since = node.rebuilds.since(partition).unwrap_or_else(unix_now);
+    let text = marker_text(since);
+    let marked = crate::bootstrap::write_durably(&marker(&node.data_dir, partition), &text);
     marked.map_err(|e| format!("saving the rebuild marker: {e}"))?;
     // No compaction pass may hold the old store (it would write into its directory) while it
     // goes; the next pass sees the new one.
@@ -227,7 +289,7 @@ pub(crate) fn wipe(
         .open_replica(map, partition, disk_name, state, false)
         .map_err(|e| e.to_string())?;
     node.serve_replica(partition, store);
-    node.rebuilds.set(partition, Phase::Copying);
+    node.rebuilds.set(partition, Phase::Copying, since);
     tracing::info!(
         partition,
         "rebuild: old replica deleted; copying from the peers"

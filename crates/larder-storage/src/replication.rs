@@ -123,6 +123,9 @@ pub fn start(
                 store,
             );
         }
+        let local_is_new = entry.replicas.iter().any(|r| {
+            r.node == node.node_id && r.state == larder_cluster::ReplicaState::Bootstrapping
+        });
         // A bootstrapping replica is no source for others (`DESIGN.md` 6.1).
         let sources = entry.replicas.iter().filter(|r| {
             r.node != node.node_id && r.state != larder_cluster::ReplicaState::Bootstrapping
@@ -139,7 +142,9 @@ pub fn start(
                 saved_ms: saved_ms.unwrap_or(0),
                 paused: false,
             };
-            check_link(&node, &link, saved_ms);
+            if !local_is_new {
+                check_link(&node, &link, saved_ms);
+            }
             node.moves
                 .note_position(link.partition, &link.peer, link.cursor);
             by_peer.entry(peer.node.clone()).or_default().push(link);
@@ -163,12 +168,54 @@ pub fn start(
 /// the start, saved now with the time. Without it, a replica holding data would meet the peer,
 /// once live, with no position in its feed and count as behind it (`check_link`): it would
 /// serve its new peer nothing, and writes the new replica missed would never reach it.
+///
+/// Saved again (with the time) at every start and map change while the peer bootstraps: we
+/// have never pulled the new peer, so it knows no position of ours and drops nothing for us,
+/// however long its copy takes. A time from before the copy began would make this replica,
+/// restarted after the retention, take its own start position for one that went back.
 fn note_new_peer(cursor_file: &Path, store: &Store) {
-    if load_cursor(cursor_file, store.incarnation()).1.is_some() {
+    refresh_start(cursor_file, store);
+}
+
+/// Saves the start cursor in `cursor_file` with the time now, unless the file holds a position
+/// past the start: a fresh start position (a new peer's, or a new replica's own).
+fn refresh_start(cursor_file: &Path, store: &Store) {
+    let (cursor, saved) = load_cursor(cursor_file, store.incarnation());
+    if saved.is_some() && cursor != Cursor::START {
         return;
     }
     if let Err(err) = save_cursor(cursor_file, Cursor::START, store.incarnation()) {
-        tracing::warn!(file = %cursor_file.display(), %err, "saving the start cursor of a new peer");
+        tracing::warn!(file = %cursor_file.display(), %err, "saving a start cursor");
+    }
+}
+
+/// A new replica's bulk copy is done: its start positions in the feeds of the peers it did
+/// not copy from are as fresh as the copy (it was new all along, and has never pulled them),
+/// saved now with the time. Otherwise a copy longer than the tombstone retention, followed by
+/// a restart before the first pulls, would look like a replica that was away (`check_link`).
+pub(crate) fn refresh_start_positions(
+    data_dir: &Path,
+    partition: PartitionId,
+    source: &str,
+    store: &Store,
+) {
+    let dir = data_dir.join("replication");
+    let prefix = format!("p{partition}-");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(peer) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".cursor"))
+        else {
+            continue;
+        };
+        if peer != source {
+            refresh_start(&entry.path(), store);
+        }
     }
 }
 
@@ -182,7 +229,9 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
     let has_data = link.store.stats().durable_cursor.sequence > 0;
     let at_start = link.cursor.sequence == 0;
     let retention = node.horizons.retention_ms();
-    let away = saved_ms.is_none_or(|t| t.saturating_add(retention) < now_ms());
+    // Saved by this process: the node has been running since, so it was not away.
+    let away =
+        saved_ms.is_none_or(|t| t < node.started_ms && t.saturating_add(retention) < now_ms());
     if has_data && at_start && away {
         // Not rebuilt for this alone: it is only a suspicion (a peer whose cursor files were
         // lost looks the same), and every replica of a partition could hold it at once. The

@@ -173,6 +173,20 @@ fn health(node: &StorageNode) -> Response<Body> {
     reply::json(
         StatusCode::OK,
         &serde_json::json!({"node": node.node_id, "partitions": partitions,
-            "rebuilding": node.rebuilds.status()}),
+            "rebuilding": rebuilding(node)}),
     )
+}
+
+/// The replicas being rebuilt, with their bulk copy's progress once it started.
+fn rebuilding(node: &StorageNode) -> serde_json::Value {
+    let rebuilds = node.rebuilds.status().into_iter().map(|r| {
+        let copy = match node.moves.known(r.partition) {
+            true => node.moves.status(r.partition, None),
+            false => serde_json::Value::Null,
+        };
+        let value = serde_json::json!({"phase": r.phase, "since": r.since,
+            "bytes_done": copy["bytes_done"], "bytes_left": copy["bytes_left"]});
+        (r.partition.to_string(), value)
+    });
+    serde_json::Value::Object(rebuilds.collect())
 }

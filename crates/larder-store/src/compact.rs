@@ -122,6 +122,22 @@ const YIELD_STEP: std::time::Duration = std::time::Duration::from_millis(2);
 /// behind: 1 MiB is about a millisecond of this machine's disk, 8 MiB was ten.
 const WRITEBACK_CHUNK: u64 = 1 << 20;
 
+/// A throttled rewrite that yields to a foreground (a storage node's) instead hands this many
+/// bytes to write-back at a time and waits until they are written: at most this much of it is
+/// ever between the page cache and the disk, ahead of a writer's sync (a quarter of a
+/// millisecond of this machine's disk), and it starts none while a commit round syncs.
+const YIELDING_WRITEBACK_CHUNK: u64 = 256 << 10;
+/// Longest one chunk waits for the disk's round syncs to end: a disk that is always syncing
+/// still gets compacted.
+const MAX_SYNC_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+/// Recent round syncs this much slower than those with no write-back in flight make a rewrite
+/// pause after each chunk ...
+const SLOWDOWN_TOLERATED: f64 = 1.2;
+/// ... for `SLOWDOWN_PAUSE` times the chunk's own write time per unit of slowdown (twice the
+/// idle latency: twice the chunk's time), at most `MAX_SLOWDOWN_PAUSE`.
+const SLOWDOWN_PAUSE: f64 = 2.0;
+const MAX_SLOWDOWN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How fast a rewrite may copy: `rate` bytes per second (0: no limit), counted over the time it
 /// did not spend yielding, and not while `foreground` is busy; and its write-back as it goes.
 struct Pace<'a> {
@@ -134,6 +150,8 @@ struct Pace<'a> {
     written_back: u64,
     /// Where the range last handed to write-back starts (it ends at `written_back`).
     in_flight_from: u64,
+    /// The disk's round syncs, when the rewrite yields to them (throttled, with a foreground).
+    syncs: Option<&'a crate::sync_watch::SyncWatch>,
 }
 
 impl<'a> Pace<'a> {
@@ -141,8 +159,10 @@ impl<'a> Pace<'a> {
         rate: u64,
         foreground: Option<&'a crate::types::Foreground>,
         file: &'a File,
+        syncs: &'a crate::sync_watch::SyncWatch,
     ) -> Pace<'a> {
         Pace {
+            syncs: (rate > 0 && foreground.is_some()).then_some(syncs),
             started: std::time::Instant::now(),
             rate,
             foreground,
@@ -157,6 +177,9 @@ impl<'a> Pace<'a> {
     /// the chunk before it. Advisory: errors are left to the final `fsync`, which is what counts.
     fn write_back(&mut self, end: u64) {
         use std::os::fd::AsRawFd;
+        if let Some(syncs) = self.syncs {
+            return self.write_back_yielding(end, syncs);
+        }
         if end < self.written_back + WRITEBACK_CHUNK {
             return;
         }
@@ -176,6 +199,62 @@ impl<'a> Pace<'a> {
         }
         self.in_flight_from = from;
         self.written_back = end;
+    }
+
+    /// `write_back` giving way to the disk's round syncs, a chunk at a time (a record may be
+    /// larger than one).
+    fn write_back_yielding(&mut self, end: u64, syncs: &crate::sync_watch::SyncWatch) {
+        if end < self.written_back + YIELDING_WRITEBACK_CHUNK {
+            return;
+        }
+        while self.written_back < end {
+            let len = (end - self.written_back).min(YIELDING_WRITEBACK_CHUNK);
+            self.write_chunk_yielding(len, syncs);
+        }
+    }
+
+    /// Waits until no round sync is in flight, writes the next `len` bytes and waits for them,
+    /// then pauses while recent syncs are slower than idle ones (the disk is busier than the
+    /// foreground alone makes it). Waiting for a sync to end only moves the chunk in time: the
+    /// rate limit's own sleep absorbs it. The pause lowers the rate: it counts as yielded
+    /// (within `MAX_YIELD_SHARE`), so the rate limit does not make it up in a burst.
+    fn write_chunk_yielding(&mut self, len: u64, syncs: &crate::sync_watch::SyncWatch) {
+        use std::os::fd::AsRawFd;
+        let waited_from = std::time::Instant::now();
+        while syncs.syncing() && waited_from.elapsed() < MAX_SYNC_WAIT {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        let from = self.written_back;
+        let end = from + len;
+        let writing = std::time::Instant::now();
+        {
+            let _in_flight = syncs.writeback(len);
+            let all = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            // SAFETY: a plain syscall on a file descriptor this rewrite owns for its whole life.
+            unsafe { libc::sync_file_range(self.file.as_raw_fd(), from as i64, len as i64, all) };
+        }
+        let took = writing.elapsed();
+        self.in_flight_from = end;
+        self.written_back = end;
+        let slowdown = syncs.slowdown();
+        if slowdown > SLOWDOWN_TOLERATED && self.may_yield() {
+            let pause = took
+                .mul_f64(SLOWDOWN_PAUSE * (slowdown - 1.0))
+                .min(MAX_SLOWDOWN_PAUSE);
+            std::thread::sleep(pause);
+            self.yielded += pause;
+        }
+        let waited = waited_from.elapsed().saturating_sub(took);
+        if let Some(foreground) = self.foreground {
+            foreground.add_yielded(waited);
+        }
+    }
+
+    /// Whether the rewrite may still wait for the foreground (`MAX_YIELD_SHARE`).
+    fn may_yield(&self) -> bool {
+        self.yielded.as_secs_f64() < MAX_YIELD_SHARE * self.started.elapsed().as_secs_f64()
     }
 }
 
@@ -437,7 +516,8 @@ impl Engine {
         file.write_all_at(&encode_file_header(seg.id, header), 0)?;
         let mut at = FILE_HEADER_LEN;
         let mut moved = Vec::with_capacity(plan.keep.len());
-        let mut pace = Pace::new(rate, self.opts.compaction_yields_to.as_ref(), file);
+        let syncs = &self.disk.shared().syncs;
+        let mut pace = Pace::new(rate, self.opts.compaction_yields_to.as_ref(), file, syncs);
         let mut copied = 0u64;
         // The copy loop takes no lock (reads and writes of two files this rewrite owns, and
         // the foreground counters, atomics): it may run at idle CPU priority.
@@ -580,5 +660,30 @@ fn forget_dropped(index: &mut Index, plan: &Plan) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttled_yielding_write_back_starts_no_chunk_while_a_round_syncs() {
+        let file = tempfile::tempfile().unwrap();
+        file.write_all_at(&vec![7u8; 1 << 20], 0).unwrap();
+        let syncs = crate::sync_watch::SyncWatch::default();
+        let foreground = crate::types::Foreground::new(u64::MAX);
+        let mut pace = Pace::new(1 << 30, Some(&foreground), &file, &syncs);
+        let syncing = syncs.sync();
+        let started = std::time::Instant::now();
+        pace.write_back(1 << 20);
+        // Four chunks, each of which waited as long as it may for the sync to end.
+        let chunks = (1 << 20) / YIELDING_WRITEBACK_CHUNK as u32;
+        assert!(started.elapsed() >= MAX_SYNC_WAIT * chunks);
+        assert_eq!(pace.written_back, 1 << 20);
+        drop(syncing);
+        // That sync started before any write-back; none is in flight now.
+        let _next = syncs.sync();
+        assert_eq!(syncs.counters().1, 0);
     }
 }

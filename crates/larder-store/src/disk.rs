@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     /// held here, its disk space would not come back until the journal file rotates.
     touched: Mutex<HashMap<usize, Arc<File>>>,
     rounds: AtomicU64,
+    /// The rounds' syncs as compaction's write-back sees them (`sync_watch.rs`).
+    pub(crate) syncs: crate::sync_watch::SyncWatch,
     opts: DiskOptions,
     /// Faults of the disk itself (the stores' own fault points are consulted too).
     #[cfg(test)]
@@ -94,6 +96,7 @@ impl Disk {
             segment_syncs: AtomicU64::new(0),
             touched: Mutex::new(HashMap::new()),
             rounds: AtomicU64::new(0),
+            syncs: Default::default(),
             opts,
             #[cfg(test)]
             fail: Default::default(),
@@ -232,10 +235,15 @@ impl Shared {
     }
 
     pub(crate) fn stats(&self) -> DiskStats {
+        let (sync_time, syncs_during_writeback, writeback_bytes_during_syncs) =
+            self.syncs.counters();
         DiskStats {
             rounds: self.rounds.load(Ordering::Relaxed),
             journal_syncs: self.journal_syncs.load(Ordering::Relaxed),
             segment_syncs: self.segment_syncs.load(Ordering::Relaxed),
+            sync_time,
+            syncs_during_writeback,
+            writeback_bytes_during_syncs,
         }
     }
 
@@ -561,6 +569,8 @@ fn sync_stage(shared: &Shared, stage: &SyncStage) {
 
 /// Syncs the segment files the round needs synced, then the journal.
 fn sync_round(shared: &Shared, written: &Written) -> io::Result<()> {
+    // Writers wait for this: compaction issues no write-back meanwhile.
+    let _syncing = shared.syncs.sync();
     let mut synced: Vec<*const File> = Vec::new();
     for (_, c) in &written.collected {
         for file in &c.sync {

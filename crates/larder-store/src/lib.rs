@@ -46,6 +46,7 @@ mod scan;
 mod segment;
 mod space;
 mod store;
+mod sync_watch;
 #[cfg(test)]
 mod tests;
 mod types;

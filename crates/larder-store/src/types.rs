@@ -308,6 +308,12 @@ impl Default for DiskOptions {
 /// Counters of one disk (shared by every store on it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskStats {
+    /// Time the commit rounds spent syncing (writers wait for it).
+    pub sync_time: std::time::Duration,
+    /// Round syncs that started while compaction write-back was in flight on this disk...
+    pub syncs_during_writeback: u64,
+    /// ... and the bytes of it in flight then, summed over those syncs.
+    pub writeback_bytes_during_syncs: u64,
     /// Commit rounds run.
     pub rounds: u64,
     /// `fdatasync`s of the journal: one per round that had anything to make durable.

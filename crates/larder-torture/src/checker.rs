@@ -263,8 +263,16 @@ impl FinalCheck {
             return;
         };
         let mut seen = Vec::new();
-        for replica in &partition.replicas {
+        // The final map's replica sets: a drained node no longer counts, a new one must hold
+        // its share. A replica still bootstrapping (moves that did not finish: reported on
+        // their own) serves nothing yet.
+        for replica in partition
+            .replicas
+            .iter()
+            .filter(|r| r.state != larder_cluster::ReplicaState::Bootstrapping)
+        {
             let Some(conn) = nodes.get_mut(&replica.node) else {
+                seen.push((replica.node.clone(), "not running".to_owned()));
                 continue;
             };
             let path = format!("/internal/v1/partitions/{}/blobs/{id}", parsed.partition);
@@ -275,7 +283,11 @@ impl FinalCheck {
                     false => format!("different bytes (sha256 {})", content::sha256_hex(&a.body)),
                 },
                 Ok(a) if a.status == 404 || a.status == 410 => "absent".to_owned(),
-                Ok(a) => format!("status {}", a.status),
+                Ok(a) => format!(
+                    "status {}: {}",
+                    a.status,
+                    String::from_utf8_lossy(&a.body[..a.body.len().min(200)])
+                ),
                 Err(e) => format!("no answer: {}", e.why),
             };
             seen.push((replica.node.clone(), state));

@@ -29,6 +29,11 @@ pub struct Settings {
     pub caught_up_window_ms: u64,
     /// Every `larder` process on its own skewable clock (`clock.rs`).
     pub clocks: Option<Clocks>,
+    /// Storage nodes prepared but not in the map (their proxy listens, their config is
+    /// written): the moves stream (`moves.rs`) adds them, or replaces a node with one.
+    pub spares: usize,
+    /// The storage nodes' `[redistribution] auto_replace_after`, in seconds (0: off).
+    pub auto_replace_after_s: u64,
 }
 
 pub struct Process {
@@ -42,9 +47,28 @@ pub struct Process {
     pub stopped: bool,
 }
 
+/// What a storage node slot of the harness is now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Started and kept running: the nemesis may kill, pause, partition or power-cut it, and
+    /// healing restarts it. Whether it holds replicas is the map's business.
+    Active,
+    /// Not in the map yet, never started: waits for `add-node` or `replace-node`.
+    Spare,
+    /// Killed for good by the moves stream (to be replaced, or rebuilt elsewhere): neither the
+    /// nemesis nor healing touches it.
+    Retired,
+}
+
 pub struct StorageNode {
     pub process: Process,
     pub internal: SocketAddr,
+    /// Its address in the map: its proxy's.
+    pub address: SocketAddr,
+    pub datacenter: String,
+    /// Its config (for `larder cluster` commands, which take credentials and the map from it).
+    pub config: PathBuf,
+    pub role: Role,
     proxy: Proxy,
     data: LossyDir,
 }
@@ -75,6 +99,9 @@ pub struct Cluster {
     lossyfs: Option<PathBuf>,
     /// Storage nodes cut off from their peers' proxies too (two-way partitions).
     isolated: Isolated,
+    /// The nodes a move copies from or to right now (the moves stream keeps it), which half of
+    /// the storage faults aim at.
+    pub moving: Vec<String>,
 }
 
 impl Process {
@@ -239,35 +266,55 @@ impl Cluster {
             frontends: Vec::new(),
             lossyfs: settings.lossyfs.clone(),
             isolated: Isolated::default(),
+            moving: Vec::new(),
         };
-        for node in cluster.map.nodes.clone() {
+        let mut slots: Vec<(String, String, Option<SocketAddr>)> = cluster
+            .map
+            .nodes
+            .iter()
+            .map(|n| (n.id.clone(), n.datacenter.clone(), Some(n.address)))
+            .collect();
+        for k in 0..settings.spares {
+            let dc = &settings.datacenters[k % settings.datacenters.len()];
+            slots.push((format!("s{}", settings.nodes + k + 1), dc.clone(), None));
+        }
+        for (id, datacenter, address) in slots {
             let internal = free_port()?;
-            let config = dir.join(format!("{}.toml", node.id));
-            std::fs::write(&config, storage_config(&node.id, internal, settings))?;
-            let data = LossyDir::new(dir, &node.id)?;
-            let log = dir.join("logs").join(format!("{}.log", node.id));
-            let mut process = Process::new(
-                &node.id,
-                larder_args(&settings.larder, "storage", &config),
-                log,
-            );
+            let address = match address {
+                Some(a) => a,
+                None => free_port()?,
+            };
+            let config = dir.join(format!("{id}.toml"));
+            std::fs::write(&config, storage_config(&id, internal, settings))?;
+            let data = LossyDir::new(dir, &id)?;
+            let log = dir.join("logs").join(format!("{id}.log"));
+            let mut process =
+                Process::new(&id, larder_args(&settings.larder, "storage", &config), log);
             if let Some(clocks) = &settings.clocks {
-                process.env = clocks.env(&node.id)?;
+                process.env = clocks.env(&id)?;
             }
+            let role = match cluster.map.nodes.iter().any(|n| n.id == id) {
+                true => Role::Active,
+                false => Role::Spare,
+            };
             cluster.storage.push(StorageNode {
                 process,
                 internal,
-                proxy: Proxy::start(node.address, internal, &cluster.isolated).await?,
+                address,
+                datacenter,
+                config,
+                role,
+                proxy: Proxy::start(address, internal, &cluster.isolated).await?,
                 data,
             });
         }
-        for i in 0..cluster.storage.len() {
+        for i in cluster.active() {
             cluster.storage[i]
                 .data
                 .mount(dir, settings.lossyfs.as_deref())?;
             cluster.storage[i].process.start()?;
         }
-        for i in 0..cluster.storage.len() {
+        for i in cluster.active() {
             anyhow::ensure!(
                 wait_for_port(cluster.storage[i].internal, Duration::from_secs(60)),
                 "storage node {} did not start",
@@ -313,6 +360,9 @@ impl Cluster {
     /// Power loss of node `i`: the node dies, then its file system loses everything not synced
     /// (the lossyfs process, which alone held it, is killed), and is mounted again.
     pub fn power_loss(&mut self, i: usize) -> anyhow::Result<()> {
+        if self.storage[i].role != Role::Active {
+            return Ok(());
+        }
         self.storage[i].process.kill();
         self.storage[i]
             .data
@@ -339,8 +389,64 @@ impl Cluster {
         self.lossyfs.is_some()
     }
 
+    /// Starts node `i` again, unless it was retired meanwhile (the moves stream).
     pub fn restart_storage(&mut self, i: usize) -> anyhow::Result<()> {
+        match self.storage[i].role {
+            Role::Active => self.storage[i].process.start(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The slots whose nodes run (or are to run: healing restarts them).
+    pub fn active(&self) -> Vec<usize> {
+        (0..self.storage.len())
+            .filter(|&i| self.storage[i].role == Role::Active)
+            .collect()
+    }
+
+    /// A storage node for a fault drawn as `pick`: one of the active nodes, or, when
+    /// `to_moving` and replicas are moving, a source or target of a move.
+    pub fn storage_target(&self, pick: u64, to_moving: bool) -> Option<usize> {
+        let moving: Vec<usize> = self
+            .moving
+            .iter()
+            .filter_map(|id| self.slot(id))
+            .filter(|&i| self.storage[i].role == Role::Active)
+            .collect();
+        let among = match to_moving && !moving.is_empty() {
+            true => moving,
+            false => self.active(),
+        };
+        match among.len() {
+            0 => None,
+            n => Some(among[(pick % n as u64) as usize]),
+        }
+    }
+
+    /// The slot of node `id`.
+    pub fn slot(&self, id: &str) -> Option<usize> {
+        self.storage.iter().position(|n| n.process.name == id)
+    }
+
+    /// A spare (or retired) node joins: its file system is mounted and it starts. The caller
+    /// waits for its port (without the lock).
+    pub fn activate(&mut self, i: usize) -> anyhow::Result<()> {
+        if self.storage[i].role == Role::Active {
+            return Ok(());
+        }
+        if self.storage[i].data.mount.is_none() {
+            self.storage[i]
+                .data
+                .mount(&self.dir, self.lossyfs.as_deref())?;
+        }
+        self.storage[i].role = Role::Active;
         self.storage[i].process.start()
+    }
+
+    /// Node `i` dies for good (SIGKILL; its data stays where it is, unused).
+    pub fn retire(&mut self, i: usize) {
+        self.storage[i].role = Role::Retired;
+        self.storage[i].process.kill();
     }
 
     /// Cuts node `i` off both ways (`proxy.rs`), or joins it again.
@@ -356,13 +462,15 @@ impl Cluster {
         self.isolated.clear();
         for i in 0..self.storage.len() {
             self.set_partitioned(i, false);
+        }
+        for i in self.active() {
             heal_process(&mut self.storage[i].process)?;
         }
         for frontend in &mut self.frontends {
             heal_process(&mut frontend.process)?;
         }
-        for node in &self.storage {
-            wait_for_port(node.internal, Duration::from_secs(60));
+        for i in self.active() {
+            wait_for_port(self.storage[i].internal, Duration::from_secs(60));
         }
         for frontend in &self.frontends {
             wait_for_port(frontend.addr, Duration::from_secs(60));
@@ -478,7 +586,8 @@ fn storage_config(node: &str, internal: SocketAddr, settings: &Settings) -> Stri
          [auth]\nsecret_file = \"cluster.secret\"\n\n\
          [store]\nsegment_size = \"8 MiB\"\ndurability = {:?}\nmin_free_space = \"16 MiB\"\n\n\
          [compaction]\ninterval = \"3s\"\nmin_garbage_ratio = 0.2\ntombstone_retention = \"10s\"\n\n\
-         [replication]\ncaught_up_window = \"{}ms\"\n",
-        settings.durability, settings.caught_up_window_ms
+         [replication]\ncaught_up_window = \"{}ms\"\n\n\
+         [redistribution]\nremoval_grace = \"2s\"\nauto_replace_after = \"{}s\"\n",
+        settings.durability, settings.caught_up_window_ms, settings.auto_replace_after_s
     )
 }

@@ -12,6 +12,7 @@ mod clock;
 mod cluster;
 mod content;
 mod history;
+mod moves;
 mod nemesis;
 mod proxy;
 mod report;
@@ -84,6 +85,29 @@ pub struct Args {
     /// No clock skew, even where libfaketime is installed (`clock.rs`).
     #[arg(long)]
     no_clock_skew: bool,
+    /// No moves: no spare nodes, no add-node, drain-node, replace-node, cancel-moves or
+    /// automatic re-replication (`moves.rs`). Implied by --broken-durability.
+    #[arg(long)]
+    no_moves: bool,
+    /// Spare storage nodes the moves stream adds (dealt to the datacenters in turn).
+    #[arg(long, default_value_t = 2)]
+    spares: usize,
+    /// Mean pause between two steps of the moves stream, in ms.
+    #[arg(long, default_value_t = 22000)]
+    move_gap_ms: u64,
+    /// The storage nodes' `auto_replace_after`, in seconds (0: off): longer than any fault of
+    /// the nemesis keeps a node away, so only nodes killed for good are rebuilt elsewhere.
+    #[arg(long, default_value_t = 15)]
+    auto_replace_after: u64,
+    /// After healing, the moves in progress must finish within this long (s).
+    #[arg(long, default_value_t = 120)]
+    moves_seconds: u64,
+}
+
+impl Args {
+    fn moves(&self) -> bool {
+        !(self.no_moves || self.broken_durability)
+    }
 }
 
 fn main() {
@@ -149,6 +173,14 @@ fn run(args: Args) -> anyhow::Result<i32> {
             }
             _ => None,
         },
+        spares: match args.moves() {
+            true => args.spares,
+            false => 0,
+        },
+        auto_replace_after_s: match args.moves() {
+            true => args.auto_replace_after,
+            false => 0,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -175,7 +207,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     let started = cluster::Cluster::start(&settings).await;
     let cluster = Arc::new(Mutex::new(started?));
     let clocks = settings.clocks.clone();
-    let (targets, power_loss, spec_nodes, frontends, processes) = {
+    let (targets, power_loss, frontends, processes) = {
         let c = cluster.lock().unwrap_or_else(|e| e.into_inner());
         let targets: Vec<_> = c
             .frontends
@@ -191,18 +223,11 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
             .map(|n| n.process.name.clone())
             .chain(c.frontends.iter().map(|f| f.process.name.clone()))
             .collect();
-        (
-            targets,
-            c.uses_lossyfs(),
-            c.storage.len(),
-            c.frontends.len(),
-            processes,
-        )
+        (targets, c.uses_lossyfs(), c.frontends.len(), processes)
     };
     let faults = nemesis::schedule(&nemesis::ScheduleSpec {
         seed: args.seed,
         duration: Duration::from_secs(args.seconds),
-        storage_nodes: spec_nodes,
         frontends,
         power_loss,
         final_cluster_power_loss: args.broken_durability || args.final_cluster_power_loss,
@@ -217,6 +242,41 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     let skewing = clocks.map(|clocks| {
         let history = history.clone();
         std::thread::spawn(move || clock::run(&skews, &clocks, &history))
+    });
+    let move_steps = match args.moves() {
+        true => moves::schedule(
+            args.seed,
+            Duration::from_secs(args.seconds),
+            args.move_gap_ms,
+        ),
+        false => Vec::new(),
+    };
+    history.note(
+        "harness",
+        "moves-schedule",
+        &serde_json::to_string(&move_steps)?,
+    );
+    let mut mover = moves::Mover {
+        larder: settings.larder.clone(),
+        secret_file: cluster
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .secret_file
+            .clone(),
+        cluster: cluster.clone(),
+        history: history.clone(),
+        cancel_moves: moves::has_cancel_moves(&settings.larder),
+        auto_replace: args.auto_replace_after > 0,
+        counts: Default::default(),
+    };
+    // The thread lives until the cluster is shut down: the processes it starts die with it.
+    let (moves_done, moves_counts) = std::sync::mpsc::channel();
+    let (release_moves, moves_released) = std::sync::mpsc::channel::<()>();
+    let handle = tokio::runtime::Handle::current();
+    let moving = std::thread::spawn(move || {
+        mover.run(&move_steps, &handle);
+        let _ = moves_done.send(mover.counts);
+        let _ = moves_released.recv();
     });
     let stop = Arc::new(AtomicBool::new(false));
     let workload = Arc::new(workload::Workload {
@@ -250,18 +310,35 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
             .map_err(|_| anyhow::anyhow!("the clock-skew thread panicked"))?;
         fault_counts.insert(nemesis::FaultKind::ClockSkew, applied);
     }
+    let move_counts = tokio::task::block_in_place(|| moves_counts.recv()).unwrap_or_default();
     history.note("harness", "healing", "");
+    tokio::task::block_in_place(|| cluster.lock().unwrap_or_else(|e| e.into_inner()).heal())?;
+    let secret_file = settings.dir.join("cluster.secret");
+    let (final_map, unsettled) = moves::settle(
+        &cluster,
+        &secret_file,
+        &history,
+        Duration::from_secs(args.moves_seconds),
+    )
+    .await;
+    history.note(
+        "harness",
+        "settled",
+        &format!(
+            "map revision {:?}: {}",
+            final_map.as_ref().map(|m| m.revision),
+            unsettled
+                .as_deref()
+                .unwrap_or("no moves, every node runs it")
+        ),
+    );
     let final_check = {
         let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
-        c.heal()?;
+        tokio::task::block_in_place(|| c.heal())?;
         checker::FinalCheck {
             secret_file: c.secret_file.clone(),
-            map: c.map.clone(),
-            internal: c
-                .storage
-                .iter()
-                .map(|n| (n.process.name.clone(), n.internal))
-                .collect(),
+            map: final_map.unwrap_or_else(|| c.map.clone()),
+            internal: moves::internal_addresses(&c),
             frontends: c
                 .frontends
                 .iter()
@@ -271,6 +348,13 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
     };
     let completions = history.completions();
     let mut violations = checker::check_reads(&completions, Duration::from_millis(args.settle_ms));
+    if let Some(why) = unsettled {
+        violations.push(checker::Violation {
+            promise: "moves-finish",
+            id: String::new(),
+            detail: format!("{} s after healing: {why}", args.moves_seconds),
+        });
+    }
     let (final_violations, converged) = final_check
         .run(&completions, Duration::from_secs(args.converge_seconds))
         .await;
@@ -279,11 +363,16 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         history.note("checker", "violation", &serde_json::to_string(v)?);
     }
     history.flush();
-    let summary = report::summarise(args, &completions, &fault_counts, &violations, converged);
+    let summary = report::summarise(
+        args,
+        &completions,
+        (&fault_counts, &move_counts),
+        &violations,
+        converged,
+    );
     std::fs::write(settings.dir.join("report.json"), &summary.json)?;
-    tokio::task::spawn_blocking(move || {
-        cluster.lock().unwrap_or_else(|e| e.into_inner()).shutdown()
-    })
-    .await?;
+    tokio::task::block_in_place(|| cluster.lock().unwrap_or_else(|e| e.into_inner()).shutdown());
+    drop(release_moves);
+    let _ = tokio::task::block_in_place(|| moving.join());
     Ok(summary)
 }

@@ -40,14 +40,17 @@ pub enum FaultKind {
 pub struct Fault {
     pub at_ms: u64,
     pub kind: FaultKind,
-    pub target: usize,
+    /// A frontend's index; for a storage node, a number that picks one of the nodes active
+    /// when the fault starts (the map changes during a run: `Cluster::storage_target`).
+    pub target: u64,
+    /// A storage fault aims at a source or target of a move in progress, if there is one.
+    pub at_moving: bool,
     pub duration_ms: u64,
 }
 
 pub struct ScheduleSpec {
     pub seed: u64,
     pub duration: Duration,
-    pub storage_nodes: usize,
     pub frontends: usize,
     pub power_loss: bool,
     /// End with a whole-cluster power loss (the checker's own test).
@@ -64,10 +67,11 @@ pub fn schedule(spec: &ScheduleSpec) -> Vec<Fault> {
         let kind = pick_kind(&mut rng, spec.power_loss);
         let target = match kind {
             FaultKind::KillFrontend | FaultKind::PauseFrontend => {
-                rng.range(0, spec.frontends as u64) as usize
+                rng.range(0, spec.frontends as u64)
             }
-            _ => rng.range(0, spec.storage_nodes as u64) as usize,
+            _ => rng.range(0, 1 << 20),
         };
+        let at_moving = rng.chance(50);
         let duration_ms = match kind {
             FaultKind::PauseStorage | FaultKind::PauseFrontend => rng.range(1000, 5000),
             FaultKind::PartitionStorage | FaultKind::DiskFull => rng.range(2000, 6000),
@@ -77,6 +81,7 @@ pub fn schedule(spec: &ScheduleSpec) -> Vec<Fault> {
             at_ms: at,
             kind,
             target,
+            at_moving,
             duration_ms,
         });
         at += duration_ms + rng.range(spec.mean_gap_ms / 2, spec.mean_gap_ms * 3 / 2);
@@ -86,6 +91,7 @@ pub fn schedule(spec: &ScheduleSpec) -> Vec<Fault> {
             at_ms: end,
             kind: FaultKind::PowerLossCluster,
             target: 0,
+            at_moving: false,
             duration_ms: 500,
         });
     }
@@ -128,9 +134,17 @@ pub fn run(
         if let Some(wait) = at.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
+        let node = storage_fault(fault.kind)
+            .then(|| lock(cluster).storage_target(fault.target, fault.at_moving))
+            .flatten();
+        let name = node.map(|i| lock(cluster).storage[i].process.name.clone());
         let detail = serde_json::to_string(fault).unwrap_or_default();
+        let detail = match name {
+            Some(name) => format!("{detail} on {name}"),
+            None => detail,
+        };
         history.note("nemesis", "fault", &detail);
-        match apply(fault, cluster) {
+        match apply(fault, node, cluster) {
             Ok(()) => *counts.entry(fault.kind).or_insert(0) += 1,
             Err(e) => history.note("nemesis", "fault-failed", &format!("{detail}: {e:#}")),
         }
@@ -143,9 +157,25 @@ fn lock(cluster: &Arc<Mutex<Cluster>>) -> std::sync::MutexGuard<'_, Cluster> {
     cluster.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn apply(fault: &Fault, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
+/// Faults aimed at one storage node.
+fn storage_fault(kind: FaultKind) -> bool {
+    matches!(
+        kind,
+        FaultKind::KillStorage
+            | FaultKind::PauseStorage
+            | FaultKind::PartitionStorage
+            | FaultKind::PowerLossStorage
+            | FaultKind::DiskFull
+    )
+}
+
+fn apply(fault: &Fault, node: Option<usize>, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
     let pause = Duration::from_millis(fault.duration_ms);
-    let i = fault.target;
+    let i = match (storage_fault(fault.kind), node) {
+        (true, Some(i)) => i,
+        (true, None) => anyhow::bail!("no storage node is active"),
+        (false, _) => fault.target as usize,
+    };
     match fault.kind {
         FaultKind::KillStorage => {
             lock(cluster).storage[i].process.kill();
@@ -182,15 +212,15 @@ fn apply(fault: &Fault, cluster: &Arc<Mutex<Cluster>>) -> anyhow::Result<()> {
         // Scheduled and applied by `clock.rs`, never drawn here.
         FaultKind::ClockSkew => {}
         FaultKind::PowerLossCluster => {
-            let n = lock(cluster).storage.len();
-            for node in 0..n {
+            let active = lock(cluster).active();
+            for &node in &active {
                 lock(cluster).storage[node].process.kill();
             }
-            for node in 0..n {
+            for &node in &active {
                 lock(cluster).power_loss(node)?;
             }
             std::thread::sleep(pause);
-            for node in 0..n {
+            for &node in &active {
                 lock(cluster).restart_storage(node)?;
             }
         }

@@ -28,7 +28,7 @@ fn op_name(op: &Op) -> &'static str {
 pub fn summarise(
     args: &Args,
     history: &[Completion],
-    faults: &BTreeMap<FaultKind, u64>,
+    (faults, moves): (&BTreeMap<FaultKind, u64>, &BTreeMap<String, u64>),
     violations: &[Violation],
     converged: Duration,
 ) -> Summary {
@@ -66,6 +66,9 @@ pub fn summarise(
     for (kind, n) in faults {
         text.push_str(&format!("  fault {kind:?}: {n}\n"));
     }
+    for (what, n) in moves {
+        text.push_str(&format!("  move {what}: {n}\n"));
+    }
     for v in violations.iter().take(30) {
         text.push_str(&format!(
             "  VIOLATION {}: {} {}\n",
@@ -74,7 +77,7 @@ pub fn summarise(
     }
     let json = serde_json::json!({
         "seed": args.seed, "seconds": args.seconds, "workers": args.workers,
-        "operations": ops, "faults": faults, "sigkills": sigkills, "power_losses": power_losses, "violations": violations,
+        "operations": ops, "faults": faults, "moves": moves, "sigkills": sigkills, "power_losses": power_losses, "violations": violations,
         "converged_seconds": converged.as_secs_f64(),
     });
     Summary {

@@ -1,4 +1,4 @@
-//! `larder cluster add-node|drain-node|replace-node|status|push-map`: changing a running
+//! `larder cluster add-node|drain-node|replace-node|cancel-moves|status|push-map`: changing a running
 //! cluster's shape over the internal API. Credentials and the starting map come from a storage
 //! node's config, as for `larder compaction`. A change is planned from the newest map any node
 //! runs (`larder_cluster::plan`), sent to the map authority as a compare-and-set
@@ -27,6 +27,9 @@ pub enum ClusterChange {
     DrainNode(DrainArgs),
     /// Rebuild a dead node's replicas on a new node, from the surviving replicas.
     ReplaceNode(ReplaceArgs),
+    /// Cancel every move to a node: its bootstrapping replicas go (their copies are deleted)
+    /// and the replicas they were to replace stay.
+    CancelMoves(CancelArgs),
     /// Map revision per node (and frontend), moves in progress, replicas per node.
     Status(StatusArgs),
     /// Offer a whole map file to the map authority (its revision must be the next one).
@@ -81,6 +84,14 @@ pub struct ReplaceArgs {
     /// Disk names of the new node (comma-separated); default disk0.
     #[arg(long, value_delimiter = ',', default_value = "disk0")]
     disk: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The node the moves go to.
+    node: String,
 }
 
 #[derive(Args)]
@@ -158,8 +169,28 @@ pub fn run(command: ClusterChange) -> anyhow::Result<()> {
                 };
                 cluster.plan_and_change(&op).await
             }
+            ClusterChange::CancelMoves(args) => {
+                let cluster = Cluster::connect(&args.target).await?;
+                let next = plan(&cluster.map, &Operation::CancelMovesTo(args.node.clone()))?;
+                let cancelled = bootstrapping(&cluster.map) - bootstrapping(&next);
+                cluster.change(next).await?;
+                println!(
+                    "{cancelled} replica moves to {} cancelled; its copies of them are deleted",
+                    args.node
+                );
+                Ok(())
+            }
         }
     })
+}
+
+/// Replicas of the map that are bootstrapping (moves in progress).
+fn bootstrapping(map: &ClusterMap) -> usize {
+    map.partitions
+        .iter()
+        .flat_map(|p| &p.replicas)
+        .filter(|r| r.state == ReplicaState::Bootstrapping)
+        .count()
 }
 
 /// The cluster as the newest map any node runs shows it, and connections to its nodes.
@@ -202,12 +233,7 @@ impl Cluster {
 
     async fn plan_and_change(&self, op: &Operation) -> anyhow::Result<()> {
         let next = plan(&self.map, op)?;
-        let moves = next
-            .partitions
-            .iter()
-            .flat_map(|p| &p.replicas)
-            .filter(|r| r.state == ReplicaState::Bootstrapping)
-            .count();
+        let moves = bootstrapping(&next);
         self.change(next).await?;
         println!(
             "{moves} replica moves started; `larder cluster status` shows their progress (they go on without this command)"
@@ -372,10 +398,14 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let map = &cluster.map;
     let mut nodes = Vec::new();
     let mut down = Vec::new();
+    let mut rebuilding = Vec::new();
     for node in &map.nodes {
         let request = http::Request::get(larder_proto::HEALTH_PATH).body(larder_pool::empty())?;
         let revision = match exchange(&cluster.pool, &node.id, request).await {
-            Ok((_, revision, _)) => revision.map_or("?".into(), |r| r.to_string()),
+            Ok((_, revision, body)) => {
+                rebuilding.extend(rebuilds_of(&node.id, &body));
+                revision.map_or("?".into(), |r| r.to_string())
+            }
             Err(_) => {
                 down.push(node.id.clone());
                 "down".to_owned()
@@ -407,13 +437,32 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let auto_replace = auto_replace_report(&cluster, &down).await;
     let report = serde_json::json!({"map_revision": map.revision,
         "authority": map.authority(), "nodes": nodes, "moves": moves, "frontends": frontends,
-        "auto_replace": auto_replace});
+        "auto_replace": auto_replace, "rebuilding": rebuilding});
     if args.json {
         println!("{report}");
         return Ok(());
     }
     print_status(&report);
     Ok(())
+}
+
+/// The replicas `node` is rebuilding from their peers (`rebuilding` in its health answer):
+/// partition, phase, since when, and the bulk copy's bytes done and left once it started.
+fn rebuilds_of(node: &str, health: &[u8]) -> Vec<serde_json::Value> {
+    let Ok(health) = serde_json::from_slice::<serde_json::Value>(health) else {
+        return Vec::new();
+    };
+    let Some(rebuilds) = health["rebuilding"].as_object() else {
+        return Vec::new();
+    };
+    rebuilds
+        .iter()
+        .map(|(partition, r)| {
+            serde_json::json!({"partition": partition.parse::<u32>().ok(), "node": node,
+                "phase": r["phase"], "since": r["since"],
+                "bytes_done": r["bytes_done"], "bytes_left": r["bytes_left"]})
+        })
+        .collect()
 }
 
 /// Automatic re-replication as this config sets it and the map authority reports it (its
@@ -582,6 +631,7 @@ fn print_status(report: &serde_json::Value) {
         );
     }
     print_auto_replace(&report["auto_replace"]);
+    print_rebuilding(&report["rebuilding"]);
     let moves = report["moves"].as_array().cloned().unwrap_or_default();
     if moves.is_empty() {
         println!("no moves in progress");
@@ -614,6 +664,28 @@ fn print_status(report: &serde_json::Value) {
                     "{:.1} MB/s",
                     r as f64 / 1e6
                 )),
+        );
+    }
+}
+
+fn print_rebuilding(rebuilding: &serde_json::Value) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mb = |v: &serde_json::Value| {
+        v.as_u64()
+            .map_or("-".to_owned(), |b| format!("{:.1} MB", b as f64 / 1e6))
+    };
+    for r in rebuilding.as_array().into_iter().flatten() {
+        let since = r["since"].as_u64().unwrap_or(now);
+        println!(
+            "rebuilding partition {} on {} from its peers ({}) for {}s, {} done, {} left",
+            r["partition"],
+            r["node"].as_str().unwrap_or(""),
+            r["phase"].as_str().unwrap_or(""),
+            now.saturating_sub(since),
+            mb(&r["bytes_done"]),
+            mb(&r["bytes_left"]),
         );
     }
 }

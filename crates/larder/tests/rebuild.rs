@@ -142,9 +142,20 @@ async fn metric(cluster: &Cluster, name: &str) -> f64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_behind_dropped_tombstones_rebuilds_itself_and_never_serves_a_deleted_blob() {
-    let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
+/// A cluster whose node 0 has just restarted on a copy of its data taken before `deleted` were
+/// deleted (their tombstones since dropped by every node): it holds them again, and its
+/// positions in its peers' feeds lie before their drops. `live` is what the cluster holds.
+struct Behind {
+    cluster: Cluster,
+    client: H2Client,
+    deleted: Vec<String>,
+    live: Vec<(String, Bytes)>,
+}
+
+/// Sets up `Behind` with `storage` as the nodes' config; `big` blobs of 512 KiB are written
+/// after the deletes (what a rebuild of node 0 has to copy besides the small ones).
+async fn node_0_behind_dropped_tombstones(storage: &str, big: usize) -> Behind {
+    let mut cluster = Cluster::start_full(3, 2, "", storage);
     let client = H2Client::connect(cluster.frontend_addr).await;
     let old = put_blobs(&client, 0, 16).await;
     let (deleted, kept) = old.split_at(8);
@@ -166,7 +177,13 @@ async fn a_replica_behind_dropped_tombstones_rebuilds_itself_and_never_serves_a_
         let (status, _) = client.request(Method::DELETE, &path, Bytes::new()).await;
         assert_eq!(status, StatusCode::ACCEPTED);
     }
-    let new = put_blobs(&client, 16, 8).await;
+    let mut new = put_blobs(&client, 16, 8).await;
+    for i in 0..big {
+        let bytes = Bytes::from(vec![i as u8; 512 << 10]);
+        let (status, id, json) = client.put(bytes.clone()).await;
+        assert_eq!(status, StatusCode::CREATED, "{json}");
+        new.push((id.unwrap(), bytes));
+    }
     wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::GONE).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     compact_until_gone(&cluster, &deleted).await;
@@ -177,10 +194,26 @@ async fn a_replica_behind_dropped_tombstones_rebuilds_itself_and_never_serves_a_
     std::fs::remove_dir_all(data_dir(&cluster, 0)).unwrap();
     copy_tree(backup.path(), &data_dir(&cluster, 0));
     cluster.restart_node(0);
+    let live: Vec<(String, Bytes)> = kept.iter().chain(&new).cloned().collect();
+    Behind {
+        cluster,
+        client,
+        deleted,
+        live,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_behind_dropped_tombstones_rebuilds_itself_and_never_serves_a_deleted_blob() {
+    let Behind {
+        mut cluster,
+        client,
+        deleted,
+        live,
+    } = node_0_behind_dropped_tombstones(STORAGE, 0).await;
 
     // From its start on, neither node 0 nor the frontend ever serves a deleted blob, and node
     // 0 ends up with exactly the live blobs: no operator step.
-    let live: Vec<(String, Bytes)> = kept.iter().chain(&new).cloned().collect();
     let started = Instant::now();
     loop {
         for id in &deleted {
@@ -242,4 +275,150 @@ async fn a_replica_behind_dropped_tombstones_rebuilds_itself_and_never_serves_a_
         let (status, _) = on_node(&cluster, 0, id).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{id} after a restart");
     }
+}
+
+/// Node 0's `rebuilding` in its health answer: partition -> phase, since, bytes done and left.
+async fn rebuilding(cluster: &Cluster) -> serde_json::Map<String, serde_json::Value> {
+    let client = cluster.node_client(cluster.node_addr(0)).await;
+    let (status, body) = client
+        .request(Method::GET, "/internal/v1/health", Bytes::new())
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let health: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    health["rebuilding"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// One look at node 0, as a rebuild goes: it serves no deleted blob, and a live one either
+/// with its bytes or not at all (503 `ReplicaRebuilding` while it is rebuilt). Returns the live
+/// blobs it served and those it refused as rebuilding.
+async fn look_at_node_0(behind: &Behind) -> (usize, usize) {
+    for id in &behind.deleted {
+        let (status, _) = on_node(&behind.cluster, 0, id).await;
+        assert_ne!(status, StatusCode::OK, "node 0 serves deleted {id}");
+    }
+    let (mut served, mut rebuilding) = (0, 0);
+    for (id, bytes) in &behind.live {
+        let (status, body) = on_node(&behind.cluster, 0, id).await;
+        match status {
+            StatusCode::OK => {
+                assert!(body == *bytes, "{id} differs on node 0");
+                served += 1;
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                let text = String::from_utf8_lossy(&body);
+                rebuilding += text.contains("ReplicaRebuilding") as usize;
+            }
+            _ => {}
+        }
+    }
+    (served, rebuilding)
+}
+
+/// `larder cluster status --json`, asked through node 0's config.
+fn cluster_status(cluster: &Cluster) -> serde_json::Value {
+    let config = cluster.path(&format!("{}.toml", cluster.map.nodes[0].id));
+    let out = std::process::Command::new(common::LARDER)
+        .args(["cluster", "status", "--json", "--config", &config])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// A SIGKILL while the rebuild copies: the restarted node serves nothing of the half-made copy
+/// (503 `ReplicaRebuilding` from its first request), goes on with the rebuild by itself, and
+/// ends holding exactly the live blobs. `larder cluster status` shows the rebuilds meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_killed_while_it_copies_goes_on_after_the_restart_and_serves_nothing_stale() {
+    // The rebuild copies 4 MiB and more at 1 MB/s: seconds in which to kill it.
+    let storage = format!("{STORAGE}[redistribution]\nrate_mb_per_s = 1\n");
+    let mut behind = node_0_behind_dropped_tombstones(&storage, 8).await;
+
+    // Until the bulk copy has saved progress, and node 0 and the CLI show it.
+    let started = Instant::now();
+    let before = loop {
+        look_at_node_0(&behind).await;
+        let rebuilds = rebuilding(&behind.cluster).await;
+        let copied = rebuilds
+            .values()
+            .any(|r| r["phase"] == "copying" && r["bytes_done"].as_u64() > Some(0));
+        if copied {
+            break rebuilds;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no rebuild copying: {rebuilds:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let status = cluster_status(&behind.cluster);
+    let shown = status["rebuilding"].as_array().cloned().unwrap_or_default();
+    assert!(
+        shown
+            .iter()
+            .any(|r| r["node"] == behind.cluster.map.nodes[0].id.as_str()
+                && r["phase"] == "copying"
+                && r["since"].as_u64().is_some()),
+        "cluster status: {status}"
+    );
+
+    behind.cluster.kill_node(0);
+    behind.cluster.restart_node(0);
+
+    // From its first answer on, the restarted node rebuilds the same replicas (since when
+    // they were decided) and refuses their reads.
+    let after = rebuilding(&behind.cluster).await;
+    assert_eq!(after.len(), 2, "rebuilding after the restart: {after:?}");
+    for (partition, r) in &before {
+        assert_eq!(after[partition]["since"], r["since"], "{after:?}");
+    }
+    let (served, refused) = look_at_node_0(&behind).await;
+    assert_eq!((served, refused), (0, behind.live.len()));
+
+    // It finishes by itself, never serving a deleted blob meanwhile.
+    let started = Instant::now();
+    loop {
+        let (served, _) = look_at_node_0(&behind).await;
+        if served == behind.live.len() && rebuilding(&behind.cluster).await.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "node 0 not rebuilt: {served} of {} live blobs served",
+            behind.live.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Exactly the live blobs: deleted ones are not found, nothing else is held.
+    for id in &behind.deleted {
+        let (status, _) = on_node(&behind.cluster, 0, id).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{id} on node 0");
+    }
+    let client = behind
+        .cluster
+        .node_client(behind.cluster.node_addr(0))
+        .await;
+    let (_, body) = client
+        .request(Method::GET, "/internal/v1/health", Bytes::new())
+        .await;
+    let health: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let keys: u64 = health["partitions"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|p| p["live_keys"].as_u64().unwrap())
+        .sum();
+    assert_eq!(keys, behind.live.len() as u64, "{health}");
+    let status = cluster_status(&behind.cluster);
+    assert_eq!(status["rebuilding"], serde_json::json!([]), "{status}");
+    assert!(!behind.client.get(&behind.deleted[0]).await.0.is_success());
 }

@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -89,6 +91,71 @@ fn conditional_gets_upload_listings_and_larder_presign() {
 }
 
 #[test]
+fn conditional_copies_puts_and_completes() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/s3/conditional_writes.py"
+    );
+    let out = Command::new(python())
+        .args([script, &endpoint, &id, &secret])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A PUT with `Expect: 100-continue` refused before its body is read (here: anonymous, 403)
+/// ends its connection: the client never sends that body, and hyper would read the next
+/// request's first bytes as it (boto3's next PUT arrived as `T /…`, SignatureDoesNotMatch).
+#[test]
+fn a_refused_put_whose_body_was_withheld_closes_its_connection() {
+    let (_cluster, endpoint) = s3_cluster();
+    let address = endpoint.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let head = format!(
+        "PUT /cond/key HTTP/1.1\r\nHost: {address}\r\nExpect: 100-continue\r\n\
+         Content-Length: 2\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    // Everything the server sends until it closes: the 403, then end of stream.
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.starts_with("http/1.1 403"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(
+        read.is_ok(),
+        "the connection stayed open: {read:?}\n{answer}"
+    );
+}
+
+#[test]
+fn what_ceph_s3_tests_found_listing_details_versions_digests_and_retries() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/listing_details.py");
+    let out = Command::new(python())
+        .args([script, &endpoint, &id, &secret])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);
@@ -135,10 +202,14 @@ except Exception as err:
 
 /// The bucket index record of `bucket` as each storage node holds it (replicas converge).
 fn bucket_records(cluster: &Cluster, bucket: &str) -> Vec<serde_json::Value> {
-    let key = format!("larder-s3:bucket:{bucket}");
+    records(cluster, &format!("larder-s3:bucket:{bucket}"))
+}
+
+/// The S3 layer's record `key` as each storage node holds it.
+fn records(cluster: &Cluster, key: &str) -> Vec<serde_json::Value> {
     let partitions = cluster.map.partitions.len() as u32;
     let partition = larder_cluster::partition_for_key(key.as_bytes(), partitions);
-    let path = larder_proto::doc_path(partition, &key);
+    let path = larder_proto::doc_path(partition, key);
     (0..cluster.map.nodes.len())
         .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
         .filter(|(status, _)| *status == 200)
@@ -195,6 +266,61 @@ assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
             });
         (status == 410 && swept).then_some(())
     });
+}
+
+/// S3 deletes a bucket whose only contents are uploads in progress; Larder does too, and
+/// aborts them: the upload is gone, its part's blob tombstoned, and a bucket made again with
+/// the name lists no uploads.
+#[test]
+fn deleting_a_bucket_aborts_its_uploads_and_tombstones_their_parts() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = r#"
+import sys, boto3
+from botocore.exceptions import ClientError
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2],
+                  aws_secret_access_key=sys.argv[3], region_name="us-east-1")
+s3.create_bucket(Bucket="pending")
+upload = s3.create_multipart_upload(Bucket="pending", Key="big")["UploadId"]
+s3.upload_part(Bucket="pending", Key="big", UploadId=upload, PartNumber=1, Body=b"part")
+print(upload, flush=True)
+sys.stdin.readline()
+s3.delete_bucket(Bucket="pending")
+try:
+    s3.head_bucket(Bucket="pending")
+    raise AssertionError("the bucket is still there")
+except ClientError as err:
+    assert err.response["ResponseMetadata"]["HTTPStatusCode"] == 404, err
+s3.create_bucket(Bucket="pending")
+assert "Uploads" not in s3.list_multipart_uploads(Bucket="pending")
+try:
+    s3.list_parts(Bucket="pending", Key="big", UploadId=upload)
+    raise AssertionError("the upload is still there")
+except ClientError as err:
+    assert err.response["Error"]["Code"] == "NoSuchUpload", err
+"#;
+    let mut child = Command::new(python())
+        .args(["-c", script, &endpoint, &id, &secret])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut upload = String::new();
+    use std::io::{BufRead, Write};
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut upload)
+        .unwrap();
+    let record = format!("larder-s3:upload:pending:{}", upload.trim());
+    let part_blob = wait_for(|| {
+        records(&cluster, &record)
+            .iter()
+            .find_map(|r| r["parts"]["1"]["blob"].as_str().map(str::to_owned))
+    });
+    let blob_url = cluster.url(&format!("/v1/blobs/{part_blob}"));
+    assert_eq!(common::curl(cluster.dir.path(), &[&blob_url]).status, 200);
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    wait_for(|| (common::curl(cluster.dir.path(), &[&blob_url]).status == 410).then_some(()));
 }
 
 fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
