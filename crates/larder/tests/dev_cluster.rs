@@ -4,12 +4,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{curl, file_with, free_addresses, signal, wait_timeout, LARDER};
+use common::{curl, file_with, free_addresses, signal, wait_timeout, Reaped, LARDER};
 
-fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Child {
+fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Reaped {
     let mut dev = Command::new(LARDER);
     dev.args(["dev", "--data-dir", data_dir, "--partitions", "12"])
         .args(["--listen", &listen.to_string()])
@@ -19,9 +19,9 @@ fn start_dev(data_dir: &str, listen: std::net::SocketAddr) -> Child {
 
 /// Spawns `larder dev` and returns once it has printed its banner, which it does only after its
 /// frontend is listening (a port that merely accepts could be someone else's).
-fn spawn_until_banner(mut dev: Command, listen: std::net::SocketAddr) -> Child {
+fn spawn_until_banner(mut dev: Command, listen: std::net::SocketAddr) -> Reaped {
     use std::io::{BufRead, BufReader};
-    let mut child = dev.stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = Reaped(dev.stdout(Stdio::piped()).spawn().unwrap());
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     // Drains stdout to the end, so the banner's later lines never meet a closed pipe.
@@ -32,10 +32,7 @@ fn spawn_until_banner(mut dev: Command, listen: std::net::SocketAddr) -> Child {
     });
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(banner) => assert!(banner.contains(&format!("http://{listen}")), "{banner}"),
-        Err(e) => {
-            let _ = child.kill();
-            panic!("larder dev printed no banner ({e}): {:?}", child.wait());
-        }
+        Err(e) => panic!("larder dev printed no banner ({e}): {:?}", child.try_wait()),
     }
     child
 }
@@ -104,14 +101,16 @@ fn dev_tls_prints_both_urls_and_serves_https_with_its_own_ca() {
     let [listen, tls_listen] = free_addresses(2)[..] else {
         unreachable!()
     };
-    let mut dev = Command::new(LARDER)
-        .args(["dev", "--tls", "--data-dir", &data_dir, "--partitions", "8"])
-        .args(["--listen", &listen.to_string()])
-        .args(["--tls-listen", &tls_listen.to_string()])
-        .env("LARDER_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut dev = Reaped(
+        Command::new(LARDER)
+            .args(["dev", "--tls", "--data-dir", &data_dir, "--partitions", "8"])
+            .args(["--listen", &listen.to_string()])
+            .args(["--tls-listen", &tls_listen.to_string()])
+            .env("LARDER_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
     let banner: Vec<String> = (0..3).map(|_| lines.next().unwrap().unwrap()).collect();
     let text = banner.join("\n");

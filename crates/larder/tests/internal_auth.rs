@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use common::{
-    curl, file_with, free_addresses, signal, wait_for_port, wait_timeout, Cluster, LARDER,
+    curl, file_with, free_addresses, signal, wait_for_port, wait_timeout, Cluster, Reaped, LARDER,
 };
 use larder_auth::{Secret, Secrets};
 use larder_cluster::{init_map, BlobId, BlobKind, LayoutSpec};
@@ -22,17 +22,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 const SIGHUP: i32 = 1;
-
-/// A child process that is SIGKILLed and reaped if the test fails before stopping it (a
-/// `larder dev` takes its storage nodes with it).
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Runs curl against a storage node's internal port; true if it got any HTTP answer at all.
 fn curl_answers(args: &[&str]) -> bool {

@@ -351,6 +351,31 @@ fn with_secret(dir: &Path, extra: &str) -> String {
     format!("{extra}\n[auth]\nsecret_file = \"{SECRET_FILE}\"\n")
 }
 
+/// A child process SIGKILLed and reaped when dropped, so a test that fails (panics) before
+/// stopping it leaves nothing running. A `larder dev` takes its storage nodes with it
+/// (parent-death signal); one left running would outlive the test's temporary directory.
+pub struct Reaped(pub Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn spawn(args: &[&str]) -> Child {
     Command::new(LARDER)
         .args(args)
