@@ -21,7 +21,7 @@ use crate::metrics::EdgeMetrics;
 use crate::per_ip::PerIpLimit;
 use crate::sniff::{sniff, Protocol};
 use crate::state::AppState;
-use crate::{api, FrontendConfig, Limits};
+use crate::{api, expect, FrontendConfig, Limits};
 
 /// Which listener a connection came from.
 #[derive(Clone, Copy, Debug)]
@@ -205,11 +205,14 @@ impl Edge {
             req.extensions_mut().insert(budget.clone());
             let state = state.clone();
             let s3 = s3.clone();
+            let withheld = expect::may_withhold_body(&req);
             async move {
-                Ok::<_, Infallible>(match s3 {
+                let mut response = match s3 {
                     Some(s3) => s3.handle(req).await,
                     None => api::handle(state, req).await,
-                })
+                };
+                expect::close_if_refused(withheld, &mut response);
+                Ok::<_, Infallible>(response)
             }
         });
         // HTTP/2 answers of a turn of the connection's task go out in one write (`BatchedWrites`).

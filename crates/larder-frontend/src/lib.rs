@@ -9,6 +9,7 @@ mod body_budget;
 mod config;
 mod connection;
 mod error;
+mod expect;
 mod map_follow;
 mod metrics;
 mod per_ip;

@@ -17,7 +17,7 @@ use crate::auth::{Gate, Keys};
 use crate::blobs::BlobLimits;
 use crate::metrics::{OperationSlot, S3Metrics};
 use crate::service::Larder;
-use crate::stall::{Polled, StallClock, Stalled};
+use crate::stall::{StallClock, Stalled};
 use crate::store::Records;
 use crate::S3Config;
 use larder_router::Router;
@@ -68,16 +68,8 @@ impl S3Api {
         }
         let timeout = self.limits.body_read_timeout;
         let stalled = Stalled::default();
-        let polled = Polled::default();
-        let withheld_body = may_withhold_body(&req);
-        let mut req = req.map(|body| {
-            s3s::Body::http_body(StallClock::new(
-                body,
-                timeout,
-                stalled.clone(),
-                polled.clone(),
-            ))
-        });
+        let mut req =
+            req.map(|body| s3s::Body::http_body(StallClock::new(body, timeout, stalled.clone())));
         req.extensions_mut().insert(slot.clone());
         req.extensions_mut().insert(stalled);
         let response = match self.service.call(req).await {
@@ -89,40 +81,10 @@ impl S3Api {
                 response
             }
         };
-        let mut response = response;
-        if withheld_body && !polled.happened() {
-            close_after(&mut response);
-        }
         self.metrics
             .observe(slot.get(), response.status(), started.elapsed());
         response
     }
-}
-
-/// An HTTP/1 request with a body and `Expect: 100-continue`: its client sends the body only
-/// after `100 Continue`, which hyper sends when the body is first read.
-fn may_withhold_body<B>(req: &http::Request<B>) -> bool {
-    let expects = req
-        .headers()
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let has_body = req
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .is_none_or(|v| v.as_bytes() != b"0");
-    expects && has_body && req.version() <= http::Version::HTTP_11
-}
-
-/// A request answered without reading a body its client withheld (a refusal: 403, 404, 412…)
-/// must end its connection. Otherwise hyper, told the body is dropped, reads the body's
-/// `Content-Length` bytes from whatever comes next, which is the client's *next request*:
-/// botocore never sends a withheld body once a final answer came (RFC 9110 allows it), so the
-/// next PUT arrived as `T /bucket/key` (the `PU` eaten) and failed with SignatureDoesNotMatch.
-fn close_after(response: &mut http::Response<S3Body>) {
-    response.headers_mut().insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("close"),
-    );
 }
 
 /// S3's 403 `AuthorizationQueryParametersError` (a presigned request's query out of SigV4's

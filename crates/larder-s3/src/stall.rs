@@ -33,33 +33,19 @@ impl Stalled {
     }
 }
 
-/// Set once anything asked for a request's body. Until then hyper has not sent `100 Continue`,
-/// so a client that sent `Expect: 100-continue` may be withholding the body (botocore does, and
-/// never sends it once a final answer came); see [`crate::server`] for why that matters.
-#[derive(Clone, Default)]
-pub struct Polled(Arc<AtomicBool>);
-
-impl Polled {
-    pub fn happened(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
 pub struct StallClock {
     body: Incoming,
     stalled: Stalled,
-    polled: Polled,
     timeout: Duration,
     /// Armed while the last poll found nothing.
     clock: Option<Pin<Box<Sleep>>>,
 }
 
 impl StallClock {
-    pub fn new(body: Incoming, timeout: Duration, stalled: Stalled, polled: Polled) -> StallClock {
+    pub fn new(body: Incoming, timeout: Duration, stalled: Stalled) -> StallClock {
         StallClock {
             body,
             stalled,
-            polled,
             timeout,
             clock: None,
         }
@@ -75,7 +61,6 @@ impl Body for StallClock {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        this.polled.0.store(true, Ordering::Relaxed);
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.clock = None;

@@ -266,3 +266,58 @@ fn operations_endpoints() {
         "{metrics}"
     );
 }
+
+/// A client that sends `Expect: 100-continue` and waits before sending the body (botocore,
+/// Java's HttpClient) must not have its next request read as that body: a refusal decided by
+/// the head ends the connection (`larder-frontend/src/expect.rs`); a success keeps it.
+#[test]
+fn a_refused_upload_whose_body_was_withheld_closes_its_connection() {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let cluster = Cluster::start(3, 4);
+    let address = cluster.url("").trim_start_matches("http://").to_owned();
+    let connect = || {
+        let stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    };
+    let head = |extra: &str| {
+        format!(
+            "POST /v1/blobs HTTP/1.1\r\nHost: {address}\r\nExpect: 100-continue\r\n\
+             Content-Length: 2\r\n{extra}\r\n"
+        )
+    };
+
+    // Refused by its head (a TTL that is no duration): the 400, then end of stream.
+    let mut stream = connect();
+    stream
+        .write_all(head("x-larder-ttl: soon\r\n").as_bytes())
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.starts_with("http/1.1 400"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(
+        read.is_ok(),
+        "the connection stayed open: {read:?}\n{answer}"
+    );
+
+    // Accepted: 100 Continue, the body, 201, and the connection serves the next request.
+    let mut stream = connect();
+    stream.write_all(head("").as_bytes()).unwrap();
+    let mut continued = [0u8; 25];
+    stream.read_exact(&mut continued).unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(b"ab").unwrap();
+    let next = format!("GET /healthz HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(next.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.starts_with("http/1.1 201"), "{answer}");
+    assert!(answer.contains("http/1.1 200"), "{answer}");
+    assert_eq!(answer.matches("connection: close").count(), 1, "{answer}");
+}
