@@ -395,12 +395,13 @@ async fn restart_replication(
     let (stop_tx, stop_rx) = watch::channel(false);
     let handles = crate::replication::start(
         node.clone(),
-        map,
+        map.clone(),
         pool,
         ctx.replication.clone(),
-        &dir,
+        dir,
         stop_rx,
-    );
+    )
+    .await;
     running.replication = Some((stop_tx, handles));
 }
 

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use crate::body::Buffered;
 use crate::config::ReplicationConfig;
 use crate::error::Error;
+use crate::horizon::Serve;
 use crate::metrics::PeerLabels;
 use crate::validate::{header_number, now_ms};
 use crate::StorageNode;
@@ -99,17 +100,47 @@ struct Link {
 }
 
 /// Starts one replication task per peer node; they stop when `stop` turns true.
-pub fn start(
+pub async fn start(
     node: Arc<StorageNode>,
-    map: &ClusterMap,
+    map: Arc<ClusterMap>,
     pool: StoragePool,
     config: ReplicationConfig,
-    dir: &Path,
+    dir: PathBuf,
     stop: watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     if !config.enabled {
         return Vec::new();
     }
+    // Cursor files are read, and some written with fsync: off the async workers.
+    let planner = node.clone();
+    let planned = tokio::task::spawn_blocking(move || links_by_peer(&planner, &map, &dir)).await;
+    let by_peer = match planned {
+        Ok(by_peer) => by_peer,
+        Err(err) => {
+            tracing::error!(%err, "planning replication failed; replication is off");
+            return Vec::new();
+        }
+    };
+    by_peer
+        .into_values()
+        .map(|links| {
+            let worker = Worker {
+                node: node.clone(),
+                pool: pool.clone(),
+                config: config.clone(),
+            };
+            tokio::spawn(worker.run(links, stop.clone()))
+        })
+        .collect()
+}
+
+/// The replication links of every hosted partition, by peer node, each with its saved cursor.
+/// Saves the start cursors of new peers and checks each link's position (`check_link`).
+fn links_by_peer(
+    node: &StorageNode,
+    map: &ClusterMap,
+    dir: &Path,
+) -> std::collections::BTreeMap<String, Vec<Link>> {
     let mut by_peer: std::collections::BTreeMap<String, Vec<Link>> = Default::default();
     for (partition, store) in &node.partitions() {
         let Some(entry) = map.partition(*partition) else {
@@ -143,7 +174,7 @@ pub fn start(
                 paused: false,
             };
             if !local_is_new {
-                check_link(&node, &link, saved_ms);
+                check_link(node, &link, saved_ms);
             }
             node.moves
                 .note_position(link.partition, &link.peer, link.cursor);
@@ -151,16 +182,6 @@ pub fn start(
         }
     }
     by_peer
-        .into_values()
-        .map(|links| {
-            let worker = Worker {
-                node: node.clone(),
-                pool: pool.clone(),
-                config: config.clone(),
-            };
-            tokio::spawn(worker.run(links, stop.clone()))
-        })
-        .collect()
 }
 
 /// A peer replica still bootstrapping is new: it has dropped nothing of its feed (its tombstone
@@ -369,6 +390,7 @@ impl Worker {
                 }
                 let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
                 let outcome = tokio::time::timeout(limit, self.round(link)).await;
+                self.keep_start_fresh(link);
                 if let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) {
                     failed = true;
                     tracing::debug!(partition = link.partition, peer = %link.peer, %err, "replication round failed");
@@ -466,6 +488,31 @@ impl Worker {
             .moves
             .note_position(link.partition, &link.peer, link.cursor);
         Ok(())
+    }
+
+    /// Re-saves a start cursor (with the time) a quarter of the retention after the last save,
+    /// whatever the round's outcome. While it is at the start this replica has never given the
+    /// peer a position, so the peer has dropped nothing for it; the time only tells a restart
+    /// that a process was here holding it (`check_link`). Without this, a new peer that went
+    /// live while its pulls kept failing (busy, restarting) left the start saved at this
+    /// process's start, and a crash a retention later flagged this replica as away from it for
+    /// good (the nemesis with moves found it: reads answered 503 ReplicaUnchecked forever).
+    /// A link already suspected or refused is left alone: refreshing it would hide that.
+    fn keep_start_fresh(&self, link: &mut Link) {
+        if link.cursor != Cursor::START
+            || self.node.horizons.may_serve(link.partition, &link.peer) == Serve::Behind
+        {
+            return;
+        }
+        let retention = self.node.horizons.retention_ms();
+        if now_ms().saturating_sub(link.saved_ms) <= retention / 4 {
+            return;
+        }
+        match save_cursor(&link.cursor_file, Cursor::START, link.store.incarnation()) {
+            Ok(()) => link.saved_ms = now_ms(),
+            Err(err) => tracing::warn!(partition = link.partition, peer = %link.peer, %err,
+                "saving a start cursor"),
+        }
     }
 
     /// Applies one change; one the checks here refuse is logged, counted and passed over, so
