@@ -15,6 +15,7 @@ use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{BlobProperties, ByteRange};
 use larder_router::{ChunkingConfig, GetAnswer, Manifest, Router};
 use md5::{Digest, Md5};
+use s3s::checksum::ChecksumHasher;
 use s3s::dto::StreamingBlob;
 
 use crate::error::S3Error;
@@ -39,17 +40,21 @@ pub struct Stored {
     pub size: u64,
     /// Hex MD5 of the bytes (the ETag of a single PUT).
     pub md5: String,
+    /// The additional checksum asked for, computed over the bytes (`checksums.rs`).
+    pub checksum: Option<ChecksumHasher>,
 }
 
-/// Stores `body` as a blob, chunked when it is longer than one chunk.
+/// Stores `body` as a blob, chunked when it is longer than one chunk, hashing it with
+/// `checksum` too when given.
 pub async fn store(
     router: &Arc<Router>,
     limits: &BlobLimits,
     props: BlobProperties,
     body: StreamingBlob,
+    checksum: Option<ChecksumHasher>,
 ) -> Result<Stored, S3Error> {
     let chunk_size = limits.chunking.chunk_size.as_u64() as usize;
-    let mut reader = Chunks::new(body, chunk_size, limits.max_object_size);
+    let mut reader = Chunks::new(body, chunk_size, limits.max_object_size, checksum);
     let first = reader.next_chunk().await?;
     if !reader.has_more().await? {
         let size = first.len() as u64;
@@ -58,6 +63,7 @@ pub async fn store(
             id,
             size,
             md5: reader.md5(),
+            checksum: reader.checksum,
         });
     }
     let mut upload = router.start_upload(props, &limits.chunking)?;
@@ -72,7 +78,12 @@ pub async fn store(
     let md5 = reader.md5();
     // An upload dropped before this point (error, client gone) tombstones its chunks.
     let (id, size) = upload.finish().await?;
-    Ok(Stored { id, size, md5 })
+    Ok(Stored {
+        id,
+        size,
+        md5,
+        checksum: reader.checksum,
+    })
 }
 
 /// Cuts a body stream into chunks of `chunk_size` (the last may be shorter), hashing it.
@@ -83,10 +94,16 @@ struct Chunks {
     max: u64,
     total: u64,
     md5: Md5,
+    checksum: Option<ChecksumHasher>,
 }
 
 impl Chunks {
-    fn new(body: StreamingBlob, chunk_size: usize, max: u64) -> Chunks {
+    fn new(
+        body: StreamingBlob,
+        chunk_size: usize,
+        max: u64,
+        checksum: Option<ChecksumHasher>,
+    ) -> Chunks {
         Chunks {
             body,
             leftover: Bytes::new(),
@@ -94,6 +111,7 @@ impl Chunks {
             max,
             total: 0,
             md5: Md5::new(),
+            checksum,
         }
     }
 
@@ -111,6 +129,9 @@ impl Chunks {
                 )));
             }
             self.md5.update(&piece);
+            if let Some(checksum) = &mut self.checksum {
+                checksum.update(&piece);
+            }
             return Ok(Some(piece));
         }
         Ok(None)

@@ -233,6 +233,7 @@ mod tests {
             modified_ms: T * 1000,
             content_type: None,
             meta: Default::default(),
+            checksum: None,
         }
     }
 

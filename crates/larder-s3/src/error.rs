@@ -58,6 +58,9 @@ pub enum S3Error {
     /// The body's MD5 is not the `Content-MD5` sent.
     #[error("the Content-MD5 you specified did not match what was received")]
     BadDigest,
+    /// The body's additional checksum (`x-amz-checksum-*`) is not the one sent.
+    #[error("The {0} you specified did not match the calculated checksum.")]
+    BadChecksum(String),
     /// A request form S3 defines that Larder does not take.
     #[error("{0}")]
     NotImplemented(String),
@@ -110,7 +113,7 @@ impl From<S3Error> for Reply {
             S3Error::NotImplemented(_) => Code::NotImplemented,
             S3Error::InvalidRequest(_) => Code::InvalidRequest,
             S3Error::InvalidDigest => Code::InvalidDigest,
-            S3Error::BadDigest => Code::BadDigest,
+            S3Error::BadDigest | S3Error::BadChecksum(_) => Code::BadDigest,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,
         };
         if matches!(err, S3Error::Corrupt(_) | S3Error::Internal(_)) {

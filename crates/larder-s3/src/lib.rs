@@ -8,6 +8,7 @@
 
 mod auth;
 mod blobs;
+mod checksums;
 mod conditions;
 mod config;
 mod error;

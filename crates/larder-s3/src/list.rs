@@ -146,6 +146,7 @@ mod tests {
             modified_ms: 0,
             content_type: None,
             meta: BTreeMap::new(),
+            checksum: None,
         }
     }
 

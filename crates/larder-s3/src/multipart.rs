@@ -275,6 +275,8 @@ pub async fn complete(
         modified_ms: now_ms(),
         content_type: upload.content_type.clone(),
         meta: upload.meta.clone(),
+        // Parts are checked one by one; S3's composite checksums of parts are not kept.
+        checksum: None,
     };
     let unused = upload
         .parts

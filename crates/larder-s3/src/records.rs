@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checksums::ObjectChecksum;
 use crate::error::S3Error;
 
 /// The one format version every record below is written in.
@@ -67,6 +68,9 @@ pub struct ObjectEntry {
     /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
+    /// The additional checksum of a single PUT that asked for one (`checksums.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<ObjectChecksum>,
 }
 
 /// A Larder blob (simple or composite) holding `size` bytes of an object.
@@ -250,7 +254,7 @@ mod tests {
             for name in names {
                 index.objects.insert(name, ObjectEntry {
                     body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
-                    content_type: None, meta: BTreeMap::new(),
+                    content_type: None, meta: BTreeMap::new(), checksum: None,
                 });
             }
             prop_assert_eq!(BucketIndex::decode(&index.encode()).unwrap(), index);

@@ -7,9 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use larder_proto::BlobProperties;
 use larder_router::Router;
 use s3s::dto::*;
-use s3s::{S3Request, S3Response, S3Result, S3};
+use s3s::{S3Request, S3Response, S3Result, TrailingHeaders, S3};
 
-use crate::blobs::{self, BlobLimits};
+use crate::blobs::{self, BlobLimits, Stored};
+use crate::checksums::{ObjectChecksum, Requested};
 use crate::conditions::{Conditions, WriteConditions};
 use crate::error::S3Error;
 use crate::list::{self, After};
@@ -22,6 +23,18 @@ use crate::records::{
 use crate::stall::Stalled;
 use crate::store::{Change, Records};
 use crate::upload_list;
+
+/// Sets an output's `checksum_*` fields from an `ObjectChecksum` (one of them is set).
+macro_rules! set_checksum {
+    ($output:expr, $checksum:expr) => {{
+        let dto = $checksum.to_dto();
+        $output.checksum_crc32 = dto.checksum_crc32;
+        $output.checksum_crc32c = dto.checksum_crc32c;
+        $output.checksum_crc64nvme = dto.checksum_crc64nvme;
+        $output.checksum_sha1 = dto.checksum_sha1;
+        $output.checksum_sha256 = dto.checksum_sha256;
+    }};
+}
 
 /// Longest object name, in bytes (S3's).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -73,6 +86,28 @@ impl Larder {
         tokio::spawn(async move { blobs::delete(&router, &id).await });
     }
 
+    /// Checks a stored body against the digests its request sent (`Content-MD5`, an
+    /// `x-amz-checksum-*`) and returns the additional checksum to keep. A body that fails a
+    /// check is dropped: nothing names it.
+    fn check_digests(
+        &self,
+        stored: &mut Stored,
+        digests: &Digests<'_>,
+    ) -> Result<Option<ObjectChecksum>, S3Error> {
+        let checked = blobs::check_content_md5(digests.content_md5, &stored.md5).and_then(|()| {
+            match (digests.requested, stored.checksum.take()) {
+                (Some(requested), Some(hasher)) => {
+                    requested.verify(hasher, digests.trailers).map(Some)
+                }
+                _ => Ok(None),
+            }
+        });
+        if checked.is_err() {
+            self.drop_blob(stored.id.to_string());
+        }
+        checked
+    }
+
     /// Adds or removes `bucket` in the catalog ListBuckets reads.
     async fn catalog(&self, bucket: &str, created_ms: Option<u64>) -> Result<(), S3Error> {
         self.records
@@ -108,6 +143,22 @@ fn check_key(key: &str) -> Result<(), S3Error> {
         return Err(S3Error::KeyTooLong);
     }
     Ok(())
+}
+
+/// What a request sent to check its body by.
+struct Digests<'a> {
+    content_md5: Option<&'a str>,
+    requested: Option<&'a Requested>,
+    trailers: Option<&'a TrailingHeaders>,
+}
+
+/// The stored checksum of `entry`, when the client asked for it (`x-amz-checksum-mode`).
+fn asked_checksum<'e>(
+    mode: Option<&ChecksumMode>,
+    entry: &'e ObjectEntry,
+) -> Option<&'e ObjectChecksum> {
+    let asked = mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED));
+    entry.checksum.as_ref().filter(|_| asked)
 }
 
 /// The bytes a GET asks for, of an object of `size`.
@@ -274,6 +325,7 @@ impl S3 for Larder {
         check_key(&input.key)?;
         let conditions =
             WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let requested = Requested::from_headers(&req.headers)?;
         // Refused before the body is stored when the answer is already known (and decided
         // again at the primary when the name is linked).
         let index = self.index(&input.bucket).await?;
@@ -288,13 +340,16 @@ impl S3 for Larder {
         let body = input
             .body
             .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
-        let stored = blobs::store(self.router(), &self.limits, props, body)
+        let hasher = requested.as_ref().map(Requested::hasher);
+        let mut stored = blobs::store(self.router(), &self.limits, props, body, hasher)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
-        if let Err(err) = blobs::check_content_md5(input.content_md5.as_deref(), &stored.md5) {
-            self.drop_blob(stored.id.to_string());
-            return Err(err.into());
-        }
+        let digests = Digests {
+            content_md5: input.content_md5.as_deref(),
+            requested: requested.as_ref(),
+            trailers: req.trailing_headers.as_ref(),
+        };
+        let checksum = self.check_digests(&mut stored, &digests)?;
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -305,6 +360,7 @@ impl S3 for Larder {
             modified_ms: now_ms(),
             content_type: input.content_type,
             meta: lower_case(input.metadata).into_iter().collect(),
+            checksum: checksum.clone(),
         };
         let tag = entry.etag.clone();
         let size = entry.size;
@@ -316,11 +372,15 @@ impl S3 for Larder {
             tokio::spawn(async move { blobs::delete(&router, &id).await });
             return Err(err.into());
         }
-        let output = PutObjectOutput {
+        let mut output = PutObjectOutput {
             e_tag: Some(ETag::Strong(tag)),
             size: i64::try_from(size).ok(),
             ..Default::default()
         };
+        if let Some(checksum) = checksum {
+            set_checksum!(output, checksum);
+            output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+        }
         Ok(S3Response::new(output))
     }
 
@@ -345,7 +405,7 @@ impl S3 for Larder {
             let last = range.end.saturating_sub(1);
             format!("bytes {}-{last}/{}", range.start, entry.size)
         });
-        let output = GetObjectOutput {
+        let mut output = GetObjectOutput {
             body: Some(body),
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(range.end - range.start).ok(),
@@ -356,6 +416,14 @@ impl S3 for Larder {
             metadata: Some(entry.meta.clone().into_iter().collect()),
             ..Default::default()
         };
+        // A checksum is of the whole object: a range's bytes are not what it covers.
+        if let (Some(checksum), None) = (
+            asked_checksum(input.checksum_mode.as_ref(), &entry),
+            &input.range,
+        ) {
+            set_checksum!(output, checksum);
+            output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+        }
         let status = match input.range {
             Some(_) => http::StatusCode::PARTIAL_CONTENT,
             None => http::StatusCode::OK,
@@ -376,7 +444,7 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
-        let output = HeadObjectOutput {
+        let mut output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(entry.size).ok(),
             content_type: entry.content_type.clone(),
@@ -385,6 +453,10 @@ impl S3 for Larder {
             metadata: Some(entry.meta.clone().into_iter().collect()),
             ..Default::default()
         };
+        if let Some(checksum) = asked_checksum(input.checksum_mode.as_ref(), &entry) {
+            set_checksum!(output, checksum);
+            output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+        }
         Ok(S3Response::new(output))
     }
 
@@ -470,6 +542,7 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let input = req.input;
         let number = multipart::check_part_number(input.part_number)?;
+        let requested = Requested::from_headers(&req.headers)?;
         // Refused before the body is stored when the upload is unknown.
         multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
         let props = BlobProperties {
@@ -479,13 +552,16 @@ impl S3 for Larder {
         let body = input
             .body
             .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
-        let stored = blobs::store(self.router(), &self.limits, props, body)
+        let hasher = requested.as_ref().map(Requested::hasher);
+        let mut stored = blobs::store(self.router(), &self.limits, props, body, hasher)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
-        if let Err(err) = blobs::check_content_md5(input.content_md5.as_deref(), &stored.md5) {
-            self.drop_blob(stored.id.to_string());
-            return Err(err.into());
-        }
+        let digests = Digests {
+            content_md5: input.content_md5.as_deref(),
+            requested: requested.as_ref(),
+            trailers: req.trailing_headers.as_ref(),
+        };
+        let checksum = self.check_digests(&mut stored, &digests)?;
         let part = UploadedPart {
             blob: stored.id.to_string(),
             size: stored.size,
@@ -507,10 +583,13 @@ impl S3 for Larder {
             tokio::spawn(async move { blobs::delete(&router, &id).await });
             return Err(err.into());
         }
-        let output = UploadPartOutput {
+        let mut output = UploadPartOutput {
             e_tag: Some(ETag::Strong(stored.md5)),
             ..Default::default()
         };
+        if let Some(checksum) = checksum {
+            set_checksum!(output, checksum);
+        }
         Ok(S3Response::new(output))
     }
 
@@ -826,7 +905,7 @@ impl S3 for Larder {
             created_ms: now_ms(),
             ..Default::default()
         };
-        let stored = blobs::store(self.router(), &self.limits, props, body).await?;
+        let stored = blobs::store(self.router(), &self.limits, props, body, None).await?;
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -837,6 +916,8 @@ impl S3 for Larder {
             modified_ms: now_ms(),
             content_type,
             meta,
+            // The same bytes: the source's checksum holds.
+            checksum: source.checksum.clone(),
         };
         let modified = entry.modified_ms;
         let unconditional = WriteConditions::default();

@@ -110,6 +110,25 @@ fn conditional_copies_puts_and_completes() {
     );
 }
 
+/// `x-amz-checksum-*`: checked on PutObject and UploadPart (in a header or an aws-chunked
+/// trailer), kept with the object, returned when asked; a mismatch stores nothing.
+#[test]
+fn additional_checksums_are_checked_kept_and_returned() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/checksums.py");
+    let out = Command::new(python())
+        .args([script, &endpoint, &id, &secret])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A PUT with `Expect: 100-continue` refused before its body is read (here: anonymous, 403)
 /// ends its connection: the client never sends that body, and hyper would read the next
 /// request's first bytes as it (boto3's next PUT arrived as `T /…`, SignatureDoesNotMatch).

@@ -21,18 +21,6 @@ const NOT_LARDER: &[(&str, &str)] = &[
     ("Advanced/STS/test_assume_role", "no STS"),
     // Object tagging (Put/Get/DeleteObjectTagging): not part of issue 18's operation set.
     ("Advanced/Tagging/test_object_tagging", "no object tagging"),
-    // Additional checksums (`x-amz-checksum-*` with `x-amz-sdk-checksum-algorithm`): Larder
-    // neither stores nor returns them yet (crates/larder-s3/README.md, "Not done"); both
-    // cases expect the PUT/UploadPart answer to echo the checksum. Take them out of this list
-    // when that is built.
-    (
-        "Basic/Put/test_put_object_with_checksum_algorithm",
-        "additional checksums not returned",
-    ),
-    (
-        "Advanced/Multipart/test_multipart_upload",
-        "additional checksums not returned",
-    ),
 ];
 
 /// The tool, or `None` (with a message) when it is not installed and may be missing.

@@ -1,0 +1,351 @@
+//! S3's additional checksums (`x-amz-checksum-*`): CRC32, CRC32C, CRC64NVME, SHA-1, SHA-256.
+//!
+//! A PutObject or UploadPart names at most one algorithm: a header with the value
+//! (`x-amz-checksum-crc32: <base64>`), the same name in `x-amz-trailer` (the value comes after
+//! an aws-chunked body), or only the algorithm (`x-amz-sdk-checksum-algorithm`: the server
+//! computes it). The body is hashed as it streams; a value that does not match is `BadDigest`
+//! and nothing is kept. An object's checksum is stored in its entry and returned by PutObject,
+//! and by GetObject/HeadObject when asked (`x-amz-checksum-mode: ENABLED`) for the whole object.
+
+use base64::Engine as _;
+use http::HeaderMap;
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{Checksum as _, Crc32, Crc32c, Crc64Nvme, Sha1, Sha256};
+use s3s::TrailingHeaders;
+use serde::{Deserialize, Serialize};
+
+use crate::error::S3Error;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    Crc32,
+    Crc32c,
+    Crc64nvme,
+    Sha1,
+    Sha256,
+}
+
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::Crc32,
+    Algorithm::Crc32c,
+    Algorithm::Crc64nvme,
+    Algorithm::Sha1,
+    Algorithm::Sha256,
+];
+
+impl Algorithm {
+    /// The header that carries its value.
+    pub fn header(self) -> &'static str {
+        match self {
+            Algorithm::Crc32 => "x-amz-checksum-crc32",
+            Algorithm::Crc32c => "x-amz-checksum-crc32c",
+            Algorithm::Crc64nvme => "x-amz-checksum-crc64nvme",
+            Algorithm::Sha1 => "x-amz-checksum-sha1",
+            Algorithm::Sha256 => "x-amz-checksum-sha256",
+        }
+    }
+
+    /// Its name in `x-amz-sdk-checksum-algorithm` (any case).
+    fn name(self) -> &'static str {
+        &self.header()["x-amz-checksum-".len()..]
+    }
+
+    /// Bytes of a digest.
+    fn len(self) -> usize {
+        match self {
+            Algorithm::Crc32 | Algorithm::Crc32c => 4,
+            Algorithm::Crc64nvme => 8,
+            Algorithm::Sha1 => 20,
+            Algorithm::Sha256 => 32,
+        }
+    }
+
+    fn hasher(self) -> ChecksumHasher {
+        let mut hasher = ChecksumHasher::default();
+        match self {
+            Algorithm::Crc32 => hasher.crc32 = Some(Crc32::new()),
+            Algorithm::Crc32c => hasher.crc32c = Some(Crc32c::new()),
+            Algorithm::Crc64nvme => hasher.crc64nvme = Some(Crc64Nvme::new()),
+            Algorithm::Sha1 => hasher.sha1 = Some(Sha1::new()),
+            Algorithm::Sha256 => hasher.sha256 = Some(Sha256::new()),
+        }
+        hasher
+    }
+}
+
+/// An object's (or part's) checksum: its algorithm and base64 value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectChecksum {
+    pub algorithm: Algorithm,
+    pub value: String,
+}
+
+impl ObjectChecksum {
+    /// As s3s's output fields (one of them set).
+    pub fn to_dto(&self) -> s3s::dto::Checksum {
+        let mut dto = s3s::dto::Checksum::default();
+        let value = Some(self.value.clone());
+        match self.algorithm {
+            Algorithm::Crc32 => dto.checksum_crc32 = value,
+            Algorithm::Crc32c => dto.checksum_crc32c = value,
+            Algorithm::Crc64nvme => dto.checksum_crc64nvme = value,
+            Algorithm::Sha1 => dto.checksum_sha1 = value,
+            Algorithm::Sha256 => dto.checksum_sha256 = value,
+        }
+        dto
+    }
+}
+
+/// Where the client's value of the checksum is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Sent {
+    /// In a header, already checked to be a digest of the right length.
+    Header(String),
+    /// In the aws-chunked body's trailer, once the body is read.
+    Trailer,
+    /// Nowhere: the server computes it.
+    Nothing,
+}
+
+/// The checksum a request asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requested {
+    algorithm: Algorithm,
+    sent: Sent,
+}
+
+impl Requested {
+    /// What `headers` ask for: `None` when they name no checksum. More than one algorithm, or
+    /// a value that is no base64 digest of the algorithm's length, is refused.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Requested>, S3Error> {
+        let mut found = None;
+        for algorithm in ALGORITHMS {
+            let Some(value) = headers.get(algorithm.header()) else {
+                continue;
+            };
+            if found.is_some() {
+                return Err(S3Error::InvalidRequest(
+                    "Expecting a single x-amz-checksum- header. Multiple checksum Types are not \
+                     allowed."
+                        .into(),
+                ));
+            }
+            let value = value
+                .to_str()
+                .ok()
+                .filter(|v| decodes_to(v, algorithm.len()));
+            let value = value.ok_or_else(|| {
+                S3Error::InvalidRequest(format!(
+                    "Value for {} header is invalid.",
+                    algorithm.header()
+                ))
+            })?;
+            found = Some(Requested {
+                algorithm,
+                sent: Sent::Header(value.to_owned()),
+            });
+        }
+        if found.is_some() {
+            return Ok(found);
+        }
+        let named = |header: &str| {
+            let value = headers
+                .get(header)?
+                .to_str()
+                .ok()?
+                .trim()
+                .to_ascii_lowercase();
+            Some(value)
+        };
+        if let Some(trailer) = named("x-amz-trailer") {
+            if let Some(algorithm) = ALGORITHMS.into_iter().find(|a| a.header() == trailer) {
+                return Ok(Some(Requested {
+                    algorithm,
+                    sent: Sent::Trailer,
+                }));
+            }
+        }
+        match named("x-amz-sdk-checksum-algorithm") {
+            None => Ok(None),
+            Some(name) => match ALGORITHMS.into_iter().find(|a| a.name() == name) {
+                Some(algorithm) => Ok(Some(Requested {
+                    algorithm,
+                    sent: Sent::Nothing,
+                })),
+                None => Err(S3Error::InvalidRequest(format!(
+                    "Checksum algorithm {name} is not supported"
+                ))),
+            },
+        }
+    }
+
+    /// A hasher of the body for this checksum.
+    pub fn hasher(&self) -> ChecksumHasher {
+        self.algorithm.hasher()
+    }
+
+    /// The checksum of the body `computed` holds, if it is the one the client sent (or the
+    /// client sent none); `BadDigest` if not.
+    pub fn verify(
+        &self,
+        computed: ChecksumHasher,
+        trailers: Option<&TrailingHeaders>,
+    ) -> Result<ObjectChecksum, S3Error> {
+        let dto = computed.finalize();
+        let value = [
+            dto.checksum_crc32,
+            dto.checksum_crc32c,
+            dto.checksum_crc64nvme,
+            dto.checksum_sha1,
+            dto.checksum_sha256,
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .ok_or_else(|| S3Error::Internal("no checksum was computed".into()))?;
+        let sent = match &self.sent {
+            Sent::Header(value) => Some(value.clone()),
+            Sent::Trailer => Some(self.trailer_value(trailers)?),
+            Sent::Nothing => None,
+        };
+        if sent.is_some_and(|sent| sent != value) {
+            return Err(S3Error::BadChecksum(
+                self.algorithm.name().to_ascii_uppercase(),
+            ));
+        }
+        Ok(ObjectChecksum {
+            algorithm: self.algorithm,
+            value,
+        })
+    }
+
+    /// The value in the body's trailer, which the client promised (`x-amz-trailer`).
+    fn trailer_value(&self, trailers: Option<&TrailingHeaders>) -> Result<String, S3Error> {
+        let header = self.algorithm.header();
+        let value = trailers
+            .and_then(|t| {
+                t.read(|map| {
+                    map.get(header)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                })
+            })
+            .flatten();
+        value
+            .filter(|v| decodes_to(v, self.algorithm.len()))
+            .ok_or_else(|| {
+                S3Error::InvalidRequest(format!("Value for {header} trailer is invalid."))
+            })
+    }
+}
+
+/// Whether `value` is standard base64 of exactly `len` bytes.
+fn decodes_to(value: &str, len: usize) -> bool {
+    base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .is_ok_and(|d| d.len() == len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    fn checksum_of(algorithm: Algorithm, data: &[u8]) -> String {
+        let mut hasher = algorithm.hasher();
+        hasher.update(data);
+        let requested = Requested {
+            algorithm,
+            sent: Sent::Nothing,
+        };
+        requested.verify(hasher, None).unwrap().value
+    }
+
+    #[test]
+    fn known_values_of_each_algorithm() {
+        // CRC32 and CRC32C of "hello" (zlib.crc32 and the Castagnoli polynomial), big-endian.
+        assert_eq!(checksum_of(Algorithm::Crc32, b"hello"), "NhCmhg==");
+        assert_eq!(checksum_of(Algorithm::Crc32c, b"hello"), "mnG7TA==");
+        assert_eq!(
+            checksum_of(Algorithm::Sha256, b"hello"),
+            "LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ="
+        );
+        assert_eq!(
+            checksum_of(Algorithm::Sha1, b"hello"),
+            "qvTGHdzF6KLavt4PO0gs2a6pQ00="
+        );
+        assert_eq!(checksum_of(Algorithm::Crc64nvme, b"").len(), 12);
+    }
+
+    #[test]
+    fn a_header_value_is_checked_against_the_body() {
+        let sent = headers(&[("x-amz-checksum-crc32", "NhCmhg==")]);
+        let requested = Requested::from_headers(&sent).unwrap().unwrap();
+        let mut hasher = requested.hasher();
+        hasher.update(b"hello");
+        let checksum = requested.verify(hasher, None).unwrap();
+        assert_eq!(checksum.algorithm, Algorithm::Crc32);
+        let mut hasher = requested.hasher();
+        hasher.update(b"hellp");
+        assert!(matches!(
+            requested.verify(hasher, None),
+            Err(S3Error::BadChecksum(name)) if name == "CRC32"
+        ));
+    }
+
+    #[test]
+    fn malformed_or_several_checksums_are_refused() {
+        for bad in [
+            "nope",
+            "NhCmhgAA",
+            "",
+            "LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=",
+        ] {
+            let sent = headers(&[("x-amz-checksum-crc32", bad)]);
+            assert!(
+                matches!(
+                    Requested::from_headers(&sent),
+                    Err(S3Error::InvalidRequest(_))
+                ),
+                "{bad}"
+            );
+        }
+        let two = headers(&[
+            ("x-amz-checksum-crc32", "NhCmhg=="),
+            ("x-amz-checksum-crc32c", "mnG7TA=="),
+        ]);
+        assert!(Requested::from_headers(&two).is_err());
+        let unknown = headers(&[("x-amz-sdk-checksum-algorithm", "MD4")]);
+        assert!(Requested::from_headers(&unknown).is_err());
+    }
+
+    #[test]
+    fn an_algorithm_alone_or_in_the_trailer_is_understood() {
+        let named = headers(&[("x-amz-sdk-checksum-algorithm", "SHA256")]);
+        let requested = Requested::from_headers(&named).unwrap().unwrap();
+        assert_eq!(requested.algorithm, Algorithm::Sha256);
+        assert_eq!(requested.sent, Sent::Nothing);
+        let trailer = headers(&[
+            ("x-amz-sdk-checksum-algorithm", "CRC32"),
+            ("x-amz-trailer", "x-amz-checksum-crc32c"),
+        ]);
+        let requested = Requested::from_headers(&trailer).unwrap().unwrap();
+        assert_eq!(requested.algorithm, Algorithm::Crc32c);
+        assert_eq!(requested.sent, Sent::Trailer);
+        // A promised trailer that never came is refused, not taken as "nothing sent".
+        let hasher = requested.hasher();
+        assert!(requested.verify(hasher, None).is_err());
+        assert_eq!(Requested::from_headers(&HeaderMap::new()).unwrap(), None);
+    }
+}
