@@ -14,15 +14,21 @@ use http::{header, HeaderValue, Request, Response, Version};
 /// An HTTP/1 request with a body and `Expect: 100-continue`: its client may be withholding the
 /// body until `100 Continue`.
 pub(crate) fn may_withhold_body<B>(req: &Request<B>) -> bool {
-    let expects = req
-        .headers()
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let expects = expects_continue(req.headers());
     let has_body = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .is_none_or(|v| v.as_bytes() != b"0");
     expects && has_body && req.version() <= Version::HTTP_11
+}
+
+/// Whether the client waits for `100 Continue` before sending the body. A refusal then must
+/// not drain the body (`body.rs`): it may never come, and the connection would stay open for
+/// the body-read timeout.
+pub(crate) fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// Ends the connection after `response` when its request's body may have been withheld and the

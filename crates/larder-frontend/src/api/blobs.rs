@@ -42,9 +42,12 @@ pub async fn upload(
     let props = match upload_properties(&parts.headers, max) {
         Ok(props) => props,
         Err(err) => {
-            // Refused before reading: let the client finish sending so it sees the answer.
-            let timeout = state.config.limits.body_read_timeout;
-            drain_in_background(body, drain_budget(max), timeout);
+            // Refused before reading: let the client finish sending so it sees the answer,
+            // unless it waits for 100 Continue (it sends nothing; the connection closes).
+            if !crate::expect::expects_continue(&parts.headers) {
+                let timeout = state.config.limits.body_read_timeout;
+                drain_in_background(body, drain_budget(max), timeout);
+            }
             return Err(err);
         }
     };

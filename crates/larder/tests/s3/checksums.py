@@ -74,9 +74,9 @@ assert error_of(lambda: s3.head_object(Bucket="sums", Key="wrong"))[0] == 404
 assert error_of(lambda: s3.put_object(
     Bucket="sums", Key="sha", Body=b"new", ChecksumCRC32=crc32(b"old"))) == (400, "BadDigest")
 assert s3.get_object(Bucket="sums", Key="sha")["Body"].read() == body
-# A value that is no CRC32 at all.
+# A value that is no CRC32 at all (five bytes).
 assert error_of(lambda: s3.put_object(
-    Bucket="sums", Key="bad", Body=body, ChecksumCRC32="bm9wZQ==")) == (400, "InvalidRequest")
+    Bucket="sums", Key="bad", Body=body, ChecksumCRC32="bm9wZSE=")) == (400, "InvalidRequest")
 
 # The right value, given by the caller.
 good = s3.put_object(Bucket="sums", Key="crc", Body=body, ChecksumCRC32=crc32(body))
