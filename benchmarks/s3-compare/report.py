@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Renders run.sh's results.tsv as Markdown tables (printed) and a bar chart (PNG).
+"""Renders benchmarks/s3-compare's RESULTS.md (printed) and its bar chart from run.sh's files.
 
-Usage: report.py RESULTS_TSV [PNG]
+Usage: report.py RESULTS_TSV MACHINE_TXT READING_MD [PNG]
 
 Tables: ops/s, p50/p99 latency and CPU milliseconds per operation for each server and workload;
 then, at equal copies (Larder with 1 replica against the better of MinIO and Garage for each
@@ -104,8 +104,55 @@ def plot(rows, png):
     fig.savefig(png, dpi=110)
 
 
+HEADER = """# S3 side by side: Larder, MinIO and Garage under the same warp runs
+
+Issue 18 ("How it must be shown"). One server at a time on 127.0.0.1, data in a fresh directory
+under /tmp on the same disk (ext4 on /dev/vda), fsync on for every server:
+
+- **Larder, 1 replica**: `larder dev --nodes 1 --replicas 1` (one storage node, 32 partitions,
+  the frontend in the dev process; fsync on, the default), S3 port from `--s3-listen`, a key from
+  `larder s3 key create --grant '*:owner'`.
+- **MinIO, 1 drive**: `minio server <dir>` (single drive, xl-single). MinIO's defaults write
+  object data with O_DIRECT and fdatasync, `xl.meta` with O_DSYNC; nothing changed.
+- **Garage, rf=1**: `garage server`, one node, layout zone dc1 capacity 10G, lmdb metadata,
+  `replication_factor = 1`, `data_fsync = true`, `metadata_fsync = true` (the config is
+  `garage.toml` next to this file).
+- **Larder, 3 replicas**: `larder dev --nodes 3 --replicas 3` (three storage nodes on the same
+  disk; each write is fsynced on all three): its own row, not compared at equal copies.
+
+The workloads, each one warp command with the same flags for every server (`--duration` and
+`--concurrent` as in the command below, `--region us-east-1`, a fresh bucket per workload), warp on the same
+2-core machine as the server:
+
+| workload | warp command |
+| --- | --- |
+| put-1KiB, put-64KiB, put-4MiB | `warp put --obj.size 1KiB` (64KiB, 4MiB) |
+| get-1KiB, get-64KiB | `warp get --obj.size 1KiB --objects 1000` (64KiB) |
+| get-4MiB | `warp get --obj.size 4MiB --objects 100` |
+| list | `warp list --obj.size 1KiB --objects 3200 --max-keys 100` (16 prefixes of 200 names, one per client; one op = a full listing of a prefix, two ListObjectsV2 pages of 100) |
+
+ops/s and p50/p99 are warp's (ops/s over the whole seconds it keeps; latency of whole requests).
+CPU per operation: user + system seconds of every server process (`/proc/<pid>/stat`, sampled
+every 0.2 s by `measure.py`), from the first operation's start to the last one's end, divided by
+the operations in that span; warp's preparation uploads and its cleanup fall outside it.
+"""
+
+
 def main():
     rows = load(sys.argv[1])
+    with open(sys.argv[2]) as f:
+        machine = f.read().strip()
+    with open(sys.argv[3]) as f:
+        reading = f.read().strip()
+    print(HEADER)
+    print("## Machine, command, versions")
+    print()
+    print("```")
+    print(machine)
+    print("```")
+    print()
+    print("## Results")
+    print()
     table(rows, "Operations per second", lambda s, w: fmt(num(rows, s, w, "ops_per_s"), 1))
     table(rows, "Latency p50 / p99 (ms)", lambda s, w: (
         f"{fmt(num(rows, s, w, 'p50_ms'), 1)} / {fmt(num(rows, s, w, 'p99_ms'), 1)}"
@@ -114,8 +161,11 @@ def main():
           lambda s, w: fmt(num(rows, s, w, "cpu_ms_per_op"), 3))
     table(rows, "Errors counted by warp", lambda s, w: fmt(num(rows, s, w, "errors")))
     ratios(rows)
-    if len(sys.argv) > 2:
-        plot(rows, sys.argv[2])
+    print("![ops/s and CPU per operation by workload](plot.png)")
+    print()
+    print(reading)
+    if len(sys.argv) > 4:
+        plot(rows, sys.argv[4])
 
 
 if __name__ == "__main__":

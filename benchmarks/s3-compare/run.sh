@@ -8,21 +8,32 @@
 # analysis of its --benchdata), errors, and the servers' CPU seconds per operation (user + system
 # from /proc/<pid>/stat of every server process, sampled while warp runs, over the window warp
 # measured: preparation uploads and cleanup are not counted). measure.py runs each command;
-# report.py renders results.tsv as tables.md (the tables in RESULTS.md) and plot.png.
+# report.py renders RESULTS.md (machine, versions, tables; then reading.md, the notes written by
+# hand after a run: re-read them when the numbers change) and plot.png.
 #
-# Usage: run.sh [SERVER...]   (servers: larder1 minio garage larder3; default all four)
+# Usage: run.sh [--smoke | SERVER...]   (servers: larder1 minio garage larder3; default all four)
+#   --smoke (scripts/bench-smoke, part of the test command): renders the committed results.tsv
+#   with report.py into a temp file, and nothing else. The real run is not in the test command:
+#   it needs Go builds of MinIO and warp (minutes each) and a quiet machine.
 # Knobs (environment): DURATION (warp --duration, default 20s), CONCURRENT (default 16),
-#   OUT_DIR (where results.tsv goes, default this folder), WARP_SRC (a git directory of
+#   OUT_DIR (where RESULTS.md, results.tsv, machine.txt, plot.png and runs/ go; default this
+#   folder), WARP_SRC (a git directory of
 #   github.com/minio/warp, used when `go install` of warp fails: the Go module proxy here refuses
 #   warp itself), WAIT_QUIET (1: wait until the 1-minute load average is below 1.0 or
 #   QUIET_DEADLINE, a `date -d` time, before measuring; default 0).
 # Tools are installed once per machine into ${LARDER_TOOLS_DIR:-$HOME/.cache/larder-tools}:
 #   warp and minio by `go install` (pinned below), garage by `cargo install --locked`.
-# Not part of scripts/bench-smoke: MinIO and warp are Go builds of several minutes each.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 source "$here/../lib.sh"
+
+if [ "${1:-}" = "--smoke" ]; then
+  smoke_out=$(mktemp)
+  python3 "$here/report.py" "$here/results.tsv" "$here/machine.txt" "$here/reading.md" > "$smoke_out"
+  rm -f "$smoke_out"
+  exit 0
+fi
 
 # Pinned versions: each builds with Go 1.26 / Rust 1.95, and each module is served by the proxy.
 WARP_VERSION=v1.4.0 # v1.5.0+ need madmin-go v4.6.7 and a minio-go pseudo-version the proxy refuses
@@ -122,6 +133,8 @@ mkdir -p "$work/runs"
 {
   echo "started: $(date -u +%Y-%m-%dT%H:%MZ); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   machine_description "$work"
+  echo "- nproc: $(nproc); free -g:"; free -g | sed 's/^/    /'
+  echo "- $(go version); $(cargo --version)"
   echo "- warp: $WARP_VERSION (github.com/minio/warp; built from source it prints \"(dev)\")"
   echo "- command: benchmarks/s3-compare/run.sh ${servers[*]} (DURATION=$duration CONCURRENT=$concurrent)"
 } > "$work/machine.txt"
@@ -260,16 +273,16 @@ done
 
 echo "finished: $(date -u +%Y-%m-%dT%H:%MZ); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$work/machine.txt"
 cp "$results" "$out_dir/results.tsv"
-# warp's output and analysis of every run, for the record.
-rm -rf "$out_dir/runs" && mkdir -p "$out_dir/runs" && cp "$work"/runs/*.log "$work"/runs/*.json "$out_dir/runs/" 2>/dev/null || true
+# warp's report of every run, for the record (its analysis, runs/*.json, stays in $work).
+rm -rf "$out_dir/runs" && mkdir -p "$out_dir/runs" && cp "$work"/runs/*.log "$out_dir/runs/" 2>/dev/null || true
 cat "$work/machine.txt" "$work/versions.txt" > "$out_dir/machine.txt"
-[ -f "$work/garage.toml" ] && cp "$work/garage.toml" "$out_dir/garage.toml"
+[ -f "$work/garage.toml" ] && sed 's/^rpc_secret = .*/rpc_secret = "<32 random bytes, hex>"/' "$work/garage.toml" > "$out_dir/garage.toml"
 [ ${#failures[@]} -eq 0 ] || log "failed runs: ${failures[*]}"
 
-# The tables (tables.md, pasted into RESULTS.md with the reading of them) and the plot, with
-# matplotlib from a venv in the tools cache.
+# RESULTS.md and the plot, with matplotlib from a venv in the tools cache.
 venv=$tools/plot-venv
 "$venv/bin/python" -c 'import matplotlib' 2>/dev/null ||
   { python3 -m venv "$venv" && "$venv/bin/pip" install -q matplotlib; }
-"$venv/bin/python" "$here/report.py" "$out_dir/results.tsv" "$out_dir/plot.png" > "$out_dir/tables.md"
-log "results in $out_dir: results.tsv, machine.txt, tables.md, plot.png"
+"$venv/bin/python" "$here/report.py" "$out_dir/results.tsv" "$out_dir/machine.txt" \
+  "$here/reading.md" "$out_dir/plot.png" > "$out_dir/RESULTS.md"
+log "results in $out_dir: RESULTS.md, results.tsv, machine.txt, plot.png, runs/"
