@@ -15,7 +15,7 @@
 //! the head of every caught-up peer's feed in its datacenter recently (`ARCHITECTURE.md`, "The
 //! read path").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,8 @@ pub struct Horizons {
     check_before_serving: bool,
     /// Per hosted partition; replaced as the map changes (`update`).
     partitions: RwLock<HashMap<PartitionId, Mutex<Vec<Peer>>>>,
+    /// Partitions whose local replica was empty when this process opened it (`opened_empty`).
+    empty_at_open: Mutex<HashSet<PartitionId>>,
 }
 
 impl Horizons {
@@ -80,6 +82,7 @@ impl Horizons {
             caught_up_window,
             check_before_serving,
             partitions: RwLock::default(),
+            empty_at_open: Mutex::default(),
         };
         horizons.update(map, node_id);
         horizons
@@ -211,6 +214,7 @@ impl Horizons {
     /// Forgets what the peers said of the local replica of `partition`, which was just
     /// replaced by an empty one (`rebuild.rs`): it is behind no one, and checked by no one yet.
     pub fn reset(&self, partition: PartitionId) {
+        self.lock_empty_at_open().remove(&partition);
         self.with_peers(partition, |peers| {
             for p in peers.iter_mut() {
                 p.checked = false;
@@ -232,13 +236,36 @@ impl Horizons {
         if !self.check_before_serving {
             return true;
         }
+        let empty_at_open = self.was_empty_at_open(partition);
         self.with_peers(partition, |peers| {
             peers
                 .iter()
                 .filter(|p| p.local && !p.bootstrapping)
-                .all(|p| (p.checked || p.unreachable) && !p.behind)
+                .all(|p| (p.checked || p.unreachable || empty_at_open) && !p.behind)
         })
         .unwrap_or(true)
+    }
+
+    /// Notes that the local replica of `partition` held nothing when this process opened it
+    /// (a new cluster's replicas, a wiped disk). Everything it holds since came from this
+    /// process's life: from frontends, or from peers' feeds that serve nothing unchecked. So it
+    /// cannot hold a blob whose tombstone a peer dropped, and needs no peer's check before it
+    /// answers reads or serves its feed. Without this, a cluster just created answered reads of
+    /// blobs it had just acknowledged with 503 `ReplicaUnchecked` until replication's first
+    /// round reached every peer (seconds on a loaded machine). A 409 from a peer still counts.
+    pub fn opened_empty(&self, partition: PartitionId) {
+        self.lock_empty_at_open().insert(partition);
+    }
+
+    fn was_empty_at_open(&self, partition: PartitionId) -> bool {
+        self.lock_empty_at_open().contains(&partition)
+    }
+
+    fn lock_empty_at_open(&self) -> std::sync::MutexGuard<'_, HashSet<PartitionId>> {
+        // A poisoned lock only means a panic elsewhere; the set stays meaningful.
+        self.empty_at_open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether `peer` may pull the local replica's feed. A replica whose data went back (a
@@ -247,7 +274,7 @@ impl Horizons {
     /// hand anything to it. So after every start a replica serves a peer only once its own
     /// pull of that peer was answered without a refusal: no race with the peer's pulls.
     pub fn may_serve(&self, partition: PartitionId, peer: &str) -> Serve {
-        let check = self.check_before_serving;
+        let check = self.check_before_serving && !self.was_empty_at_open(partition);
         self.with_peers(partition, |peers| {
             match peers.iter().find(|p| p.node == peer) {
                 Some(p) if p.behind => Serve::Behind,
@@ -377,6 +404,24 @@ mod tests {
         assert_eq!(h.may_serve(0, "s3"), Serve::Behind, "until rebuilt");
         let unchecked = Horizons::new(&map(), "s1", Duration::from_secs(1), false, WINDOW);
         assert_eq!(unchecked.may_serve(0, "s2"), Serve::Yes);
+    }
+
+    #[test]
+    fn a_replica_empty_at_open_needs_no_check_but_a_refusal_still_counts() {
+        let h = Horizons::new(&map(), "s1", Duration::from_secs(1), true, WINDOW);
+        assert!(!h.checked_for_reads(0));
+        assert_eq!(h.may_serve(0, "s2"), Serve::NotChecked);
+        h.opened_empty(0);
+        assert!(h.checked_for_reads(0));
+        assert_eq!(h.may_serve(0, "s2"), Serve::Yes);
+        h.answered(0, "s3", true);
+        assert!(!h.checked_for_reads(0), "a peer's 409 wins");
+        assert_eq!(h.may_serve(0, "s3"), Serve::Behind);
+        h.reset(0);
+        assert!(
+            !h.checked_for_reads(0),
+            "a rebuilt replica is checked as before"
+        );
     }
 
     #[test]

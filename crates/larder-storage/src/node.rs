@@ -141,6 +141,9 @@ impl StorageNode {
                     .map_err(|source| OpenError::Rebuild { partition, source })?;
             }
             let store = node.open_replica(map, partition, &disk_name, state, !rebuilding)?;
+            if !rebuilding && store.stats().durable_cursor.sequence == 0 {
+                node.horizons.opened_empty(partition);
+            }
             node.serve_replica(partition, store);
         }
         tracing::info!(node = %config.node_id, replicas = node.stores_read().len(), "replicas open");
