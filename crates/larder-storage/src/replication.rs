@@ -262,7 +262,9 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
              behind tombstones the peer dropped; it serves that peer nothing until a peer \
              refuses its pull (then it rebuilds itself) or it is rebuilt by hand");
         node.horizons.answered(link.partition, &link.peer, true);
-    } else if saved_ms.is_none() {
+    } else if saved_ms.is_none() || at_start {
+        // A start position this process vouches for is saved again with the time now (see
+        // `Worker::keep_start_fresh`).
         let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
         if let Err(err) = saved {
             tracing::warn!(partition = link.partition, peer = %link.peer, %err, "saving a new cursor");
@@ -388,9 +390,10 @@ impl Worker {
                         .moves
                         .note_position(link.partition, &link.peer, cursor);
                 }
+                // Before the round: a round against an unreachable peer lasts its timeouts.
+                self.keep_start_fresh(link);
                 let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
                 let outcome = tokio::time::timeout(limit, self.round(link)).await;
-                self.keep_start_fresh(link);
                 if let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) {
                     failed = true;
                     tracing::debug!(partition = link.partition, peer = %link.peer, %err, "replication round failed");
