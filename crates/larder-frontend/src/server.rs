@@ -101,16 +101,20 @@ pub async fn serve(
     let grace = config.shutdown_grace;
     let mut metrics = Metrics::new(router.metrics());
     let (stop_tx, stop_rx) = watch::channel(());
-    let s3 = config.s3.as_ref().map(|s3| {
-        let limits = larder_s3::BlobLimits {
-            chunking: config.chunking.clone(),
-            max_object_size: config.max_blob_size.as_u64(),
-            body_read_timeout: config.limits.body_read_timeout,
-        };
-        let registry = metrics.registry_mut();
-        let api = larder_s3::S3Api::start(router.clone(), limits, s3, registry, stop_rx.clone());
-        Arc::new(api)
-    });
+    let s3 = match config.s3.as_ref() {
+        None => None,
+        Some(s3) => {
+            let limits = larder_s3::BlobLimits {
+                chunking: config.chunking.clone(),
+                max_object_size: config.max_blob_size.as_u64(),
+                body_read_timeout: config.limits.body_read_timeout,
+            };
+            let registry = metrics.registry_mut();
+            let api =
+                larder_s3::S3Api::start(router.clone(), limits, s3, registry, stop_rx.clone())?;
+            Some(Arc::new(api))
+        }
+    };
     config.documents.validate()?;
     let body_budget = BodyBudget::new(config.limits.buffered_bodies_per_process, "process");
     let visits = Arc::new(tokio::sync::Semaphore::new(

@@ -185,6 +185,36 @@ impl Router {
         })
     }
 
+    /// A router over the same map, pool and node health that reads, writes and serialises as if
+    /// it ran in `datacenter`: quorums are counted there, and read-modify-writes are decided at
+    /// that datacenter's partition primary. For records that must have one decision point
+    /// across datacenters (the S3 layer's bucket indexes and key ring): two datacenters that each
+    /// serialised their own read-modify-writes of one record would each write a whole new state
+    /// from what they had seen, and last-writer-wins replication would keep one and drop the
+    /// other's changes. Blob IDs it mints name `datacenter`; use it for records only.
+    pub fn acting_in(&self, datacenter: &str) -> Result<Router, String> {
+        let map = self.map();
+        let dc = map
+            .datacenter(datacenter)
+            .ok_or_else(|| format!("datacenter {datacenter:?} is not in the cluster map"))?;
+        let dcs = map.datacenters.iter().map(|d| d.name.clone());
+        Ok(Router {
+            maps: self.maps.clone(),
+            pool: self.pool.clone(),
+            config: self.config.clone(),
+            datacenter: datacenter.to_owned(),
+            datacenter_id: dc.id,
+            health: self.health.clone(),
+            latency: LatencyTracker::new(
+                dcs,
+                self.config.hedge_percentile,
+                self.config.hedge_min_samples,
+            ),
+            metrics: self.metrics.clone(),
+            journal: None,
+        })
+    }
+
     /// Records chunked uploads in `journal`, so that a crash mid-upload leaves no chunks behind
     /// once `clean_up_unfinished_uploads` has run at the next start.
     pub fn with_upload_journal(mut self, journal: UploadJournal) -> Router {

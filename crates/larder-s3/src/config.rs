@@ -22,6 +22,46 @@ pub struct S3Config {
     /// How often this frontend tombstones the blobs whose grace period is over.
     #[serde(default = "default_sweep", with = "humantime_serde")]
     pub sweep_interval: Duration,
+    /// The datacenter whose partition primaries decide every change of the S3 layer's records
+    /// (bucket indexes, the key ring), and whose replicas answer their reads, for frontends
+    /// in every datacenter (`README.md`, "One datacenter decides"). Absent: the first
+    /// datacenter of the cluster map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_datacenter: Option<String>,
+}
+
+impl S3Config {
+    /// The router the S3 layer's records go through: `router` itself in the home datacenter,
+    /// else one acting in the home datacenter (`Router::acting_in`).
+    pub fn records_router(
+        &self,
+        router: &std::sync::Arc<larder_router::Router>,
+    ) -> Result<std::sync::Arc<larder_router::Router>, String> {
+        records_router(router, self.home_datacenter.as_deref())
+    }
+}
+
+/// `S3Config::records_router` for a frontend config with or without `[s3]`.
+pub fn records_router(
+    router: &std::sync::Arc<larder_router::Router>,
+    home: Option<&str>,
+) -> Result<std::sync::Arc<larder_router::Router>, String> {
+    let map = router.map();
+    let home = match home {
+        Some(home) => home.to_owned(),
+        None => map
+            .datacenters
+            .first()
+            .map(|dc| dc.name.clone())
+            .ok_or("the cluster map has no datacenter")?,
+    };
+    if home == router.datacenter() {
+        return Ok(router.clone());
+    }
+    let acting = router
+        .acting_in(&home)
+        .map_err(|e| format!("[s3] home_datacenter: {e}"))?;
+    Ok(std::sync::Arc::new(acting))
 }
 
 fn default_grace() -> Duration {

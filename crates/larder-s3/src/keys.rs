@@ -28,9 +28,10 @@ pub struct KeyAdmin {
 }
 
 impl KeyAdmin {
-    pub fn new(router: Arc<Router>) -> KeyAdmin {
+    /// The key ring through `records_router` (`S3Config::records_router`).
+    pub fn new(records_router: Arc<Router>) -> KeyAdmin {
         KeyAdmin {
-            records: Records::new(router),
+            records: Records::new(records_router.clone(), records_router),
         }
     }
 

@@ -28,9 +28,9 @@ mod store;
 mod upload_list;
 
 pub use blobs::BlobLimits;
-pub use config::S3Config;
+pub use config::{records_router, S3Config};
 pub use error::S3Error;
 pub use keys::{KeyAdmin, NewKey};
-pub use presign::{presign, Presign, MAX_EXPIRY};
+pub use presign::{presign, presign_with_query, Presign, MAX_EXPIRY};
 pub use records::Permission;
 pub use server::{S3Api, S3Body};

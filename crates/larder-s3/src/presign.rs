@@ -44,6 +44,12 @@ pub struct Presign<'a> {
 
 /// The presigned URL (path style: `<endpoint>/<bucket>/<key>?X-Amz-...`).
 pub fn presign(p: &Presign<'_>) -> Result<String, S3Error> {
+    presign_with_query(p, &[])
+}
+
+/// A presigned URL with more query parameters signed in (a listing's `list-type=2&prefix=…`).
+/// An empty key presigns the bucket itself (`<endpoint>/<bucket>`: CreateBucket, a listing).
+pub fn presign_with_query(p: &Presign<'_>, extra: &[(&str, &str)]) -> Result<String, S3Error> {
     if p.expires.is_zero() || p.expires > MAX_EXPIRY {
         return Err(S3Error::InvalidArgument(
             "a presigned URL expires after 1 second to 7 days".into(),
@@ -60,13 +66,22 @@ pub fn presign(p: &Presign<'_>) -> Result<String, S3Error> {
                 p.endpoint
             ))
         })?;
-    let path = format!("/{}/{}", encode(p.bucket, false), encode(p.key, true));
-    let query = sign(p, host, &path)?;
+    let path = match p.key.is_empty() {
+        true => format!("/{}", encode(p.bucket, false)),
+        false => format!("/{}/{}", encode(p.bucket, false), encode(p.key, true)),
+    };
+    let query = sign(p, host, &path, extra)?;
     Ok(format!("{}{path}?{query}", p.endpoint))
 }
 
-/// The query string, signature last, of a presigned request for `path` on `host`.
-fn sign(p: &Presign<'_>, host: &str, path: &str) -> Result<String, S3Error> {
+/// The query string, signature last, of a presigned request for `path` on `host`. SigV4 signs
+/// the query sorted by name, every name and value encoded.
+fn sign(
+    p: &Presign<'_>,
+    host: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> Result<String, S3Error> {
     let seconds = p
         .now
         .duration_since(UNIX_EPOCH)
@@ -75,12 +90,24 @@ fn sign(p: &Presign<'_>, host: &str, path: &str) -> Result<String, S3Error> {
     let (date, time) = utc(seconds);
     let scope = format!("{date}/{}/s3/aws4_request", p.region);
     let credential = format!("{}/{scope}", p.access_key_id);
-    let query = format!(
-        "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={}&X-Amz-Date={date}T{time}Z\
-         &X-Amz-Expires={}&X-Amz-SignedHeaders=host",
-        encode(&credential, false),
-        p.expires.as_secs()
+    let mut pairs = vec![
+        ("X-Amz-Algorithm".to_owned(), "AWS4-HMAC-SHA256".to_owned()),
+        ("X-Amz-Credential".to_owned(), encode(&credential, false)),
+        ("X-Amz-Date".to_owned(), format!("{date}T{time}Z")),
+        ("X-Amz-Expires".to_owned(), p.expires.as_secs().to_string()),
+        ("X-Amz-SignedHeaders".to_owned(), "host".to_owned()),
+    ];
+    pairs.extend(
+        extra
+            .iter()
+            .map(|(name, value)| (encode(name, false), encode(value, false))),
     );
+    pairs.sort();
+    let query = pairs
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect::<Vec<_>>()
+        .join("&");
     let canonical = format!(
         "{}\n{path}\n{query}\nhost:{host}\n\nhost\nUNSIGNED-PAYLOAD",
         p.method
@@ -164,7 +191,7 @@ mod tests {
             expires: Duration::from_secs(86_400),
             now: UNIX_EPOCH + Duration::from_secs(1_369_353_600), // 2013-05-24T00:00:00Z
         };
-        let query = sign(&p, "examplebucket.s3.amazonaws.com", "/test.txt").unwrap();
+        let query = sign(&p, "examplebucket.s3.amazonaws.com", "/test.txt", &[]).unwrap();
         assert!(
             query.ends_with(
                 "X-Amz-Signature=aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404"

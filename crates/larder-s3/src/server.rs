@@ -35,20 +35,22 @@ pub struct S3Api {
 impl S3Api {
     /// The API over `router`, its metrics registered in `registry`, and its sweeper of
     /// replaced blobs running until `stop` changes or closes.
+    /// Fails when `[s3] home_datacenter` is not in the cluster map.
     pub fn start(
         router: Arc<Router>,
         limits: BlobLimits,
         config: &S3Config,
         registry: &mut Registry,
         stop: watch::Receiver<()>,
-    ) -> S3Api {
-        let records = Arc::new(Records::new(router));
+    ) -> Result<S3Api, String> {
+        let records_router = config.records_router(&router)?;
+        let records = Arc::new(Records::new(router, records_router));
         tokio::spawn(sweep_until(records.clone(), config.sweep_interval, stop));
-        S3Api {
+        Ok(S3Api {
             service: service(records, limits.clone(), config),
             metrics: S3Metrics::register(registry),
             limits,
-        }
+        })
     }
 
     /// Answers one request. A body from which nothing arrives for `body_read_timeout` fails

@@ -23,16 +23,18 @@ pub enum Change<R> {
     Keep,
 }
 
-/// The records, over one router.
+/// The records, through the router of the home datacenter (one decision point per record
+/// across datacenters, `S3Config::records_router`); object bodies through the local router.
 pub struct Records {
     docs: DocRouter,
     router: Arc<Router>,
 }
 
 impl Records {
-    pub fn new(router: Arc<Router>) -> Records {
+    /// Records through `records_router`; blobs through `router` (this frontend's datacenter).
+    pub fn new(router: Arc<Router>, records_router: Arc<Router>) -> Records {
         Records {
-            docs: DocRouter::new(router.clone()),
+            docs: DocRouter::new(records_router),
             router,
         }
     }

@@ -114,7 +114,13 @@ pub fn run(command: S3Command) -> anyhow::Result<()> {
             &config.datacenter,
         )
         .map_err(anyhow::Error::msg)?;
-        let admin = KeyAdmin::new(Arc::new(router));
+        let home = config
+            .s3
+            .as_ref()
+            .and_then(|s3| s3.home_datacenter.as_deref());
+        let records_router =
+            larder_s3::records_router(&Arc::new(router), home).map_err(anyhow::Error::msg)?;
+        let admin = KeyAdmin::new(records_router);
         match command {
             S3Command::Key(command) => keys(&admin, command).await,
             S3Command::Presign(args) => {

@@ -210,6 +210,18 @@ impl Cluster {
         wait_for_port(self.frontend_addr);
     }
 
+    /// SIGKILLs frontend `i`, appends `extra` to its config, and starts it again.
+    pub fn reconfigure_frontend(&mut self, i: usize, extra: &str) {
+        let frontend = &mut self.frontends[i];
+        frontend.kill().unwrap();
+        frontend.wait().unwrap();
+        let config = &self.frontend_configs[i];
+        let text = std::fs::read_to_string(config).unwrap();
+        std::fs::write(config, format!("{text}\n{extra}")).unwrap();
+        *frontend = spawn(&["frontend", "--config", config]);
+        wait_for_port(self.frontend_addrs[i]);
+    }
+
     /// SIGKILLs the (first) frontend, then starts it again with `env` added to its environment.
     pub fn restart_frontend_with_env(&mut self, env: &[(&str, &str)]) {
         let frontend = &mut self.frontends[0];
