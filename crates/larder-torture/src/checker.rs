@@ -179,6 +179,9 @@ pub struct FinalCheck {
     pub internal: HashMap<String, std::net::SocketAddr>,
     /// (datacenter, frontend address)
     pub frontends: Vec<(String, std::net::SocketAddr)>,
+    /// (datacenter, frontend S3 port)
+    pub s3: Vec<(String, std::net::SocketAddr)>,
+    pub s3_key: crate::objects::S3Key,
 }
 
 impl FinalCheck {
@@ -239,7 +242,54 @@ impl FinalCheck {
                 }
             }
         }
+        self.check_objects(history, timeout, &mut out).await;
         out
+    }
+
+    /// Every named object reads, through both datacenters' S3 ports, as its last acknowledged
+    /// write left it or as a write of unknown outcome did.
+    async fn check_objects(
+        &self,
+        history: &[Completion],
+        timeout: Duration,
+        out: &mut Vec<Violation>,
+    ) {
+        for (dc, s3) in &self.s3 {
+            let mut conn = Connection::public(*s3, timeout);
+            for (id, allowed) in crate::object_check::allowed_final(history) {
+                let Some((bucket, key)) = id.split_once('/') else {
+                    continue;
+                };
+                let read = crate::objects::send(
+                    &mut conn,
+                    *s3,
+                    &self.s3_key,
+                    Method::GET,
+                    (bucket, key),
+                    &[],
+                    Bytes::new(),
+                )
+                .await;
+                let state = match read {
+                    Ok(a) if a.status == 200 => Ok(Some(content::sha256_hex(&a.body))),
+                    Ok(a) if a.status == 404 => Ok(None),
+                    Ok(a) => Err(format!(
+                        "status {}: {}",
+                        a.status,
+                        String::from_utf8_lossy(&a.body[..a.body.len().min(200)])
+                    )),
+                    Err(e) => Err(e.why),
+                };
+                match state {
+                    Ok(s) if allowed.contains(&s) => {}
+                    other => out.push(Violation {
+                        promise: "object-final-state",
+                        id,
+                        detail: format!("read {other:?} through {dc}, allowed {allowed:?}"),
+                    }),
+                }
+            }
+        }
     }
 
     async fn check_blob(

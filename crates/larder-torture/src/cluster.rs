@@ -85,6 +85,8 @@ pub struct LossyDir {
 pub struct Frontend {
     pub process: Process,
     pub addr: SocketAddr,
+    /// Its S3 port (`[s3] listen`).
+    pub s3_addr: SocketAddr,
     pub datacenter: String,
     /// Its upload journal (`upload_journal_dir`).
     journal: LossyDir,
@@ -323,12 +325,16 @@ impl Cluster {
         }
         for dc in &settings.datacenters {
             let addr = free_port()?;
+            let s3_addr = free_port()?;
             let config = dir.join(format!("frontend-{dc}.toml"));
+            // A short `replaced_blob_grace`, so overwritten and deleted objects' blobs are
+            // tombstoned (and compacted away) within the run.
             std::fs::write(
                 &config,
                 format!(
                     "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n\
-                     upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n"
+                     upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n\n\
+                     [s3]\nlisten = \"{s3_addr}\"\nreplaced_blob_grace = \"5s\"\nsweep_interval = \"2s\"\n"
                 ),
             )?;
             let mut journal = LossyDir::new(dir, &format!("frontend-{dc}-uploads"))?;
@@ -350,6 +356,7 @@ impl Cluster {
             cluster.frontends.push(Frontend {
                 process,
                 addr,
+                s3_addr,
                 datacenter: dc.clone(),
                 journal,
             });

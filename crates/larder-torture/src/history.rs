@@ -38,6 +38,16 @@ pub enum Op {
         value: u64,
     },
     DocRemove,
+    /// A named object's PutObject (its ID in the history: `<bucket>/<key>`).
+    ObjPut {
+        seed: u64,
+        len: usize,
+        sha256: String,
+    },
+    ObjGet,
+    ObjDelete,
+    /// ListObjectsV2 of one worker's prefix (its ID: `<bucket>/<prefix>`).
+    ObjList,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -55,9 +65,12 @@ pub struct Completion {
     pub id: Option<String>,
     #[serde(flatten)]
     pub what: Op,
-    /// A GET's answer: SHA-256 of the bytes read (blobs).
+    /// A GET's answer: SHA-256 of the bytes read (blobs, objects).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_sha256: Option<String>,
+    /// A listing's answer: the IDs (`<bucket>/<key>`) it named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listed: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }

@@ -14,6 +14,9 @@ mod content;
 mod history;
 mod moves;
 mod nemesis;
+mod object_check;
+mod object_ops;
+mod objects;
 mod proxy;
 mod report;
 mod workload;
@@ -214,6 +217,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
             .iter()
             .map(|f| workload::Target {
                 addr: f.addr,
+                s3: f.s3_addr,
                 datacenter: f.datacenter.clone(),
             })
             .collect();
@@ -225,6 +229,15 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
             .collect();
         (targets, c.uses_lossyfs(), c.frontends.len(), processes)
     };
+    let s3_ports: Vec<_> = targets
+        .iter()
+        .map(|t| (t.datacenter.clone(), t.s3))
+        .collect();
+    let first_frontend = settings
+        .dir
+        .join(format!("frontend-{}.toml", settings.datacenters[0]));
+    let s3_key = objects::prepare(&settings.larder, &first_frontend, &s3_ports).await?;
+    history.note("harness", "s3", "key created, one bucket per datacenter");
     let faults = nemesis::schedule(&nemesis::ScheduleSpec {
         seed: args.seed,
         duration: Duration::from_secs(args.seconds),
@@ -288,6 +301,7 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
         max_blob: args.max_blob,
         timeout: Duration::from_secs(20),
         pin_documents: skewing.is_some(),
+        s3_key: s3_key.clone(),
     });
     let workers: Vec<_> = (0..args.workers)
         .map(|w| tokio::spawn(workload.clone().run_worker(w)))
@@ -344,10 +358,13 @@ async fn torture(args: &Args, settings: cluster::Settings) -> anyhow::Result<rep
                 .iter()
                 .map(|f| (f.datacenter.clone(), f.addr))
                 .collect(),
+            s3: s3_ports.clone(),
+            s3_key,
         }
     };
     let completions = history.completions();
     let mut violations = checker::check_reads(&completions, Duration::from_millis(args.settle_ms));
+    violations.extend(object_check::check_reads(&completions));
     if let Some(why) = unsettled {
         violations.push(checker::Violation {
             promise: "moves-finish",

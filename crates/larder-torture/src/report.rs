@@ -22,6 +22,10 @@ fn op_name(op: &Op) -> &'static str {
         Op::DocPut { .. } => "doc_put",
         Op::DocUpdate { .. } => "doc_update",
         Op::DocRemove => "doc_remove",
+        Op::ObjPut { .. } => "object_put",
+        Op::ObjGet => "object_get",
+        Op::ObjDelete => "object_delete",
+        Op::ObjList => "object_list",
     }
 }
 

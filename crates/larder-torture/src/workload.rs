@@ -12,6 +12,7 @@ use http::Method;
 use crate::client::{Answer, Connection, NoAnswer};
 use crate::content::{self, Rng};
 use crate::history::{Completion, History, Op, Outcome};
+use crate::objects::{self, S3Key};
 
 /// Documents each worker owns.
 pub const DOCS_PER_WORKER: u64 = 4;
@@ -20,6 +21,8 @@ pub const DOC_PATH: &str = "/document/v1/torture/doc/docid";
 #[derive(Clone)]
 pub struct Target {
     pub addr: SocketAddr,
+    /// Its S3 port.
+    pub s3: SocketAddr,
     pub datacenter: String,
 }
 
@@ -39,6 +42,8 @@ pub struct Workload {
     pub timeout: Duration,
     /// Write each document through one datacenter only (under clock skew).
     pub pin_documents: bool,
+    /// The access key of the S3 requests.
+    pub s3_key: S3Key,
 }
 
 pub fn doc_id(worker: usize, k: u64) -> String {
@@ -48,32 +53,30 @@ pub fn doc_id(worker: usize, k: u64) -> String {
 impl Workload {
     pub async fn run_worker(self: Arc<Self>, worker: usize) {
         let mut rng = Rng::derive(self.seed, 1000 + worker as u64);
-        let mut connections: Vec<Connection> = self
-            .targets
-            .iter()
-            .map(|t| Connection::public(t.addr, self.timeout))
-            .collect();
+        let connect = |addr| Connection::public(addr, self.timeout);
+        let mut connections: Vec<Connection> =
+            self.targets.iter().map(|t| connect(t.addr)).collect();
+        let mut s3_connections: Vec<Connection> =
+            self.targets.iter().map(|t| connect(t.s3)).collect();
         let name = format!("w{worker}");
         let mut doc_seq = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
             let mut t = rng.range(0, self.targets.len() as u64) as usize;
+            let dc = self.targets[t].datacenter.clone();
             match rng.range(0, 100) {
-                0..=34 => {
-                    let dc = self.targets[t].datacenter.clone();
+                0..=29 => {
                     self.blob_put(&mut connections[t], &name, &dc, &mut rng)
                         .await
                 }
-                35..=64 => {
-                    let dc = self.targets[t].datacenter.clone();
+                30..=54 => {
                     self.blob_get(&mut connections[t], &name, &dc, &mut rng)
                         .await
                 }
-                65..=74 => {
-                    let dc = self.targets[t].datacenter.clone();
+                55..=62 => {
                     self.blob_delete(&mut connections[t], &name, &dc, &mut rng)
                         .await
                 }
-                _ => {
+                63..=81 => {
                     doc_seq += 1;
                     let value = (worker as u64) << 32 | doc_seq;
                     let k = rng.range(0, DOCS_PER_WORKER);
@@ -88,6 +91,18 @@ impl Workload {
                     self.doc_write(&mut connections[t], &name, &dc, &doc, value, &mut rng)
                         .await
                 }
+                _ => {
+                    // Through either datacenter, to the bucket made through the worker's.
+                    let bucket =
+                        objects::bucket_of(&self.targets[worker % self.targets.len()].datacenter);
+                    let conn = &mut s3_connections[t];
+                    self.object_op(conn, worker, &bucket, &self.targets[t], &mut rng)
+                        .await;
+                    if conn.is_down() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
             }
             if connections[t].is_down() {
                 // Its frontend is down: do not spin on refused connections.
@@ -100,7 +115,7 @@ impl Workload {
         }
     }
 
-    fn record(
+    pub(crate) fn record(
         &self,
         (op, invoke_ms): (u64, u64),
         (name, dc): (&str, &str),
@@ -125,6 +140,7 @@ impl Workload {
             id,
             what,
             read_sha256: None,
+            listed: None,
             detail: result.as_ref().err().map(|e| e.why.clone()),
         };
         completion
