@@ -74,6 +74,12 @@ pub struct FrontendAuth {
     /// Absent without `[pool.tls]`: the pool reaches only storage nodes in insecure mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_file: Option<PathBuf>,
+    /// Every `/v1/blobs` request must carry a presigned URL (SigV4 in the query, as `larder s3
+    /// presign … /v1/blobs/<id>` makes them) of a key from the cluster's key ring with a grant
+    /// on every bucket (`*`): read for GET and HEAD, write for POST and DELETE. Off: the blob
+    /// API is open to whoever reaches the port (the default, as behind a trusted network).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub require_signed_blob_urls: bool,
 }
 
 impl FrontendAuth {
@@ -262,6 +268,7 @@ impl FrontendConfig {
             pool: PoolConfig::default(),
             auth: FrontendAuth {
                 secret_file: Some("cluster.secret".into()),
+                require_signed_blob_urls: false,
             },
             router: RouterConfig::default(),
             documents: DocumentsConfig::default(),

@@ -11,6 +11,9 @@ pub enum ApiError {
     BadRequest(&'static str, String),
     #[error("{0}")]
     NotFound(String),
+    /// A presigned URL is required and this request's is missing or wrong.
+    #[error("{1}")]
+    Forbidden(&'static str, String),
     #[error("method {method} is not allowed here; use {allow}")]
     MethodNotAllowed { method: String, allow: &'static str },
     #[error("{1}")]
@@ -38,6 +41,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(code, _) => (StatusCode::BAD_REQUEST, code),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::Forbidden(code, _) => (StatusCode::FORBIDDEN, code),
             ApiError::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
             }
@@ -125,5 +129,24 @@ impl From<Missing> for ApiError {
             } => ApiError::Gone("Deleted", "blob was deleted".into()),
             Missing::RangeNotSatisfiable { size } => ApiError::RangeNotSatisfiable { size },
         }
+    }
+}
+
+impl From<larder_s3::SignatureError> for ApiError {
+    fn from(err: larder_s3::SignatureError) -> ApiError {
+        use larder_s3::SignatureError as E;
+        let code = match &err {
+            E::Unavailable(_) => return ApiError::Unavailable(err.to_string()),
+            E::Malformed(_) => {
+                return ApiError::BadRequest("AuthorizationQueryParametersError", err.to_string())
+            }
+            E::Missing => "SignatureRequired",
+            E::Expired => "SignatureExpired",
+            E::NotYetValid => "SignatureNotYetValid",
+            E::UnknownKey => "InvalidAccessKeyId",
+            E::Mismatch => "SignatureDoesNotMatch",
+            E::Forbidden(_) => "AccessDenied",
+        };
+        ApiError::Forbidden(code, err.to_string())
     }
 }

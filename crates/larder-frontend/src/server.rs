@@ -115,6 +115,17 @@ pub async fn serve(
             Some(Arc::new(api))
         }
     };
+    let signed_urls = match config.auth.require_signed_blob_urls {
+        false => None,
+        true => {
+            let home = config
+                .s3
+                .as_ref()
+                .and_then(|s3| s3.home_datacenter.as_deref());
+            let records_router = larder_s3::records_router(&router, home)?;
+            Some(larder_s3::SignedUrls::new(records_router))
+        }
+    };
     config.documents.validate()?;
     let body_budget = BodyBudget::new(config.limits.buffered_bodies_per_process, "process");
     let visits = Arc::new(tokio::sync::Semaphore::new(
@@ -124,6 +135,7 @@ pub async fn serve(
         visits,
         config,
         body_budget,
+        signed_urls,
         documents: larder_router::DocRouter::new(router.clone()),
         document_locks: Default::default(),
         document_work: Default::default(),

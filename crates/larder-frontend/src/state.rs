@@ -19,4 +19,6 @@ pub struct AppState {
     pub metrics: Metrics,
     /// All buffered request bodies of this process (`limits.buffered_bodies_per_process`).
     pub body_budget: crate::body_budget::BodyBudget,
+    /// Checks `/v1/blobs` requests' presigned URLs (`[auth] require_signed_blob_urls`).
+    pub signed_urls: Option<larder_s3::SignedUrls>,
 }

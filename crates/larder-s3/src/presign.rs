@@ -124,18 +124,18 @@ fn sign(
     Ok(format!("{query}&X-Amz-Signature={signature}"))
 }
 
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+pub(crate) fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
     mac.update(data);
     mac.finalize().into_bytes().to_vec()
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     crate::blobs::hex(bytes)
 }
 
 /// SigV4's URI encoding: every byte but `A-Za-z0-9-._~` (and `/` in a key) as `%XX`.
-fn encode(text: &str, keep_slash: bool) -> String {
+pub(crate) fn encode(text: &str, keep_slash: bool) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         match byte {
@@ -150,7 +150,7 @@ fn encode(text: &str, keep_slash: bool) -> String {
 }
 
 /// `YYYYMMDD` and `HHMMSS` (UTC) of Unix time `seconds`.
-fn utc(seconds: u64) -> (String, String) {
+pub(crate) fn utc(seconds: u64) -> (String, String) {
     let days = (seconds / 86_400) as i64;
     let of_day = seconds % 86_400;
     // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).

@@ -20,8 +20,9 @@ pub enum S3Command {
     /// Access keys for the S3 API.
     #[command(subcommand)]
     Key(KeyCommand),
-    /// Print a presigned URL: a GET or PUT of one object that whoever holds it may do until it
-    /// expires, signed (SigV4) with a key's secret read from the cluster; the key's grants apply.
+    /// Print a presigned URL: a GET or PUT of one object (or, for `/v1/blobs` paths, a blob
+    /// upload, read or delete) that whoever holds it may do until it expires, signed (SigV4)
+    /// with a key's secret read from the cluster; the key's grants apply.
     Presign(PresignArgs),
 }
 
@@ -33,19 +34,21 @@ pub struct PresignArgs {
     #[arg(long)]
     access_key_id: String,
     /// The request the URL allows.
-    #[arg(long, default_value = "GET", value_parser = ["GET", "PUT"])]
+    #[arg(long, default_value = "GET", value_parser = ["GET", "PUT", "HEAD", "POST", "DELETE"])]
     method: String,
     /// Seconds until the URL expires (at most 604800, seven days), as `aws s3 presign`.
     #[arg(long, default_value_t = 900)]
     expires_in: u64,
-    /// The S3 endpoint clients reach, `http(s)://host:port` (default: the config's `[s3]
-    /// listen`, 127.0.0.1 for an unspecified address).
+    /// The endpoint clients reach, `http(s)://host:port` (default: the config's `[s3]
+    /// listen`, or its `listen` for a `/v1/blobs` path; 127.0.0.1 for an unspecified address).
     #[arg(long)]
     endpoint: Option<String>,
     /// The SigV4 region (any; Larder serves one).
     #[arg(long, default_value = "us-east-1")]
     region: String,
-    /// The object: `s3://BUCKET/KEY` or `BUCKET/KEY`.
+    /// The object: `s3://BUCKET/KEY` or `BUCKET/KEY`; or a blob API path, `/v1/blobs` (POST,
+    /// an upload) or `/v1/blobs/<id>` (GET, HEAD, DELETE), for frontends with `[auth]
+    /// require_signed_blob_urls`.
     object: String,
 }
 
@@ -124,7 +127,10 @@ pub fn run(command: S3Command) -> anyhow::Result<()> {
         match command {
             S3Command::Key(command) => keys(&admin, command).await,
             S3Command::Presign(args) => {
-                let listen = config.s3.as_ref().map(|s3| s3.listen);
+                let listen = match args.object.starts_with("/v1/blobs") {
+                    true => Some(config.listen),
+                    false => config.s3.as_ref().map(|s3| s3.listen),
+                };
                 println!("{}", presign(&admin, args, listen).await?);
                 Ok(())
             }
@@ -164,6 +170,8 @@ async fn presign(
     listen: Option<SocketAddr>,
 ) -> anyhow::Result<String> {
     let object = args.object.strip_prefix("s3://").unwrap_or(&args.object);
+    // `/v1/blobs/<id>` signs as bucket `v1`, key `blobs/<id>`: the same path.
+    let object = object.strip_prefix('/').unwrap_or(object);
     let (bucket, key) = object
         .split_once('/')
         .filter(|(b, k)| !b.is_empty() && !k.is_empty())

@@ -32,6 +32,25 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Refuses a request without a valid presigned URL when `[auth] require_signed_blob_urls`
+/// (`larder_s3::SignedUrls`): before anything is read or stored.
+async fn check_signature(state: &AppState, parts: &http::request::Parts) -> Result<(), ApiError> {
+    let Some(signed_urls) = &state.signed_urls else {
+        return Ok(());
+    };
+    // HTTP/2 names the host in `:authority`, HTTP/1.1 in `Host`.
+    let host = match parts.uri.authority() {
+        Some(authority) => authority.as_str(),
+        None => parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or(""),
+    };
+    let (path, query) = (parts.uri.path(), parts.uri.query());
+    Ok(signed_urls.check(&parts.method, host, path, query).await?)
+}
+
 /// `POST /v1/blobs`: stores the body on a quorum of replicas and answers with the new ID.
 pub async fn upload(
     state: &Arc<AppState>,
@@ -39,7 +58,11 @@ pub async fn upload(
 ) -> Result<Response<Body>, ApiError> {
     let max = state.config.max_blob_size.as_u64();
     let (parts, body) = req.into_parts();
-    let props = match upload_properties(&parts.headers, max) {
+    let checked = match check_signature(state, &parts).await {
+        Ok(()) => upload_properties(&parts.headers, max),
+        Err(err) => Err(err),
+    };
+    let props = match checked {
         Ok(props) => props,
         Err(err) => {
             // Refused before reading: let the client finish sending so it sees the answer,
@@ -156,6 +179,7 @@ pub async fn by_id(
             allow: "GET, HEAD, DELETE",
         });
     }
+    check_signature(state, req).await?;
     let id: BlobId = id
         .parse()
         .map_err(|e| ApiError::BadRequest("InvalidBlobId", format!("malformed blob id: {e}")))?;
