@@ -48,10 +48,6 @@ pub struct StorageNode {
     /// The cluster map this node runs now, how new ones are taken; `maps.subscribe()` follows
     /// its changes.
     pub maps: std::sync::Arc<crate::map_state::MapState>,
-    /// When this process opened the node (ms since the epoch): a replication position saved
-    /// since was saved by a node that has been running ever since, never away
-    /// (`replication::check_link`).
-    pub(crate) started_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +119,6 @@ impl StorageNode {
             ),
             serialised: Default::default(),
             rebuilds: Default::default(),
-            started_ms: crate::validate::now_ms(),
             maps: std::sync::Arc::new(crate::map_state::MapState::new(
                 map_tx,
                 &config.node_id,

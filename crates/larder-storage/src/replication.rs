@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
 use http::{HeaderMap, Request, StatusCode};
@@ -92,8 +92,9 @@ struct Link {
     store: Store,
     cursor: Cursor,
     cursor_file: PathBuf,
-    /// When the cursor file was last written (ms since the epoch).
-    saved_ms: u64,
+    /// When this process last wrote the cursor file (monotonic: a quarter of the retention
+    /// later it is written again, whatever the wall clock does); `None`: not since it started.
+    saved_at: Option<Instant>,
     /// Skipped while the partition's bulk bootstrap runs; the cursor file is read again after
     /// (the bootstrap saves the source's cursor at its end).
     paused: bool,
@@ -163,18 +164,18 @@ fn links_by_peer(
         });
         for peer in sources {
             let cursor_file = dir.join(format!("p{partition}-{}.cursor", peer.node));
-            let (cursor, saved_ms) = load_cursor(&cursor_file, store.incarnation());
+            let (cursor, saved) = load_cursor(&cursor_file, store.incarnation());
             let link = Link {
                 partition: *partition,
                 peer: peer.node.clone(),
                 store: store.clone(),
                 cursor,
                 cursor_file,
-                saved_ms: saved_ms.unwrap_or(0),
+                saved_at: None,
                 paused: false,
             };
             if !local_is_new {
-                check_link(node, &link, saved_ms);
+                check_link(node, &link, saved);
             }
             node.moves
                 .note_position(link.partition, &link.peer, link.cursor);
@@ -246,13 +247,12 @@ pub(crate) fn refresh_start_positions(
 /// behind tombstones the peer dropped without the peer being able to tell (a cursor from the
 /// start looks like a new replica's), so it counts as behind that peer: it serves it nothing
 /// until rebuilt. A new replica (no data yet) saves its start cursors now, with the time.
-fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
+fn check_link(node: &StorageNode, link: &Link, saved: Option<Saved>) {
     let has_data = link.store.stats().durable_cursor.sequence > 0;
     let at_start = link.cursor.sequence == 0;
     let retention = node.horizons.retention_ms();
     // Saved by this process: the node has been running since, so it was not away.
-    let away =
-        saved_ms.is_none_or(|t| t < node.started_ms && t.saturating_add(retention) < now_ms());
+    let away = saved.is_none_or(|s| !s.here && s.ms.saturating_add(retention) < now_ms());
     if has_data && at_start && away {
         // Not rebuilt for this alone: it is only a suspicion (a peer whose cursor files were
         // lost looks the same), and every replica of a partition could hold it at once. The
@@ -262,7 +262,7 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
              behind tombstones the peer dropped; it serves that peer nothing until a peer \
              refuses its pull (then it rebuilds itself) or it is rebuilt by hand");
         node.horizons.answered(link.partition, &link.peer, true);
-    } else if saved_ms.is_none() || at_start {
+    } else if saved.is_none() || at_start {
         // A start position this process vouches for is saved again with the time now (see
         // `Worker::keep_start_fresh`).
         let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
@@ -277,20 +277,50 @@ fn check_link(node: &StorageNode, link: &Link, saved_ms: Option<u64>) {
 /// (the replica was rebuilt: what it had pulled is gone, so everything must be pulled again).
 /// The peer's own incarnation is inside the cursor: the peer restarts a cursor of another of its
 /// incarnations. A file without a time (an older build) counts as saved now.
-fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<u64>) {
+fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<Saved>) {
     let Ok(text) = std::fs::read_to_string(path) else {
         return (Cursor::START, None);
     };
     let mut parts = text.split_whitespace();
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(cursor), Some(local), saved, None)
+    let fields = (parts.next(), parts.next(), parts.next(), parts.next());
+    match (fields, parts.next()) {
+        ((Some(cursor), Some(local), saved, by), None)
             if local == incarnation_text(local_incarnation) =>
         {
-            let saved = saved.map_or(Some(now_ms()), |t| t.parse().ok());
+            let ms = saved.map_or(Some(now_ms()), |t| t.parse().ok());
+            let here = by == Some(process_text().as_str());
+            let saved = ms.map(|ms| Saved { ms, here });
             (cursor.parse().unwrap_or(Cursor::START), saved)
         }
         _ => (Cursor::START, None),
     }
+}
+
+/// When a cursor file was saved, and whether by this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Saved {
+    /// Wall-clock ms since the epoch, as the saving process's clock read then.
+    ms: u64,
+    /// Saved by this process: it has been running since, so this replica was not away,
+    /// whatever the wall clock did meanwhile.
+    here: bool,
+}
+
+/// This process's mark in the cursor files it saves (random per process). "Saved by this
+/// process" was once judged by comparing the saved time with the process's start time, both
+/// from the wall clock: a clock stepped back while a file was re-saved made this process's own
+/// fresh start position look older than the process, and older than the tombstone retention
+/// once the clock came back; the replica then took itself for one that was away and answered
+/// 503 `ReplicaUnchecked` for good (the nemesis with clock jumps and moves, seed 11).
+fn process_text() -> &'static String {
+    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARK.get_or_init(|| {
+        use std::hash::BuildHasher;
+        // RandomState is keyed from the OS's randomness, once per process.
+        let mark = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        format!("{mark:016x}")
+    })
 }
 
 /// Saves the start position in each peer's feed for a replica created now (before anything is
@@ -343,16 +373,17 @@ fn incarnation_text(incarnation: u64) -> String {
 
 /// Saves a cursor durably: a crash must never move it past changes that are not applied here.
 /// (Moving it back is harmless: applying a change twice is a no-op.) The file holds the peer's
-/// cursor, the local replica's incarnation and when it was saved:
-/// `<cursor> <local incarnation> <ms since the epoch>`.
+/// cursor, the local replica's incarnation, when it was saved and by which process:
+/// `<cursor> <local incarnation> <ms since the epoch> <process mark>` (`process_text`).
 fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
     let text = format!(
-        "{cursor} {} {}\n",
+        "{cursor} {} {} {}\n",
         incarnation_text(local_incarnation),
-        now_ms()
+        now_ms(),
+        process_text()
     );
     file.write_all(text.as_bytes())?;
     file.sync_data()?;
@@ -385,7 +416,7 @@ impl Worker {
                     link.paused = false;
                     let (cursor, saved) = load_cursor(&link.cursor_file, link.store.incarnation());
                     link.cursor = cursor;
-                    link.saved_ms = saved.unwrap_or(0);
+                    link.saved_at = saved.filter(|s| s.here).map(|_| Instant::now());
                     self.node
                         .moves
                         .note_position(link.partition, &link.peer, cursor);
@@ -452,7 +483,7 @@ impl Worker {
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
             let local = link.store.incarnation();
             save_cursor(&link.cursor_file, next, local).map_err(ReplicationError::SaveCursor)?;
-            link.saved_ms = now_ms();
+            link.saved_at = Some(Instant::now());
             // Only once saved: the peer reads our next request's cursor as our position in its
             // feed (its tombstone horizon), which must never be ahead of what a restart of
             // ours would resume from.
@@ -478,19 +509,25 @@ impl Worker {
         let next: Cursor = next
             .parse()
             .map_err(|_| ReplicationError::BadCursor(next.to_owned()))?;
-        let retention = self.node.horizons.retention_ms();
-        let stale = now_ms().saturating_sub(link.saved_ms) > retention / 4;
+        let stale = self.stale(link);
         let moved = next != link.cursor;
         if moved || stale {
             save_cursor(&link.cursor_file, next, link.store.incarnation())
                 .map_err(ReplicationError::SaveCursor)?;
             link.cursor = next;
-            link.saved_ms = now_ms();
+            link.saved_at = Some(Instant::now());
         }
         self.node
             .moves
             .note_position(link.partition, &link.peer, link.cursor);
         Ok(())
+    }
+
+    /// Whether `link`'s file was last written by this process more than a quarter of the
+    /// tombstone retention ago (or not at all).
+    fn stale(&self, link: &Link) -> bool {
+        let quarter = Duration::from_millis(self.node.horizons.retention_ms() / 4);
+        link.saved_at.is_none_or(|at| at.elapsed() > quarter)
     }
 
     /// Re-saves a start cursor (with the time) a quarter of the retention after the last save,
@@ -507,12 +544,11 @@ impl Worker {
         {
             return;
         }
-        let retention = self.node.horizons.retention_ms();
-        if now_ms().saturating_sub(link.saved_ms) <= retention / 4 {
+        if !self.stale(link) {
             return;
         }
         match save_cursor(&link.cursor_file, Cursor::START, link.store.incarnation()) {
-            Ok(()) => link.saved_ms = now_ms(),
+            Ok(()) => link.saved_at = Some(Instant::now()),
             Err(err) => tracing::warn!(partition = link.partition, peer = %link.peer, %err,
                 "saving a start cursor"),
         }
@@ -767,7 +803,9 @@ mod tests {
         save_cursor(&path, cursor, 7).unwrap();
         let (loaded, saved) = load_cursor(&path, 7);
         assert_eq!(loaded, cursor);
-        assert!(saved.unwrap() >= before, "saved with its time");
+        let saved = saved.unwrap();
+        assert!(saved.ms >= before, "saved with its time");
+        assert!(saved.here, "by this process");
         // The local replica was rebuilt: pull everything again.
         assert_eq!(load_cursor(&path, 8).0, Cursor::START);
         // A cursor of the old physical format (`<segment>.<offset>`) restarts too.
@@ -779,6 +817,21 @@ mod tests {
         std::fs::write(&path, "0000000000000abc.42 0000000000000007\n").unwrap();
         let (loaded, saved) = load_cursor(&path, 7);
         assert_eq!(loaded, cursor);
-        assert!(saved.unwrap() >= before);
+        assert!(saved.unwrap().ms >= before);
+        assert!(!saved.unwrap().here);
+        // Saved by another process, at a time its clock read: not this process's, whatever the
+        // time says (a clock stepped back or forward does not make it this process's).
+        std::fs::write(
+            &path,
+            "0000000000000abc.42 0000000000000007 5 00000000deadbeef\n",
+        )
+        .unwrap();
+        assert_eq!(load_cursor(&path, 7).1, Some(Saved { ms: 5, here: false }));
+        let mine = format!(
+            "0000000000000abc.42 0000000000000007 5 {}\n",
+            process_text()
+        );
+        std::fs::write(&path, mine).unwrap();
+        assert_eq!(load_cursor(&path, 7).1, Some(Saved { ms: 5, here: true }));
     }
 }
