@@ -68,6 +68,22 @@ pub enum S3Error {
     Internal(String),
 }
 
+impl S3Error {
+    /// The same failure for another request that shared the operation that failed (a batch of
+    /// index changes, `index_batch.rs`): the failures a read-modify-write can end with keep
+    /// their kind; any other is storage being unable to do it now.
+    pub(crate) fn shared(&self) -> S3Error {
+        match self {
+            S3Error::NoSuchBucket => S3Error::NoSuchBucket,
+            S3Error::TooLarge(m) => S3Error::TooLarge(m.clone()),
+            S3Error::InvalidArgument(m) => S3Error::InvalidArgument(m.clone()),
+            S3Error::Corrupt(m) => S3Error::Corrupt(m.clone()),
+            S3Error::Internal(m) => S3Error::Internal(m.clone()),
+            other => S3Error::Unavailable(other.to_string()),
+        }
+    }
+}
+
 impl From<DocError> for S3Error {
     fn from(err: DocError) -> Self {
         match err {

@@ -14,6 +14,7 @@ mod config;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod index_batch;
 mod keys;
 mod list;
 mod metrics;

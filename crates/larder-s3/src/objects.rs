@@ -13,13 +13,14 @@ use std::time::Duration;
 use crate::blobs;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
-use crate::records::MAX_INDEX_ENTRIES;
-use crate::records::{bucket_doc, BucketIndex, Catalog, Garbage, ObjectEntry, CATALOG_DOC};
+use crate::index_batch::IndexChange;
+use crate::records::{bucket_doc, BucketIndex, Catalog, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
 
 /// Points `key` at `entry` if `conditions` (`If-None-Match: *`, `If-Match`) hold for what the
-/// name points at now, decided at the primary.
+/// name points at now, decided at the primary (with the bucket's other pending changes:
+/// `index_batch.rs`).
 pub async fn link(
     s3: &Larder,
     bucket: &str,
@@ -27,54 +28,29 @@ pub async fn link(
     entry: ObjectEntry,
     conditions: &WriteConditions,
 ) -> Result<(), S3Error> {
-    let after_ms = now_ms().saturating_add(s3.grace.as_millis() as u64);
-    s3.records
-        .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
-            let mut index = index.ok_or(S3Error::NoSuchBucket)?;
-            conditions.check(index.objects.get(key))?;
-            if !index.objects.contains_key(key) && index.objects.len() >= MAX_INDEX_ENTRIES {
-                return Err(S3Error::IndexFull(format!(
-                    "bucket {bucket} holds {MAX_INDEX_ENTRIES} objects, the most one index \
-                     record holds until key-range splitting is built"
-                )));
-            }
-            if let Some(old) = index.objects.insert(key.to_owned(), entry.clone()) {
-                index.garbage.extend(old.body.into_iter().map(|p| Garbage {
-                    blob: p.blob,
-                    after_ms,
-                }));
-            }
-            Ok((Change::Put(index), ()))
-        })
+    let change = IndexChange::Link {
+        key: key.to_owned(),
+        entry,
+        conditions: conditions.clone(),
+    };
+    s3.index_batches
+        .apply(&s3.records, bucket, change, unlink_after(s3))
         .await
 }
 
 /// Removes `keys` in one write (absent ones: nothing to do, as S3 answers 204 either way).
 pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3Error> {
-    let after_ms = now_ms().saturating_add(s3.grace.as_millis() as u64);
-    s3.records
-        .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
-            let mut index = index.ok_or(S3Error::NoSuchBucket)?;
-            let mut changed = false;
-            for key in keys {
-                if let Some(old) = index.objects.remove(key) {
-                    index.garbage.extend(old.body.into_iter().map(|p| Garbage {
-                        blob: p.blob,
-                        after_ms,
-                    }));
-                    changed = true;
-                }
-            }
-            Ok((
-                if changed {
-                    Change::Put(index)
-                } else {
-                    Change::Keep
-                },
-                (),
-            ))
-        })
+    let change = IndexChange::Unlink {
+        keys: keys.to_vec(),
+    };
+    s3.index_batches
+        .apply(&s3.records, bucket, change, unlink_after(s3))
         .await
+}
+
+/// When a blob unlinked now may be tombstoned.
+fn unlink_after(s3: &Larder) -> u64 {
+    now_ms().saturating_add(s3.grace.as_millis() as u64)
 }
 
 /// Tombstones, every `interval`, the blobs whose grace period is over, bucket by bucket: first

@@ -123,6 +123,7 @@ fn service(records: Arc<Records>, limits: BlobLimits, config: &S3Config) -> S3Se
         keys: keys.clone(),
         limits,
         grace: config.replaced_blob_grace,
+        index_batches: Default::default(),
     };
     let mut builder = S3ServiceBuilder::new(larder);
     builder.set_auth(Gate(keys.clone()));

@@ -46,6 +46,8 @@ pub struct Larder {
     pub(crate) limits: BlobLimits,
     /// How long a replaced blob stays readable (reads that resolved its name may be under way).
     pub(crate) grace: Duration,
+    /// This frontend's pending changes of bucket indexes, written in batches.
+    pub(crate) index_batches: Arc<crate::index_batch::IndexBatches>,
 }
 
 pub(crate) fn now_ms() -> u64 {
