@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# S3 PutObject of 1 KiB objects into one bucket, many clients at once: the commit before the
+# batched bucket-index writes (BASE) next to this checkout (HEAD), alternating, in one run.
+# Each: `larder dev --nodes 1 --replicas 1` (release build, fsync on), a key, then
+# put_burst.py (boto3, THREADS threads, SECONDS s). Prints a table; RESULTS.md keeps one.
+#
+# usage: benchmarks/s3-batching/run.sh   (env: BASE=1433aef~1 THREADS=16 SECONDS_EACH=15 ROUNDS=2 SIZE=1024)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+base=${BASE:-1433aef~1}
+threads=${THREADS:-16}
+seconds=${SECONDS_EACH:-15}
+rounds=${ROUNDS:-2}
+size=${SIZE:-1024}
+work=$(mktemp -d "${TMPDIR:-/tmp}/s3-batching.XXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 2
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  git -C "$root" worktree remove --force "$work/base-src" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+python=${PYTHON:-$work/venv/bin/python}
+if [ -z "${PYTHON:-}" ]; then
+  python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
+fi
+
+# Two release builds, each in its own target dir (kept between runs under ~/.cache).
+cache=${CACHE:-$HOME/.cache/larder-s3-batching}
+mkdir -p "$cache"
+git -C "$root" worktree add --detach "$work/base-src" "$base" >/dev/null
+(cd "$work/base-src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
+(cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 300); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+
+run_one() { # NAME BINARY
+  local dir=$work/$1-$RANDOM port s3 key id secret dev
+  port=$(free_port) s3=$(free_port)
+  LARDER_LOG=warn,s3s=off "$2" dev --data-dir "$dir" --listen "127.0.0.1:$port" \
+    --s3-listen "127.0.0.1:$s3" --nodes 1 --replicas 1 > "$dir.log" 2>&1 &
+  dev=$!
+  pids+=("$dev")
+  wait_port "$s3"
+  key=$("$2" s3 key create --config "$dir/frontend-dc1.toml" --grant '*:owner')
+  id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["access_key_id"])' <<< "$key")
+  secret=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
+  local out
+  out=$("$python" "$root/benchmarks/s3-batching/put_burst.py" "http://127.0.0.1:$s3" "$id" "$secret" \
+    bench "$threads" "$seconds" "$size")
+  echo "| $1 | $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(" | ".join(str(d[k]) for k in ("ops_per_s","p50_ms","p99_ms","errors")))' "$out") |"
+  kill "$dev"; wait "$dev" 2>/dev/null || true
+}
+
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ); load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
+echo "base: $(git -C "$root" rev-parse --short "$base"); head: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo ' with local changes')"
+echo "put_burst: $threads threads, $seconds s, $size-byte objects, one bucket"
+echo
+echo "| build | PUT/s | p50 ms | p99 ms | errors |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+for _ in $(seq 1 "$rounds"); do
+  run_one base "$cache/base/release/larder"
+  run_one head "$cache/head/release/larder"
+done
