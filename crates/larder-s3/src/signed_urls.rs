@@ -204,26 +204,10 @@ fn signed_at(date: &str, time: &str) -> Option<u64> {
 }
 
 fn decode(text: &str) -> Result<String, SignatureError> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok());
-                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
-                out.push(byte.ok_or(SignatureError::Malformed("bad percent-encoding"))?);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| SignatureError::Malformed("not UTF-8"))
+    // `+` is itself in SigV4's canonical query (its signers escape a space as `%20`).
+    larder_proto::percent_decode(text, false).ok_or(SignatureError::Malformed(
+        "bad percent-encoding or not UTF-8",
+    ))
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {

@@ -26,23 +26,7 @@ fn s3_cluster() -> (Cluster, String) {
 
 /// `larder s3 key create` with `grants`: (access key ID, secret).
 fn create_key(cluster: &Cluster, grants: &[&str]) -> (String, String) {
-    let config = cluster.path("frontend-dc1.toml");
-    let mut command = Command::new(LARDER);
-    command.args(["s3", "key", "create", "--config", &config]);
-    for grant in grants {
-        command.args(["--grant", grant]);
-    }
-    let out = command.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    (
-        key["access_key_id"].as_str().unwrap().to_owned(),
-        key["secret_access_key"].as_str().unwrap().to_owned(),
-    )
+    common::s3_key(cluster, grants)
 }
 
 #[test]

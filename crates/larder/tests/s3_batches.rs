@@ -8,11 +8,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{Cluster, LARDER};
+use common::Cluster;
 
 const BUCKET: &str = "busy";
 
@@ -75,21 +74,11 @@ fn at_once<T: Send + 'static>(n: usize, f: impl Fn(usize) -> T + Send + Sync + '
 }
 
 fn signer(cluster: &Cluster, dir: &Path, s3: SocketAddr) -> Signer {
-    let out = Command::new(LARDER)
-        .args(["s3", "key", "create", "--grant", "*:owner", "--config"])
-        .arg(cluster.path("frontend-dc1.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (id, secret) = common::s3_key(cluster, &["*:owner"]);
     Signer {
         s3,
-        id: created["access_key_id"].as_str().unwrap().to_owned(),
-        secret: created["secret_access_key"].as_str().unwrap().to_owned(),
+        id,
+        secret,
         dir: dir.to_path_buf(),
     }
 }

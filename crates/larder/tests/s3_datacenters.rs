@@ -10,10 +10,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, SystemTime};
 
-use common::{Cluster, LARDER};
+use common::Cluster;
 
 const BUCKET: &str = "shared";
 
@@ -92,21 +91,8 @@ fn two_datacenters_writing_one_bucket_lose_no_name_and_bring_back_no_delete() {
         cluster.reconfigure_frontend(i, &extra);
         common::wait_for_port(*addr);
     }
-    let out = Command::new(LARDER)
-        .args(["s3", "key", "create", "--grant", "*:owner", "--config"])
-        .arg(cluster.path("frontend-dc1.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let key = Key {
-        id: created["access_key_id"].as_str().unwrap().to_owned(),
-        secret: created["secret_access_key"].as_str().unwrap().to_owned(),
-    };
+    let (id, secret) = common::s3_key(&cluster, &["*:owner"]);
+    let key = Key { id, secret };
     let dir = cluster.dir.path().to_path_buf();
     // The key made through dc1 signs at once in dc2, and the bucket made there is dc1's too.
     let create = url(s3[1], &key, "PUT", "", &[]);

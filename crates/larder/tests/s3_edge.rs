@@ -10,27 +10,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{metrics, python, Cluster, LARDER};
+use common::{metrics, python, Cluster};
 
 /// `larder s3 key create` with a grant on every bucket: (access key ID, secret).
 fn owner_key(cluster: &Cluster) -> (String, String) {
-    let config = cluster.path("frontend-dc1.toml");
-    let out = Command::new(LARDER)
-        .args([
-            "s3", "key", "create", "--config", &config, "--grant", "*:owner",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    (
-        key["access_key_id"].as_str().unwrap().to_owned(),
-        key["secret_access_key"].as_str().unwrap().to_owned(),
-    )
+    common::s3_key(cluster, &["*:owner"])
 }
 
 /// Runs a Python script with `args`; its stdout, after checking it succeeded.

@@ -555,6 +555,33 @@ pub fn tool(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{name} is not installed; scripts/test installs it"))
 }
 
+/// `larder s3 key create` through the first frontend's config with `grants`
+/// (`BUCKET:PERMISSION`): (access key ID, secret).
+pub fn s3_key(cluster: &Cluster, grants: &[&str]) -> (String, String) {
+    let mut command = Command::new(LARDER);
+    command.args([
+        "s3",
+        "key",
+        "create",
+        "--config",
+        &cluster.path("frontend-dc1.toml"),
+    ]);
+    for grant in grants {
+        command.args(["--grant", grant]);
+    }
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        key["access_key_id"].as_str().unwrap().to_owned(),
+        key["secret_access_key"].as_str().unwrap().to_owned(),
+    )
+}
+
 /// The Python that has `h2` and `httpx[http2]`: `$LARDER_TEST_PYTHON`, else the venv that
 /// `scripts/test` makes under the target directory.
 pub fn python() -> PathBuf {
