@@ -4,7 +4,10 @@
 # Each: `larder dev --nodes 1 --replicas 1` (release build, fsync on), a key, then
 # put_burst.py (boto3, THREADS threads, SECONDS s). Prints a table; RESULTS.md keeps one.
 #
-# usage: benchmarks/s3-batching/run.sh   (env: BASE=1433aef~1 THREADS=16 SECONDS_EACH=15 ROUNDS=2 SIZE=1024)
+# usage: benchmarks/s3-batching/run.sh [--smoke]
+#   env: BASE=1433aef~1 THREADS=16 SECONDS_EACH=15 ROUNDS=2 SIZE=1024 PYTHON=<one with boto3>
+#   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 4 threads
+#   for 2 s; nothing is built and nothing kept.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 base=${BASE:-1433aef~1}
@@ -12,6 +15,12 @@ threads=${THREADS:-16}
 seconds=${SECONDS_EACH:-15}
 rounds=${ROUNDS:-2}
 size=${SIZE:-1024}
+smoke=0
+if [ "${1:-}" = "--smoke" ]; then
+  smoke=1 threads=4 seconds=2 rounds=1
+  target=${CARGO_TARGET_DIR:-$root/target}
+  PYTHON=${PYTHON:-$target/test-venv/bin/python}
+fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/s3-batching.XXXX")
 pids=()
 cleanup() {
@@ -28,12 +37,14 @@ if [ -z "${PYTHON:-}" ]; then
   python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
 fi
 
-# Two release builds, each in its own target dir (kept between runs under ~/.cache).
-cache=${CACHE:-$HOME/.cache/larder-s3-batching}
-mkdir -p "$cache"
-git -C "$root" worktree add --detach "$work/base-src" "$base" >/dev/null
-(cd "$work/base-src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
-(cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+if [ "$smoke" = 0 ]; then
+  # Two release builds, each in its own target dir (kept between runs under ~/.cache).
+  cache=${CACHE:-$HOME/.cache/larder-s3-batching}
+  mkdir -p "$cache"
+  git -C "$root" worktree add --detach "$work/base-src" "$base" >/dev/null
+  (cd "$work/base-src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
+  (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 1 300); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
@@ -62,6 +73,10 @@ echo "put_burst: $threads threads, $seconds s, $size-byte objects, one bucket"
 echo
 echo "| build | PUT/s | p50 ms | p99 ms | errors |"
 echo "| --- | ---: | ---: | ---: | ---: |"
+if [ "$smoke" = 1 ]; then
+  run_one head "$target/debug/larder"
+  exit 0
+fi
 for _ in $(seq 1 "$rounds"); do
   run_one base "$cache/base/release/larder"
   run_one head "$cache/head/release/larder"
