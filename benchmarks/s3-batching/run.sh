@@ -6,6 +6,7 @@
 #
 # usage: benchmarks/s3-batching/run.sh [--smoke]
 #   env: BASE=1433aef~1 THREADS=16 SECONDS_EACH=15 ROUNDS=2 SIZE=1024 PYTHON=<one with boto3>
+#        BASE_SRC=<where the base's worktree lives> (default ~/.cache/larder-s3-batching/base-src)
 #   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 4 threads
 #   for 2 s; nothing is built and nothing kept.
 set -euo pipefail
@@ -27,7 +28,6 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   sleep 2
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  git -C "$root" worktree remove --force "$work/base-src" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -41,8 +41,13 @@ if [ "$smoke" = 0 ]; then
   # Two release builds, each in its own target dir (kept between runs under ~/.cache).
   cache=${CACHE:-$HOME/.cache/larder-s3-batching}
   mkdir -p "$cache"
-  git -C "$root" worktree add --detach "$work/base-src" "$base" >/dev/null
-  (cd "$work/base-src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
+  # The base's sources stay at one path, so its target dir is reused between runs.
+  base_src=${BASE_SRC:-$cache/base-src}
+  if [ ! -e "$base_src/.git" ]; then
+    git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
+  fi
+  git -C "$base_src" checkout -q --detach "$base"
+  (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
   (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
 fi
 
