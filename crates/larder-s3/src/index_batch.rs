@@ -22,6 +22,21 @@ use crate::error::S3Error;
 use crate::records::{bucket_doc, BucketIndex, Garbage, ObjectEntry, MAX_INDEX_ENTRIES};
 use crate::store::{Change, Records};
 
+/// Why a change of a bucket's names failed, and whether it may have applied all the same.
+#[derive(Debug)]
+pub struct ChangeFailed {
+    pub error: S3Error,
+    /// The write that held it failed without saying whether it applied (sent to the primary,
+    /// no answer): the name may point at the new blob. False: refused, or nothing was written.
+    pub may_have_applied: bool,
+}
+
+impl From<ChangeFailed> for S3Error {
+    fn from(failed: ChangeFailed) -> S3Error {
+        failed.error
+    }
+}
+
 /// One change of a bucket's names.
 pub enum IndexChange {
     /// Point `key` at `entry` if `conditions` hold for what it points at now.
@@ -38,7 +53,7 @@ struct Queued {
     change: IndexChange,
     /// When the blobs this change unlinks may go (`replaced_blob_grace` from its arrival).
     after_ms: u64,
-    done: oneshot::Sender<Result<(), S3Error>>,
+    done: oneshot::Sender<Result<(), ChangeFailed>>,
 }
 
 /// The queues of this frontend's bucket-index changes, one per bucket with changes pending.
@@ -58,7 +73,7 @@ impl IndexBatches {
         bucket: &str,
         change: IndexChange,
         after_ms: u64,
-    ) -> Result<(), S3Error> {
+    ) -> Result<(), ChangeFailed> {
         let (done, answer) = oneshot::channel();
         let queued = Queued {
             change,
@@ -84,9 +99,12 @@ impl IndexBatches {
             let (batches, records, bucket) = (self.clone(), records.clone(), bucket.to_owned());
             tokio::spawn(async move { batches.write_until_empty(&records, &bucket).await });
         }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(S3Error::Internal("the index writer ended".into())))
+        answer.await.unwrap_or_else(|_| {
+            Err(ChangeFailed {
+                error: S3Error::Internal("the index writer ended".into()),
+                may_have_applied: true,
+            })
+        })
     }
 
     async fn write_until_empty(&self, records: &Records, bucket: &str) {
@@ -111,35 +129,46 @@ impl IndexBatches {
 /// One read-modify-write for `batch`, then every change's answer.
 async fn write_batch(records: &Records, bucket: &str, batch: Vec<Queued>) {
     let mut outcomes: Vec<Result<(), S3Error>> = Vec::new();
+    let mut uncertain = false;
     let written = records
-        .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
-            // Run again from scratch on each attempt (a lost race re-reads the index).
-            outcomes.clear();
-            let Some(mut index) = index else {
-                outcomes.extend(batch.iter().map(|_| Err(S3Error::NoSuchBucket)));
-                return Ok((Change::Keep, ()));
-            };
-            let mut changed = false;
-            for queued in &batch {
-                let outcome = apply(&mut index, bucket, &queued.change, queued.after_ms);
-                changed |= matches!(outcome, Ok(true));
-                outcomes.push(outcome.map(|_| ()));
-            }
-            let what = if changed {
-                Change::Put(index)
-            } else {
-                Change::Keep
-            };
-            Ok((what, ()))
-        })
+        .update_noting(
+            &bucket_doc(bucket),
+            |index: Option<BucketIndex>| {
+                // Run again from scratch on each attempt (a lost race re-reads the index).
+                outcomes.clear();
+                let Some(mut index) = index else {
+                    outcomes.extend(batch.iter().map(|_| Err(S3Error::NoSuchBucket)));
+                    return Ok((Change::Keep, ()));
+                };
+                let mut changed = false;
+                for queued in &batch {
+                    let outcome = apply(&mut index, bucket, &queued.change, queued.after_ms);
+                    changed |= matches!(outcome, Ok(true));
+                    outcomes.push(outcome.map(|_| ()));
+                }
+                let what = if changed {
+                    Change::Put(index)
+                } else {
+                    Change::Keep
+                };
+                Ok((what, ()))
+            },
+            &mut uncertain,
+        )
         .await;
     // The index could not even be read: every change shares the write's failure.
     outcomes.resize_with(batch.len(), || Ok(()));
     for (queued, outcome) in batch.into_iter().zip(outcomes) {
         let answer = match (&written, outcome) {
-            (_, Err(refused)) => Err(refused),
+            (_, Err(refused)) => Err(ChangeFailed {
+                error: refused,
+                may_have_applied: false,
+            }),
             (Ok(()), Ok(())) => Ok(()),
-            (Err(failed), Ok(())) => Err(failed.shared()),
+            (Err(failed), Ok(())) => Err(ChangeFailed {
+                error: failed.shared(),
+                may_have_applied: uncertain,
+            }),
         };
         let _ = queued.done.send(answer);
     }

@@ -286,7 +286,16 @@ pub async fn complete(
         .collect();
     drop_parts(s3, unused);
     unlist(s3, bucket, key, id).await;
-    if let Err(err) = objects::link(s3, bucket, key, entry.clone(), conditions).await {
+    if let Err(failed) = objects::link(s3, bucket, key, entry.clone(), conditions).await {
+        if failed.may_have_applied {
+            // The name may point at these parts (see `Larder::drop_unlinked`).
+            tracing::warn!(
+                bucket,
+                key,
+                "completing an upload: the link got no answer; its parts are kept"
+            );
+            return Err(failed.error);
+        }
         let parts = entry
             .body
             .into_iter()
@@ -298,7 +307,7 @@ pub async fn complete(
             })
             .collect();
         drop_parts(s3, parts);
-        return Err(err);
+        return Err(failed.error);
     }
     Ok(etag)
 }

@@ -13,21 +13,22 @@ use std::time::Duration;
 use crate::blobs;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
-use crate::index_batch::IndexChange;
+use crate::index_batch::{ChangeFailed, IndexChange};
 use crate::records::{bucket_doc, BucketIndex, Catalog, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
 
 /// Points `key` at `entry` if `conditions` (`If-None-Match: *`, `If-Match`) hold for what the
 /// name points at now, decided at the primary (with the bucket's other pending changes:
-/// `index_batch.rs`).
+/// `index_batch.rs`). On failure, whether the name may point at `entry` all the same: only
+/// when it cannot may the caller tombstone the entry's blobs.
 pub async fn link(
     s3: &Larder,
     bucket: &str,
     key: &str,
     entry: ObjectEntry,
     conditions: &WriteConditions,
-) -> Result<(), S3Error> {
+) -> Result<(), ChangeFailed> {
     let change = IndexChange::Link {
         key: key.to_owned(),
         entry,
@@ -46,6 +47,7 @@ pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3
     s3.index_batches
         .apply(&s3.records, bucket, change, unlink_after(s3))
         .await
+        .map_err(S3Error::from)
 }
 
 /// When a blob unlinked now may be tombstoned.

@@ -59,7 +59,22 @@ impl Records {
     pub async fn update<R, T>(
         &self,
         id: &str,
+        change: impl FnMut(Option<R>) -> Result<(Change<R>, T), S3Error>,
+    ) -> Result<T, S3Error>
+    where
+        R: Record,
+    {
+        self.update_noting(id, change, &mut false).await
+    }
+
+    /// `update`, setting `uncertain` when it fails on a write whose outcome is unknown (sent
+    /// to the primary, no answer that says whether it applied): the change may yet be there.
+    /// Any other failure is certain: nothing was written.
+    pub async fn update_noting<R, T>(
+        &self,
+        id: &str,
         mut change: impl FnMut(Option<R>) -> Result<(Change<R>, T), S3Error>,
+        uncertain: &mut bool,
     ) -> Result<T, S3Error>
     where
         R: Record,
@@ -75,11 +90,12 @@ impl Records {
                 Change::Remove => None,
             };
             let version = self.docs.next_version(seen)?;
-            match self
+            let written = self
                 .docs
                 .write_serialised(id, seen, version, json, deadline)
-                .await?
-            {
+                .await;
+            *uncertain = written.is_err();
+            match written? {
                 Written::Applied => return Ok(answer),
                 Written::Superseded(_) => continue,
             }
