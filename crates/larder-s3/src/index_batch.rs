@@ -108,6 +108,11 @@ impl IndexBatches {
     }
 
     async fn write_until_empty(&self, records: &Records, bucket: &str) {
+        let mut writing = Writing {
+            batches: self,
+            bucket,
+            emptied: false,
+        };
         loop {
             let batch = {
                 let mut queues = self.queues.lock();
@@ -117,11 +122,32 @@ impl IndexBatches {
                     .unwrap_or_default();
                 if queue.is_empty() {
                     queues.remove(bucket);
+                    writing.emptied = true;
                     return;
                 }
                 queue
             };
             write_batch(records, bucket, batch).await;
+        }
+    }
+}
+
+/// The writer of a bucket's queue, while it runs. If it ends without emptying the queue (a
+/// panic, the runtime shutting down), the bucket's entry goes with it: changes arriving later
+/// would otherwise queue behind a writer that is gone and wait forever. Those queued already
+/// are dropped with it and answer "the index writer ended".
+struct Writing<'a> {
+    batches: &'a IndexBatches,
+    bucket: &'a str,
+    /// Ended by finding the queue empty: the entry is already removed, and one present now
+    /// belongs to a newer writer.
+    emptied: bool,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        if !self.emptied {
+            self.batches.queues.lock().remove(self.bucket);
         }
     }
 }
