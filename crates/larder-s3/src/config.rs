@@ -28,6 +28,10 @@ pub struct S3Config {
     /// datacenter of the cluster map.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home_datacenter: Option<String>,
+    /// Names one record of a bucket's index holds before it splits in two (`index_tree.rs`):
+    /// what every read and change of a name reads and writes, at ~250 bytes per name.
+    #[serde(default = "default_leaf_entries")]
+    pub index_leaf_entries: usize,
 }
 
 impl S3Config {
@@ -62,6 +66,10 @@ pub fn records_router(
         .acting_in(&home)
         .map_err(|e| format!("[s3] home_datacenter: {e}"))?;
     Ok(std::sync::Arc::new(acting))
+}
+
+fn default_leaf_entries() -> usize {
+    1000
 }
 
 fn default_grace() -> Duration {

@@ -47,11 +47,15 @@ pub enum S3Error {
     /// A stored record cannot be read: this is a bug or corruption, never the client's fault.
     #[error("stored record is unreadable: {0}")]
     Corrupt(String),
-    /// The bucket index is at its entry bound (splitting is not built yet).
+    /// An index record is at its hard bound (its split has not finished), or a bucket's list
+    /// of uploads in progress is full.
     #[error("{0}")]
     IndexFull(String),
     #[error("{0}")]
     InvalidRequest(String),
+    /// A conflicting operation on the same bucket won (a DeleteBucket against another).
+    #[error("{0}")]
+    OperationAborted(String),
     /// `Content-MD5` is not a base64 MD5.
     #[error("the Content-MD5 you specified is not valid")]
     InvalidDigest,
@@ -128,6 +132,7 @@ impl From<S3Error> for Reply {
             S3Error::Unavailable(_) | S3Error::IndexFull(_) => Code::ServiceUnavailable,
             S3Error::NotImplemented(_) => Code::NotImplemented,
             S3Error::InvalidRequest(_) => Code::InvalidRequest,
+            S3Error::OperationAborted(_) => Code::OperationAborted,
             S3Error::InvalidDigest => Code::InvalidDigest,
             S3Error::BadDigest | S3Error::BadChecksum(_) => Code::BadDigest,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,

@@ -8,7 +8,7 @@ use s3s::dto::{CompletedPart, ETag};
 use crate::list::{self, After};
 use crate::multipart;
 use crate::records::{
-    BucketIndex, Catalog, KeyRing, Record, Upload, UploadList, UploadedPart, FORMAT,
+    BucketIndex, Catalog, KeyRing, Leaf, Record, Upload, UploadList, UploadedPart, FORMAT,
 };
 use crate::upload_list::{self, Markers};
 
@@ -27,8 +27,17 @@ fn records(data: &[u8]) {
             BucketIndex::decode(&index.encode()).ok().as_ref(),
             Some(&index)
         );
-        let page = list::page(&index.objects, "", Some("/"), None, 3);
+        let query = list::Query {
+            prefix: "",
+            delimiter: Some("/"),
+            after: None,
+            max_keys: 3,
+        };
+        let page = list::page(&index.objects, &query, None, 3);
         assert!(page.objects.len() + page.prefixes.len() <= 3);
+    }
+    if let Ok(leaf) = Leaf::decode(data) {
+        assert_eq!(Leaf::decode(&leaf.encode()).ok().as_ref(), Some(&leaf));
     }
     if let Ok(uploads) = UploadList::decode(data) {
         assert_eq!(

@@ -1,15 +1,17 @@
-//! Links and unlinks of names in one bucket, batched: a bucket's index is one record, changed
-//! by read-modify-writes at its partition primary, so concurrent PUTs into one bucket raced
-//! each other (each re-read and re-wrote the whole index, most lost the race and tried again,
-//! up to 64 times). Here a frontend queues the changes of each bucket and one task applies
-//! whatever has queued in one read-modify-write, in arrival order, each change judged (its
-//! conditions, the index bound) on the state the ones before it left. While that write is in
-//! flight the next changes queue for the next one: group commit.
+//! Links and unlinks of names in one index record (a small bucket's root, or a leaf of a split
+//! one: `index_tree.rs`), batched: a record is changed by read-modify-writes at its partition
+//! primary, so concurrent PUTs into one range raced each other (each re-read and re-wrote the
+//! record, most lost the race and tried again, up to 64 times). Here a frontend queues the
+//! changes of each record and one task applies whatever has queued in one read-modify-write,
+//! in arrival order, each change judged (its conditions, the record's range) on the state the
+//! ones before it left. While that write is in flight the next changes queue for the next
+//! one: group commit. A record that grows past the leaf bound is split after its write.
 //!
-//! Every change gets its own answer: a refused change (412, `NoSuchBucket`, the bound) leaves
-//! the index as it was for the others; a write that fails (no quorum, the primary away) fails
-//! every change of its batch that would have applied, as it would have alone. Frontends still
-//! race each other at the primary, one batch against another, as before.
+//! Every change gets its own answer: a refused change (412, `NoSuchBucket`) leaves the record
+//! as it was for the others; a change whose names are no longer this record's (a split, a
+//! delete under way) is answered with where to go instead; a write that fails (no quorum, the
+//! primary away) fails every change of its batch that would have applied, as it would have
+//! alone. Frontends still race each other at the primary, one batch against another.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +21,18 @@ use tokio::sync::oneshot;
 
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
-use crate::records::{bucket_doc, BucketIndex, Garbage, ObjectEntry, MAX_INDEX_ENTRIES};
+use crate::index_tree::{Holder, IndexTree, Reroute, Target};
+use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry};
 use crate::store::{Change, Records};
+
+/// Names a record may hold before links of new ones are refused (its split keeps failing):
+/// the bound on a record's size that every read of it pays. Generous, because the range
+/// below a split point takes names while the split runs.
+fn hard_bound(leaf_entries: usize) -> usize {
+    leaf_entries
+        .saturating_mul(4)
+        .max(leaf_entries.saturating_add(256))
+}
 
 /// Why a change of a bucket's names failed, and whether it may have applied all the same.
 #[derive(Debug)]
@@ -49,46 +61,66 @@ pub enum IndexChange {
     Unlink { keys: Vec<String> },
 }
 
+/// What became of a change that was not refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    Done,
+    /// These keys of the change are not this record's now, for this reason (the others, if
+    /// any, applied).
+    Elsewhere(Reroute, Vec<String>),
+}
+
 struct Queued {
     change: IndexChange,
     /// When the blobs this change unlinks may go (`replaced_blob_grace` from its arrival).
     after_ms: u64,
-    done: oneshot::Sender<Result<(), ChangeFailed>>,
+    done: oneshot::Sender<Result<Applied, ChangeFailed>>,
 }
 
-/// The queues of this frontend's bucket-index changes, one per bucket with changes pending.
-#[derive(Default)]
+/// One index record of one bucket.
+type Place = (String, Target);
+
+/// The queues of this frontend's index changes, one per record with changes pending.
 pub struct IndexBatches {
-    /// Bucket → changes waiting for the next write. A bucket is present while a task writes
+    /// Record → changes waiting for the next write. A record is present while a task writes
     /// for it; that task takes the queue whole each round and removes the entry when empty.
-    queues: Mutex<HashMap<String, Vec<Queued>>>,
+    queues: Mutex<HashMap<Place, Vec<Queued>>>,
+    tree: Arc<IndexTree>,
 }
 
 impl IndexBatches {
-    /// Applies `change` to `bucket`'s index with the changes queued beside it; answers once
-    /// the write that holds it is acknowledged (or why not).
+    pub fn new(tree: Arc<IndexTree>) -> IndexBatches {
+        IndexBatches {
+            queues: Mutex::default(),
+            tree,
+        }
+    }
+
+    /// Applies `change` to record `target` of `bucket`'s index with the changes queued beside
+    /// it; answers once the write that holds it is acknowledged (or why not).
     pub async fn apply(
         self: &Arc<Self>,
         records: &Arc<Records>,
-        bucket: &str,
+        (bucket, target): (&str, &Target),
         change: IndexChange,
         after_ms: u64,
-    ) -> Result<(), ChangeFailed> {
+    ) -> Result<Applied, ChangeFailed> {
         let (done, answer) = oneshot::channel();
         let queued = Queued {
             change,
             after_ms,
             done,
         };
+        let place: Place = (bucket.to_owned(), target.clone());
         let start = {
             let mut queues = self.queues.lock();
-            match queues.get_mut(bucket) {
+            match queues.get_mut(&place) {
                 Some(queue) => {
                     queue.push(queued);
                     false
                 }
                 None => {
-                    queues.insert(bucket.to_owned(), vec![queued]);
+                    queues.insert(place.clone(), vec![queued]);
                     true
                 }
             }
@@ -96,8 +128,8 @@ impl IndexBatches {
         if start {
             // A task of its own: the writer outlives any one request (a client that hangs up
             // does not strand the changes queued behind it).
-            let (batches, records, bucket) = (self.clone(), records.clone(), bucket.to_owned());
-            tokio::spawn(async move { batches.write_until_empty(&records, &bucket).await });
+            let (batches, records) = (self.clone(), records.clone());
+            tokio::spawn(async move { batches.write_until_empty(records, place).await });
         }
         answer.await.unwrap_or_else(|_| {
             Err(ChangeFailed {
@@ -107,27 +139,42 @@ impl IndexBatches {
         })
     }
 
-    async fn write_until_empty(&self, records: &Records, bucket: &str) {
+    async fn write_until_empty(&self, records: Arc<Records>, place: Place) {
         let mut writing = Writing {
             batches: self,
-            bucket,
+            place: &place,
             emptied: false,
         };
+        let (bucket, target) = &place;
+        let bound = self.tree.leaf_entries;
         loop {
             let batch = {
                 let mut queues = self.queues.lock();
                 let queue = queues
-                    .get_mut(bucket)
+                    .get_mut(&place)
                     .map(std::mem::take)
                     .unwrap_or_default();
                 if queue.is_empty() {
-                    queues.remove(bucket);
+                    queues.remove(&place);
                     writing.emptied = true;
                     return;
                 }
                 queue
             };
-            write_batch(records, bucket, batch).await;
+            let names = match target {
+                Target::Root => write_batch::<BucketIndex>(&records, &place, batch, bound).await,
+                Target::Leaf(_) => write_batch::<Leaf>(&records, &place, batch, bound).await,
+            };
+            if names > bound {
+                // Beside the writes, not between them: changes below the split point go on.
+                let (tree, records) = (self.tree.clone(), records.clone());
+                let (bucket, target) = (bucket.clone(), target.clone());
+                tokio::spawn(async move {
+                    if let Err(err) = tree.split(&records, &bucket, &target).await {
+                        tracing::warn!(%err, bucket, ?target, "an index split failed; the next write tries again");
+                    }
+                });
+            }
         }
     }
 }
@@ -138,7 +185,7 @@ impl IndexBatches {
 /// are dropped with it and answer "the index writer ended".
 struct Writing<'a> {
     batches: &'a IndexBatches,
-    bucket: &'a str,
+    place: &'a Place,
     /// Ended by finding the queue empty: the entry is already removed, and one present now
     /// belongs to a newer writer.
     emptied: bool,
@@ -147,33 +194,46 @@ struct Writing<'a> {
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
         if !self.emptied {
-            self.batches.queues.lock().remove(self.bucket);
+            self.batches.queues.lock().remove(self.place);
         }
     }
 }
 
-/// One read-modify-write for `batch`, then every change's answer.
-async fn write_batch(records: &Records, bucket: &str, batch: Vec<Queued>) {
-    let mut outcomes: Vec<Result<(), S3Error>> = Vec::new();
+/// One read-modify-write of the record for `batch`, then every change's answer. Returns how
+/// many names the record holds after it (0 when it could not tell).
+async fn write_batch<H: Holder>(
+    records: &Records,
+    (bucket, target): &Place,
+    batch: Vec<Queued>,
+    bound: usize,
+) -> usize {
+    let mut outcomes: Vec<Result<Applied, S3Error>> = Vec::new();
     let mut uncertain = false;
+    let mut names = 0;
     let written = records
         .update_noting(
-            &bucket_doc(bucket),
-            |index: Option<BucketIndex>| {
-                // Run again from scratch on each attempt (a lost race re-reads the index).
+            &target.doc(bucket),
+            |record: Option<H>| {
+                // Run again from scratch on each attempt (a lost race re-reads the record).
                 outcomes.clear();
-                let Some(mut index) = index else {
-                    outcomes.extend(batch.iter().map(|_| Err(S3Error::NoSuchBucket)));
+                let Some(mut record) = record else {
+                    let gone = |_| match target {
+                        Target::Root => Err(S3Error::NoSuchBucket),
+                        Target::Leaf(_) => Ok(Applied::Elsewhere(Reroute::Gone, Vec::new())),
+                    };
+                    outcomes.extend(batch.iter().map(gone));
                     return Ok((Change::Keep, ()));
                 };
                 let mut changed = false;
                 for queued in &batch {
-                    let outcome = apply(&mut index, bucket, &queued.change, queued.after_ms);
-                    changed |= matches!(outcome, Ok(true));
-                    outcomes.push(outcome.map(|_| ()));
+                    let outcome =
+                        apply(&mut record, bucket, &queued.change, queued.after_ms, bound);
+                    changed |= matches!(outcome, Ok((_, true)));
+                    outcomes.push(outcome.map(|(applied, _)| applied));
                 }
+                names = record.objects().len();
                 let what = if changed {
-                    Change::Put(index)
+                    Change::Put(record)
                 } else {
                     Change::Keep
                 };
@@ -182,60 +242,86 @@ async fn write_batch(records: &Records, bucket: &str, batch: Vec<Queued>) {
             &mut uncertain,
         )
         .await;
-    // The index could not even be read: every change shares the write's failure.
-    outcomes.resize_with(batch.len(), || Ok(()));
+    // The record could not even be read: every change shares the write's failure.
+    outcomes.resize_with(batch.len(), || Ok(Applied::Done));
     for (queued, outcome) in batch.into_iter().zip(outcomes) {
+        let link = matches!(queued.change, IndexChange::Link { .. });
         let answer = match (&written, outcome) {
             (_, Err(refused)) => Err(ChangeFailed {
                 error: refused,
                 may_have_applied: false,
             }),
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(failed), Ok(())) => Err(ChangeFailed {
+            (Ok(()), Ok(applied)) => Ok(applied),
+            // A link sent elsewhere wrote nothing here: the failed write is not its answer.
+            (Err(_), Ok(elsewhere @ Applied::Elsewhere(..))) if link => Ok(elsewhere),
+            (Err(failed), Ok(_)) => Err(ChangeFailed {
                 error: failed.shared(),
                 may_have_applied: uncertain,
             }),
         };
         let _ = queued.done.send(answer);
     }
+    if written.is_err() {
+        return 0;
+    }
+    names
 }
 
-/// Applies one change to `index`; `Ok(true)` when it changed something. A refused change
-/// leaves `index` as it was.
-fn apply(
-    index: &mut BucketIndex,
+/// Applies one change to `record`; with whether it changed something. A refused change leaves
+/// `record` as it was; keys the record does not hold now are handed back.
+fn apply<H: Holder>(
+    record: &mut H,
     bucket: &str,
     change: &IndexChange,
     after_ms: u64,
-) -> Result<bool, S3Error> {
+    bound: usize,
+) -> Result<(Applied, bool), S3Error> {
     let mut unlinked = Vec::new();
-    match change {
+    let mut elsewhere: Option<(Reroute, Vec<String>)> = None;
+    let linked = match change {
         IndexChange::Link {
             key,
             entry,
             conditions,
         } => {
-            conditions.check(index.objects.get(key))?;
-            if !index.objects.contains_key(key) && index.objects.len() >= MAX_INDEX_ENTRIES {
+            if let Err(why) = record.admits(key) {
+                return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
+            }
+            conditions.check(record.objects().get(key))?;
+            let hard_bound = hard_bound(bound);
+            if !record.objects().contains_key(key) && record.objects().len() >= hard_bound {
                 return Err(S3Error::IndexFull(format!(
-                    "bucket {bucket} holds {MAX_INDEX_ENTRIES} objects, the most one index \
-                     record holds until key-range splitting is built"
+                    "an index leaf of bucket {bucket} holds {hard_bound} names and its split \
+                     has not finished; try again"
                 )));
             }
-            unlinked.extend(index.objects.insert(key.clone(), entry.clone()));
+            unlinked.extend(record.objects_mut().insert(key.clone(), entry.clone()));
+            true
         }
         IndexChange::Unlink { keys } => {
-            let removed = keys.iter().filter_map(|key| index.objects.remove(key));
-            unlinked.extend(removed);
-            if unlinked.is_empty() {
-                return Ok(false);
+            for key in keys {
+                match record.admits(key) {
+                    Ok(()) => unlinked.extend(record.objects_mut().remove(key)),
+                    Err(why) => elsewhere
+                        .get_or_insert((why, Vec::new()))
+                        .1
+                        .push(key.clone()),
+                }
             }
+            false
         }
+    };
+    let applied = match elsewhere {
+        Some((why, keys)) => Applied::Elsewhere(why, keys),
+        None => Applied::Done,
+    };
+    if unlinked.is_empty() {
+        return Ok((applied, linked));
     }
     let garbage = unlinked.into_iter().flat_map(|old| old.body);
-    index.garbage.extend(garbage.map(|piece| Garbage {
+    record.garbage_mut().extend(garbage.map(|piece| Garbage {
         blob: piece.blob,
         after_ms,
     }));
-    Ok(true)
+    Ok((applied, true))
 }

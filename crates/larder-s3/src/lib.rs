@@ -15,6 +15,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod index_batch;
+mod index_tree;
 mod keys;
 mod list;
 mod metrics;

@@ -14,42 +14,101 @@ use crate::records::ObjectEntry;
 /// S3's largest page (and its default).
 pub const MAX_KEYS: usize = 1000;
 
+/// Index leaves a ListObjectsV2 page reads past its first before it ends early, truncated
+/// (a run of leaves emptied by deletes costs one record read each; leaves never merge).
+pub const MAX_LEAVES_PER_PAGE: usize = 64;
+
 /// Longest continuation token accepted: a 1 KiB key, its kind byte and the version, in base64.
 const MAX_TOKEN: usize = 2048;
 
-/// Where a listing resumes: after this key, or after every key under this common prefix.
+/// Where a listing resumes: after this key, after every key under this common prefix, or at
+/// this key (a page that ended on a run of empty index leaves, `index_tree.rs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum After {
     Key(String),
     Prefix(String),
+    At(String),
+}
+
+impl After {
+    fn name(&self) -> &str {
+        match self {
+            After::Key(k) | After::Prefix(k) | After::At(k) => k,
+        }
+    }
+}
+
+/// What a listing asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct Query<'a> {
+    pub prefix: &'a str,
+    /// An empty delimiter is none.
+    pub delimiter: Option<&'a str>,
+    pub after: Option<&'a After>,
+    pub max_keys: usize,
+}
+
+impl Query<'_> {
+    /// The first name the listing may return.
+    pub fn start_key(&self) -> String {
+        match self.after {
+            Some(after) if after.name() >= self.prefix => after.name().to_owned(),
+            _ => self.prefix.to_owned(),
+        }
+    }
 }
 
 /// One page of a listing.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Page<'a> {
-    pub objects: Vec<(&'a str, &'a ObjectEntry)>,
+pub struct Page {
+    pub objects: Vec<(String, ObjectEntry)>,
     pub prefixes: Vec<String>,
     /// Where the next page starts, when the listing was cut at `max_keys`.
     pub next: Option<After>,
+    /// The page stopped at `max_keys` with names left after it.
+    pub cut: bool,
 }
 
-/// The page of `objects` under `prefix` after `after`, at most `max_keys` entries (keys and
-/// common prefixes together).
-pub fn page<'a>(
-    objects: &'a BTreeMap<String, ObjectEntry>,
-    prefix: &str,
-    delimiter: Option<&str>,
+impl Page {
+    pub fn len(&self) -> usize {
+        self.objects.len() + self.prefixes.len()
+    }
+
+    /// Where a page ending here resumes: after its last key or common prefix.
+    pub fn last(&self) -> Option<After> {
+        match (self.prefixes.last(), self.objects.last()) {
+            (Some(p), Some((k, _))) if p > k => Some(After::Prefix(p.clone())),
+            (Some(p), None) => Some(After::Prefix(p.clone())),
+            (_, Some((k, _))) => Some(After::Key(k.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// Adds the entries of the page that follows this one.
+    pub fn append(&mut self, later: Page) {
+        self.objects.extend(later.objects);
+        self.prefixes.extend(later.prefixes);
+    }
+}
+
+/// The page of `objects` under the query's prefix after `after`, at most `max_keys` entries
+/// (keys and common prefixes together).
+pub fn page(
+    objects: &BTreeMap<String, ObjectEntry>,
+    query: &Query<'_>,
     after: Option<&After>,
     max_keys: usize,
-) -> Page<'a> {
+) -> Page {
+    let prefix = query.prefix;
     let start = match after {
+        Some(After::At(k)) if k.as_str() >= prefix => Bound::Included(k.as_str()),
         Some(After::Key(k) | After::Prefix(k)) if k.as_str() >= prefix => {
             Bound::Excluded(k.as_str())
         }
         _ => Bound::Included(prefix),
     };
     let mut page = Page::default();
-    let delimiter = delimiter.filter(|d| !d.is_empty());
+    let delimiter = query.delimiter.filter(|d| !d.is_empty());
     for (name, entry) in objects.range::<str, _>((start, Bound::Unbounded)) {
         if !name.starts_with(prefix) {
             break;
@@ -69,18 +128,14 @@ pub fn page<'a>(
                 continue;
             }
         }
-        if page.objects.len() + page.prefixes.len() == max_keys {
-            page.next = Some(match (page.prefixes.last(), page.objects.last()) {
-                (Some(p), Some((k, _))) if p.as_str() > *k => After::Prefix(p.clone()),
-                (Some(p), None) => After::Prefix(p.clone()),
-                (_, Some((k, _))) => After::Key((*k).to_owned()),
-                (None, None) => return page,
-            });
+        if page.len() == max_keys {
+            page.cut = true;
+            page.next = page.last();
             return page;
         }
         match folded {
             Some(common) => page.prefixes.push(common),
-            None => page.objects.push((name.as_str(), entry)),
+            None => page.objects.push((name.clone(), entry.clone())),
         }
     }
     page
@@ -107,6 +162,7 @@ impl After {
         let (kind, name) = match self {
             After::Key(k) => (b'k', k),
             After::Prefix(p) => (b'p', p),
+            After::At(k) => (b'a', k),
         };
         let mut raw = vec![1u8, kind];
         raw.extend_from_slice(name.as_bytes());
@@ -128,6 +184,7 @@ impl After {
         match kind {
             b'k' => Ok(After::Key(name)),
             b'p' => Ok(After::Prefix(name)),
+            b'a' => Ok(After::At(name)),
             _ => Err(bad()),
         }
     }
@@ -164,7 +221,13 @@ mod tests {
         let mut out = Vec::new();
         let mut after = None;
         loop {
-            let page = page(objects, prefix, delimiter, after.as_ref(), max);
+            let query = Query {
+                prefix,
+                delimiter,
+                after: None,
+                max_keys: max,
+            };
+            let page = page(objects, &query, after.as_ref(), max);
             let mut items: Vec<String> = page.objects.iter().map(|(k, _)| k.to_string()).collect();
             items.extend(page.prefixes.iter().cloned());
             items.sort();
@@ -179,8 +242,14 @@ mod tests {
     #[test]
     fn a_delimiter_folds_names_into_common_prefixes() {
         let objects = index(&["a/1", "a/2", "b", "c/x/y", "d"]);
-        let page = page(&objects, "", Some("/"), None, 1000);
-        let keys: Vec<&str> = page.objects.iter().map(|(k, _)| *k).collect();
+        let query = Query {
+            prefix: "",
+            delimiter: Some("/"),
+            after: None,
+            max_keys: 1000,
+        };
+        let page = page(&objects, &query, None, 1000);
+        let keys: Vec<&str> = page.objects.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["b", "d"]);
         assert_eq!(page.prefixes, ["a/", "c/"]);
         assert_eq!(page.next, None);
@@ -222,8 +291,8 @@ mod tests {
         }
 
         #[test]
-        fn tokens_round_trip(name in ".{0,32}", prefix in any::<bool>()) {
-            let after = if prefix { After::Prefix(name) } else { After::Key(name) };
+        fn tokens_round_trip(name in ".{0,32}", kind in 0u8..3) {
+            let after = match kind { 0 => After::Prefix(name), 1 => After::Key(name), _ => After::At(name) };
             prop_assert_eq!(After::parse(&after.token()).unwrap(), after);
         }
     }

@@ -251,12 +251,8 @@ pub async fn complete(
     };
     select(&upload, chosen)?;
     if *conditions != WriteConditions::default() {
-        let index = s3
-            .records
-            .read::<BucketIndex>(&bucket_doc(bucket))
-            .await?
-            .ok_or(S3Error::NoSuchBucket)?;
-        conditions.check(index.objects.get(key))?;
+        let current = s3.current(bucket, key).await?;
+        conditions.check(current.as_ref())?;
     }
     let upload = take(s3, bucket, key, id).await?;
     let parts = select(&upload, chosen)?;
@@ -339,12 +335,7 @@ async fn already_completed(
         .filter(|m| !m.is_empty())
         .ok_or(S3Error::NoSuchUpload)?;
     let etag = multipart_etag(&md5s);
-    let index = s3
-        .records
-        .read::<BucketIndex>(&bucket_doc(finishing.bucket))
-        .await?
-        .ok_or(S3Error::NoSuchBucket)?;
-    match index.objects.get(finishing.key) {
+    match s3.current(finishing.bucket, finishing.key).await? {
         Some(entry) if entry.etag == etag => Ok(etag),
         _ => Err(S3Error::NoSuchUpload),
     }

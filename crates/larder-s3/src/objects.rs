@@ -10,18 +10,22 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::blobs;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
-use crate::index_batch::{ChangeFailed, IndexChange};
-use crate::records::{bucket_doc, BucketIndex, Catalog, ObjectEntry, CATALOG_DOC};
+use crate::index_batch::{Applied, ChangeFailed, IndexChange};
+use crate::index_tree::{Holder, IndexTree, Target};
+use crate::records::{BucketIndex, Catalog, Leaf, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
 
 /// Points `key` at `entry` if `conditions` (`If-None-Match: *`, `If-Match`) hold for what the
-/// name points at now, decided at the primary (with the bucket's other pending changes:
-/// `index_batch.rs`). On failure, whether the name may point at `entry` all the same: only
-/// when it cannot may the caller tombstone the entry's blobs.
+/// name points at now, decided at the primary of the index record holding the name (with
+/// that record's other pending changes: `index_batch.rs`), following the name's range through
+/// splits. On failure, whether the name may point at `entry` all the same: only when it
+/// cannot may the caller tombstone the entry's blobs.
 pub async fn link(
     s3: &Larder,
     bucket: &str,
@@ -29,25 +33,72 @@ pub async fn link(
     entry: ObjectEntry,
     conditions: &WriteConditions,
 ) -> Result<(), ChangeFailed> {
-    let change = IndexChange::Link {
-        key: key.to_owned(),
-        entry,
-        conditions: conditions.clone(),
+    let certain = |error| ChangeFailed {
+        error,
+        may_have_applied: false,
     };
-    s3.index_batches
-        .apply(&s3.records, bucket, change, unlink_after(s3))
+    let deadline = deadline(s3);
+    let mut target = s3
+        .tree
+        .route(&s3.records, bucket, key)
         .await
+        .map_err(certain)?;
+    loop {
+        let change = IndexChange::Link {
+            key: key.to_owned(),
+            entry: entry.clone(),
+            conditions: conditions.clone(),
+        };
+        let applied = s3
+            .index_batches
+            .apply(&s3.records, (bucket, &target), change, unlink_after(s3))
+            .await?;
+        let Applied::Elsewhere(why, _) = applied else {
+            return Ok(());
+        };
+        target = s3
+            .tree
+            .reroute(&s3.records, bucket, key, (target, why), deadline)
+            .await
+            .map_err(certain)?;
+    }
 }
 
-/// Removes `keys` in one write (absent ones: nothing to do, as S3 answers 204 either way).
+/// Removes `keys` (absent ones: nothing to do, as S3 answers 204 either way), one write per
+/// index record they fall in.
 pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3Error> {
-    let change = IndexChange::Unlink {
-        keys: keys.to_vec(),
-    };
-    s3.index_batches
-        .apply(&s3.records, bucket, change, unlink_after(s3))
-        .await
-        .map_err(S3Error::from)
+    let deadline = deadline(s3);
+    let mut pending: Vec<(Target, Vec<String>)> = Vec::new();
+    for key in keys {
+        let target = s3.tree.route(&s3.records, bucket, key).await?;
+        match pending.iter_mut().find(|(t, _)| *t == target) {
+            Some((_, group)) => group.push(key.clone()),
+            None => pending.push((target, vec![key.clone()])),
+        }
+    }
+    while let Some((target, group)) = pending.pop() {
+        let change = IndexChange::Unlink { keys: group };
+        let applied = s3
+            .index_batches
+            .apply(&s3.records, (bucket, &target), change, unlink_after(s3))
+            .await?;
+        let Applied::Elsewhere(why, rest) = applied else {
+            continue;
+        };
+        let Some(first) = rest.first() else {
+            continue;
+        };
+        let next = s3
+            .tree
+            .reroute(&s3.records, bucket, first, (target, why), deadline)
+            .await?;
+        pending.push((next, rest));
+    }
+    Ok(())
+}
+
+fn deadline(s3: &Larder) -> Instant {
+    Instant::now() + s3.router().config().operation_timeout
 }
 
 /// When a blob unlinked now may be tombstoned.
@@ -58,46 +109,57 @@ fn unlink_after(s3: &Larder) -> u64 {
 /// Tombstones, every `interval`, the blobs whose grace period is over, bucket by bucket: first
 /// the blobs, then (one read-modify-write) their entries, so a crash in between only repeats a
 /// tombstone. Runs until the task is aborted.
-pub async fn sweep_forever(records: Arc<Records>, interval: Duration) {
+pub async fn sweep_forever(records: Arc<Records>, tree: Arc<IndexTree>, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
-        if let Err(err) = sweep(&records).await {
+        if let Err(err) = sweep(&records, &tree).await {
             tracing::warn!(%err, "S3 garbage sweep failed; trying again later");
         }
     }
 }
 
-/// One pass over every bucket (see `sweep_forever`).
-pub async fn sweep(records: &Records) -> Result<usize, S3Error> {
+/// One pass over every index record of every bucket (see `sweep_forever`).
+pub async fn sweep(records: &Records, tree: &IndexTree) -> Result<usize, S3Error> {
     let catalog: Catalog = records.read(CATALOG_DOC).await?.unwrap_or_default();
     let mut swept = 0;
     for bucket in catalog.buckets.keys() {
-        let Some(index) = records.read::<BucketIndex>(&bucket_doc(bucket)).await? else {
-            continue;
-        };
-        let now = now_ms();
-        let due: HashSet<String> = index
-            .garbage
-            .iter()
-            .filter(|g| g.after_ms <= now)
-            .map(|g| g.blob.clone())
-            .collect();
-        if due.is_empty() {
-            continue;
+        for (target, garbage) in tree.garbage(records, bucket).await? {
+            let now = now_ms();
+            let due: HashSet<String> = garbage
+                .iter()
+                .filter(|g| g.after_ms <= now)
+                .map(|g| g.blob.clone())
+                .collect();
+            if due.is_empty() {
+                continue;
+            }
+            for blob in &due {
+                blobs::delete(records.router(), blob).await?;
+            }
+            let doc = target.doc(bucket);
+            match target {
+                Target::Root => forget_garbage::<BucketIndex>(records, &doc, &due).await?,
+                Target::Leaf(_) => forget_garbage::<Leaf>(records, &doc, &due).await?,
+            }
+            swept += due.len();
         }
-        for blob in &due {
-            blobs::delete(records.router(), blob).await?;
-        }
-        records
-            .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
-                let Some(mut index) = index else {
-                    return Ok((Change::Keep, ()));
-                };
-                index.garbage.retain(|g| !due.contains(&g.blob));
-                Ok((Change::Put(index), ()))
-            })
-            .await?;
-        swept += due.len();
     }
     Ok(swept)
+}
+
+/// Removes the tombstoned blobs `due` from the garbage list of record `doc`.
+async fn forget_garbage<H: Holder>(
+    records: &Records,
+    doc: &str,
+    due: &HashSet<String>,
+) -> Result<(), S3Error> {
+    records
+        .update(doc, |record: Option<H>| {
+            let Some(mut record) = record else {
+                return Ok((Change::Keep, ()));
+            };
+            record.garbage_mut().retain(|g| !due.contains(&g.blob));
+            Ok((Change::Put(record), ()))
+        })
+        .await
 }

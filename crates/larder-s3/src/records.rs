@@ -17,10 +17,13 @@ pub const FORMAT: u32 = 1;
 /// Largest record read back (a bucket index at its entry bound is well under this).
 pub const MAX_RECORD_BYTES: usize = 8 << 20;
 
-/// Entries one bucket index holds. The index is one document for now (see README.md, "Layout":
-/// how it splits by key range is written down there, not built); past this a PUT of a new
-/// name is refused rather than growing a record every write rewrites.
+/// Entries one list record holds (a bucket's uploads in progress): past this a new one is
+/// refused rather than growing a record every write rewrites.
 pub const MAX_INDEX_ENTRIES: usize = 10_000;
+
+/// The format of a bucket's root once it has split into leaves, and of every leaf
+/// (`index_tree.rs`): code that knows only `FORMAT` refuses them rather than misreading them.
+pub const FORMAT_SPLIT: u32 = 2;
 
 /// The document holding the access keys.
 pub const KEYS_DOC: &str = "larder-s3:keys";
@@ -32,14 +35,21 @@ pub fn bucket_doc(name: &str) -> String {
     format!("larder-s3:bucket:{name}")
 }
 
-/// A bucket and its objects in name order: the decision point for creating and deleting the
-/// bucket, and for every name in it (one document, so "delete only if empty" and a concurrent
-/// PUT are decided by the partition primary, in one order).
+/// The document of leaf `id` of bucket `bucket`'s index.
+pub fn leaf_doc(bucket: &str, id: &str) -> String {
+    format!("larder-s3:leaf:{bucket}:{id}")
+}
+
+/// A bucket's root record: the decision point for creating and deleting the bucket. While the
+/// bucket is small it is also its only leaf and holds its objects in name order (format 1);
+/// past `index_leaf_entries` it splits, and from then on it lists its leaves by the first key
+/// each covers (format 2; `index_tree.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BucketIndex {
     pub v: u32,
     pub created_ms: u64,
+    /// The objects, while the root is the bucket's only leaf (empty once split).
     pub objects: BTreeMap<String, ObjectEntry>,
     /// Blobs no name points at any more, tombstoned once their grace period is over (a read
     /// that resolved the name just before may still be fetching them). Written in the same
@@ -50,6 +60,80 @@ pub struct BucketIndex {
     /// canned ACL `public-read` (`private` turns it off).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public_read: bool,
+    /// Once split: the first key each leaf covers → the leaf's ID. A routing hint only: a
+    /// leaf's first key never changes and leaves never merge, so starting from any leaf that
+    /// begins at or before a key and following `right` links finds the key's leaf.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub leaves: BTreeMap<String, String>,
+    /// A split of this root into two leaves under way (links and unlinks wait for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splitting: Option<Split>,
+    /// A DeleteBucket of the split bucket under way: its ticket, carried by the seals it puts
+    /// on the leaves. Whoever removes or clears it decides whether the delete happens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleting: Option<String>,
+}
+
+impl BucketIndex {
+    /// Whether the root has split into leaves (and holds no objects itself).
+    pub fn is_split(&self) -> bool {
+        !self.leaves.is_empty()
+    }
+
+    /// The format this root is written in.
+    fn format(&self) -> u32 {
+        let split = self.is_split() || self.splitting.is_some() || self.deleting.is_some();
+        if split {
+            FORMAT_SPLIT
+        } else {
+            FORMAT
+        }
+    }
+}
+
+/// A split under way: keys from `at` on move to the new leaf `right` (and, for a root, keys
+/// before `at` to the new leaf `left`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Split {
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left: Option<String>,
+    pub right: String,
+}
+
+/// One leaf of a split bucket's index: the names in `[low, high)` (no `high`: to the end),
+/// and the leaf holding the keys after it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Leaf {
+    pub v: u32,
+    /// The `created_ms` of the bucket this leaf belongs to: a leaf left from a deleted bucket
+    /// of the same name is never taken for one of the bucket made again.
+    pub bucket_created_ms: u64,
+    pub low: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub right: Option<String>,
+    pub objects: BTreeMap<String, ObjectEntry>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub garbage: Vec<Garbage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splitting: Option<Split>,
+    /// Set by a DeleteBucket on an empty leaf: no name is linked here while it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Seal>,
+}
+
+/// A DeleteBucket's mark on an empty leaf.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seal {
+    pub ticket: String,
+    /// When it was set, by the deleting frontend's clock (only for telling a seal whose
+    /// deleter died from one under way; the root's `deleting` decides).
+    pub at_ms: u64,
 }
 
 /// What a name points at.
@@ -204,23 +288,32 @@ impl AccessKey {
 pub trait Record: Serialize + for<'de> Deserialize<'de> + Default {
     fn version(&self) -> u32;
 
+    /// Whether this code reads format `v` of the record.
+    fn knows(v: u32) -> bool {
+        v == FORMAT
+    }
+
     /// Decodes a stored record, refusing formats this code does not know.
     fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
-        if bytes.len() > MAX_RECORD_BYTES {
-            return Err(S3Error::Corrupt(format!("{} bytes", bytes.len())));
-        }
-        let record: Self =
-            serde_json::from_slice(bytes).map_err(|e| S3Error::Corrupt(e.to_string()))?;
-        match record.version() {
-            FORMAT => Ok(record),
-            other => Err(S3Error::Corrupt(format!("unknown format version {other}"))),
-        }
+        decode_known(bytes)
     }
 
     fn encode(&self) -> bytes::Bytes {
         serde_json::to_vec(self)
             .expect("records are maps of strings and numbers")
             .into()
+    }
+}
+
+/// A stored record in a format this code knows.
+fn decode_known<R: Record>(bytes: &[u8]) -> Result<R, S3Error> {
+    if bytes.len() > MAX_RECORD_BYTES {
+        return Err(S3Error::Corrupt(format!("{} bytes", bytes.len())));
+    }
+    let record: R = serde_json::from_slice(bytes).map_err(|e| S3Error::Corrupt(e.to_string()))?;
+    match record.version() {
+        v if R::knows(v) => Ok(record),
+        other => Err(S3Error::Corrupt(format!("unknown format version {other}"))),
     }
 }
 
@@ -233,7 +326,52 @@ macro_rules! record {
         }
     )*};
 }
-record!(BucketIndex, Catalog, KeyRing, Upload, UploadList);
+record!(Catalog, KeyRing, Upload, UploadList);
+
+impl Record for BucketIndex {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn knows(v: u32) -> bool {
+        v == FORMAT || v == FORMAT_SPLIT
+    }
+
+    /// A root whose version is not the one its contents call for is refused (format 1 with
+    /// the fields of a split is no record this code wrote).
+    fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
+        let root: BucketIndex = decode_known(bytes)?;
+        match root.v == root.format() {
+            true => Ok(root),
+            false => Err(S3Error::Corrupt(format!(
+                "format {} with the wrong fields",
+                root.v
+            ))),
+        }
+    }
+
+    /// Written as format 1 while it is the bucket's only leaf (what code before the split
+    /// reads), as format 2 once anything of the split is in it.
+    fn encode(&self) -> bytes::Bytes {
+        let v = self.format();
+        let json = match v == self.v {
+            true => serde_json::to_vec(self),
+            false => serde_json::to_vec(&BucketIndex { v, ..self.clone() }),
+        };
+        json.expect("records are maps of strings and numbers")
+            .into()
+    }
+}
+
+impl Record for Leaf {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn knows(v: u32) -> bool {
+        v == FORMAT_SPLIT
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,8 @@ use tokio::time::Instant;
 
 use crate::auth::{Gate, Keys};
 use crate::blobs::BlobLimits;
+use crate::index_batch::IndexBatches;
+use crate::index_tree::IndexTree;
 use crate::metrics::{OperationSlot, S3Metrics};
 use crate::service::Larder;
 use crate::stall::{StallClock, Stalled};
@@ -45,9 +47,15 @@ impl S3Api {
     ) -> Result<S3Api, String> {
         let records_router = config.records_router(&router)?;
         let records = Arc::new(Records::new(router, records_router));
-        tokio::spawn(sweep_until(records.clone(), config.sweep_interval, stop));
+        let tree = Arc::new(IndexTree::new(config.index_leaf_entries));
+        tokio::spawn(sweep_until(
+            records.clone(),
+            tree.clone(),
+            config.sweep_interval,
+            stop,
+        ));
         Ok(S3Api {
-            service: service(records, limits.clone(), config),
+            service: service(records, tree, limits.clone(), config),
             metrics: S3Metrics::register(registry),
             limits,
         })
@@ -106,24 +114,31 @@ fn query_error(message: &str) -> http::Response<S3Body> {
 
 async fn sweep_until(
     records: Arc<Records>,
+    tree: Arc<IndexTree>,
     interval: std::time::Duration,
     mut stop: watch::Receiver<()>,
 ) {
     tokio::select! {
-        _ = crate::objects::sweep_forever(records, interval) => {}
+        _ = crate::objects::sweep_forever(records, tree, interval) => {}
         _ = stop.changed() => {}
     }
 }
 
 /// The s3s service over Larder.
-fn service(records: Arc<Records>, limits: BlobLimits, config: &S3Config) -> S3Service {
+fn service(
+    records: Arc<Records>,
+    tree: Arc<IndexTree>,
+    limits: BlobLimits,
+    config: &S3Config,
+) -> S3Service {
     let keys = Arc::new(Keys::new(records.clone()));
     let larder = Larder {
         records,
         keys: keys.clone(),
         limits,
         grace: config.replaced_blob_grace,
-        index_batches: Default::default(),
+        index_batches: Arc::new(IndexBatches::new(tree.clone())),
+        tree,
     };
     let mut builder = S3ServiceBuilder::new(larder);
     builder.set_auth(Gate(keys.clone()));

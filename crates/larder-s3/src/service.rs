@@ -13,6 +13,7 @@ use crate::blobs::{self, BlobLimits, Stored};
 use crate::checksums::{ObjectChecksum, Requested};
 use crate::conditions::{Conditions, WriteConditions};
 use crate::error::S3Error;
+use crate::index_tree::IndexTree;
 use crate::list::{self, After};
 use crate::multipart;
 use crate::objects;
@@ -48,6 +49,8 @@ pub struct Larder {
     pub(crate) grace: Duration,
     /// This frontend's pending changes of bucket indexes, written in batches.
     pub(crate) index_batches: Arc<crate::index_batch::IndexBatches>,
+    /// Where each bucket's names are (`index_tree.rs`).
+    pub(crate) tree: Arc<IndexTree>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -82,20 +85,50 @@ impl Larder {
         tokio::spawn(async move { blobs::delete(&router, &id).await });
     }
 
-    fn router(&self) -> &Arc<Router> {
+    pub(crate) fn router(&self) -> &Arc<Router> {
         self.records.router()
     }
 
+    /// The bucket's root record, from a quorum (`NoSuchBucket` if there is none).
     async fn index(&self, bucket: &str) -> Result<BucketIndex, S3Error> {
-        self.records
-            .read::<BucketIndex>(&bucket_doc(bucket))
-            .await?
-            .ok_or(S3Error::NoSuchBucket)
+        self.tree.root(&self.records, bucket).await
+    }
+
+    /// What `key` names now, from a quorum.
+    pub(crate) async fn current(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Option<ObjectEntry>, S3Error> {
+        self.tree.entry(&self.records, bucket, key).await
     }
 
     async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
-        let index = self.index(bucket).await?;
-        index.objects.get(key).cloned().ok_or(S3Error::NoSuchKey)
+        self.current(bucket, key).await?.ok_or(S3Error::NoSuchKey)
+    }
+
+    /// Removes an unsplit bucket's root if it holds no names; `false` if it split meanwhile.
+    async fn delete_small_bucket(&self, bucket: &str, root: BucketIndex) -> Result<bool, S3Error> {
+        if !root.objects.is_empty() || root.splitting.is_some() {
+            return Err(S3Error::BucketNotEmpty);
+        }
+        // Replaced blobs still waiting for their grace period go now: after the bucket's
+        // record is gone nothing would find them. (Tombstoning one twice is harmless.)
+        for garbage in &root.garbage {
+            blobs::delete(self.router(), &garbage.blob).await?;
+        }
+        self.records
+            .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
+                let index = index.ok_or(S3Error::NoSuchBucket)?;
+                if index.is_split() {
+                    return Ok((Change::Keep, false));
+                }
+                if !index.objects.is_empty() || index.splitting.is_some() {
+                    return Err(S3Error::BucketNotEmpty);
+                }
+                Ok((Change::Remove, true))
+            })
+            .await
     }
 
     /// Tombstones a stored blob no name points at, in the background.
@@ -237,25 +270,27 @@ impl S3 for Larder {
         req: S3Request<DeleteBucketInput>,
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
         let bucket = req.input.bucket;
-        // Replaced blobs still waiting for their grace period go now: after the bucket's
-        // record is gone nothing would find them. (Tombstoning one twice is harmless.)
-        let index = self.index(&bucket).await?;
-        if !index.objects.is_empty() {
-            return Err(S3Error::BucketNotEmpty.into());
+        // A small bucket is one record; a split one is decided at its root (`index_tree.rs`).
+        // A root that splits between the read and the write is read again.
+        let mut deleted = false;
+        for _ in 0..3 {
+            let root = self.index(&bucket).await?;
+            if root.is_split() {
+                self.tree
+                    .delete_split_bucket(&self.records, &bucket)
+                    .await?;
+                deleted = true;
+            } else {
+                deleted = self.delete_small_bucket(&bucket, root).await?;
+            }
+            if deleted {
+                break;
+            }
         }
-
-        for garbage in &index.garbage {
-            blobs::delete(self.router(), &garbage.blob).await?;
+        if !deleted {
+            let message = "the bucket's index kept changing shape; try again";
+            return Err(S3Error::OperationAborted(message.into()).into());
         }
-        self.records
-            .update(&bucket_doc(&bucket), |index: Option<BucketIndex>| {
-                let index = index.ok_or(S3Error::NoSuchBucket)?;
-                if !index.objects.is_empty() {
-                    return Err(S3Error::BucketNotEmpty);
-                }
-                Ok((Change::Remove, index.garbage))
-            })
-            .await?;
         // Uploads in progress do not keep a bucket (AWS deletes it and them): they are aborted,
         // their parts tombstoned, once the bucket is gone, so that an upload created while
         // this ran is found too (it checks the bucket again after listing itself).
@@ -346,9 +381,9 @@ impl S3 for Larder {
         let requested = Requested::from_headers(&req.headers)?;
         // Refused before the body is stored when the answer is already known (and decided
         // again at the primary when the name is linked).
-        let index = self.index(&input.bucket).await?;
-        conditions.check(index.objects.get(&input.key))?;
-        drop(index);
+        let current = self.current(&input.bucket, &input.key).await?;
+        conditions.check(current.as_ref())?;
+        drop(current);
         let props = BlobProperties {
             content_type: input.content_type.clone(),
             user_meta: Vec::new(),
@@ -501,15 +536,19 @@ impl S3 for Larder {
             (None, None) => None,
         };
         let max_keys = max_keys(input.max_keys)?;
-        let index = self.index(&input.bucket).await?;
         let prefix = input.prefix.clone().unwrap_or_default();
-        let page = list::page(
-            &index.objects,
-            &prefix,
-            input.delimiter.as_deref(),
-            after.as_ref(),
+        let query = list::Query {
+            prefix: &prefix,
+            delimiter: input.delimiter.as_deref(),
+            after: after.as_ref(),
             max_keys,
-        );
+        };
+        // A run of empty leaves ends a page early: v2's token says where to go on.
+        let hops = Some(list::MAX_LEAVES_PER_PAGE);
+        let page = self
+            .tree
+            .page(&self.records, &input.bucket, &query, hops)
+            .await?;
         let url = url_encoded(input.encoding_type.as_ref());
         let contents = contents(&page, url, input.fetch_owner == Some(true));
         let prefixes = common_prefixes(&page, url);
@@ -779,13 +818,21 @@ impl S3 for Larder {
             Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
             _ => After::Key(m),
         });
-        let index = self.index(&input.bucket).await?;
         let prefix = input.prefix.clone().unwrap_or_default();
-        let delimiter = input.delimiter.as_deref();
-        let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let query = list::Query {
+            prefix: &prefix,
+            delimiter: input.delimiter.as_deref(),
+            after: after.as_ref(),
+            max_keys,
+        };
+        // A marker is a name, not a place: these listings walk empty leaves to the end.
+        let page = self
+            .tree
+            .page(&self.records, &input.bucket, &query, None)
+            .await?;
         let url = url_encoded(input.encoding_type.as_ref());
         let next_marker = page.next.as_ref().map(|n| match n {
-            After::Key(k) | After::Prefix(k) => encode(url, k.clone()),
+            After::Key(k) | After::Prefix(k) | After::At(k) => encode(url, k.clone()),
         });
         let output = ListObjectsOutput {
             name: Some(input.bucket),
@@ -818,16 +865,24 @@ impl S3 for Larder {
             Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
             _ => After::Key(m),
         });
-        let index = self.index(&input.bucket).await?;
         let prefix = input.prefix.clone().unwrap_or_default();
-        let delimiter = input.delimiter.as_deref();
-        let page = list::page(&index.objects, &prefix, delimiter, after.as_ref(), max_keys);
+        let query = list::Query {
+            prefix: &prefix,
+            delimiter: input.delimiter.as_deref(),
+            after: after.as_ref(),
+            max_keys,
+        };
+        // A marker is a name, not a place: these listings walk empty leaves to the end.
+        let page = self
+            .tree
+            .page(&self.records, &input.bucket, &query, None)
+            .await?;
         let url = url_encoded(input.encoding_type.as_ref());
         let versions = page
             .objects
             .iter()
             .map(|(name, entry)| ObjectVersion {
-                key: Some(encode(url, (*name).to_owned())),
+                key: Some(encode(url, name.clone())),
                 version_id: Some("null".into()),
                 is_latest: Some(true),
                 size: i64::try_from(entry.size).ok(),
@@ -840,7 +895,7 @@ impl S3 for Larder {
             })
             .collect();
         let next_key_marker = page.next.as_ref().map(|n| match n {
-            After::Key(k) | After::Prefix(k) => encode(url, k.clone()),
+            After::Key(k) | After::Prefix(k) | After::At(k) => encode(url, k.clone()),
         });
         let output = ListObjectVersionsOutput {
             name: Some(input.bucket),
@@ -999,11 +1054,11 @@ fn owner() -> Owner {
 
 /// The listed objects; with `owners` (ListObjects v1 always, v2 with `fetch-owner=true`)
 /// each with its owner.
-fn contents(page: &list::Page<'_>, url: bool, owners: bool) -> Vec<Object> {
+fn contents(page: &list::Page, url: bool, owners: bool) -> Vec<Object> {
     page.objects
         .iter()
         .map(|(name, entry)| Object {
-            key: Some(encode(url, (*name).to_owned())),
+            key: Some(encode(url, name.clone())),
             owner: owners.then(owner),
             size: i64::try_from(entry.size).ok(),
             e_tag: Some(etag(entry)),
@@ -1016,7 +1071,7 @@ fn contents(page: &list::Page<'_>, url: bool, owners: bool) -> Vec<Object> {
         .collect()
 }
 
-fn common_prefixes(page: &list::Page<'_>, url: bool) -> Vec<CommonPrefix> {
+fn common_prefixes(page: &list::Page, url: bool) -> Vec<CommonPrefix> {
     page.prefixes
         .iter()
         .map(|p| CommonPrefix {

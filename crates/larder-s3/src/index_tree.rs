@@ -1,0 +1,857 @@
+//! A bucket's index as a tree of records split by key range, so that a bucket of any size is
+//! read and changed a leaf (at most `index_leaf_entries` names) at a time, and a PUT rewrites
+//! one leaf, not the bucket.
+//!
+//! - **Small buckets are one record**, the root (`larder-s3:bucket:<name>`), which holds the
+//!   names itself (format 1, as before the split existed: nothing to migrate).
+//! - **Past the bound the root splits** into two leaves and from then on lists its leaves by
+//!   the first key each covers (format 2). A leaf past the bound splits in two the same way.
+//!   Leaves never merge, and a leaf's first key (`low`) never changes.
+//! - **B-link walk.** Each leaf knows the first key after it (`high`) and the leaf holding it
+//!   (`right`). A split writes the new right leaf before it cuts the old one, and cuts in one
+//!   write, so starting from any leaf whose `low` is at or before a key and moving right while
+//!   the key is at or past `high` always finds the key's leaf, however stale the start. That
+//!   is why the root's list of leaves is only a hint, and why a frontend may cache it.
+//! - **Splits** (`split`): (1) mark the record "splitting at K" in a read-modify-write at its
+//!   primary (changes of names from K on now wait); (2) write the new leaf (or leaves, for the
+//!   root) with those names, if it does not exist; (3) cut the old record in one write; (4) add
+//!   the new leaf to the root's hints. Every step is idempotent, and a writer that keeps finding
+//!   a mark finishes the split itself, so a frontend that dies half-way stalls nothing for long.
+//! - **DeleteBucket of a split bucket** (`delete_split_bucket`) is decided at the root: mark the
+//!   root `deleting` with a ticket, seal every leaf that is empty (a sealed leaf links nothing;
+//!   a leaf with names cancels the delete: `BucketNotEmpty`), then remove the root if its
+//!   ticket is still there. A writer that finds a seal whose deleter seems gone clears the
+//!   root's ticket first, so exactly one of the two wins, decided by one record.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::distr::{Alphanumeric, SampleString};
+use tokio::time::Instant;
+
+use crate::blobs;
+use crate::error::S3Error;
+use crate::list::{self, After, Page};
+use crate::records::{
+    bucket_doc, leaf_doc, BucketIndex, Garbage, Leaf, ObjectEntry, Record, Seal, Split,
+    FORMAT_SPLIT,
+};
+use crate::service::now_ms;
+use crate::store::{Change, Records};
+
+/// Leaves a walk follows before it starts again from a fresh root (a stale cached hint).
+const MAX_HOPS: usize = 64;
+/// Buckets whose leaf hints a frontend keeps.
+const MAX_CACHED_BUCKETS: usize = 4096;
+/// How long a seal stays before a writer that finds it takes its deleter for gone.
+const SEAL_PATIENCE: Duration = Duration::from_secs(60);
+/// Pause before a change that waits for a split or a delete tries again.
+const WAIT: Duration = Duration::from_millis(20);
+
+/// Which record holds the names of a key's range.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The bucket's root, while it is the only leaf.
+    Root,
+    Leaf(String),
+}
+
+impl Target {
+    pub fn doc(&self, bucket: &str) -> String {
+        match self {
+            Target::Root => bucket_doc(bucket),
+            Target::Leaf(id) => leaf_doc(bucket, id),
+        }
+    }
+}
+
+/// Why a change of a name could not be applied where it was sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reroute {
+    /// The name's range is further right: in leaf `Some(id)`, or (`None`) the root has split.
+    Right(Option<String>),
+    /// A split of the range is under way.
+    Busy,
+    /// A DeleteBucket sealed the leaf (of the bucket made at `created_ms`).
+    Sealed { seal: Seal, created_ms: u64 },
+    /// The leaf does not exist (the bucket was deleted, or made again).
+    Gone,
+}
+
+/// A record that holds names: the root of a small bucket, or a leaf.
+pub trait Holder: Record {
+    /// Whether a change of `key` belongs here now.
+    fn admits(&self, key: &str) -> Result<(), Reroute>;
+    fn objects(&self) -> &BTreeMap<String, ObjectEntry>;
+    fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry>;
+    fn garbage_mut(&mut self) -> &mut Vec<Garbage>;
+    fn splitting(&self) -> Option<&Split>;
+}
+
+impl Holder for BucketIndex {
+    fn admits(&self, _key: &str) -> Result<(), Reroute> {
+        if self.is_split() {
+            return Err(Reroute::Right(None));
+        }
+        match self.splitting {
+            Some(_) => Err(Reroute::Busy),
+            None => Ok(()),
+        }
+    }
+    fn objects(&self) -> &BTreeMap<String, ObjectEntry> {
+        &self.objects
+    }
+    fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry> {
+        &mut self.objects
+    }
+    fn garbage_mut(&mut self) -> &mut Vec<Garbage> {
+        &mut self.garbage
+    }
+    fn splitting(&self) -> Option<&Split> {
+        self.splitting.as_ref()
+    }
+}
+
+impl Holder for Leaf {
+    fn admits(&self, key: &str) -> Result<(), Reroute> {
+        if let Some(seal) = &self.sealed {
+            return Err(Reroute::Sealed {
+                seal: seal.clone(),
+                created_ms: self.bucket_created_ms,
+            });
+        }
+        if self.high.as_deref().is_some_and(|high| key >= high) {
+            return Err(Reroute::Right(self.right.clone()));
+        }
+        match &self.splitting {
+            Some(split) if key >= split.at.as_str() => Err(Reroute::Busy),
+            _ => Ok(()),
+        }
+    }
+    fn objects(&self) -> &BTreeMap<String, ObjectEntry> {
+        &self.objects
+    }
+    fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry> {
+        &mut self.objects
+    }
+    fn garbage_mut(&mut self) -> &mut Vec<Garbage> {
+        &mut self.garbage
+    }
+    fn splitting(&self) -> Option<&Split> {
+        self.splitting.as_ref()
+    }
+}
+
+/// The names of one key range as read: a small bucket's root or a leaf.
+#[derive(Debug, Default)]
+pub struct Node {
+    pub objects: BTreeMap<String, ObjectEntry>,
+    /// The first key after this range (`None`: to the end).
+    pub high: Option<String>,
+    pub right: Option<String>,
+}
+
+impl From<Leaf> for Node {
+    fn from(leaf: Leaf) -> Node {
+        Node {
+            objects: leaf.objects,
+            high: leaf.high,
+            right: leaf.right,
+        }
+    }
+}
+
+/// The leaf of `hints` whose range starts at or before `key`.
+fn pick(hints: &BTreeMap<String, String>, key: &str) -> String {
+    hints
+        .range::<str, _>((Bound::Unbounded, Bound::Included(key)))
+        .next_back()
+        .or_else(|| hints.iter().next())
+        .map(|(_, id)| id.clone())
+        .unwrap_or_default()
+}
+
+fn new_id() -> String {
+    Alphanumeric.sample_string(&mut rand::rng(), 16)
+}
+
+/// The index trees of every bucket, as this frontend sees them: where each split bucket's
+/// leaves start (cached; see the module's "B-link walk" for why a stale copy is safe).
+pub struct IndexTree {
+    /// Names a leaf holds before it splits.
+    pub leaf_entries: usize,
+    hints: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
+    /// Records this frontend is splitting now (one split of a record at a time).
+    splitting: Mutex<std::collections::HashSet<String>>,
+}
+
+impl IndexTree {
+    pub fn new(leaf_entries: usize) -> IndexTree {
+        IndexTree {
+            leaf_entries: leaf_entries.max(2),
+            hints: Mutex::default(),
+            splitting: Mutex::default(),
+        }
+    }
+
+    fn cached(&self, bucket: &str) -> Option<Arc<BTreeMap<String, String>>> {
+        self.hints.lock().get(bucket).cloned()
+    }
+
+    fn remember(&self, bucket: &str, root: &BucketIndex) {
+        let mut hints = self.hints.lock();
+        if !root.is_split() {
+            hints.remove(bucket);
+            return;
+        }
+        if hints.len() >= MAX_CACHED_BUCKETS {
+            hints.clear();
+        }
+        hints.insert(bucket.to_owned(), Arc::new(root.leaves.clone()));
+    }
+
+    pub fn forget(&self, bucket: &str) {
+        self.hints.lock().remove(bucket);
+    }
+
+    /// The bucket's root from a quorum (and its hints remembered).
+    pub async fn root(&self, records: &Records, bucket: &str) -> Result<BucketIndex, S3Error> {
+        let root = records
+            .read::<BucketIndex>(&bucket_doc(bucket))
+            .await?
+            .ok_or(S3Error::NoSuchBucket)?;
+        self.remember(bucket, &root);
+        Ok(root)
+    }
+
+    /// Where a change of `key` goes first.
+    pub async fn route(
+        &self,
+        records: &Records,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Target, S3Error> {
+        if let Some(hints) = self.cached(bucket) {
+            return Ok(Target::Leaf(pick(&hints, key)));
+        }
+        let root = self.root(records, bucket).await?;
+        Ok(match root.is_split() {
+            true => Target::Leaf(pick(&root.leaves, key)),
+            false => Target::Root,
+        })
+    }
+
+    /// Where a change of `key` goes next, after `from` sent it on for `why`; waits first when
+    /// a split or a delete must end. Past `deadline`: `Unavailable`.
+    pub async fn reroute(
+        &self,
+        records: &Records,
+        bucket: &str,
+        key: &str,
+        (from, why): (Target, Reroute),
+        deadline: Instant,
+    ) -> Result<Target, S3Error> {
+        if Instant::now() >= deadline {
+            return Err(S3Error::Unavailable(format!(
+                "bucket {bucket}: the index range of a name stayed busy ({why:?}); try again"
+            )));
+        }
+        match why {
+            Reroute::Right(Some(id)) => {
+                self.forget(bucket);
+                Ok(Target::Leaf(id))
+            }
+            Reroute::Right(None) | Reroute::Gone => {
+                self.forget(bucket);
+                self.route(records, bucket, key).await
+            }
+            Reroute::Busy => {
+                tokio::time::sleep(WAIT).await;
+                // Whoever marked the split may be gone: finishing it is idempotent.
+                self.split(records, bucket, &from).await?;
+                Ok(from)
+            }
+            Reroute::Sealed { seal, created_ms } => {
+                let root = self.root(records, bucket).await?;
+                if root.created_ms != created_ms {
+                    // A leaf of a deleted bucket of this name: never written again.
+                    self.forget(bucket);
+                    return self.route(records, bucket, key).await;
+                }
+                self.settle_seal(records, bucket, root, &from, &seal)
+                    .await?;
+                Ok(from)
+            }
+        }
+    }
+
+    /// A leaf of `root`'s bucket sealed by a DeleteBucket: wait while that delete may be under
+    /// way; if its ticket is no longer the root's, or its deleter seems gone (cancelling it at
+    /// the root first), unseal.
+    async fn settle_seal(
+        &self,
+        records: &Records,
+        bucket: &str,
+        root: BucketIndex,
+        leaf: &Target,
+        seal: &Seal,
+    ) -> Result<(), S3Error> {
+        if root.deleting.as_ref() == Some(&seal.ticket) {
+            if now_ms().saturating_sub(seal.at_ms) < SEAL_PATIENCE.as_millis() as u64 {
+                tokio::time::sleep(WAIT).await;
+                return Ok(());
+            }
+            let ticket = seal.ticket.clone();
+            let created_ms = root.created_ms;
+            records
+                .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+                    let mut root = root
+                        .filter(|r| r.created_ms == created_ms)
+                        .ok_or(S3Error::NoSuchBucket)?;
+                    if root.deleting.as_ref() != Some(&ticket) {
+                        return Ok((Change::Keep, ()));
+                    }
+                    root.deleting = None;
+                    Ok((Change::Put(root), ()))
+                })
+                .await?;
+        }
+        unseal(records, &leaf.doc(bucket), &seal.ticket).await
+    }
+
+    /// The names of the range holding `key`, from a quorum.
+    pub async fn locate(
+        &self,
+        records: &Records,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Node, S3Error> {
+        if let Some(hints) = self.cached(bucket) {
+            if let Some(node) = walk(records, bucket, &pick(&hints, key), key, false).await? {
+                return Ok(node);
+            }
+            self.forget(bucket);
+        }
+        let root = self.root(records, bucket).await?;
+        if !root.is_split() {
+            return Ok(Node {
+                objects: root.objects,
+                high: None,
+                right: None,
+            });
+        }
+        // From a fresh root a sealed leaf is read as it is (empty, a delete under way).
+        walk(records, bucket, &pick(&root.leaves, key), key, true)
+            .await?
+            .ok_or(S3Error::NoSuchBucket)
+    }
+
+    /// What `key` names in `bucket` now, from a quorum.
+    pub async fn entry(
+        &self,
+        records: &Records,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Option<ObjectEntry>, S3Error> {
+        let mut node = self.locate(records, bucket, key).await?;
+        Ok(node.objects.remove(key))
+    }
+
+    /// One page of a listing, walking the leaves in key order from where it starts. With
+    /// `hop_limit`, a page ends after that many leaves without reaching `max_keys` (a run of
+    /// empty leaves), truncated, and the next page resumes there.
+    pub async fn page(
+        &self,
+        records: &Records,
+        bucket: &str,
+        query: &list::Query<'_>,
+        hop_limit: Option<usize>,
+    ) -> Result<Page, S3Error> {
+        let start = query.start_key();
+        let mut node = self.locate(records, bucket, &start).await?;
+        let mut after = query.after.cloned();
+        let mut out = Page::default();
+        let mut hops = 0;
+        loop {
+            let remaining = query.max_keys - out.len();
+            let sub = list::page(&node.objects, query, after.as_ref(), remaining);
+            if let Some(last) = sub.last() {
+                after = Some(last);
+            }
+            let cut = sub.cut;
+            let next = sub.next.clone();
+            out.append(sub);
+            if cut {
+                out.cut = true;
+                out.next = next.or_else(|| out.last());
+                return Ok(out);
+            }
+            let Some(high) = node.high.take() else {
+                return Ok(out);
+            };
+            if !high.starts_with(query.prefix) && high.as_str() > query.prefix {
+                return Ok(out);
+            }
+            hops += 1;
+            if hop_limit.is_some_and(|limit| hops > limit) {
+                out.cut = true;
+                out.next = Some(After::At(high));
+                return Ok(out);
+            }
+            let right = node.right.take().ok_or_else(|| {
+                S3Error::Corrupt(format!(
+                    "bucket {bucket}: a leaf ends at {high:?} with none after"
+                ))
+            })?;
+            node = read_leaf(records, bucket, &right)
+                .await?
+                .ok_or(S3Error::NoSuchBucket)?
+                .into();
+        }
+    }
+
+    /// Splits the record `target` of `bucket` if it holds more than `leaf_entries` names, or
+    /// finishes a split marked in it. Idempotent; a second call while this frontend is
+    /// splitting the same record returns at once.
+    pub async fn split(
+        &self,
+        records: &Records,
+        bucket: &str,
+        target: &Target,
+    ) -> Result<(), S3Error> {
+        let doc = target.doc(bucket);
+        if !self.splitting.lock().insert(doc.clone()) {
+            return Ok(());
+        }
+        let result = match target {
+            Target::Root => self.split_root(records, bucket).await,
+            Target::Leaf(id) => self.split_leaf(records, bucket, id).await,
+        };
+        self.splitting.lock().remove(&doc);
+        self.forget(bucket);
+        result
+    }
+
+    async fn split_root(&self, records: &Records, bucket: &str) -> Result<(), S3Error> {
+        let doc = bucket_doc(bucket);
+        let bound = self.leaf_entries;
+        let Some(split) = mark::<BucketIndex>(records, &doc, bound, true).await? else {
+            return Ok(());
+        };
+        let Some(root) = records.read::<BucketIndex>(&doc).await? else {
+            return Ok(());
+        };
+        if root.splitting.as_ref() != Some(&split) {
+            return Ok(());
+        }
+        let left_id = split.left.clone().unwrap_or_default();
+        let mut lower = root.objects.clone();
+        let upper = lower.split_off(&split.at);
+        let left = Leaf {
+            v: FORMAT_SPLIT,
+            bucket_created_ms: root.created_ms,
+            low: String::new(),
+            high: Some(split.at.clone()),
+            right: Some(split.right.clone()),
+            objects: lower,
+            ..Default::default()
+        };
+        let right = Leaf {
+            v: FORMAT_SPLIT,
+            bucket_created_ms: root.created_ms,
+            low: split.at.clone(),
+            objects: upper,
+            ..Default::default()
+        };
+        create(records, &leaf_doc(bucket, &left_id), left).await?;
+        create(records, &leaf_doc(bucket, &split.right), right).await?;
+        records
+            .update(&doc, |root: Option<BucketIndex>| {
+                let Some(mut root) = root.filter(|r| r.splitting.as_ref() == Some(&split)) else {
+                    return Ok((Change::Keep, ()));
+                };
+                root.objects.clear();
+                root.splitting = None;
+                root.leaves.insert(String::new(), left_id.clone());
+                root.leaves.insert(split.at.clone(), split.right.clone());
+                Ok((Change::Put(root), ()))
+            })
+            .await
+    }
+
+    async fn split_leaf(&self, records: &Records, bucket: &str, id: &str) -> Result<(), S3Error> {
+        let doc = leaf_doc(bucket, id);
+        let Some(split) = mark::<Leaf>(records, &doc, self.leaf_entries, false).await? else {
+            return Ok(());
+        };
+        let Some(leaf) = records.read::<Leaf>(&doc).await? else {
+            return Ok(());
+        };
+        if leaf.splitting.as_ref() != Some(&split) {
+            return Ok(());
+        }
+        let upper = Leaf {
+            v: FORMAT_SPLIT,
+            bucket_created_ms: leaf.bucket_created_ms,
+            low: split.at.clone(),
+            high: leaf.high.clone(),
+            right: leaf.right.clone(),
+            objects: leaf.objects.clone().split_off(&split.at),
+            ..Default::default()
+        };
+        let new_doc = leaf_doc(bucket, &split.right);
+        create(records, &new_doc, upper).await?;
+        let cut = records
+            .update(&doc, |leaf: Option<Leaf>| {
+                let Some(mut leaf) = leaf else {
+                    return Ok((Change::Keep, false));
+                };
+                if leaf.splitting.as_ref() != Some(&split) {
+                    return Ok((Change::Keep, leaf.right.as_ref() == Some(&split.right)));
+                }
+                leaf.objects.split_off(&split.at);
+                leaf.high = Some(split.at.clone());
+                leaf.right = Some(split.right.clone());
+                leaf.splitting = None;
+                Ok((Change::Put(leaf), true))
+            })
+            .await?;
+        if !cut {
+            // The old leaf went (its bucket deleted) before this cut it: the new leaf is
+            // reachable from nothing, and goes too.
+            records
+                .update(&new_doc, |_: Option<Leaf>| Ok((Change::Remove, ())))
+                .await?;
+            return Ok(());
+        }
+        records
+            .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+                let Some(mut root) = root.filter(BucketIndex::is_split) else {
+                    return Ok((Change::Keep, ()));
+                };
+                if root.leaves.get(&split.at) == Some(&split.right) {
+                    return Ok((Change::Keep, ()));
+                }
+                root.leaves.insert(split.at.clone(), split.right.clone());
+                Ok((Change::Put(root), ()))
+            })
+            .await
+    }
+
+    /// Every record of `bucket` that holds names or garbage, in key order (the root, then, once
+    /// split, each leaf), with its garbage list.
+    pub async fn garbage(
+        &self,
+        records: &Records,
+        bucket: &str,
+    ) -> Result<Vec<(Target, Vec<Garbage>)>, S3Error> {
+        let Some(root) = records.read::<BucketIndex>(&bucket_doc(bucket)).await? else {
+            return Ok(Vec::new());
+        };
+        let mut found = vec![(Target::Root, root.garbage.clone())];
+        let mut next = root.leaves.get("").cloned();
+        while let Some(id) = next {
+            let Some(leaf) = read_leaf(records, bucket, &id).await? else {
+                break;
+            };
+            next = leaf.right.clone();
+            found.push((Target::Leaf(id), leaf.garbage));
+        }
+        Ok(found)
+    }
+
+    /// DeleteBucket of a split bucket (see the module's comment). The blobs on the garbage
+    /// lists are tombstoned before the root goes (after it nothing would find them); the leaf
+    /// records are removed after it.
+    pub async fn delete_split_bucket(
+        &self,
+        records: &Records,
+        bucket: &str,
+    ) -> Result<(), S3Error> {
+        let root_doc = bucket_doc(bucket);
+        let ticket = new_id();
+        let (first, mut garbage) = records
+            .update(&root_doc, |root: Option<BucketIndex>| {
+                let mut root = root.ok_or(S3Error::NoSuchBucket)?;
+                let found = (root.leaves.get("").cloned(), root.garbage.clone());
+                root.deleting = Some(ticket.clone());
+                Ok((Change::Put(root), found))
+            })
+            .await?;
+        let mut sealed = Vec::new();
+        let mut next = first;
+        while let Some(id) = next {
+            match seal(records, &leaf_doc(bucket, &id), &ticket).await {
+                Ok((right, leaf_garbage)) => {
+                    sealed.push(id);
+                    garbage.extend(leaf_garbage);
+                    next = right;
+                }
+                Err(err) => {
+                    self.cancel_delete(records, bucket, &ticket, &sealed).await;
+                    return Err(err);
+                }
+            }
+        }
+        for g in &garbage {
+            blobs::delete(records.router(), &g.blob).await?;
+        }
+        let removed = records
+            .update(&root_doc, |root: Option<BucketIndex>| {
+                let root = root.ok_or(S3Error::NoSuchBucket)?;
+                if root.deleting.as_ref() != Some(&ticket) {
+                    return Ok((Change::Keep, false));
+                }
+                Ok((Change::Remove, true))
+            })
+            .await?;
+        if !removed {
+            self.cancel_delete(records, bucket, &ticket, &sealed).await;
+            return Err(S3Error::OperationAborted(
+                "a conflicting operation on this bucket ran at the same time; try again".into(),
+            ));
+        }
+        self.forget(bucket);
+        for id in sealed {
+            let doc = leaf_doc(bucket, &id);
+            if let Err(err) = records
+                .update(&doc, |_: Option<Leaf>| Ok((Change::Remove, ())))
+                .await
+            {
+                tracing::warn!(%err, doc, "a deleted bucket's leaf stays (sealed, unreachable)");
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears `ticket` from the root (if still there) and unseals what it sealed.
+    async fn cancel_delete(
+        &self,
+        records: &Records,
+        bucket: &str,
+        ticket: &str,
+        sealed: &[String],
+    ) {
+        let cleared = records
+            .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+                let Some(mut root) = root.filter(|r| r.deleting.as_deref() == Some(ticket)) else {
+                    return Ok((Change::Keep, ()));
+                };
+                root.deleting = None;
+                Ok((Change::Put(root), ()))
+            })
+            .await;
+        if let Err(err) = cleared {
+            tracing::warn!(%err, bucket, "a cancelled delete's ticket stays on the root");
+        }
+        for id in sealed {
+            if let Err(err) = unseal(records, &leaf_doc(bucket, id), ticket).await {
+                tracing::warn!(%err, bucket, leaf = id, "a cancelled delete's seal stays");
+            }
+        }
+    }
+}
+
+async fn read_leaf(records: &Records, bucket: &str, id: &str) -> Result<Option<Leaf>, S3Error> {
+    records.read::<Leaf>(&leaf_doc(bucket, id)).await
+}
+
+/// From leaf `id` rightwards to the leaf holding `key`. `None`: a leaf on the way is gone, or
+/// sealed when `sealed_ok` is false, or the walk is longer than a fresh root would make it:
+/// start again from the root.
+async fn walk(
+    records: &Records,
+    bucket: &str,
+    id: &str,
+    key: &str,
+    sealed_ok: bool,
+) -> Result<Option<Node>, S3Error> {
+    let mut id = id.to_owned();
+    for _ in 0..MAX_HOPS {
+        let Some(leaf) = read_leaf(records, bucket, &id).await? else {
+            return Ok(None);
+        };
+        if leaf.sealed.is_some() && !sealed_ok {
+            return Ok(None);
+        }
+        match (&leaf.high, &leaf.right) {
+            (Some(high), Some(right)) if key >= high.as_str() => id = right.clone(),
+            _ => return Ok(Some(leaf.into())),
+        }
+    }
+    Ok(None)
+}
+
+/// Marks the record `doc` for a split at its middle name, if it holds more than `bound` names
+/// and no split is marked; returns the split marked (a new one or the one found).
+async fn mark<H: Holder + SplitMark>(
+    records: &Records,
+    doc: &str,
+    bound: usize,
+    root: bool,
+) -> Result<Option<Split>, S3Error> {
+    records
+        .update(doc, |holder: Option<H>| {
+            let Some(mut holder) = holder.filter(|h| h.can_split()) else {
+                return Ok((Change::Keep, None));
+            };
+            if let Some(split) = holder.splitting() {
+                return Ok((Change::Keep, Some(split.clone())));
+            }
+            let names = holder.objects();
+            if names.len() <= bound {
+                return Ok((Change::Keep, None));
+            }
+            let at = names
+                .keys()
+                .nth(names.len() / 2)
+                .cloned()
+                .unwrap_or_default();
+            let split = Split {
+                at,
+                left: root.then(new_id),
+                right: new_id(),
+            };
+            holder.set_splitting(split.clone());
+            Ok((Change::Put(holder), Some(split)))
+        })
+        .await
+}
+
+/// What a split needs of a record beyond `Holder`.
+trait SplitMark: Holder {
+    /// Not sealed, and (a root) not split already.
+    fn can_split(&self) -> bool;
+    fn set_splitting(&mut self, split: Split);
+}
+
+impl SplitMark for BucketIndex {
+    fn can_split(&self) -> bool {
+        !self.is_split() && self.deleting.is_none()
+    }
+    fn set_splitting(&mut self, split: Split) {
+        self.splitting = Some(split);
+    }
+}
+
+impl SplitMark for Leaf {
+    fn can_split(&self) -> bool {
+        self.sealed.is_none()
+    }
+    fn set_splitting(&mut self, split: Split) {
+        self.splitting = Some(split);
+    }
+}
+
+/// Writes `leaf` at `doc` unless a leaf is there already (a split being finished twice).
+async fn create(records: &Records, doc: &str, leaf: Leaf) -> Result<(), S3Error> {
+    let mut leaf = Some(leaf);
+    records
+        .update(doc, |existing: Option<Leaf>| match existing {
+            Some(_) => Ok((Change::Keep, ())),
+            None => Ok((Change::Put(leaf.take().unwrap_or_default()), ())),
+        })
+        .await
+}
+
+/// Seals the empty leaf `doc` for the delete `ticket`: its right neighbour and its garbage.
+/// A leaf with names (or being split, which only a full one is) is `BucketNotEmpty`.
+async fn seal(
+    records: &Records,
+    doc: &str,
+    ticket: &str,
+) -> Result<(Option<String>, Vec<Garbage>), S3Error> {
+    records
+        .update(doc, |leaf: Option<Leaf>| {
+            let mut leaf = leaf.ok_or(S3Error::NoSuchBucket)?;
+            if !leaf.objects.is_empty() || leaf.splitting.is_some() {
+                return Err(S3Error::BucketNotEmpty);
+            }
+            let found = (leaf.right.clone(), leaf.garbage.clone());
+            leaf.sealed = Some(Seal {
+                ticket: ticket.to_owned(),
+                at_ms: now_ms(),
+            });
+            Ok((Change::Put(leaf), found))
+        })
+        .await
+}
+
+async fn unseal(records: &Records, doc: &str, ticket: &str) -> Result<(), S3Error> {
+    records
+        .update(doc, |leaf: Option<Leaf>| {
+            let Some(mut leaf) =
+                leaf.filter(|l| l.sealed.as_ref().is_some_and(|s| s.ticket == ticket))
+            else {
+                return Ok((Change::Keep, ()));
+            };
+            leaf.sealed = None;
+            Ok((Change::Put(leaf), ()))
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(low: &str, high: Option<&str>) -> Leaf {
+        Leaf {
+            v: FORMAT_SPLIT,
+            low: low.into(),
+            high: high.map(str::to_owned),
+            right: high.map(|_| "r".to_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_hint_picks_the_last_leaf_starting_at_or_before_the_key() {
+        let hints: BTreeMap<String, String> = [("", "a"), ("m", "b"), ("t", "c")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(pick(&hints, "a"), "a");
+        assert_eq!(pick(&hints, "m"), "b");
+        assert_eq!(pick(&hints, "s~"), "b");
+        assert_eq!(pick(&hints, "zzz"), "c");
+    }
+
+    #[test]
+    fn a_leaf_sends_keys_past_its_range_right_and_waits_for_its_split() {
+        let mut l = leaf("", Some("m"));
+        assert_eq!(l.admits("a"), Ok(()));
+        assert_eq!(l.admits("m"), Err(Reroute::Right(Some("r".into()))));
+        l.splitting = Some(Split {
+            at: "g".into(),
+            left: None,
+            right: "n".into(),
+        });
+        assert_eq!(l.admits("f"), Ok(()));
+        assert_eq!(l.admits("g"), Err(Reroute::Busy));
+        l.sealed = Some(Seal {
+            ticket: "t".into(),
+            at_ms: 1,
+        });
+        assert!(matches!(l.admits("a"), Err(Reroute::Sealed { .. })));
+    }
+
+    #[test]
+    fn a_split_root_sends_every_change_to_its_leaves() {
+        let mut root = BucketIndex {
+            v: 1,
+            ..Default::default()
+        };
+        assert_eq!(root.admits("k"), Ok(()));
+        root.leaves.insert(String::new(), "a".into());
+        assert_eq!(root.admits("k"), Err(Reroute::Right(None)));
+        let decoded = BucketIndex::decode(&root.encode()).unwrap();
+        assert_eq!(
+            decoded.v, FORMAT_SPLIT,
+            "a split root is written as format 2"
+        );
+    }
+}

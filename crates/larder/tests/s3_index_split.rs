@@ -1,0 +1,282 @@
+//! A bucket whose index splits into leaves (`larder-s3/src/index_tree.rs`), made to split
+//! early (`[s3] index_leaf_entries = 4`, so every record past 16 names would be refused if
+//! splits did not happen): concurrent PUTs land, listings page across leaves without losing
+//! or repeating a name (prefix, delimiter, small pages), reads find every name, DeleteBucket
+//! of a split bucket refuses while any leaf holds a name and leaves it writable, succeeds once
+//! all are deleted, and races with PUTs linearizably. curl with presigned URLs.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::Cluster;
+
+struct Signer {
+    s3: SocketAddr,
+    id: String,
+    secret: String,
+    dir: PathBuf,
+}
+
+impl Signer {
+    fn url(&self, method: &str, bucket: &str, object: &str, query: &[(&str, &str)]) -> String {
+        let endpoint = format!("http://{}", self.s3);
+        let request = larder_s3::Presign {
+            method,
+            endpoint: &endpoint,
+            bucket,
+            key: object,
+            access_key_id: &self.id,
+            secret: &self.secret,
+            region: "us-east-1",
+            expires: Duration::from_secs(600),
+            now: SystemTime::now(),
+        };
+        larder_s3::presign_with_query(&request, query).unwrap()
+    }
+
+    fn call(&self, method: &str, bucket: &str, object: &str) -> common::CurlResponse {
+        let url = self.url(method, bucket, object, &[]);
+        match method {
+            "PUT" if !object.is_empty() => common::curl(
+                &self.dir,
+                &[
+                    "-X",
+                    "PUT",
+                    "--data-binary",
+                    &format!("body of {object}"),
+                    &url,
+                ],
+            ),
+            "HEAD" => common::curl(&self.dir, &["-I", &url]),
+            _ => common::curl(&self.dir, &["-X", method, &url]),
+        }
+    }
+
+    fn status(&self, method: &str, bucket: &str, object: &str) -> u16 {
+        self.call(method, bucket, object).status
+    }
+
+    /// Every key and common prefix of a v2 listing, page by page, in the order returned.
+    fn list(&self, bucket: &str, prefix: &str, delimiter: &str, max: usize) -> Vec<String> {
+        let max = max.to_string();
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..1000 {
+            let mut query = vec![("list-type", "2"), ("max-keys", max.as_str())];
+            query.push(("prefix", prefix));
+            if !delimiter.is_empty() {
+                query.push(("delimiter", delimiter));
+            }
+            if let Some(t) = &token {
+                query.push(("continuation-token", t.as_str()));
+            }
+            let answer = common::curl(&self.dir, &[&self.url("GET", bucket, "", &query)]);
+            let text = String::from_utf8(answer.body).unwrap();
+            assert_eq!(answer.status, 200, "{text}");
+            out.extend(between(&text, "<Key>", "</Key>"));
+            out.extend(between(&text, "<CommonPrefixes><Prefix>", "</Prefix>"));
+            match between(&text, "<NextContinuationToken>", "</NextContinuationToken>").pop() {
+                Some(next) => token = Some(next),
+                None => return out,
+            }
+        }
+        panic!("a listing did not end in 1000 pages");
+    }
+}
+
+fn between(text: &str, open: &str, close: &str) -> Vec<String> {
+    text.split(open)
+        .skip(1)
+        .map(|rest| rest.split(close).next().unwrap().to_owned())
+        .collect()
+}
+
+fn at_once<T: Send + 'static>(n: usize, f: impl Fn(usize) -> T + Send + Sync + 'static) -> Vec<T> {
+    let f = Arc::new(f);
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let f = f.clone();
+            std::thread::spawn(move || f(i))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// The 120 names: three prefixes, some nested.
+fn name(i: usize) -> String {
+    match i % 3 {
+        0 => format!("a/{i:03}"),
+        1 => format!("b/{}/{i:03}", i % 4),
+        _ => format!("c{i:03}"),
+    }
+}
+
+const NAMES: usize = 120;
+
+fn start() -> (Cluster, Arc<Signer>) {
+    let s3 = common::free_addresses(1)[0];
+    let extra = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = 4\n");
+    let cluster = Cluster::start_with(3, 4, &extra);
+    common::wait_for_port(s3);
+    let (id, secret) = common::s3_key(&cluster, &["*:owner"]);
+    let signer = Signer {
+        s3,
+        id,
+        secret,
+        dir: cluster.dir.path().to_path_buf(),
+    };
+    (cluster, Arc::new(signer))
+}
+
+/// Puts the 120 names into `bucket` from 8 threads; every one must land.
+fn fill(signer: &Arc<Signer>, bucket: &'static str) {
+    let s = signer.clone();
+    let statuses = at_once(8, move |t| {
+        (t..NAMES)
+            .step_by(8)
+            .map(|i| s.call("PUT", bucket, &name(i)))
+            .filter(|answer| answer.status != 200)
+            .map(|answer| {
+                format!(
+                    "{} {}",
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body)
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    let failed: Vec<String> = statuses.into_iter().flatten().collect();
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
+#[test]
+fn a_split_index_lists_reads_and_deletes_like_one_record() {
+    let (_cluster, signer) = start();
+    assert_eq!(signer.status("PUT", "big", ""), 200);
+    fill(&signer, "big");
+
+    // Listings across leaves: whole, in small pages, by prefix, folded by a delimiter.
+    let all: Vec<String> = (0..NAMES)
+        .map(name)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(signer.list("big", "", "", 1000), all);
+    assert_eq!(
+        signer.list("big", "", "", 7),
+        all,
+        "pages of 7 add up to the whole"
+    );
+    let b: Vec<String> = all
+        .iter()
+        .filter(|n| n.starts_with("b/"))
+        .cloned()
+        .collect();
+    assert_eq!(signer.list("big", "b/", "", 3), b);
+    let folded = signer.list("big", "", "/", 2);
+    let mut expected: Vec<String> = vec!["a/".into(), "b/".into()];
+    expected.extend(all.iter().filter(|n| n.starts_with('c')).cloned());
+    let mut got = folded.clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected, "common prefixes span leaves once each");
+    let b_folded = signer.list("big", "b/", "/", 1);
+    assert_eq!(b_folded, ["b/0/", "b/1/", "b/2/", "b/3/"]);
+
+    // Every name reads back, wherever its leaf is.
+    for i in (0..NAMES).step_by(7) {
+        let got = signer.call("GET", "big", &name(i));
+        assert_eq!(got.status, 200);
+        assert_eq!(got.body, format!("body of {}", name(i)).into_bytes());
+    }
+    assert_eq!(signer.status("GET", "big", "a/999"), 404);
+
+    // Not empty: refused, and every leaf stays writable after the cancelled delete.
+    assert_eq!(signer.status("DELETE", "big", ""), 409);
+    assert_eq!(signer.status("PUT", "big", "a/000"), 200);
+    assert_eq!(signer.status("PUT", "big", "zz-after"), 200);
+    assert_eq!(signer.list("big", "", "", 1000).len(), NAMES + 1);
+
+    // Emptied from 8 threads (names in every leaf), then deleted; made again, it is empty.
+    let s = signer.clone();
+    let statuses = at_once(8, move |t| {
+        (t..NAMES)
+            .step_by(8)
+            .map(|i| s.status("DELETE", "big", &name(i)))
+            .collect::<Vec<_>>()
+    });
+    assert!(statuses.into_iter().flatten().all(|s| s == 204));
+    assert_eq!(signer.status("DELETE", "big", "zz-after"), 204);
+    assert!(
+        signer.list("big", "", "", 5).is_empty(),
+        "a page over empty leaves"
+    );
+    assert_eq!(signer.status("DELETE", "big", ""), 204);
+    assert_eq!(signer.status("HEAD", "big", ""), 404);
+    assert_eq!(signer.status("GET", "big", &name(0)), 404);
+    assert_eq!(signer.status("PUT", "big", ""), 200);
+    assert!(signer.list("big", "", "", 1000).is_empty());
+    assert_eq!(signer.status("GET", "big", &name(0)), 404);
+    assert_eq!(signer.status("PUT", "big", "again"), 200);
+    assert_eq!(signer.list("big", "", "", 1000), ["again"]);
+}
+
+#[test]
+fn delete_bucket_of_a_split_bucket_races_puts_linearizably() {
+    let (_cluster, signer) = start();
+    for round in 0..3 {
+        assert_eq!(signer.status("PUT", "race", ""), 200, "round {round}");
+        fill(&signer, "race");
+        for i in 0..NAMES {
+            assert_eq!(signer.status("DELETE", "race", &name(i)), 204);
+        }
+        // Empty but split; now a delete and puts spread over its run (round 0), in its
+        // middle (1), after it (2).
+        let s = signer.clone();
+        let statuses = at_once(9, move |t| match t {
+            0 => s.status("DELETE", "race", ""),
+            _ => {
+                let delay = [15 * t as u64, 40 + 5 * t as u64, 600][round];
+                std::thread::sleep(Duration::from_millis(delay));
+                s.status("PUT", "race", &format!("new/{round}/{t}"))
+            }
+        });
+        let deleted = statuses[0];
+        eprintln!(
+            "round {round}: DeleteBucket {deleted}, PUTs {:?}",
+            &statuses[1..]
+        );
+        let landed: BTreeSet<String> = (1..9)
+            .filter(|t| statuses[*t] == 200)
+            .map(|t| format!("new/{round}/{t}"))
+            .collect();
+        match deleted {
+            204 => {
+                assert!(
+                    landed.is_empty(),
+                    "a PUT landed in a deleted bucket: {statuses:?}"
+                );
+                assert!(statuses[1..].iter().all(|s| *s == 404), "{statuses:?}");
+            }
+            409 => {
+                assert!(
+                    !landed.is_empty(),
+                    "a refused delete saw a name: {statuses:?}"
+                );
+                let listed: BTreeSet<String> =
+                    signer.list("race", "", "", 1000).into_iter().collect();
+                assert_eq!(listed, landed, "{statuses:?}");
+                for name in &landed {
+                    assert_eq!(signer.status("DELETE", "race", name), 204);
+                }
+                assert_eq!(signer.status("DELETE", "race", ""), 204);
+            }
+            other => panic!("DeleteBucket answered {other}: {statuses:?}"),
+        }
+    }
+}
