@@ -93,6 +93,9 @@ pub async fn serve(
     let unfinished = router
         .unfinished_uploads()
         .map_err(|e| format!("cannot read the upload journal: {e}"))?;
+    // Entries held for S3 names are settled by the S3 API (their bodies may be named).
+    let (held, unfinished): (Vec<_>, Vec<_>) =
+        unfinished.into_iter().partition(|u| u.held_for.is_some());
     tokio::spawn(router.clone().clean_up_uploads(unfinished));
     let follower = tokio::spawn(crate::map_follow::follow(
         router.clone(),
@@ -102,7 +105,15 @@ pub async fn serve(
     let mut metrics = Metrics::new(router.metrics());
     let (stop_tx, stop_rx) = watch::channel(());
     let s3 = match config.s3.as_ref() {
-        None => None,
+        None => {
+            if !held.is_empty() {
+                tracing::warn!(
+                    entries = held.len(),
+                    "upload journal entries held for S3 names stay until [s3] is configured again"
+                );
+            }
+            None
+        }
         Some(s3) => {
             let limits = larder_s3::BlobLimits {
                 chunking: config.chunking.clone(),
@@ -110,8 +121,13 @@ pub async fn serve(
                 body_read_timeout: config.limits.body_read_timeout,
             };
             let registry = metrics.registry_mut();
-            let api =
-                larder_s3::S3Api::start(router.clone(), limits, s3, registry, stop_rx.clone())?;
+            let api = larder_s3::S3Api::start(
+                router.clone(),
+                limits,
+                s3,
+                registry,
+                (stop_rx.clone(), held),
+            )?;
             Some(Arc::new(api))
         }
     };

@@ -87,6 +87,8 @@ pub struct Upload {
     chunk_size: u64,
     in_flight_limit: usize,
     state: Arc<UploadState>,
+    /// The journal entry is the caller's to remove once the upload is finished.
+    held: bool,
     in_flight: VecDeque<JoinHandle<Result<BlobId, RouterError>>>,
     chunks: Vec<BlobId>,
     size: u64,
@@ -144,13 +146,40 @@ impl Router {
         props: BlobProperties,
         config: &ChunkingConfig,
     ) -> Result<Upload, RouterError> {
-        let journal = match &self.journal {
-            Some(journal) => Some(journal.begin().map_err(|e| {
+        let journal = self.begin_journal_entry()?;
+        Ok(self.start_upload_in(props, config, journal, false))
+    }
+
+    /// A new entry in the upload journal (`None`: this router keeps none).
+    pub fn begin_journal_entry(&self) -> Result<Option<JournalEntry>, RouterError> {
+        match &self.journal {
+            Some(journal) => Ok(Some(journal.begin().map_err(|e| {
                 RouterError::Unavailable(format!("cannot start an upload journal entry: {e}"))
-            })?),
-            None => None,
-        };
-        Ok(Upload {
+            })?)),
+            None => Ok(None),
+        }
+    }
+
+    /// A chunked upload recorded in `journal`, the caller's entry (`JournalEntry::hold`): a
+    /// finished upload leaves the entry to the caller, who removes it once the blob is
+    /// named (a failed one is cleaned up and its entry removed, as any upload's).
+    pub fn start_held_upload(
+        self: &Arc<Self>,
+        props: BlobProperties,
+        config: &ChunkingConfig,
+        journal: Option<JournalEntry>,
+    ) -> Upload {
+        self.start_upload_in(props, config, journal, true)
+    }
+
+    fn start_upload_in(
+        self: &Arc<Self>,
+        props: BlobProperties,
+        config: &ChunkingConfig,
+        journal: Option<JournalEntry>,
+        held: bool,
+    ) -> Upload {
+        Upload {
             router: self.clone(),
             props,
             chunk_size: config.chunk_size.as_u64(),
@@ -161,26 +190,32 @@ impl Router {
                 journal,
                 committed: false.into(),
             }),
+            held,
             in_flight: VecDeque::new(),
             chunks: Vec::new(),
             size: 0,
-        })
+        }
     }
 
     /// The uploads a previous run of this frontend left unfinished (it crashed mid-upload), from
     /// the journal. Call before serving: entries made after that are this run's own uploads in
     /// progress, and must never be taken for leftovers.
-    pub fn unfinished_uploads(&self) -> std::io::Result<Vec<(PathBuf, Vec<BlobId>)>> {
+    pub fn unfinished_uploads(&self) -> std::io::Result<Vec<crate::journal::Leftover>> {
         match &self.journal {
             Some(journal) => journal.leftovers(),
             None => Ok(Vec::new()),
         }
     }
 
-    /// Tombstones the blobs of `uploads` (from `unfinished_uploads`) and forgets each entry once
-    /// storage nodes have taken every delete, retrying the rest every few seconds. Runs in the
-    /// background from start-up.
-    pub async fn clean_up_uploads(self: Arc<Self>, mut uploads: Vec<(PathBuf, Vec<BlobId>)>) {
+    /// Tombstones the blobs of `uploads` (from `unfinished_uploads`, none held for a name) and
+    /// forgets each entry once storage nodes have taken every delete, retrying the rest every
+    /// few seconds. Runs in the background from start-up.
+    pub async fn clean_up_uploads(self: Arc<Self>, uploads: Vec<crate::journal::Leftover>) {
+        let mut uploads: Vec<(PathBuf, Vec<BlobId>)> = uploads
+            .into_iter()
+            .filter(|u| u.held_for.is_none())
+            .map(|u| (u.path, u.ids))
+            .collect();
         while !uploads.is_empty() {
             let mut unfinished = Vec::new();
             for (path, ids) in uploads {
@@ -365,7 +400,8 @@ impl Upload {
             .await?;
         // The entry goes before the answer: a crash after it must not clean up a blob the client
         // was told about. If it cannot go, the upload fails and is cleaned up (composite too).
-        if let Some(journal) = journal {
+        // A held entry stays, for its holder to settle.
+        if let Some(journal) = journal.filter(|_| !self.held) {
             journal.remove().await.map_err(|e| {
                 RouterError::Unavailable(format!("cannot close the upload's journal entry: {e}"))
             })?;

@@ -7,6 +7,11 @@
 //! synced *before* its blob is sent, so no stored blob is ever missing from the file; the file is
 //! removed, and the removal synced, before the upload is acknowledged, so a committed blob is
 //! never cleaned up. A torn last line (crash mid-append) names a blob that was never sent.
+//!
+//! An entry can be *held for a name* (`JournalEntry::hold`): the S3 layer stores an object's
+//! body under an entry that stays until the name is known to point at it or not, so that a
+//! crash between storing a body and linking its name leaks nothing. Such a leftover is not
+//! the router's to clean up (its blob may be named); its holder settles it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -64,7 +69,7 @@ impl UploadJournal {
     }
 
     /// Uploads a previous run left unfinished: each file with the IDs it lists.
-    pub fn leftovers(&self) -> io::Result<Vec<(PathBuf, Vec<BlobId>)>> {
+    pub fn leftovers(&self) -> io::Result<Vec<Leftover>> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
@@ -73,15 +78,60 @@ impl UploadJournal {
             }
             let text = std::fs::read_to_string(&path)?;
             // Only complete lines: a torn one was never sent.
-            let ids = text
+            let lines = text
                 .split_inclusive('\n')
-                .filter_map(|line| line.strip_suffix('\n'))
-                .filter_map(|line| line.parse::<BlobId>().ok())
-                .collect();
-            found.push((path, ids));
+                .filter_map(|line| line.strip_suffix('\n'));
+            let mut leftover = Leftover {
+                path,
+                ids: Vec::new(),
+                held_for: None,
+            };
+            for line in lines {
+                match line.strip_prefix(HELD) {
+                    Some(hex) => leftover.held_for = from_hex(hex),
+                    None => leftover.ids.extend(line.parse::<BlobId>().ok()),
+                }
+            }
+            found.push(leftover);
         }
         Ok(found)
     }
+}
+
+/// Marks an entry held for a name: the name follows, in hex (any bytes, no line breaks).
+const HELD: &str = "held ";
+
+/// An entry a previous run left.
+#[derive(Debug)]
+pub struct Leftover {
+    pub path: PathBuf,
+    /// Every blob of it that may exist on storage nodes.
+    pub ids: Vec<BlobId>,
+    /// The name it was held for (`JournalEntry::hold`), if any.
+    pub held_for: Option<String>,
+}
+
+impl Leftover {
+    /// Forgets the entry, durably (settled: its blobs named, or all tombstoned).
+    pub fn remove(&self) -> io::Result<()> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        remove_durably(&self.path, dir)
+    }
+}
+
+fn to_hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) || hex.len() > 8192 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
 }
 
 /// The record of one upload in progress; cheap to clone into the chunk tasks.
@@ -111,6 +161,15 @@ impl JournalEntry {
         .await?;
         self.inner.ids.lock().push(*id);
         Ok(())
+    }
+
+    /// Marks the entry held for `name`: a leftover of it is settled by whoever holds such
+    /// names, never cleaned up blindly. Written now and synced with the first ID (which is
+    /// recorded before anything is sent), so call it before the first `record`.
+    pub async fn hold(&self, name: &str) -> io::Result<()> {
+        let inner = self.inner.clone();
+        let line = format!("{HELD}{}\n", to_hex(name));
+        blocking(move || inner.file.lock().write_all(line.as_bytes())).await
     }
 
     /// Every ID recorded so far: whatever of the upload may exist on storage nodes.
@@ -168,6 +227,25 @@ mod tests {
         open.inner.file.lock().write_all(torn.as_bytes()).unwrap();
         let left = journal.leftovers().unwrap();
         assert_eq!(left.len(), 1);
-        assert_eq!(left[0].1, ids);
+        assert_eq!(left[0].ids, ids);
+        assert_eq!(left[0].held_for, None);
+    }
+
+    #[tokio::test]
+    async fn a_held_entry_names_what_it_was_held_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let held = journal.begin().unwrap();
+        held.hold("bucket/a key\nwith a line break").await.unwrap();
+        let id = BlobId::mint(BlobKind::Simple, 1, 0);
+        held.record(&id).await.unwrap();
+        let left = journal.leftovers().unwrap();
+        assert_eq!(left[0].ids, [id]);
+        assert_eq!(
+            left[0].held_for.as_deref(),
+            Some("bucket/a key\nwith a line break")
+        );
+        left[0].remove().unwrap();
+        assert!(journal.leftovers().unwrap().is_empty());
     }
 }

@@ -23,7 +23,7 @@ pub use config::RouterConfig;
 pub use documents::{DocError, DocRouter, DocState, Written};
 pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
-pub use journal::{JournalEntry, UploadJournal};
+pub use journal::{JournalEntry, Leftover, UploadJournal};
 pub use manifest::{ChunkSlice, Manifest, ManifestError};
 pub use map_cell::{revision_in, MapCell};
 pub use router::{

@@ -13,12 +13,13 @@ use http::Method;
 use http_body_util::{BodyExt, Limited};
 use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{BlobProperties, ByteRange};
-use larder_router::{ChunkingConfig, GetAnswer, Manifest, Router};
+use larder_router::{ChunkingConfig, GetAnswer, JournalEntry, Manifest, Router};
 use md5::{Digest, Md5};
 use s3s::checksum::ChecksumHasher;
 use s3s::dto::StreamingBlob;
 
 use crate::error::S3Error;
+use crate::held::Held;
 use crate::records::Piece;
 
 /// Largest composite record read (as the frontend's `api/large.rs`).
@@ -37,6 +38,8 @@ pub struct BlobLimits {
 /// A stored body.
 pub struct Stored {
     pub id: BlobId,
+    /// The journal entry it is held under until its name is settled (`held.rs`).
+    pub held: Held,
     pub size: u64,
     /// Hex MD5 of the bytes (the ETag of a single PUT).
     pub md5: String,
@@ -45,28 +48,46 @@ pub struct Stored {
 }
 
 /// Stores `body` as a blob, chunked when it is longer than one chunk, hashing it with
-/// `checksum` too when given.
+/// `checksum` too when given. With `held_for`, under a journal entry held for that name
+/// (`held.rs`), which the caller settles.
 pub async fn store(
     router: &Arc<Router>,
     limits: &BlobLimits,
     props: BlobProperties,
     body: StreamingBlob,
     checksum: Option<ChecksumHasher>,
+    held_for: Option<&str>,
 ) -> Result<Stored, S3Error> {
     let chunk_size = limits.chunking.chunk_size.as_u64() as usize;
     let mut reader = Chunks::new(body, chunk_size, limits.max_object_size, checksum);
     let first = reader.next_chunk().await?;
+    let journal = match held_for {
+        Some(name) => hold(router, name).await?,
+        None => None,
+    };
     if !reader.has_more().await? {
         let size = first.len() as u64;
-        let id = router.put_blob(&props, first).await?;
+        let put = router.put_blob_kind(BlobKind::Simple, &props, first, journal.as_ref());
+        let id = match put.await {
+            Ok(id) => id,
+            Err(err) => {
+                // Its write may have reached some replicas: as if never named.
+                Held::new(journal).unlinked(router, None);
+                return Err(err.into());
+            }
+        };
         return Ok(Stored {
             id,
+            held: Held::new(journal),
             size,
             md5: reader.md5(),
             checksum: reader.checksum,
         });
     }
-    let mut upload = router.start_upload(props, &limits.chunking)?;
+    let mut upload = match held_for {
+        Some(_) => router.start_held_upload(props, &limits.chunking, journal.clone()),
+        None => router.start_upload(props, &limits.chunking)?,
+    };
     upload.push(first).await?;
     loop {
         let chunk = reader.next_chunk().await?;
@@ -80,10 +101,23 @@ pub async fn store(
     let (id, size) = upload.finish().await?;
     Ok(Stored {
         id,
+        held: Held::new(journal),
         size,
         md5,
         checksum: reader.checksum,
     })
+}
+
+/// A journal entry held for `name`, when the router keeps a journal.
+async fn hold(router: &Arc<Router>, name: &str) -> Result<Option<JournalEntry>, S3Error> {
+    let Some(entry) = router.begin_journal_entry()? else {
+        return Ok(None);
+    };
+    entry
+        .hold(name)
+        .await
+        .map_err(|e| S3Error::Unavailable(format!("cannot write the upload journal: {e}")))?;
+    Ok(Some(entry))
 }
 
 /// Cuts a body stream into chunks of `chunk_size` (the last may be shorter), hashing it.

@@ -59,6 +59,9 @@ pub enum IndexChange {
     },
     /// Remove `keys` (absent ones: nothing to do).
     Unlink { keys: Vec<String> },
+    /// Write the record holding `key` as it is: a fence after which no write based on an
+    /// older state of it can apply (`held.rs`).
+    Touch { key: String },
 }
 
 /// What became of a change that was not refused.
@@ -245,14 +248,15 @@ async fn write_batch<H: Holder>(
     // The record could not even be read: every change shares the write's failure.
     outcomes.resize_with(batch.len(), || Ok(Applied::Done));
     for (queued, outcome) in batch.into_iter().zip(outcomes) {
-        let link = matches!(queued.change, IndexChange::Link { .. });
+        let link = !matches!(queued.change, IndexChange::Unlink { .. });
         let answer = match (&written, outcome) {
             (_, Err(refused)) => Err(ChangeFailed {
                 error: refused,
                 may_have_applied: false,
             }),
             (Ok(()), Ok(applied)) => Ok(applied),
-            // A link sent elsewhere wrote nothing here: the failed write is not its answer.
+            // A link or touch sent elsewhere wrote nothing here: the failed write is not its
+            // answer.
             (Err(_), Ok(elsewhere @ Applied::Elsewhere(..))) if link => Ok(elsewhere),
             (Err(failed), Ok(_)) => Err(ChangeFailed {
                 error: failed.shared(),
@@ -309,6 +313,12 @@ fn apply<H: Holder>(
                 }
             }
             false
+        }
+        IndexChange::Touch { key } => {
+            if let Err(why) = record.admits(key) {
+                return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
+            }
+            true
         }
     };
     let applied = match elsewhere {

@@ -14,6 +14,7 @@ mod config;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod held;
 mod index_batch;
 mod index_tree;
 mod keys;

@@ -33,6 +33,32 @@ pub async fn link(
     entry: ObjectEntry,
     conditions: &WriteConditions,
 ) -> Result<(), ChangeFailed> {
+    change_name(s3, bucket, key, || IndexChange::Link {
+        key: key.to_owned(),
+        entry: entry.clone(),
+        conditions: conditions.clone(),
+    })
+    .await
+}
+
+/// Writes the index record holding `key` as it is (`IndexChange::Touch`).
+pub async fn touch(s3: &Larder, bucket: &str, key: &str) -> Result<(), S3Error> {
+    let touch = || IndexChange::Touch {
+        key: key.to_owned(),
+    };
+    change_name(s3, bucket, key, touch)
+        .await
+        .map_err(S3Error::from)
+}
+
+/// Applies the change `make` builds to the record holding `key`, following the key's range
+/// through splits until the change lands or is refused.
+async fn change_name(
+    s3: &Larder,
+    bucket: &str,
+    key: &str,
+    make: impl Fn() -> IndexChange,
+) -> Result<(), ChangeFailed> {
     let certain = |error| ChangeFailed {
         error,
         may_have_applied: false,
@@ -44,14 +70,9 @@ pub async fn link(
         .await
         .map_err(certain)?;
     loop {
-        let change = IndexChange::Link {
-            key: key.to_owned(),
-            entry: entry.clone(),
-            conditions: conditions.clone(),
-        };
         let applied = s3
             .index_batches
-            .apply(&s3.records, (bucket, &target), change, unlink_after(s3))
+            .apply(&s3.records, (bucket, &target), make(), unlink_after(s3))
             .await?;
         let Applied::Elsewhere(why, _) = applied else {
             return Ok(());

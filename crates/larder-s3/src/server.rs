@@ -22,7 +22,7 @@ use crate::service::Larder;
 use crate::stall::{StallClock, Stalled};
 use crate::store::Records;
 use crate::S3Config;
-use larder_router::Router;
+use larder_router::{Leftover, Router};
 
 /// A response body, boxed as the frontend's are.
 pub type S3Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -36,14 +36,15 @@ pub struct S3Api {
 
 impl S3Api {
     /// The API over `router`, its metrics registered in `registry`, and its sweeper of
-    /// replaced blobs running until `stop` changes or closes.
+    /// replaced blobs running until `stop` changes or closes. `held`: the upload journal's
+    /// entries a previous run left held for names, settled in the background (`held.rs`).
     /// Fails when `[s3] home_datacenter` is not in the cluster map.
     pub fn start(
         router: Arc<Router>,
         limits: BlobLimits,
         config: &S3Config,
         registry: &mut Registry,
-        stop: watch::Receiver<()>,
+        (stop, held): (watch::Receiver<()>, Vec<Leftover>),
     ) -> Result<S3Api, String> {
         let records_router = config.records_router(&router)?;
         let records = Arc::new(Records::new(router, records_router));
@@ -54,8 +55,19 @@ impl S3Api {
             config.sweep_interval,
             stop,
         ));
+        let larder = Larder {
+            records: records.clone(),
+            keys: Arc::new(Keys::new(records)),
+            limits: limits.clone(),
+            grace: config.replaced_blob_grace,
+            index_batches: Arc::new(IndexBatches::new(tree.clone())),
+            tree,
+        };
+        if !held.is_empty() {
+            tokio::spawn(crate::held::settle_leftovers(larder.clone(), held));
+        }
         Ok(S3Api {
-            service: service(records, tree, limits.clone(), config),
+            service: service(larder),
             metrics: S3Metrics::register(registry),
             limits,
         })
@@ -125,21 +137,8 @@ async fn sweep_until(
 }
 
 /// The s3s service over Larder.
-fn service(
-    records: Arc<Records>,
-    tree: Arc<IndexTree>,
-    limits: BlobLimits,
-    config: &S3Config,
-) -> S3Service {
-    let keys = Arc::new(Keys::new(records.clone()));
-    let larder = Larder {
-        records,
-        keys: keys.clone(),
-        limits,
-        grace: config.replaced_blob_grace,
-        index_batches: Arc::new(IndexBatches::new(tree.clone())),
-        tree,
-    };
+fn service(larder: Larder) -> S3Service {
+    let keys = larder.keys.clone();
     let mut builder = S3ServiceBuilder::new(larder);
     builder.set_auth(Gate(keys.clone()));
     builder.set_access(Gate(keys));

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use larder_cluster::BlobId;
 use larder_proto::BlobProperties;
 use larder_router::Router;
 use s3s::dto::*;
@@ -13,6 +14,8 @@ use crate::blobs::{self, BlobLimits, Stored};
 use crate::checksums::{ObjectChecksum, Requested};
 use crate::conditions::{Conditions, WriteConditions};
 use crate::error::S3Error;
+use crate::held::{self, Held};
+use crate::index_batch::ChangeFailed;
 use crate::index_tree::IndexTree;
 use crate::list::{self, After};
 use crate::multipart;
@@ -40,7 +43,8 @@ macro_rules! set_checksum {
 /// Longest object name, in bytes (S3's).
 pub const MAX_KEY_BYTES: usize = 1024;
 
-/// Larder's S3 service.
+/// Larder's S3 service (cheap to clone: its parts are shared).
+#[derive(Clone)]
 pub struct Larder {
     pub(crate) records: Arc<Records>,
     pub(crate) keys: Arc<crate::auth::Keys>,
@@ -69,20 +73,20 @@ fn etag(entry: &ObjectEntry) -> ETag {
 }
 
 impl Larder {
-    /// Tombstones blob `id`, stored for a name that a failed link did not point at it; kept
-    /// when the link may have applied all the same (its write got no answer): a name pointing
-    /// at a tombstoned blob would answer 503 for good, while a kept blob that no name holds
-    /// only takes space (the nemesis found the first: seed 13, four names after healing).
-    fn drop_unlinked(&self, id: &str, may_have_applied: bool) {
-        if may_have_applied {
-            tracing::warn!(
-                blob = id,
-                "a name's link failed with no answer; its blob is kept"
-            );
-            return;
+    /// Settles the body `id`, held under `held`, after its name's link: linked, refused (the
+    /// body goes), or unknown (`held.rs` finds out; a name pointing at a tombstoned blob would
+    /// answer 503 for good: the nemesis found it, seed 13).
+    fn settle_link(
+        &self,
+        (id, held): (BlobId, Held),
+        (bucket, key): (&str, &str),
+        linked: &Result<(), ChangeFailed>,
+    ) {
+        match linked {
+            Ok(()) => held.linked(),
+            Err(failed) if failed.may_have_applied => held.unknown(self, bucket, key),
+            Err(_) => held.unlinked(self.router(), Some(id)),
         }
-        let (router, id) = (self.router().clone(), id.to_owned());
-        tokio::spawn(async move { blobs::delete(&router, &id).await });
     }
 
     pub(crate) fn router(&self) -> &Arc<Router> {
@@ -131,12 +135,6 @@ impl Larder {
             .await
     }
 
-    /// Tombstones a stored blob no name points at, in the background.
-    fn drop_blob(&self, id: String) {
-        let router = self.router().clone();
-        tokio::spawn(async move { blobs::delete(&router, &id).await });
-    }
-
     /// Checks a stored body against the digests its request sent (`Content-MD5`, an
     /// `x-amz-checksum-*`) and returns the additional checksum to keep. A body that fails a
     /// check is dropped: nothing names it.
@@ -154,7 +152,8 @@ impl Larder {
             }
         });
         if checked.is_err() {
-            self.drop_blob(stored.id.to_string());
+            let held = std::mem::replace(&mut stored.held, Held::new(None));
+            held.unlinked(self.router(), Some(stored.id));
         }
         checked
     }
@@ -394,7 +393,16 @@ impl S3 for Larder {
             .body
             .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
         let hasher = requested.as_ref().map(Requested::hasher);
-        let mut stored = blobs::store(self.router(), &self.limits, props, body, hasher)
+        let name = held::object_name(&input.bucket, &input.key);
+        let stored = blobs::store(
+            self.router(),
+            &self.limits,
+            props,
+            body,
+            hasher,
+            Some(&name),
+        );
+        let mut stored = stored
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
         let digests = Digests {
@@ -417,11 +425,14 @@ impl S3 for Larder {
         };
         let tag = entry.etag.clone();
         let size = entry.size;
+        held::crash_point("before-link");
         let linked = objects::link(self, &input.bucket, &input.key, entry, &conditions).await;
-        if let Err(failed) = linked {
-            self.drop_unlinked(&stored.id.to_string(), failed.may_have_applied);
-            return Err(failed.error.into());
+        if linked.is_ok() {
+            held::crash_point("after-link");
         }
+        let name = (input.bucket.as_str(), input.key.as_str());
+        self.settle_link((stored.id, stored.held), name, &linked);
+        linked.map_err(S3Error::from)?;
         let mut output = PutObjectOutput {
             e_tag: Some(ETag::Strong(tag)),
             size: i64::try_from(size).ok(),
@@ -607,7 +618,7 @@ impl S3 for Larder {
             .body
             .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
         let hasher = requested.as_ref().map(Requested::hasher);
-        let mut stored = blobs::store(self.router(), &self.limits, props, body, hasher)
+        let mut stored = blobs::store(self.router(), &self.limits, props, body, hasher, None)
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
         let digests = Digests {
@@ -975,7 +986,9 @@ impl S3 for Larder {
             created_ms: now_ms(),
             ..Default::default()
         };
-        let stored = blobs::store(self.router(), &self.limits, props, body, None).await?;
+        let name = held::object_name(&input.bucket, &input.key);
+        let stored = blobs::store(self.router(), &self.limits, props, body, None, Some(&name));
+        let stored = stored.await?;
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
@@ -992,10 +1005,9 @@ impl S3 for Larder {
         let modified = entry.modified_ms;
         let unconditional = WriteConditions::default();
         let linked = objects::link(self, &input.bucket, &input.key, entry, &unconditional).await;
-        if let Err(failed) = linked {
-            self.drop_unlinked(&stored.id.to_string(), failed.may_have_applied);
-            return Err(failed.error.into());
-        }
+        let name = (input.bucket.as_str(), input.key.as_str());
+        self.settle_link((stored.id, stored.held), name, &linked);
+        linked.map_err(S3Error::from)?;
         let output = CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(ETag::Strong(stored.md5)),

@@ -328,13 +328,15 @@ impl Cluster {
             let s3_addr = free_port()?;
             let config = dir.join(format!("frontend-{dc}.toml"));
             // A short `replaced_blob_grace`, so overwritten and deleted objects' blobs are
-            // tombstoned (and compacted away) within the run.
+            // tombstoned (and compacted away) within the run; small index leaves, so buckets
+            // split into many under the faults.
             std::fs::write(
                 &config,
                 format!(
                     "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n\
                      upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n\n\
-                     [s3]\nlisten = \"{s3_addr}\"\nreplaced_blob_grace = \"5s\"\nsweep_interval = \"2s\"\n"
+                     [s3]\nlisten = \"{s3_addr}\"\nreplaced_blob_grace = \"5s\"\nsweep_interval = \"2s\"\n\
+                     index_leaf_entries = 8\n"
                 ),
             )?;
             let mut journal = LossyDir::new(dir, &format!("frontend-{dc}-uploads"))?;

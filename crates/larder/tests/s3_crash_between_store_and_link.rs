@@ -1,0 +1,182 @@
+//! A frontend that dies between storing an object's body and linking its name leaks nothing,
+//! and one that dies after linking it loses nothing (`larder-s3/src/held.rs`): the body is
+//! stored under an upload journal entry held for the name, and the next start settles it
+//! (a fence on the name's index record, then the name read: the body is tombstoned unless the
+//! name points at it). The crash is a real exit of the frontend process in the middle of a
+//! PutObject (`LARDER_S3_CRASH`), and the check reads the blob through the blob API.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::Cluster;
+
+struct Signer {
+    s3: SocketAddr,
+    id: String,
+    secret: String,
+}
+
+impl Signer {
+    fn url(&self, method: &str, object: &str) -> String {
+        let endpoint = format!("http://{}", self.s3);
+        let request = larder_s3::Presign {
+            method,
+            endpoint: &endpoint,
+            bucket: "crashes",
+            key: object,
+            access_key_id: &self.id,
+            secret: &self.secret,
+            region: "us-east-1",
+            expires: Duration::from_secs(600),
+            now: SystemTime::now(),
+        };
+        larder_s3::presign_with_query(&request, &[]).unwrap()
+    }
+}
+
+/// The journal's entries: (held-for line present, blob IDs).
+fn entries(journal: &Path) -> Vec<(bool, Vec<String>)> {
+    let Ok(files) = std::fs::read_dir(journal) else {
+        return Vec::new();
+    };
+    files
+        .flatten()
+        .filter(|f| f.path().extension().is_some_and(|e| e == "upload"))
+        .map(|f| {
+            let text = std::fs::read_to_string(f.path()).unwrap();
+            let held = text.lines().any(|l| l.starts_with("held "));
+            let ids = text
+                .lines()
+                .filter(|l| !l.starts_with("held "))
+                .map(str::to_owned)
+                .collect();
+            (held, ids)
+        })
+        .collect()
+}
+
+fn wait_until_settled(journal: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !entries(journal).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "held entries were never settled: {:?}",
+            entries(journal)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Puts `name` through a frontend that exits at `crash`; returns the blob IDs its journal
+/// entry holds.
+fn put_through_a_crash(
+    cluster: &mut Cluster,
+    signer: &Signer,
+    journal: &Path,
+    (name, crash): (&str, &str),
+) -> Vec<String> {
+    cluster.restart_frontend_with_env(&[("LARDER_S3_CRASH", crash)]);
+    common::wait_for_port(signer.s3);
+    let dir = cluster.dir.path().to_path_buf();
+    let url = signer.url("PUT", name);
+    let body = format!("the body of {name}");
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "30",
+            "-X",
+            "PUT",
+            "--data-binary",
+            &body,
+            &url,
+        ])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() || out.stdout.is_empty(),
+        "the PUT was answered although the frontend exited: {out:?}"
+    );
+    let held = entries(journal);
+    assert_eq!(held.len(), 1, "one held entry: {held:?}");
+    assert!(held[0].0, "the entry is held for the name");
+    assert_eq!(held[0].1.len(), 1, "a one-chunk body is one blob");
+    held[0].1.clone()
+}
+
+/// How many storage nodes hold blob `id` live (asked on their internal port, so this works
+/// while the frontend is down).
+fn replicas_holding(cluster: &Cluster, id: &str) -> usize {
+    let blob: larder_cluster::BlobId = id.parse().unwrap();
+    let path = larder_proto::blob_path(blob.partition, id);
+    (0..cluster.map.nodes.len())
+        .filter(|i| {
+            cluster
+                .internal_request(cluster.node_addr(*i), "GET", &path)
+                .0
+                == 200
+        })
+        .count()
+}
+
+#[test]
+fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
+    let s3 = common::free_addresses(1)[0];
+    let extra = format!("upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n");
+    let mut cluster = Cluster::start_with(3, 4, &extra);
+    common::wait_for_port(s3);
+    let (id, secret) = common::s3_key(&cluster, &["*:owner"]);
+    let signer = Signer { s3, id, secret };
+    let dir = cluster.dir.path().to_path_buf();
+    let journal = dir.join("frontend-uploads");
+    let made = common::curl(&dir, &["-X", "PUT", &signer.url("PUT", "")]);
+    assert_eq!(made.status, 200);
+
+    // Died after the body was stored, before the name was linked: the body goes.
+    let ids = put_through_a_crash(&mut cluster, &signer, &journal, ("lost", "before-link"));
+    assert!(
+        replicas_holding(&cluster, &ids[0]) >= 2,
+        "stored before the crash"
+    );
+    cluster.restart_frontend_with_env(&[]);
+    common::wait_for_port(s3);
+    wait_until_settled(&journal);
+    assert_eq!(
+        replicas_holding(&cluster, &ids[0]),
+        0,
+        "the unnamed body was tombstoned"
+    );
+    let got = common::curl(&dir, &[&signer.url("GET", "lost")]);
+    assert_eq!(got.status, 404);
+
+    // Died after the name was linked, before the entry went: the body stays, named.
+    let ids = put_through_a_crash(&mut cluster, &signer, &journal, ("kept", "after-link"));
+    cluster.restart_frontend_with_env(&[]);
+    common::wait_for_port(s3);
+    wait_until_settled(&journal);
+    assert!(
+        replicas_holding(&cluster, &ids[0]) >= 2,
+        "a named body is kept"
+    );
+    let got = common::curl(&dir, &[&signer.url("GET", "kept")]);
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, b"the body of kept");
+
+    // And a PUT that runs to the end leaves no entry behind.
+    let put = common::curl(
+        &dir,
+        &[
+            "-X",
+            "PUT",
+            "--data-binary",
+            "plain",
+            &signer.url("PUT", "plain"),
+        ],
+    );
+    assert_eq!(put.status, 200);
+    wait_until_settled(&journal);
+}
