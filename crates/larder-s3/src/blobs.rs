@@ -61,11 +61,12 @@ pub async fn store(
     let chunk_size = limits.chunking.chunk_size.as_u64() as usize;
     let mut reader = Chunks::new(body, chunk_size, limits.max_object_size, checksum);
     let first = reader.next_chunk().await?;
+    let more = reader.has_more().await?;
     let journal = match held_for {
         Some(name) => hold(router, name).await?,
         None => None,
     };
-    if !reader.has_more().await? {
+    if !more {
         let size = first.len() as u64;
         let put = router.put_blob_kind(BlobKind::Simple, &props, first, journal.as_ref());
         let id = match put.await {

@@ -23,7 +23,7 @@
 //!   ticket is still there. A writer that finds a seal whose deleter seems gone clears the
 //!   root's ticket first, so exactly one of the two wins, decided by one record.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,8 +42,11 @@ use crate::records::{
 use crate::service::now_ms;
 use crate::store::{Change, Records};
 
-/// Leaves a walk follows before it starts again from a fresh root (a stale cached hint).
+/// Leaves a walk from a cached hint follows before it starts again from a fresh root.
 const MAX_HOPS: usize = 64;
+/// Leaves a walk from a fresh root may pass before it adds the leaf it found to the root's
+/// hints (the split that made it lost its last step).
+const REPAIR_AFTER_HOPS: usize = 8;
 /// Buckets whose leaf hints a frontend keeps.
 const MAX_CACHED_BUCKETS: usize = 4096;
 /// How long a seal stays before a writer that finds it takes its deleter for gone.
@@ -126,6 +129,10 @@ impl Holder for Leaf {
         if self.high.as_deref().is_some_and(|high| key >= high) {
             return Err(Reroute::Right(self.right.clone()));
         }
+        // Sent here by a route taken for another key: start again from the root.
+        if key < self.low.as_str() {
+            return Err(Reroute::Right(None));
+        }
         match &self.splitting {
             Some(split) if key >= split.at.as_str() => Err(Reroute::Busy),
             _ => Ok(()),
@@ -148,15 +155,20 @@ impl Holder for Leaf {
 /// The names of one key range as read: a small bucket's root or a leaf.
 #[derive(Debug, Default)]
 pub struct Node {
+    /// The leaf's ID and first key (empty for a small bucket's root).
+    pub id: String,
+    pub low: String,
     pub objects: BTreeMap<String, ObjectEntry>,
     /// The first key after this range (`None`: to the end).
     pub high: Option<String>,
     pub right: Option<String>,
 }
 
-impl From<Leaf> for Node {
-    fn from(leaf: Leaf) -> Node {
+impl Node {
+    fn of(id: String, leaf: Leaf) -> Node {
         Node {
+            id,
+            low: leaf.low,
             objects: leaf.objects,
             high: leaf.high,
             right: leaf.right,
@@ -185,7 +197,7 @@ pub struct IndexTree {
     pub leaf_entries: usize,
     hints: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
     /// Records this frontend is splitting now (one split of a record at a time).
-    splitting: Mutex<std::collections::HashSet<String>>,
+    splitting: Mutex<HashSet<String>>,
 }
 
 impl IndexTree {
@@ -299,8 +311,8 @@ impl IndexTree {
         leaf: &Target,
         seal: &Seal,
     ) -> Result<(), S3Error> {
-        if root.deleting.as_ref() == Some(&seal.ticket) {
-            if now_ms().saturating_sub(seal.at_ms) < SEAL_PATIENCE.as_millis() as u64 {
+        if root.deleting.as_ref().map(|d| &d.ticket) == Some(&seal.ticket) {
+            if !stale(seal) {
                 tokio::time::sleep(WAIT).await;
                 return Ok(());
             }
@@ -311,7 +323,7 @@ impl IndexTree {
                     let mut root = root
                         .filter(|r| r.created_ms == created_ms)
                         .ok_or(S3Error::NoSuchBucket)?;
-                    if root.deleting.as_ref() != Some(&ticket) {
+                    if root.deleting.as_ref().map(|d| &d.ticket) != Some(&ticket) {
                         return Ok((Change::Keep, ()));
                     }
                     root.deleting = None;
@@ -330,7 +342,8 @@ impl IndexTree {
         key: &str,
     ) -> Result<Node, S3Error> {
         if let Some(hints) = self.cached(bucket) {
-            if let Some(node) = walk(records, bucket, &pick(&hints, key), key, false).await? {
+            let start = pick(&hints, key);
+            if let Some((node, _)) = walk(records, bucket, &start, key, (false, MAX_HOPS)).await? {
                 return Ok(node);
             }
             self.forget(bucket);
@@ -339,14 +352,19 @@ impl IndexTree {
         if !root.is_split() {
             return Ok(Node {
                 objects: root.objects,
-                high: None,
-                right: None,
+                ..Default::default()
             });
         }
-        // From a fresh root a sealed leaf is read as it is (empty, a delete under way).
-        walk(records, bucket, &pick(&root.leaves, key), key, true)
+        // From a fresh root a sealed leaf is read as it is (empty, a delete under way), and
+        // the walk goes as far as the leaves go (a hint whose write was lost is repaired).
+        let start = pick(&root.leaves, key);
+        let (node, hops) = walk(records, bucket, &start, key, (true, usize::MAX))
             .await?
-            .ok_or(S3Error::NoSuchBucket)
+            .ok_or(S3Error::NoSuchBucket)?;
+        if hops > REPAIR_AFTER_HOPS && !root.leaves.contains_key(&node.low) {
+            add_hint(records, bucket, (&node.low, &node.id)).await?;
+        }
+        Ok(node)
     }
 
     /// What `key` names in `bucket` now, from a quorum.
@@ -398,7 +416,11 @@ impl IndexTree {
             hops += 1;
             if hop_limit.is_some_and(|limit| hops > limit) {
                 out.cut = true;
-                out.next = Some(After::At(high));
+                // Inside a common prefix already listed: resume after all of it.
+                out.next = Some(match after {
+                    Some(After::Prefix(p)) if high.starts_with(p.as_str()) => After::Prefix(p),
+                    _ => After::At(high),
+                });
                 return Ok(out);
             }
             let right = node.right.take().ok_or_else(|| {
@@ -406,10 +428,8 @@ impl IndexTree {
                     "bucket {bucket}: a leaf ends at {high:?} with none after"
                 ))
             })?;
-            node = read_leaf(records, bucket, &right)
-                .await?
-                .ok_or(S3Error::NoSuchBucket)?
-                .into();
+            let leaf = read_leaf(records, bucket, &right).await?;
+            node = Node::of(right, leaf.ok_or(S3Error::NoSuchBucket)?);
         }
     }
 
@@ -509,8 +529,10 @@ impl IndexTree {
                 let Some(mut leaf) = leaf else {
                     return Ok((Change::Keep, false));
                 };
+                // Only a cut takes a split's mark away: someone finished this split (the leaf
+                // may have split again since), and the new leaf is live.
                 if leaf.splitting.as_ref() != Some(&split) {
-                    return Ok((Change::Keep, leaf.right.as_ref() == Some(&split.right)));
+                    return Ok((Change::Keep, true));
                 }
                 leaf.objects.split_off(&split.at);
                 leaf.high = Some(split.at.clone());
@@ -520,7 +542,7 @@ impl IndexTree {
             })
             .await?;
         if !cut {
-            // The old leaf went (its bucket deleted) before this cut it: the new leaf is
+            // The old leaf went (its bucket deleted) before anyone cut it: the new leaf is
             // reachable from nothing, and goes too.
             records
                 .update(&new_doc, |_: Option<Leaf>| Ok((Change::Remove, ())))
@@ -564,59 +586,84 @@ impl IndexTree {
     }
 
     /// DeleteBucket of a split bucket (see the module's comment). The blobs on the garbage
-    /// lists are tombstoned before the root goes (after it nothing would find them); the leaf
-    /// records are removed after it.
+    /// lists are tombstoned before the root goes (after it nothing would find them): first
+    /// those listed now, before any leaf is sealed (writers wait on seals), then any added
+    /// since; the leaf records are removed after the root. Runs in a task of its own, so a
+    /// client that hangs up does not leave seals behind, and a failure cancels it.
     pub async fn delete_split_bucket(
+        self: &Arc<Self>,
+        records: &Arc<Records>,
+        bucket: &str,
+    ) -> Result<(), S3Error> {
+        let (tree, records, bucket) = (self.clone(), records.clone(), bucket.to_owned());
+        let task = tokio::spawn(async move {
+            let mut tombstoned = HashSet::new();
+            let garbage: Vec<Garbage> = tree
+                .garbage(&records, &bucket)
+                .await?
+                .into_iter()
+                .flat_map(|(_, g)| g)
+                .collect();
+            tombstone(&records, &garbage, &mut tombstoned).await?;
+            let ticket = Seal {
+                ticket: new_id(),
+                at_ms: now_ms(),
+            };
+            let first = begin_delete(&records, &bucket, &ticket).await?;
+            let mut sealed = Vec::new();
+            let outcome = tree
+                .seal_and_remove(
+                    &records,
+                    &bucket,
+                    (&ticket, first),
+                    (&mut sealed, &mut tombstoned),
+                )
+                .await;
+            if outcome.is_err() {
+                tree.cancel_delete(&records, &bucket, &ticket.ticket, &sealed)
+                    .await;
+            }
+            outcome
+        });
+        task.await
+            .map_err(|e| S3Error::Internal(format!("the DeleteBucket task ended: {e}")))?
+    }
+
+    /// Seals every leaf from `first` for `ticket`, tombstones garbage not yet tombstoned,
+    /// removes the root if it still carries the ticket, then the leaves.
+    async fn seal_and_remove(
         &self,
         records: &Records,
         bucket: &str,
+        (ticket, first): (&Seal, Option<String>),
+        (sealed, tombstoned): (&mut Vec<String>, &mut HashSet<String>),
     ) -> Result<(), S3Error> {
-        let root_doc = bucket_doc(bucket);
-        let ticket = new_id();
-        let (first, mut garbage) = records
-            .update(&root_doc, |root: Option<BucketIndex>| {
-                let mut root = root.ok_or(S3Error::NoSuchBucket)?;
-                let found = (root.leaves.get("").cloned(), root.garbage.clone());
-                root.deleting = Some(ticket.clone());
-                Ok((Change::Put(root), found))
-            })
-            .await?;
-        let mut sealed = Vec::new();
+        let mut garbage = Vec::new();
         let mut next = first;
         while let Some(id) = next {
-            match seal(records, &leaf_doc(bucket, &id), &ticket).await {
-                Ok((right, leaf_garbage)) => {
-                    sealed.push(id);
-                    garbage.extend(leaf_garbage);
-                    next = right;
-                }
-                Err(err) => {
-                    self.cancel_delete(records, bucket, &ticket, &sealed).await;
-                    return Err(err);
-                }
-            }
+            let (right, leaf_garbage) = seal(records, &leaf_doc(bucket, &id), ticket).await?;
+            sealed.push(id);
+            garbage.extend(leaf_garbage);
+            next = right;
         }
-        for g in &garbage {
-            blobs::delete(records.router(), &g.blob).await?;
-        }
+        tombstone(records, &garbage, tombstoned).await?;
         let removed = records
-            .update(&root_doc, |root: Option<BucketIndex>| {
+            .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
                 let root = root.ok_or(S3Error::NoSuchBucket)?;
-                if root.deleting.as_ref() != Some(&ticket) {
+                if root.deleting.as_ref().map(|d| &d.ticket) != Some(&ticket.ticket) {
                     return Ok((Change::Keep, false));
                 }
                 Ok((Change::Remove, true))
             })
             .await?;
         if !removed {
-            self.cancel_delete(records, bucket, &ticket, &sealed).await;
             return Err(S3Error::OperationAborted(
                 "a conflicting operation on this bucket ran at the same time; try again".into(),
             ));
         }
         self.forget(bucket);
-        for id in sealed {
-            let doc = leaf_doc(bucket, &id);
+        for id in sealed.iter() {
+            let doc = leaf_doc(bucket, id);
             if let Err(err) = records
                 .update(&doc, |_: Option<Leaf>| Ok((Change::Remove, ())))
                 .await
@@ -637,7 +684,9 @@ impl IndexTree {
     ) {
         let cleared = records
             .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
-                let Some(mut root) = root.filter(|r| r.deleting.as_deref() == Some(ticket)) else {
+                let ours =
+                    |r: &BucketIndex| r.deleting.as_ref().is_some_and(|d| d.ticket == ticket);
+                let Some(mut root) = root.filter(ours) else {
                     return Ok((Change::Keep, ()));
                 };
                 root.deleting = None;
@@ -659,18 +708,18 @@ async fn read_leaf(records: &Records, bucket: &str, id: &str) -> Result<Option<L
     records.read::<Leaf>(&leaf_doc(bucket, id)).await
 }
 
-/// From leaf `id` rightwards to the leaf holding `key`. `None`: a leaf on the way is gone, or
-/// sealed when `sealed_ok` is false, or the walk is longer than a fresh root would make it:
-/// start again from the root.
+/// From leaf `id` rightwards to the leaf holding `key`, with the leaves passed. `None`: a leaf
+/// on the way is gone, or sealed when `sealed_ok` is false, or the walk is longer than
+/// `max_hops` (from a stale cached hint): start again from the root.
 async fn walk(
     records: &Records,
     bucket: &str,
     id: &str,
     key: &str,
-    sealed_ok: bool,
-) -> Result<Option<Node>, S3Error> {
+    (sealed_ok, max_hops): (bool, usize),
+) -> Result<Option<(Node, usize)>, S3Error> {
     let mut id = id.to_owned();
-    for _ in 0..MAX_HOPS {
+    for hops in 0..max_hops {
         let Some(leaf) = read_leaf(records, bucket, &id).await? else {
             return Ok(None);
         };
@@ -679,10 +728,26 @@ async fn walk(
         }
         match (&leaf.high, &leaf.right) {
             (Some(high), Some(right)) if key >= high.as_str() => id = right.clone(),
-            _ => return Ok(Some(leaf.into())),
+            _ => return Ok(Some((Node::of(id, leaf), hops))),
         }
     }
     Ok(None)
+}
+
+/// Adds leaf `id`, starting at `low`, to the root's hints (a split's last step that was lost).
+async fn add_hint(records: &Records, bucket: &str, (low, id): (&str, &str)) -> Result<(), S3Error> {
+    records
+        .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+            let Some(mut root) = root.filter(BucketIndex::is_split) else {
+                return Ok((Change::Keep, ()));
+            };
+            if root.leaves.contains_key(low) {
+                return Ok((Change::Keep, ()));
+            }
+            root.leaves.insert(low.to_owned(), id.to_owned());
+            Ok((Change::Put(root), ()))
+        })
+        .await
 }
 
 /// Marks the record `doc` for a split at its middle name, if it holds more than `bound` names
@@ -757,12 +822,68 @@ async fn create(records: &Records, doc: &str, leaf: Leaf) -> Result<(), S3Error>
         .await
 }
 
+/// Marks the split bucket's root for the delete `ticket`, unless another delete that is not
+/// stale holds it; returns the first leaf.
+async fn begin_delete(
+    records: &Records,
+    bucket: &str,
+    ticket: &Seal,
+) -> Result<Option<String>, S3Error> {
+    records
+        .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+            let mut root = root.ok_or(S3Error::NoSuchBucket)?;
+            if root.deleting.as_ref().is_some_and(|d| !stale(d)) {
+                return Err(busy_deleting());
+            }
+            let first = root.leaves.get("").cloned();
+            root.deleting = Some(ticket.clone());
+            Ok((Change::Put(root), first))
+        })
+        .await
+}
+
+fn busy_deleting() -> S3Error {
+    S3Error::OperationAborted("another DeleteBucket of this bucket is under way; try again".into())
+}
+
+/// A seal (or a root's delete ticket) old enough that its deleter is taken for gone.
+fn stale(seal: &Seal) -> bool {
+    now_ms().saturating_sub(seal.at_ms) >= SEAL_PATIENCE.as_millis() as u64
+}
+
+/// Tombstones the blobs of `garbage` not in `done` yet, a few at a time, adding them to it.
+async fn tombstone(
+    records: &Records,
+    garbage: &[Garbage],
+    done: &mut HashSet<String>,
+) -> Result<(), S3Error> {
+    use futures_util::{StreamExt, TryStreamExt};
+    let due: Vec<String> = garbage
+        .iter()
+        .filter(|g| !done.contains(&g.blob))
+        .map(|g| g.blob.clone())
+        .collect();
+    let router = records.router();
+    futures_util::stream::iter(due.clone())
+        .map(|blob| {
+            let router = router.clone();
+            async move { blobs::delete(&router, &blob).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    done.extend(due);
+    Ok(())
+}
+
 /// Seals the empty leaf `doc` for the delete `ticket`: its right neighbour and its garbage.
-/// A leaf with names (or being split, which only a full one is) is `BucketNotEmpty`.
+/// A leaf with names (or being split, which only a full one is) is `BucketNotEmpty`; one
+/// sealed by another delete that is not stale is `OperationAborted` (never overwritten: a
+/// writer would take the older ticket's seal for stale and unseal it).
 async fn seal(
     records: &Records,
     doc: &str,
-    ticket: &str,
+    ticket: &Seal,
 ) -> Result<(Option<String>, Vec<Garbage>), S3Error> {
     records
         .update(doc, |leaf: Option<Leaf>| {
@@ -771,10 +892,12 @@ async fn seal(
                 return Err(S3Error::BucketNotEmpty);
             }
             let found = (leaf.right.clone(), leaf.garbage.clone());
-            leaf.sealed = Some(Seal {
-                ticket: ticket.to_owned(),
-                at_ms: now_ms(),
-            });
+            match &leaf.sealed {
+                Some(s) if s.ticket == ticket.ticket => return Ok((Change::Keep, found)),
+                Some(s) if !stale(s) => return Err(busy_deleting()),
+                _ => {}
+            }
+            leaf.sealed = Some(ticket.clone());
             Ok((Change::Put(leaf), found))
         })
         .await

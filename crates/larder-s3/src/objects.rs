@@ -106,14 +106,25 @@ pub async fn unlink(s3: &Larder, bucket: &str, keys: &[String]) -> Result<(), S3
         let Applied::Elsewhere(why, rest) = applied else {
             continue;
         };
-        let Some(first) = rest.first() else {
+        let Some(first) = rest.first().cloned() else {
             continue;
         };
+        // Waits or forgets stale hints as the first key's reason says; then each key is
+        // routed on its own (the keys sent on need not share a record).
         let next = s3
             .tree
-            .reroute(&s3.records, bucket, first, (target, why), deadline)
+            .reroute(&s3.records, bucket, &first, (target, why), deadline)
             .await?;
-        pending.push((next, rest));
+        for key in rest {
+            let target = match key == first {
+                true => next.clone(),
+                false => s3.tree.route(&s3.records, bucket, &key).await?,
+            };
+            match pending.iter_mut().find(|(t, _)| *t == target) {
+                Some((_, group)) => group.push(key),
+                None => pending.push((target, vec![key])),
+            }
+        }
     }
     Ok(())
 }

@@ -68,10 +68,11 @@ pub struct BucketIndex {
     /// A split of this root into two leaves under way (links and unlinks wait for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splitting: Option<Split>,
-    /// A DeleteBucket of the split bucket under way: its ticket, carried by the seals it puts
-    /// on the leaves. Whoever removes or clears it decides whether the delete happens.
+    /// A DeleteBucket of the split bucket under way: its ticket (and when it began), carried
+    /// by the seals it puts on the leaves. Whoever removes or clears it decides whether the
+    /// delete happens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deleting: Option<String>,
+    pub deleting: Option<Seal>,
 }
 
 impl BucketIndex {
@@ -126,7 +127,7 @@ pub struct Leaf {
     pub sealed: Option<Seal>,
 }
 
-/// A DeleteBucket's mark on an empty leaf.
+/// A DeleteBucket's ticket, on the root and on each empty leaf it sealed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Seal {

@@ -73,6 +73,29 @@ fn etag(entry: &ObjectEntry) -> ETag {
 }
 
 impl Larder {
+    /// Links `name` to `entry` and settles the body's journal entry, in a task of its own: a
+    /// client that hangs up mid-way does not stop it half-way (a link in flight and an entry
+    /// nobody settles until the next start).
+    async fn link_and_settle(
+        &self,
+        (bucket, key): (String, String),
+        entry: ObjectEntry,
+        conditions: WriteConditions,
+        body: (BlobId, Held),
+    ) -> Result<(), S3Error> {
+        let s3 = self.clone();
+        let task = tokio::spawn(async move {
+            let linked = objects::link(&s3, &bucket, &key, entry, &conditions).await;
+            if linked.is_ok() {
+                held::crash_point("after-link");
+            }
+            s3.settle_link(body, (&bucket, &key), &linked);
+            linked.map_err(S3Error::from)
+        });
+        task.await
+            .map_err(|e| S3Error::Internal(format!("the link task ended: {e}")))?
+    }
+
     /// Settles the body `id`, held under `held`, after its name's link: linked, refused (the
     /// body goes), or unknown (`held.rs` finds out; a name pointing at a tombstoned blob would
     /// answer 503 for good: the nemesis found it, seed 13).
@@ -426,13 +449,9 @@ impl S3 for Larder {
         let tag = entry.etag.clone();
         let size = entry.size;
         held::crash_point("before-link");
-        let linked = objects::link(self, &input.bucket, &input.key, entry, &conditions).await;
-        if linked.is_ok() {
-            held::crash_point("after-link");
-        }
-        let name = (input.bucket.as_str(), input.key.as_str());
-        self.settle_link((stored.id, stored.held), name, &linked);
-        linked.map_err(S3Error::from)?;
+        let name = (input.bucket.clone(), input.key.clone());
+        self.link_and_settle(name, entry, conditions, (stored.id, stored.held))
+            .await?;
         let mut output = PutObjectOutput {
             e_tag: Some(ETag::Strong(tag)),
             size: i64::try_from(size).ok(),
@@ -1004,10 +1023,9 @@ impl S3 for Larder {
         };
         let modified = entry.modified_ms;
         let unconditional = WriteConditions::default();
-        let linked = objects::link(self, &input.bucket, &input.key, entry, &unconditional).await;
-        let name = (input.bucket.as_str(), input.key.as_str());
-        self.settle_link((stored.id, stored.held), name, &linked);
-        linked.map_err(S3Error::from)?;
+        let name = (input.bucket.clone(), input.key.clone());
+        self.link_and_settle(name, entry, unconditional, (stored.id, stored.held))
+            .await?;
         let output = CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(ETag::Strong(stored.md5)),
