@@ -2,8 +2,9 @@
 //! name's link is settled, so that no crash or lost answer leaks them:
 //!
 //! - PutObject and CopyObject store the body under a journal entry held for the name
-//!   (`object:<bucket>/<key>`), its IDs synced before anything is sent (`larder-router`'s
-//!   `journal.rs`).
+//!   (`object:<bucket>/<key>`), UploadPart under one held for the part
+//!   (`part:<bucket>/<upload>/<number>`), its IDs synced before anything is sent
+//!   (`larder-router`'s `journal.rs`).
 //! - The name linked: the entry goes. The link refused: the body is tombstoned, then the
 //!   entry goes.
 //! - The link's outcome unknown (sent to the primary, no answer), or the process died with the
@@ -22,11 +23,13 @@ use larder_router::{JournalEntry, Leftover, Router};
 use crate::blobs;
 use crate::error::S3Error;
 use crate::objects;
+use crate::records::{upload_doc, Upload};
 use crate::service::Larder;
+use crate::store::Change;
 
-/// Crash tests' hook: with `LARDER_S3_CRASH` set to `at` (`before-link`, `after-link`), the
-/// process exits on the spot there, in the middle of a PutObject, running no destructor (as a
-/// crash would leave things). Read once; unset, this costs one load.
+/// Crash tests' hook: with `LARDER_S3_CRASH` set to `at` (`before-link`, `after-link` of a
+/// PutObject, `before-add-part` of an UploadPart), the process exits on the spot there,
+/// running no destructor (as a crash would leave things). Read once; unset, one load.
 pub fn crash_point(at: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if AT
@@ -34,21 +37,52 @@ pub fn crash_point(at: &str) {
         .as_deref()
         == Some(at)
     {
-        eprintln!("LARDER_S3_CRASH={at}: exiting in the middle of a PutObject");
+        eprintln!("LARDER_S3_CRASH={at}: exiting in the middle of a request");
         std::process::exit(101);
     }
 }
 
-/// What an entry is held for.
-const OBJECT: &str = "object:";
-
-/// The journal name of an object's body.
-pub fn object_name(bucket: &str, key: &str) -> String {
-    format!("{OBJECT}{bucket}/{key}")
+/// What a body's journal entry is held for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeldFor {
+    /// The object `key` of `bucket` (PutObject, CopyObject).
+    Object { bucket: String, key: String },
+    /// Part `number` of multipart upload `upload` into `bucket` (UploadPart).
+    Part {
+        bucket: String,
+        upload: String,
+        number: u32,
+    },
 }
 
-fn parse_object_name(name: &str) -> Option<(&str, &str)> {
-    name.strip_prefix(OBJECT)?.split_once('/')
+impl HeldFor {
+    /// The name written into the journal entry.
+    pub fn name(&self) -> String {
+        match self {
+            HeldFor::Object { bucket, key } => format!("object:{bucket}/{key}"),
+            HeldFor::Part {
+                bucket,
+                upload,
+                number,
+            } => format!("part:{bucket}/{upload}/{number}"),
+        }
+    }
+
+    fn parse(name: &str) -> Option<HeldFor> {
+        if let Some(rest) = name.strip_prefix("object:") {
+            let (bucket, key) = rest.split_once('/')?;
+            let (bucket, key) = (bucket.to_owned(), key.to_owned());
+            return Some(HeldFor::Object { bucket, key });
+        }
+        let mut parts = name.strip_prefix("part:")?.splitn(3, '/');
+        let (bucket, upload) = (parts.next()?.to_owned(), parts.next()?.to_owned());
+        let number = parts.next()?.parse().ok()?;
+        Some(HeldFor::Part {
+            bucket,
+            upload,
+            number,
+        })
+    }
 }
 
 /// A journal entry a body was stored under, while its name's link is unsettled.
@@ -93,23 +127,18 @@ impl Held {
     /// The link's outcome is unknown: settle it in the background. Without a journal the
     /// body is kept (a name pointing at a tombstoned blob would answer 503 for good; a kept
     /// one only takes space).
-    pub fn unknown(self, s3: &Larder, bucket: &str, key: &str) {
+    pub fn unknown(self, s3: &Larder, name: HeldFor) {
         let Some(entry) = self.entry else {
             tracing::warn!(
-                bucket,
-                key,
+                ?name,
                 "a name's link failed with no answer; its body is kept"
             );
             return;
         };
-        let (s3, bucket, key) = (s3.clone(), bucket.to_owned(), key.to_owned());
-        let ids = entry.ids();
-        let entry = Some(entry);
+        let s3 = s3.clone();
         tokio::spawn(async move {
-            settle(&s3, &bucket, &key, &ids).await;
-            if let Some(entry) = entry {
-                forget(&entry).await;
-            }
+            settle(&s3, &name, &entry.ids()).await;
+            forget(&entry).await;
         });
     }
 }
@@ -120,32 +149,45 @@ async fn forget(entry: &JournalEntry) {
     }
 }
 
-/// Settles the entries a previous run of this frontend left held (found at start-up).
-pub async fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
+/// Settles the entries a previous run of this frontend left held (found at start-up), each in
+/// a task of its own: one that cannot be settled yet holds up no other.
+pub fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
     for leftover in leftovers {
-        let Some((bucket, key)) = leftover.held_for.as_deref().and_then(parse_object_name) else {
-            tracing::warn!(file = %leftover.path.display(), "a held journal entry of an unknown kind stays");
-            continue;
-        };
-        tracing::info!(
-            bucket,
-            key,
-            blobs = leftover.ids.len(),
-            "settling an S3 body a crash left unnamed or not"
-        );
-        settle(&s3, bucket, key, &leftover.ids).await;
-        if let Err(err) = leftover.remove() {
-            tracing::warn!(%err, "cannot remove a settled journal entry");
-        }
+        let s3 = s3.clone();
+        tokio::spawn(async move {
+            let Some(name) = leftover.held_for.as_deref().and_then(HeldFor::parse) else {
+                let file = leftover.path.display();
+                tracing::warn!(%file, "a held journal entry of an unknown kind stays");
+                return;
+            };
+            let blobs = leftover.ids.len();
+            tracing::info!(
+                ?name,
+                blobs,
+                "settling an S3 body a crash left, named or not"
+            );
+            settle(&s3, &name, &leftover.ids).await;
+            if let Err(err) = leftover.remove() {
+                tracing::warn!(%err, "cannot remove a settled journal entry");
+            }
+        });
     }
 }
 
-/// Until storage answers: fences the name's index record, reads the name, and tombstones `ids`
-/// unless the name points at one of them.
-async fn settle(s3: &Larder, bucket: &str, key: &str, ids: &[BlobId]) {
+/// Until storage answers: fences the record that would name the body, reads it, and
+/// tombstones `ids` unless it names one of them.
+async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
     let mut pause = Duration::from_millis(500);
     loop {
-        match named(s3, bucket, key, ids).await {
+        let named = match name {
+            HeldFor::Object { bucket, key } => object_named(s3, bucket, key, ids).await,
+            HeldFor::Part {
+                bucket,
+                upload,
+                number,
+            } => part_named(s3, (bucket, upload), *number, ids).await,
+        };
+        match named {
             Ok(true) => return,
             Ok(false) => {
                 let failed = s3
@@ -156,15 +198,25 @@ async fn settle(s3: &Larder, bucket: &str, key: &str, ids: &[BlobId]) {
                     return;
                 }
             }
-            Err(err) => tracing::warn!(%err, bucket, key, "cannot settle an S3 body's name yet"),
+            Err(err) => tracing::warn!(%err, ?name, "cannot settle an S3 body's name yet"),
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(30));
     }
 }
 
+fn holds(pieces: impl IntoIterator<Item = String>, ids: &[BlobId]) -> bool {
+    let ids: Vec<String> = ids.iter().map(BlobId::to_string).collect();
+    pieces.into_iter().any(|blob| ids.contains(&blob))
+}
+
 /// Whether `key` points at one of `ids`, after a fence.
-async fn named(s3: &Larder, bucket: &str, key: &str, ids: &[BlobId]) -> Result<bool, S3Error> {
+async fn object_named(
+    s3: &Larder,
+    bucket: &str,
+    key: &str,
+    ids: &[BlobId],
+) -> Result<bool, S3Error> {
     match objects::touch(s3, bucket, key).await {
         Err(S3Error::NoSuchBucket) => return Ok(false),
         other => other?,
@@ -173,8 +225,38 @@ async fn named(s3: &Larder, bucket: &str, key: &str, ids: &[BlobId]) -> Result<b
         Err(S3Error::NoSuchBucket) => return Ok(false),
         other => other?,
     };
-    let ids: Vec<String> = ids.iter().map(BlobId::to_string).collect();
-    Ok(entry.is_some_and(|e| e.body.iter().any(|piece| ids.contains(&piece.blob))))
+    Ok(entry.is_some_and(|e| holds(e.body.into_iter().map(|p| p.blob), ids)))
+}
+
+/// Whether the upload lists one of `ids` as part `number`, after a fence (a write of the
+/// upload's record as it is). An upload that is gone was completed or aborted; a Complete
+/// may be linking its parts right now, so the part is kept (a leak, logged), never
+/// tombstoned under an object.
+async fn part_named(
+    s3: &Larder,
+    (bucket, upload): (&str, &str),
+    number: u32,
+    ids: &[BlobId],
+) -> Result<bool, S3Error> {
+    let doc = upload_doc(bucket, upload);
+    let found = s3
+        .records
+        .update(&doc, |record: Option<Upload>| match record {
+            Some(record) => Ok((Change::Put(record.clone()), Some(record))),
+            None => Ok((Change::Keep, None)),
+        })
+        .await?;
+    let Some(record) = found else {
+        tracing::warn!(
+            bucket,
+            upload,
+            number,
+            "a part whose upload is gone is kept"
+        );
+        return Ok(true);
+    };
+    let part = record.parts.get(&number).map(|p| p.blob.clone());
+    Ok(holds(part, ids))
 }
 
 #[cfg(test)]
@@ -182,9 +264,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_object_name_round_trips_with_slashes_in_the_key() {
-        let name = object_name("b", "dir/sub/file");
-        assert_eq!(parse_object_name(&name), Some(("b", "dir/sub/file")));
-        assert_eq!(parse_object_name("part:b/x"), None);
+    fn names_round_trip_with_slashes_in_the_key() {
+        let object = HeldFor::Object {
+            bucket: "b".into(),
+            key: "dir/sub/file".into(),
+        };
+        assert_eq!(HeldFor::parse(&object.name()), Some(object));
+        let part = HeldFor::Part {
+            bucket: "b".into(),
+            upload: "U1".into(),
+            number: 7,
+        };
+        assert_eq!(HeldFor::parse(&part.name()), Some(part));
+        assert_eq!(HeldFor::parse("part:b/x"), None);
+        assert_eq!(HeldFor::parse("other:b/x"), None);
     }
 }

@@ -94,6 +94,24 @@ pub trait Holder: Record {
     fn splitting(&self) -> Option<&Split>;
 }
 
+/// The accessors of `Holder`, for a record with `objects`, `garbage` and `splitting` fields.
+macro_rules! holds_names {
+    () => {
+        fn objects(&self) -> &BTreeMap<String, ObjectEntry> {
+            &self.objects
+        }
+        fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry> {
+            &mut self.objects
+        }
+        fn garbage_mut(&mut self) -> &mut Vec<Garbage> {
+            &mut self.garbage
+        }
+        fn splitting(&self) -> Option<&Split> {
+            self.splitting.as_ref()
+        }
+    };
+}
+
 impl Holder for BucketIndex {
     fn admits(&self, _key: &str) -> Result<(), Reroute> {
         if self.is_split() {
@@ -104,18 +122,7 @@ impl Holder for BucketIndex {
             None => Ok(()),
         }
     }
-    fn objects(&self) -> &BTreeMap<String, ObjectEntry> {
-        &self.objects
-    }
-    fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry> {
-        &mut self.objects
-    }
-    fn garbage_mut(&mut self) -> &mut Vec<Garbage> {
-        &mut self.garbage
-    }
-    fn splitting(&self) -> Option<&Split> {
-        self.splitting.as_ref()
-    }
+    holds_names!();
 }
 
 impl Holder for Leaf {
@@ -138,18 +145,7 @@ impl Holder for Leaf {
             _ => Ok(()),
         }
     }
-    fn objects(&self) -> &BTreeMap<String, ObjectEntry> {
-        &self.objects
-    }
-    fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry> {
-        &mut self.objects
-    }
-    fn garbage_mut(&mut self) -> &mut Vec<Garbage> {
-        &mut self.garbage
-    }
-    fn splitting(&self) -> Option<&Split> {
-        self.splitting.as_ref()
-    }
+    holds_names!();
 }
 
 /// The names of one key range as read: a small bucket's root or a leaf.

@@ -12,6 +12,7 @@ use s3s::dto::{CompletedPart, ETag};
 use crate::blobs;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
+use crate::index_batch::ChangeFailed;
 use crate::objects;
 use crate::records::{
     bucket_doc, upload_doc, uploads_doc, BucketIndex, ObjectEntry, Piece, Upload, UploadList,
@@ -114,17 +115,26 @@ pub async fn add_part(
     id: &str,
     number: u32,
     part: UploadedPart,
-) -> Result<(), S3Error> {
-    let replaced = s3
+) -> Result<(), ChangeFailed> {
+    let mut uncertain = false;
+    let added = s3
         .records
-        .update(&upload_doc(bucket, id), |upload: Option<Upload>| {
-            let mut upload = upload
-                .filter(|u| u.key == key)
-                .ok_or(S3Error::NoSuchUpload)?;
-            let replaced = upload.parts.insert(number, part.clone());
-            Ok((Change::Put(upload), replaced))
-        })
-        .await?;
+        .update_noting(
+            &upload_doc(bucket, id),
+            |upload: Option<Upload>| {
+                let mut upload = upload
+                    .filter(|u| u.key == key)
+                    .ok_or(S3Error::NoSuchUpload)?;
+                let replaced = upload.parts.insert(number, part.clone());
+                Ok((Change::Put(upload), replaced))
+            },
+            &mut uncertain,
+        )
+        .await;
+    let replaced = added.map_err(|error| ChangeFailed {
+        error,
+        may_have_applied: uncertain,
+    })?;
     if let Some(old) = replaced {
         let router = s3.records.router().clone();
         tokio::spawn(async move { blobs::delete(&router, &old.blob).await });

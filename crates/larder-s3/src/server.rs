@@ -63,9 +63,7 @@ impl S3Api {
             index_batches: Arc::new(IndexBatches::new(tree.clone())),
             tree,
         };
-        if !held.is_empty() {
-            tokio::spawn(crate::held::settle_leftovers(larder.clone(), held));
-        }
+        crate::held::settle_leftovers(larder.clone(), held);
         Ok(S3Api {
             service: service(larder),
             metrics: S3Metrics::register(registry),

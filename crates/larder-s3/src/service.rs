@@ -89,7 +89,8 @@ impl Larder {
             if linked.is_ok() {
                 held::crash_point("after-link");
             }
-            s3.settle_link(body, (&bucket, &key), &linked);
+            let name = held::HeldFor::Object { bucket, key };
+            s3.settle_link(body, name, &linked);
             linked.map_err(S3Error::from)
         });
         task.await
@@ -102,12 +103,12 @@ impl Larder {
     fn settle_link(
         &self,
         (id, held): (BlobId, Held),
-        (bucket, key): (&str, &str),
+        name: held::HeldFor,
         linked: &Result<(), ChangeFailed>,
     ) {
         match linked {
             Ok(()) => held.linked(),
-            Err(failed) if failed.may_have_applied => held.unknown(self, bucket, key),
+            Err(failed) if failed.may_have_applied => held.unknown(self, name),
             Err(_) => held.unlinked(self.router(), Some(id)),
         }
     }
@@ -132,6 +133,29 @@ impl Larder {
 
     async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
         self.current(bucket, key).await?.ok_or(S3Error::NoSuchKey)
+    }
+
+    /// A page of a listing that resumes from a marker (ListObjects v1, ListObjectVersions).
+    /// A marker that is a common prefix resumes after every name under it. A marker is a
+    /// name, not a place, so these listings walk runs of empty leaves to the end.
+    async fn marker_page(
+        &self,
+        bucket: &str,
+        (prefix, delimiter): (&str, Option<&str>),
+        marker: Option<&str>,
+        max_keys: usize,
+    ) -> Result<list::Page, S3Error> {
+        let after = marker.map(|m| match delimiter {
+            Some(d) if !d.is_empty() && m.ends_with(d) => After::Prefix(m.to_owned()),
+            _ => After::Key(m.to_owned()),
+        });
+        let query = list::Query {
+            prefix,
+            delimiter,
+            after: after.as_ref(),
+            max_keys,
+        };
+        self.tree.page(&self.records, bucket, &query, None).await
     }
 
     /// Removes an unsplit bucket's root if it holds no names; `false` if it split meanwhile.
@@ -416,7 +440,11 @@ impl S3 for Larder {
             .body
             .ok_or_else(|| S3Error::InvalidArgument("PutObject needs a body".into()))?;
         let hasher = requested.as_ref().map(Requested::hasher);
-        let name = held::object_name(&input.bucket, &input.key);
+        let name = held::HeldFor::Object {
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
+        }
+        .name();
         let stored = blobs::store(
             self.router(),
             &self.limits,
@@ -637,7 +665,21 @@ impl S3 for Larder {
             .body
             .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
         let hasher = requested.as_ref().map(Requested::hasher);
-        let mut stored = blobs::store(self.router(), &self.limits, props, body, hasher, None)
+        let name = held::HeldFor::Part {
+            bucket: input.bucket.clone(),
+            upload: input.upload_id.clone(),
+            number,
+        };
+        let journal_name = name.name();
+        let stored = blobs::store(
+            self.router(),
+            &self.limits,
+            props,
+            body,
+            hasher,
+            Some(&journal_name),
+        );
+        let mut stored = stored
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
         let digests = Digests {
@@ -652,6 +694,7 @@ impl S3 for Larder {
             md5: stored.md5.clone(),
             modified_ms: now_ms(),
         };
+        held::crash_point("before-add-part");
         let added = multipart::add_part(
             self,
             &input.bucket,
@@ -661,12 +704,8 @@ impl S3 for Larder {
             part,
         )
         .await;
-        if let Err(err) = added {
-            let router = self.router().clone();
-            let id = stored.id.to_string();
-            tokio::spawn(async move { blobs::delete(&router, &id).await });
-            return Err(err.into());
-        }
+        self.settle_link((stored.id, stored.held), name, &added);
+        added.map_err(S3Error::from)?;
         let mut output = UploadPartOutput {
             e_tag: Some(ETag::Strong(stored.md5)),
             ..Default::default()
@@ -843,22 +882,11 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<ListObjectsOutput>> {
         let input = req.input;
         let max_keys = max_keys(input.max_keys)?;
-        // A marker that is a common prefix resumes after every name under it.
-        let after = input.marker.clone().map(|m| match &input.delimiter {
-            Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
-            _ => After::Key(m),
-        });
         let prefix = input.prefix.clone().unwrap_or_default();
-        let query = list::Query {
-            prefix: &prefix,
-            delimiter: input.delimiter.as_deref(),
-            after: after.as_ref(),
-            max_keys,
-        };
-        // A marker is a name, not a place: these listings walk empty leaves to the end.
+        let marker = input.marker.as_deref();
+        let delimiter = input.delimiter.as_deref();
         let page = self
-            .tree
-            .page(&self.records, &input.bucket, &query, None)
+            .marker_page(&input.bucket, (&prefix, delimiter), marker, max_keys)
             .await?;
         let url = url_encoded(input.encoding_type.as_ref());
         let next_marker = page.next.as_ref().map(|n| match n {
@@ -891,21 +919,11 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let input = req.input;
         let max_keys = max_keys(input.max_keys)?;
-        let after = input.key_marker.clone().map(|m| match &input.delimiter {
-            Some(d) if !d.is_empty() && m.ends_with(d.as_str()) => After::Prefix(m),
-            _ => After::Key(m),
-        });
         let prefix = input.prefix.clone().unwrap_or_default();
-        let query = list::Query {
-            prefix: &prefix,
-            delimiter: input.delimiter.as_deref(),
-            after: after.as_ref(),
-            max_keys,
-        };
-        // A marker is a name, not a place: these listings walk empty leaves to the end.
+        let marker = input.key_marker.as_deref();
+        let delimiter = input.delimiter.as_deref();
         let page = self
-            .tree
-            .page(&self.records, &input.bucket, &query, None)
+            .marker_page(&input.bucket, (&prefix, delimiter), marker, max_keys)
             .await?;
         let url = url_encoded(input.encoding_type.as_ref());
         let versions = page
@@ -1005,8 +1023,19 @@ impl S3 for Larder {
             created_ms: now_ms(),
             ..Default::default()
         };
-        let name = held::object_name(&input.bucket, &input.key);
-        let stored = blobs::store(self.router(), &self.limits, props, body, None, Some(&name));
+        let journal_name = held::HeldFor::Object {
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
+        }
+        .name();
+        let stored = blobs::store(
+            self.router(),
+            &self.limits,
+            props,
+            body,
+            None,
+            Some(&journal_name),
+        );
         let stored = stored.await?;
         let entry = ObjectEntry {
             body: vec![Piece {

@@ -9,34 +9,19 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use common::Cluster;
 
 const BUCKET: &str = "busy";
 
 struct Signer {
-    s3: SocketAddr,
-    id: String,
-    secret: String,
+    urls: common::Presigner,
     dir: PathBuf,
 }
 
 impl Signer {
     fn url(&self, method: &str, object: &str, query: &[(&str, &str)]) -> String {
-        let endpoint = format!("http://{}", self.s3);
-        let request = larder_s3::Presign {
-            method,
-            endpoint: &endpoint,
-            bucket: BUCKET,
-            key: object,
-            access_key_id: &self.id,
-            secret: &self.secret,
-            region: "us-east-1",
-            expires: Duration::from_secs(600),
-            now: SystemTime::now(),
-        };
-        larder_s3::presign_with_query(&request, query).unwrap()
+        self.urls.url(method, BUCKET, object, query)
     }
 
     fn put(&self, name: &str, extra: &[&str]) -> u16 {
@@ -74,11 +59,8 @@ fn at_once<T: Send + 'static>(n: usize, f: impl Fn(usize) -> T + Send + Sync + '
 }
 
 fn signer(cluster: &Cluster, dir: &Path, s3: SocketAddr) -> Signer {
-    let (id, secret) = common::s3_key(cluster, &["*:owner"]);
     Signer {
-        s3,
-        id,
-        secret,
+        urls: common::Presigner::new(cluster, s3, &["*:owner"]),
         dir: dir.to_path_buf(),
     }
 }

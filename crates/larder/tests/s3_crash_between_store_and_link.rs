@@ -7,33 +7,20 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use common::Cluster;
 
-struct Signer {
-    s3: SocketAddr,
-    id: String,
-    secret: String,
-}
+struct Signer(common::Presigner);
 
 impl Signer {
     fn url(&self, method: &str, object: &str) -> String {
-        let endpoint = format!("http://{}", self.s3);
-        let request = larder_s3::Presign {
-            method,
-            endpoint: &endpoint,
-            bucket: "crashes",
-            key: object,
-            access_key_id: &self.id,
-            secret: &self.secret,
-            region: "us-east-1",
-            expires: Duration::from_secs(600),
-            now: SystemTime::now(),
-        };
-        larder_s3::presign_with_query(&request, &[]).unwrap()
+        self.0.url(method, "crashes", object, &[])
+    }
+
+    fn url_with(&self, method: &str, object: &str, query: &[(&str, &str)]) -> String {
+        self.0.url(method, "crashes", object, query)
     }
 }
 
@@ -78,10 +65,23 @@ fn put_through_a_crash(
     journal: &Path,
     (name, crash): (&str, &str),
 ) -> Vec<String> {
+    put_url_through_a_crash(
+        cluster,
+        signer,
+        journal,
+        (&signer.url("PUT", name), name, crash),
+    )
+}
+
+fn put_url_through_a_crash(
+    cluster: &mut Cluster,
+    signer: &Signer,
+    journal: &Path,
+    (url, name, crash): (&str, &str, &str),
+) -> Vec<String> {
     cluster.restart_frontend_with_env(&[("LARDER_S3_CRASH", crash)]);
-    common::wait_for_port(signer.s3);
+    common::wait_for_port(signer.0.s3);
     let dir = cluster.dir.path().to_path_buf();
-    let url = signer.url("PUT", name);
     let body = format!("the body of {name}");
     let out = std::process::Command::new("curl")
         .args([
@@ -92,7 +92,7 @@ fn put_through_a_crash(
             "PUT",
             "--data-binary",
             &body,
-            &url,
+            url,
         ])
         .current_dir(&dir)
         .output()
@@ -129,8 +129,7 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     let extra = format!("upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n");
     let mut cluster = Cluster::start_with(3, 4, &extra);
     common::wait_for_port(s3);
-    let (id, secret) = common::s3_key(&cluster, &["*:owner"]);
-    let signer = Signer { s3, id, secret };
+    let signer = Signer(common::Presigner::new(&cluster, s3, &["*:owner"]));
     let dir = cluster.dir.path().to_path_buf();
     let journal = dir.join("frontend-uploads");
     let made = common::curl(&dir, &["-X", "PUT", &signer.url("PUT", "")]);
@@ -165,6 +164,51 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     let got = common::curl(&dir, &[&signer.url("GET", "kept")]);
     assert_eq!(got.status, 200);
     assert_eq!(got.body, b"the body of kept");
+
+    // An UploadPart that died before the part was added to its upload: the part goes, the
+    // upload stays, listing no part.
+    let created = common::curl(
+        &dir,
+        &[
+            "-X",
+            "POST",
+            &signer.url_with("POST", "multi", &[("uploads", "")]),
+        ],
+    );
+    assert_eq!(created.status, 200);
+    let text = String::from_utf8(created.body).unwrap();
+    let upload = text
+        .split("<UploadId>")
+        .nth(1)
+        .unwrap()
+        .split("</UploadId>")
+        .next()
+        .unwrap();
+    let part_url = signer.url_with("PUT", "multi", &[("partNumber", "1"), ("uploadId", upload)]);
+    let ids = put_url_through_a_crash(
+        &mut cluster,
+        &signer,
+        &journal,
+        (&part_url, "multi", "before-add-part"),
+    );
+    assert!(
+        replicas_holding(&cluster, &ids[0]) >= 2,
+        "the part was stored before the crash"
+    );
+    cluster.restart_frontend_with_env(&[]);
+    common::wait_for_port(s3);
+    wait_until_settled(&journal);
+    assert_eq!(
+        replicas_holding(&cluster, &ids[0]),
+        0,
+        "the part no upload lists was tombstoned"
+    );
+    let parts = common::curl(
+        &dir,
+        &[&signer.url_with("GET", "multi", &[("uploadId", upload)])],
+    );
+    assert_eq!(parts.status, 200);
+    assert!(!String::from_utf8(parts.body).unwrap().contains("<Part>"));
 
     // And a PUT that runs to the end leaves no entry behind.
     let put = common::curl(

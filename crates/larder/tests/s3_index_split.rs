@@ -8,35 +8,20 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use common::Cluster;
 
 struct Signer {
-    s3: SocketAddr,
-    id: String,
-    secret: String,
+    urls: common::Presigner,
     dir: PathBuf,
 }
 
 impl Signer {
     fn url(&self, method: &str, bucket: &str, object: &str, query: &[(&str, &str)]) -> String {
-        let endpoint = format!("http://{}", self.s3);
-        let request = larder_s3::Presign {
-            method,
-            endpoint: &endpoint,
-            bucket,
-            key: object,
-            access_key_id: &self.id,
-            secret: &self.secret,
-            region: "us-east-1",
-            expires: Duration::from_secs(600),
-            now: SystemTime::now(),
-        };
-        larder_s3::presign_with_query(&request, query).unwrap()
+        self.urls.url(method, bucket, object, query)
     }
 
     fn call(&self, method: &str, bucket: &str, object: &str) -> common::CurlResponse {
@@ -123,11 +108,8 @@ fn start() -> (Cluster, Arc<Signer>) {
     let extra = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = 4\n");
     let cluster = Cluster::start_with(3, 4, &extra);
     common::wait_for_port(s3);
-    let (id, secret) = common::s3_key(&cluster, &["*:owner"]);
     let signer = Signer {
-        s3,
-        id,
-        secret,
+        urls: common::Presigner::new(&cluster, s3, &["*:owner"]),
         dir: cluster.dir.path().to_path_buf(),
     };
     (cluster, Arc::new(signer))

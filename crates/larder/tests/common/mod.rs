@@ -639,3 +639,36 @@ impl Drop for SecondFrontend {
         let _ = self.child.wait();
     }
 }
+
+/// Presigned S3 URLs for one access key on one S3 port (SigV4 in the query, ten minutes), so
+/// that curl can be the S3 client.
+pub struct Presigner {
+    pub s3: SocketAddr,
+    pub id: String,
+    pub secret: String,
+}
+
+impl Presigner {
+    /// A key with `grants` (see `s3_key`) on the S3 port `s3`.
+    pub fn new(cluster: &Cluster, s3: SocketAddr, grants: &[&str]) -> Presigner {
+        let (id, secret) = s3_key(cluster, grants);
+        Presigner { s3, id, secret }
+    }
+
+    /// `method` on `bucket`/`object` (an empty object: the bucket), with extra query fields.
+    pub fn url(&self, method: &str, bucket: &str, object: &str, query: &[(&str, &str)]) -> String {
+        let endpoint = format!("http://{}", self.s3);
+        let request = larder_s3::Presign {
+            method,
+            endpoint: &endpoint,
+            bucket,
+            key: object,
+            access_key_id: &self.id,
+            secret: &self.secret,
+            region: "us-east-1",
+            expires: Duration::from_secs(600),
+            now: std::time::SystemTime::now(),
+        };
+        larder_s3::presign_with_query(&request, query).unwrap()
+    }
+}
