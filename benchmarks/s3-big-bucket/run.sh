@@ -10,6 +10,7 @@
 #   env: BASE=caa6c70~1 PRELOAD=5000 THREADS=16 SECONDS_EACH=15 ROUNDS=2 SIZE=1024
 #        PYTHON=<one with boto3> BASE_SRC=<the base's worktree> (default under CACHE)
 #        CACHE=~/.cache/larder-s3-big-bucket (release target dirs, kept between runs)
+#        HEAD_ONLY=1: this checkout only, no base (for sizes the base cannot hold, >10,000)
 #   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 300
 #   names, 4 threads for 2 s; nothing is built and nothing kept.
 set -euo pipefail
@@ -47,11 +48,13 @@ if [ "$smoke" = 0 ]; then
   mkdir -p "$cache"
   # The base's sources stay at one path, so its target dir is reused between runs.
   base_src=${BASE_SRC:-$cache/base-src}
-  if [ ! -e "$base_src/.git" ]; then
-    git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
+  if [ "${HEAD_ONLY:-0}" != 1 ]; then
+    if [ ! -e "$base_src/.git" ]; then
+      git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
+    fi
+    git -C "$base_src" checkout -q --detach "$base"
+    (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
   fi
-  git -C "$base_src" checkout -q --detach "$base"
-  (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
   (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
 fi
 
@@ -92,6 +95,6 @@ if [ "$smoke" = 1 ]; then
   exit 0
 fi
 for _ in $(seq 1 "$rounds"); do
-  run_one base "$cache/base/release/larder"
+  [ "${HEAD_ONLY:-0}" = 1 ] || run_one base "$cache/base/release/larder"
   run_one head "$cache/head/release/larder"
 done
