@@ -64,6 +64,16 @@ pub enum IndexChange {
     Touch { key: String },
 }
 
+impl IndexChange {
+    /// The names the change is about.
+    fn keys(&self) -> Vec<String> {
+        match self {
+            IndexChange::Link { key, .. } | IndexChange::Touch { key } => vec![key.clone()],
+            IndexChange::Unlink { keys } => keys.clone(),
+        }
+    }
+}
+
 /// What became of a change that was not refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -220,9 +230,13 @@ async fn write_batch<H: Holder>(
                 // Run again from scratch on each attempt (a lost race re-reads the record).
                 outcomes.clear();
                 let Some(mut record) = record else {
-                    let gone = |_| match target {
+                    // Every key goes elsewhere (a stale route into a deleted bucket's leaf):
+                    // none may be dropped as if done.
+                    let gone = |queued: &Queued| match target {
                         Target::Root => Err(S3Error::NoSuchBucket),
-                        Target::Leaf(_) => Ok(Applied::Elsewhere(Reroute::Gone, Vec::new())),
+                        Target::Leaf(_) => {
+                            Ok(Applied::Elsewhere(Reroute::Gone, queued.change.keys()))
+                        }
                     };
                     outcomes.extend(batch.iter().map(gone));
                     return Ok((Change::Keep, ()));

@@ -47,6 +47,9 @@ const MAX_HOPS: usize = 64;
 /// Leaves a walk from a fresh root may pass before it adds the leaf it found to the root's
 /// hints (the split that made it lost its last step).
 const REPAIR_AFTER_HOPS: usize = 8;
+/// Leaves any walk follows at most (~10⁹ names): a cycle of `right` links, which no correct
+/// split makes, is reported as corruption instead of walked forever.
+const MAX_LEAVES: usize = 1 << 20;
 /// Buckets whose leaf hints a frontend keeps.
 const MAX_CACHED_BUCKETS: usize = 4096;
 /// How long a seal stays before a writer that finds it takes its deleter for gone.
@@ -209,12 +212,10 @@ impl IndexTree {
         self.hints.lock().get(bucket).cloned()
     }
 
+    /// Remembers where the root says the leaves start; an empty map for a root that is its
+    /// only leaf (changes are then sent to the root: one that has split since sends them on).
     fn remember(&self, bucket: &str, root: &BucketIndex) {
         let mut hints = self.hints.lock();
-        if !root.is_split() {
-            hints.remove(bucket);
-            return;
-        }
         if hints.len() >= MAX_CACHED_BUCKETS {
             hints.clear();
         }
@@ -242,13 +243,13 @@ impl IndexTree {
         bucket: &str,
         key: &str,
     ) -> Result<Target, S3Error> {
-        if let Some(hints) = self.cached(bucket) {
-            return Ok(Target::Leaf(pick(&hints, key)));
-        }
-        let root = self.root(records, bucket).await?;
-        Ok(match root.is_split() {
-            true => Target::Leaf(pick(&root.leaves, key)),
-            false => Target::Root,
+        let hints = match self.cached(bucket) {
+            Some(hints) => hints,
+            None => Arc::new(self.root(records, bucket).await?.leaves),
+        };
+        Ok(match hints.is_empty() {
+            true => Target::Root,
+            false => Target::Leaf(pick(&hints, key)),
         })
     }
 
@@ -337,7 +338,7 @@ impl IndexTree {
         bucket: &str,
         key: &str,
     ) -> Result<Node, S3Error> {
-        if let Some(hints) = self.cached(bucket) {
+        if let Some(hints) = self.cached(bucket).filter(|h| !h.is_empty()) {
             let start = pick(&hints, key);
             if let Some((node, _)) = walk(records, bucket, &start, key, (false, MAX_HOPS)).await? {
                 return Ok(node);
@@ -354,7 +355,7 @@ impl IndexTree {
         // From a fresh root a sealed leaf is read as it is (empty, a delete under way), and
         // the walk goes as far as the leaves go (a hint whose write was lost is repaired).
         let start = pick(&root.leaves, key);
-        let (node, hops) = walk(records, bucket, &start, key, (true, usize::MAX))
+        let (node, hops) = walk(records, bucket, &start, key, (true, MAX_LEAVES))
             .await?
             .ok_or(S3Error::NoSuchBucket)?;
         if hops > REPAIR_AFTER_HOPS && !root.leaves.contains_key(&node.low) {
@@ -410,6 +411,9 @@ impl IndexTree {
                 return Ok(out);
             }
             hops += 1;
+            if hops > MAX_LEAVES {
+                return Err(too_many_leaves(bucket));
+            }
             if hop_limit.is_some_and(|limit| hops > limit) {
                 out.cut = true;
                 // Inside a common prefix already listed: resume after all of it.
@@ -572,6 +576,9 @@ impl IndexTree {
         let mut found = vec![(Target::Root, root.garbage.clone())];
         let mut next = root.leaves.get("").cloned();
         while let Some(id) = next {
+            if found.len() > MAX_LEAVES {
+                return Err(too_many_leaves(bucket));
+            }
             let Some(leaf) = read_leaf(records, bucket, &id).await? else {
                 break;
             };
@@ -637,6 +644,9 @@ impl IndexTree {
         let mut garbage = Vec::new();
         let mut next = first;
         while let Some(id) = next {
+            if sealed.len() > MAX_LEAVES {
+                return Err(too_many_leaves(bucket));
+            }
             let (right, leaf_garbage) = seal(records, &leaf_doc(bucket, &id), ticket).await?;
             sealed.push(id);
             garbage.extend(leaf_garbage);
@@ -698,6 +708,12 @@ impl IndexTree {
             }
         }
     }
+}
+
+fn too_many_leaves(bucket: &str) -> S3Error {
+    S3Error::Corrupt(format!(
+        "bucket {bucket}: more than {MAX_LEAVES} index leaves in a row (a cycle?)"
+    ))
 }
 
 async fn read_leaf(records: &Records, bucket: &str, id: &str) -> Result<Option<Leaf>, S3Error> {
@@ -809,11 +825,11 @@ impl SplitMark for Leaf {
 
 /// Writes `leaf` at `doc` unless a leaf is there already (a split being finished twice).
 async fn create(records: &Records, doc: &str, leaf: Leaf) -> Result<(), S3Error> {
-    let mut leaf = Some(leaf);
     records
         .update(doc, |existing: Option<Leaf>| match existing {
             Some(_) => Ok((Change::Keep, ())),
-            None => Ok((Change::Put(leaf.take().unwrap_or_default()), ())),
+            // Cloned, not taken: an attempt that loses a race runs this again.
+            None => Ok((Change::Put(leaf.clone()), ())),
         })
         .await
 }

@@ -695,17 +695,22 @@ impl S3 for Larder {
             modified_ms: now_ms(),
         };
         held::crash_point("before-add-part");
-        let added = multipart::add_part(
-            self,
-            &input.bucket,
-            &input.key,
-            &input.upload_id,
-            number,
-            part,
-        )
-        .await;
-        self.settle_link((stored.id, stored.held), name, &added);
-        added.map_err(S3Error::from)?;
+        // In a task of its own, as a link is (`link_and_settle`): a client that hangs up does
+        // not leave the part's entry unsettled.
+        let s3 = self.clone();
+        let (bucket, key, upload) = (
+            input.bucket.clone(),
+            input.key.clone(),
+            input.upload_id.clone(),
+        );
+        let body = (stored.id, stored.held);
+        let task = tokio::spawn(async move {
+            let added = multipart::add_part(&s3, &bucket, &key, &upload, number, part).await;
+            s3.settle_link(body, name, &added);
+            added.map_err(S3Error::from)
+        });
+        task.await
+            .map_err(|e| S3Error::Internal(format!("the part's task ended: {e}")))??;
         let mut output = UploadPartOutput {
             e_tag: Some(ETag::Strong(stored.md5)),
             ..Default::default()
