@@ -57,6 +57,12 @@ pub struct RouterConfig {
     /// confirming replicas are down.
     #[serde(with = "humantime_serde")]
     pub confirm_retry_for: Duration,
+    /// How long a read keeps asking again replicas that answered "not yet" (503 with
+    /// `Retry-After`: not checked against their peers since their process started, or busy)
+    /// before it answers 503. After a whole cluster restarts, every replica says so until its
+    /// first replication round is answered (well under a second; seconds on a loaded machine).
+    #[serde(with = "humantime_serde")]
+    pub not_yet_retry_for: Duration,
 }
 
 impl Default for RouterConfig {
@@ -76,6 +82,7 @@ impl Default for RouterConfig {
             hedge_max_delay: None,
             wait_for_remote_ack: false,
             confirm_retry_for: Duration::from_millis(300),
+            not_yet_retry_for: Duration::from_secs(3),
         }
     }
 }

@@ -14,6 +14,7 @@ use larder_cluster::{BlobId, ClusterMap};
 use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
+use crate::config::RouterConfig;
 use crate::order::{count_in, read_order};
 use crate::router::{refusal_message, refuses_the_request, ReplicaResult};
 use crate::{FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
@@ -87,7 +88,7 @@ impl Router {
         let mut in_flight = FuturesUnordered::new();
         let (mut not_found, mut errors) = (0, Vec::new());
         // Local replicas that failed to answer, asked again while a held answer needs them.
-        let mut reask = Reask::new(self.config.confirm_retry_for, deadline);
+        let mut reask = Reask::new(&self.config, deadline);
         let mut last_asked = "";
         // Replicas asked that have not answered yet (at most the replica count).
         let mut pending: Vec<&str> = Vec::new();
@@ -108,11 +109,10 @@ impl Router {
                 // were asked, again a local one that failed, if a held answer waits for it.
                 let node = match remaining.next() {
                     Some(node) => node,
-                    None if confirm.held.is_some() => match reask.next().await {
+                    None => match reask.next(confirm.held.is_some()).await {
                         Some(node) => node,
                         None => break,
                     },
-                    None => break,
                 };
                 last_asked = node;
                 pending.push(node);
@@ -157,6 +157,10 @@ impl Router {
                         if local {
                             reask.failed(node);
                         }
+                    }
+                    Err(Undecoded::NotYet(err)) => {
+                        errors.push(format!("{node}: {err}"));
+                        reask.not_yet(node);
                     }
                     Err(Undecoded::Refused(message)) => {
                         return Err(RouterError::Rejected(format!("{node}: {message}")));
@@ -308,47 +312,72 @@ impl Confirmation {
     }
 }
 
-/// Local replicas that failed to answer a read which holds a catching-up replica's "found".
-/// A node just restarted is often the only confirmation there is (its peers restarted with
-/// it), and the pool refuses to connect to it until its reconnect backoff ends: failing the
-/// read at once would answer 503 for seconds after every node is back. So they are asked
-/// again, after a pause doubling from 50 ms, for `retry_for` at most.
+/// Replicas to ask again. Two kinds:
+///
+/// - Local replicas that failed to answer a read which holds a catching-up replica's "found".
+///   A node just restarted is often the only confirmation there is (its peers restarted with
+///   it), and the pool refuses to connect to it until its reconnect backoff ends: failing the
+///   read at once would answer 503 for seconds after every node is back. They are asked again
+///   for `[router] confirm_retry_for`, and only while an answer is held.
+/// - Replicas that said "not yet" (503 with `Retry-After`: a replica not checked against its
+///   peers since its process started, a busy one). After a whole cluster restarts, every
+///   replica says so until its first replication round is answered: reads would answer 503
+///   although every blob is there. They are asked again for `[router] not_yet_retry_for`,
+///   whether or not an answer is held.
+///
+/// Either way after a pause doubling from 50 ms (to 200 ms), and never past the deadline.
 struct Reask<'a> {
     failed: Vec<&'a str>,
-    until: Instant,
+    not_yet: Vec<&'a str>,
+    failed_until: Instant,
+    not_yet_until: Instant,
     pause: Duration,
 }
 
 impl<'a> Reask<'a> {
-    fn new(retry_for: Duration, deadline: Instant) -> Reask<'a> {
-        let until = Instant::now()
-            .checked_add(retry_for)
-            .map_or(deadline, |at| at.min(deadline));
+    fn new(config: &RouterConfig, deadline: Instant) -> Reask<'a> {
+        let until = |retry_for: Duration| {
+            Instant::now()
+                .checked_add(retry_for)
+                .map_or(deadline, |at| at.min(deadline))
+        };
         Reask {
             failed: Vec::new(),
-            until,
+            not_yet: Vec::new(),
+            failed_until: until(config.confirm_retry_for),
+            not_yet_until: until(config.not_yet_retry_for),
             pause: Duration::from_millis(50),
         }
     }
 
     fn failed(&mut self, node: &'a str) {
-        if !self.failed.contains(&node) {
+        if !self.failed.contains(&node) && !self.not_yet.contains(&node) {
             self.failed.push(node);
         }
     }
 
-    /// After a pause, the replica to ask again; `None` once there is none or no time left.
-    async fn next(&mut self) -> Option<&'a str> {
-        if self.failed.is_empty() {
-            return None;
+    fn not_yet(&mut self, node: &'a str) {
+        self.failed.retain(|n| *n != node);
+        if !self.not_yet.contains(&node) {
+            self.not_yet.push(node);
         }
+    }
+
+    /// After a pause, the replica to ask again (a failed one only while `holding` an answer
+    /// that waits for confirmation); `None` once there is none or no time left.
+    async fn next(&mut self, holding: bool) -> Option<&'a str> {
         let at = Instant::now().checked_add(self.pause)?;
-        if at >= self.until {
+        let list = if !self.not_yet.is_empty() && at < self.not_yet_until {
+            &mut self.not_yet
+        } else if holding && !self.failed.is_empty() && at < self.failed_until {
+            &mut self.failed
+        } else {
             return None;
-        }
+        };
+        let node = list.remove(0);
         tokio::time::sleep_until(at).await;
         self.pause = (self.pause * 2).min(Duration::from_millis(200));
-        Some(self.failed.remove(0))
+        Some(node)
     }
 }
 
@@ -358,6 +387,9 @@ enum Undecoded {
     NotFound,
     /// Not a definite answer (5xx, transport error, headers that do not decode): ask another.
     Failed(String),
+    /// 503 with `Retry-After`: this replica will answer soon (not checked against its peers
+    /// since it started, busy); ask it again (`Reask`).
+    NotYet(String),
     /// The replica refused the request itself (see `refuses_the_request`), with its message.
     Refused(String),
 }
@@ -415,6 +447,12 @@ async fn decode(
         status if refuses_the_request(status) => Err(Undecoded::Refused(
             refusal_message(response, deadline).await,
         )),
+        StatusCode::SERVICE_UNAVAILABLE if response.headers().contains_key(header::RETRY_AFTER) => {
+            Err(Undecoded::NotYet(format!(
+                "status {}, retry later",
+                response.status()
+            )))
+        }
         status => Err(Undecoded::Failed(format!("status {status}"))),
     }
 }
@@ -428,4 +466,60 @@ fn number(response: &Response<Incoming>, name: &str) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(confirm: Duration, not_yet: Duration) -> RouterConfig {
+        RouterConfig {
+            confirm_retry_for: confirm,
+            not_yet_retry_for: not_yet,
+            ..RouterConfig::default()
+        }
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[tokio::test]
+    async fn a_replica_not_yet_checked_is_asked_again_with_nothing_held() {
+        let long = Duration::from_secs(10);
+        let mut reask = Reask::new(&config(long, long), far());
+        reask.failed("s1");
+        assert_eq!(
+            reask.next(false).await,
+            None,
+            "a failure waits only for a held answer"
+        );
+        reask.not_yet("s2");
+        assert_eq!(reask.next(false).await, Some("s2"));
+        assert_eq!(reask.next(true).await, Some("s1"));
+        assert_eq!(reask.next(true).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_said_not_yet_is_not_also_asked_as_failed() {
+        let long = Duration::from_secs(10);
+        let mut reask = Reask::new(&config(long, long), far());
+        reask.failed("s1");
+        reask.not_yet("s1");
+        reask.failed("s1");
+        assert_eq!(reask.next(true).await, Some("s1"));
+        assert_eq!(reask.next(true).await, None);
+    }
+
+    #[tokio::test]
+    async fn asking_again_ends_with_its_window_or_the_deadline() {
+        let long = Duration::from_secs(10);
+        let mut reask = Reask::new(&config(long, Duration::ZERO), far());
+        reask.not_yet("s1");
+        assert_eq!(reask.next(true).await, None, "past not_yet_retry_for");
+        let mut reask = Reask::new(&config(long, long), Instant::now());
+        reask.not_yet("s1");
+        reask.failed("s2");
+        assert_eq!(reask.next(true).await, None, "past the deadline");
+    }
 }

@@ -396,6 +396,20 @@ fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::
     }
 }
 
+/// Links of one peer whose rounds run at once (`Worker::run`).
+const LINKS_AT_ONCE: usize = 4;
+
+/// [`save_cursor`] on a blocking thread: it syncs a file and its directory, which must not
+/// stall the async workers that serve reads and writes.
+async fn save_cursor_off_thread(
+    path: &Path,
+    cursor: Cursor,
+    local_incarnation: u64,
+) -> std::io::Result<()> {
+    let path = path.to_owned();
+    crate::node::blocking(move || save_cursor(&path, cursor, local_incarnation)).await
+}
+
 struct Worker {
     node: Arc<StorageNode>,
     pool: StoragePool,
@@ -406,36 +420,16 @@ impl Worker {
     async fn run(self, mut links: Vec<Link>, mut stop: watch::Receiver<bool>) {
         let mut delay = self.config.interval;
         while !*stop.borrow() {
-            let mut failed = false;
-            for link in &mut links {
-                if self.node.moves.copying(link.partition) {
-                    link.paused = true;
-                    continue;
-                }
-                if link.paused {
-                    link.paused = false;
-                    let (cursor, saved) = load_cursor(&link.cursor_file, link.store.incarnation());
-                    link.cursor = cursor;
-                    link.saved_at = saved.filter(|s| s.here).map(|_| Instant::now());
-                    self.node
-                        .moves
-                        .note_position(link.partition, &link.peer, cursor);
-                }
-                // Before the round: a round against an unreachable peer lasts its timeouts.
-                self.keep_start_fresh(link);
-                let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
-                let outcome = tokio::time::timeout(limit, self.round(link)).await;
-                if let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) {
-                    failed = true;
-                    tracing::debug!(partition = link.partition, peer = %link.peer, %err, "replication round failed");
-                    self.node
-                        .metrics
-                        .replication_errors
-                        .get_or_create(&labels(link))
-                        .inc();
-                }
-            }
-            delay = if failed {
+            // A few partitions at once: after a restart every replica answers reads 503
+            // `ReplicaUnchecked` until its first pull of each peer is answered, and one
+            // partition after the other (each pull behind the last one's cursor fsyncs) took
+            // seconds on a loaded machine (CI's dev_cluster restart test read 503s).
+            let rounds: Vec<_> = links.iter_mut().map(|l| self.link_round(l)).collect();
+            let failures: Vec<bool> = stream::iter(rounds)
+                .buffer_unordered(LINKS_AT_ONCE)
+                .collect()
+                .await;
+            delay = if failures.contains(&true) {
                 (delay * 2).min(self.config.backoff_max)
             } else {
                 self.config.interval
@@ -447,6 +441,37 @@ impl Worker {
         }
     }
 
+    /// One round of one link (skipped while its partition's bootstrap copies); whether it failed.
+    async fn link_round(&self, link: &mut Link) -> bool {
+        if self.node.moves.copying(link.partition) {
+            link.paused = true;
+            return false;
+        }
+        if link.paused {
+            link.paused = false;
+            let (cursor, saved) = load_cursor(&link.cursor_file, link.store.incarnation());
+            link.cursor = cursor;
+            link.saved_at = saved.filter(|s| s.here).map(|_| Instant::now());
+            self.node
+                .moves
+                .note_position(link.partition, &link.peer, cursor);
+        }
+        // Before the round: a round against an unreachable peer lasts its timeouts.
+        self.keep_start_fresh(link).await;
+        let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
+        let outcome = tokio::time::timeout(limit, self.round(link)).await;
+        let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) else {
+            return false;
+        };
+        tracing::debug!(partition = link.partition, peer = %link.peer, %err, "replication round failed");
+        self.node
+            .metrics
+            .replication_errors
+            .get_or_create(&labels(link))
+            .inc();
+        true
+    }
+
     /// Up to `max_pages_per_round` pages of the peer's feed; stops early once caught up.
     async fn round(&self, link: &mut Link) -> Result<()> {
         for _ in 0..self.config.max_pages_per_round {
@@ -454,7 +479,7 @@ impl Worker {
             let page = self.fetch_page(link).await?;
             self.record_lag(link, &page.changes);
             if page.changes.is_empty() {
-                self.keep_fresh(link, &page.next)?;
+                self.keep_fresh(link, &page.next).await?;
                 self.node
                     .horizons
                     .reached_head(link.partition, &link.peer, sent);
@@ -482,7 +507,9 @@ impl Worker {
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
             let local = link.store.incarnation();
-            save_cursor(&link.cursor_file, next, local).map_err(ReplicationError::SaveCursor)?;
+            save_cursor_off_thread(&link.cursor_file, next, local)
+                .await
+                .map_err(ReplicationError::SaveCursor)?;
             link.saved_at = Some(Instant::now());
             // Only once saved: the peer reads our next request's cursor as our position in its
             // feed (its tombstone horizon), which must never be ahead of what a restart of
@@ -505,14 +532,15 @@ impl Worker {
     /// Saves the cursor of a link with nothing new when it moved (into the peer's incarnation,
     /// or past records the feed left out) or its file is older than a quarter of the retention,
     /// so an idle link's file still shows that this replica was here (`check_link`).
-    fn keep_fresh(&self, link: &mut Link, next: &str) -> Result<()> {
+    async fn keep_fresh(&self, link: &mut Link, next: &str) -> Result<()> {
         let next: Cursor = next
             .parse()
             .map_err(|_| ReplicationError::BadCursor(next.to_owned()))?;
         let stale = self.stale(link);
         let moved = next != link.cursor;
         if moved || stale {
-            save_cursor(&link.cursor_file, next, link.store.incarnation())
+            save_cursor_off_thread(&link.cursor_file, next, link.store.incarnation())
+                .await
                 .map_err(ReplicationError::SaveCursor)?;
             link.cursor = next;
             link.saved_at = Some(Instant::now());
@@ -538,7 +566,7 @@ impl Worker {
     /// process's start, and a crash a retention later flagged this replica as away from it for
     /// good (the nemesis with moves found it: reads answered 503 ReplicaUnchecked forever).
     /// A link already suspected or refused is left alone: refreshing it would hide that.
-    fn keep_start_fresh(&self, link: &mut Link) {
+    async fn keep_start_fresh(&self, link: &mut Link) {
         if link.cursor != Cursor::START
             || self.node.horizons.may_serve(link.partition, &link.peer) == Serve::Behind
         {
@@ -547,7 +575,8 @@ impl Worker {
         if !self.stale(link) {
             return;
         }
-        match save_cursor(&link.cursor_file, Cursor::START, link.store.incarnation()) {
+        let incarnation = link.store.incarnation();
+        match save_cursor_off_thread(&link.cursor_file, Cursor::START, incarnation).await {
             Ok(()) => link.saved_at = Some(Instant::now()),
             Err(err) => tracing::warn!(partition = link.partition, peer = %link.peer, %err,
                 "saving a start cursor"),

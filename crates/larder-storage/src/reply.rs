@@ -101,7 +101,10 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::BodyBudgetSpent { .. }
         | Error::Busy(_)
         | Error::Bootstrapping { .. }
-        | Error::Rebuilding { .. } => {
+        | Error::Rebuilding { .. }
+        // Checked once its first replication round is answered: frontends ask again
+        // (`larder-router`'s `Reask`).
+        | Error::Unchecked { .. } => {
             headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
         }
         Error::BadRange(err @ RangeError::Unsatisfiable { size }) => {

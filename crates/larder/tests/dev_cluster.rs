@@ -84,7 +84,13 @@ fn dev_cluster_survives_restart_and_leaves_no_process() {
             tmp.path(),
             &["--http2-prior-knowledge", &url(&format!("/v1/blobs/{id}"))],
         );
-        assert_eq!(r.status, 200, "{id}");
+        let text = String::from_utf8_lossy(&r.body);
+        assert_eq!(
+            r.status,
+            200,
+            "{id}: {}",
+            text.chars().take(500).collect::<String>()
+        );
         assert_eq!(r.body, data.as_bytes());
     }
     // Even a SIGKILLed parent takes its storage nodes with it (parent-death signal).
