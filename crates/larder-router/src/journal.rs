@@ -172,6 +172,20 @@ impl JournalEntry {
         blocking(move || inner.file.lock().write_all(line.as_bytes())).await
     }
 
+    /// [`hold`](Self::hold) for an entry that will list no ID, whose existence is the record
+    /// (a CompleteMultipartUpload's): the file and its name in the directory are synced now.
+    pub async fn hold_durably(&self, name: &str) -> io::Result<()> {
+        let inner = self.inner.clone();
+        let line = format!("{HELD}{}\n", to_hex(name));
+        blocking(move || {
+            let mut file = inner.file.lock();
+            file.write_all(line.as_bytes())?;
+            file.sync_data()?;
+            File::open(&inner.dir)?.sync_all()
+        })
+        .await
+    }
+
     /// Every ID recorded so far: whatever of the upload may exist on storage nodes.
     pub fn ids(&self) -> Vec<BlobId> {
         self.inner.ids.lock().clone()

@@ -7,6 +7,10 @@
 //!   (`larder-router`'s `journal.rs`).
 //! - The name linked: the entry goes. The link refused: the body is tombstoned, then the
 //!   entry goes.
+//! - CompleteMultipartUpload holds an entry with no ID for the completion
+//!   (`complete:<bucket>/<upload>/<token>`), written before the token goes into the upload's
+//!   record; settling it keeps the parts the object links and gives the upload back (or drops
+//!   its other parts) as `multipart::settle_completion` says.
 //! - The link's outcome unknown (sent to the primary, no answer), or the process died with the
 //!   entry still there (found at the next start): settle it. First a fence, a write of the
 //!   name's index record at its primary, after which no earlier write of that record based on
@@ -22,6 +26,7 @@ use larder_router::{JournalEntry, Leftover, Router};
 
 use crate::blobs;
 use crate::error::S3Error;
+use crate::multipart;
 use crate::objects;
 use crate::records::{upload_doc, Upload};
 use crate::service::Larder;
@@ -47,11 +52,21 @@ pub fn crash_point(at: &str) {
 pub enum HeldFor {
     /// The object `key` of `bucket` (PutObject, CopyObject).
     Object { bucket: String, key: String },
-    /// Part `number` of multipart upload `upload` into `bucket` (UploadPart).
+    /// Part `number` of multipart upload `upload` of `key` into `bucket` (UploadPart). `key`
+    /// is `None` in entries written before it was recorded.
     Part {
         bucket: String,
         upload: String,
         number: u32,
+        key: Option<String>,
+    },
+    /// The completion of multipart upload `upload` into `bucket` that wrote `token` into the
+    /// upload's record (CompleteMultipartUpload; the entry lists no ID: the record names the
+    /// parts, `multipart::settle_completion`).
+    Completion {
+        bucket: String,
+        upload: String,
+        token: String,
     },
 }
 
@@ -64,23 +79,46 @@ impl HeldFor {
                 bucket,
                 upload,
                 number,
+                key: Some(key),
+            } => format!("part:{bucket}/{upload}/{number}/{key}"),
+            HeldFor::Part {
+                bucket,
+                upload,
+                number,
+                key: None,
             } => format!("part:{bucket}/{upload}/{number}"),
+            HeldFor::Completion {
+                bucket,
+                upload,
+                token,
+            } => format!("complete:{bucket}/{upload}/{token}"),
         }
     }
 
     fn parse(name: &str) -> Option<HeldFor> {
+        if let Some(rest) = name.strip_prefix("complete:") {
+            let mut parts = rest.splitn(3, '/');
+            let (bucket, upload) = (parts.next()?.to_owned(), parts.next()?.to_owned());
+            let token = parts.next()?.to_owned();
+            return Some(HeldFor::Completion {
+                bucket,
+                upload,
+                token,
+            });
+        }
         if let Some(rest) = name.strip_prefix("object:") {
             let (bucket, key) = rest.split_once('/')?;
             let (bucket, key) = (bucket.to_owned(), key.to_owned());
             return Some(HeldFor::Object { bucket, key });
         }
-        let mut parts = name.strip_prefix("part:")?.splitn(3, '/');
+        let mut parts = name.strip_prefix("part:")?.splitn(4, '/');
         let (bucket, upload) = (parts.next()?.to_owned(), parts.next()?.to_owned());
         let number = parts.next()?.parse().ok()?;
         Some(HeldFor::Part {
             bucket,
             upload,
             number,
+            key: parts.next().map(str::to_owned),
         })
     }
 }
@@ -185,7 +223,16 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
                 bucket,
                 upload,
                 number,
-            } => part_named(s3, (bucket, upload), *number, ids).await,
+                key,
+            } => part_named(s3, (bucket, upload, key.as_deref()), *number, ids).await,
+            // Settled by the upload's record, whose parts it keeps or drops itself.
+            HeldFor::Completion {
+                bucket,
+                upload,
+                token,
+            } => multipart::settle_completion(s3, bucket, upload, token)
+                .await
+                .map(|()| true),
         };
         match named {
             Ok(true) => return,
@@ -229,12 +276,14 @@ async fn object_named(
 }
 
 /// Whether the upload lists one of `ids` as part `number`, after a fence (a write of the
-/// upload's record as it is). An upload that is gone was completed or aborted; a Complete
-/// may be linking its parts right now, so the part is kept (a leak, logged), never
-/// tombstoned under an object.
+/// upload's record as it is). An upload that is gone was completed or aborted, and no
+/// Complete links a part after its upload's record goes (`multipart::complete` removes it only
+/// once its link is settled): the part is kept only if the object's name points at it (after
+/// a fence of the name). An entry of an older build names no key: its part is kept (a leak,
+/// logged), as a Complete of that build could still be linking it.
 async fn part_named(
     s3: &Larder,
-    (bucket, upload): (&str, &str),
+    (bucket, upload, key): (&str, &str, Option<&str>),
     number: u32,
     ids: &[BlobId],
 ) -> Result<bool, S3Error> {
@@ -247,13 +296,16 @@ async fn part_named(
         })
         .await?;
     let Some(record) = found else {
-        tracing::warn!(
-            bucket,
-            upload,
-            number,
-            "a part whose upload is gone is kept"
-        );
-        return Ok(true);
+        let Some(key) = key else {
+            tracing::warn!(
+                bucket,
+                upload,
+                number,
+                "a part whose upload is gone is kept"
+            );
+            return Ok(true);
+        };
+        return object_named(s3, bucket, key, ids).await;
     };
     let part = record.parts.get(&number).map(|p| p.blob.clone());
     Ok(holds(part, ids))
@@ -274,8 +326,23 @@ mod tests {
             bucket: "b".into(),
             upload: "U1".into(),
             number: 7,
+            key: Some("dir/file".into()),
         };
         assert_eq!(HeldFor::parse(&part.name()), Some(part));
+        let older = HeldFor::Part {
+            bucket: "b".into(),
+            upload: "U1".into(),
+            number: 7,
+            key: None,
+        };
+        assert_eq!(HeldFor::parse("part:b/U1/7"), Some(older));
+        let completion = HeldFor::Completion {
+            bucket: "b".into(),
+            upload: "U1".into(),
+            token: "t0".into(),
+        };
+        assert_eq!(HeldFor::parse(&completion.name()), Some(completion));
+        assert_eq!(HeldFor::parse("complete:b/U1"), None);
         assert_eq!(HeldFor::parse("part:b/x"), None);
         assert_eq!(HeldFor::parse("other:b/x"), None);
     }

@@ -179,6 +179,25 @@ pub struct Upload {
     pub meta: BTreeMap<String, String>,
     /// Part number → the part's blob, size and MD5 (hex).
     pub parts: BTreeMap<u32, UploadedPart>,
+    /// A CompleteMultipartUpload under way (`multipart.rs`, `complete`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completing: Option<Completing>,
+}
+
+/// Written into an upload's record before its object is linked, and there until the link is
+/// settled: the record (and so the parts) stays the upload's until the object is known to be
+/// linked, and no Abort, UploadPart or second Complete changes it meanwhile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Completing {
+    /// Names the completing frontend's journal entry, which settles the completion if that
+    /// frontend dies first (`held.rs`).
+    pub token: String,
+    /// The part numbers the object is made of, in order.
+    pub parts: Vec<u32>,
+    /// When the token was written (ms since the epoch): a token much older than any request
+    /// lives was left by a frontend that died (`multipart::STALE_COMPLETION`).
+    pub since_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -669,6 +669,7 @@ impl S3 for Larder {
             bucket: input.bucket.clone(),
             upload: input.upload_id.clone(),
             number,
+            key: Some(input.key.clone()),
         };
         let journal_name = name.name();
         let stored = blobs::store(

@@ -224,3 +224,186 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     assert_eq!(put.status, 200);
     wait_until_settled(&journal);
 }
+
+/// The upload's record as storage holds it (read on a node's internal port): its parts' blob
+/// IDs by number, and whether a completion's token is in it (`None`: no record).
+fn upload_record(cluster: &Cluster, upload: &str) -> Option<(Vec<(u32, String)>, bool)> {
+    let doc = format!("larder-s3:upload:crashes:{upload}");
+    let partition = larder_cluster::partition_for_key(doc.as_bytes(), 4);
+    let path = larder_proto::doc_path(partition, &doc);
+    let (status, body) = (0..cluster.map.nodes.len())
+        .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
+        .find(|(status, _)| *status == 200 || *status == 404 || *status == 410)?;
+    if status != 200 {
+        return None;
+    }
+    let record: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let parts = record["parts"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(n, p)| (n.parse().unwrap(), p["blob"].as_str().unwrap().to_owned()))
+        .collect();
+    Some((parts, record.get("completing").is_some()))
+}
+
+/// Starts an upload of `key` with parts 1 and 2; returns its ID and part 1's ETag.
+fn upload_two_parts(dir: &Path, signer: &Signer, key: &str) -> (String, String) {
+    let created = common::curl(
+        dir,
+        &[
+            "-X",
+            "POST",
+            &signer.url_with("POST", key, &[("uploads", "")]),
+        ],
+    );
+    assert_eq!(created.status, 200);
+    let text = String::from_utf8(created.body).unwrap();
+    let upload = text.split("<UploadId>").nth(1).unwrap();
+    let upload = upload.split("</UploadId>").next().unwrap().to_owned();
+    let mut etag = String::new();
+    for number in ["1", "2"] {
+        let query = [("partNumber", number), ("uploadId", upload.as_str())];
+        let body = format!("part {number} of {key}");
+        let put = common::curl(
+            dir,
+            &[
+                "-X",
+                "PUT",
+                "--data-binary",
+                &body,
+                &signer.url_with("PUT", key, &query),
+            ],
+        );
+        assert_eq!(put.status, 200);
+        if number == "1" {
+            etag = put.header("etag").unwrap().to_owned();
+        }
+    }
+    (upload, etag)
+}
+
+/// CompleteMultipartUpload of part 1 alone; `crash` set: through a frontend that exits there.
+fn complete(dir: &Path, signer: &Signer, (key, upload, etag): (&str, &str, &str)) -> u16 {
+    let xml = format!(
+        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part>\
+         </CompleteMultipartUpload>"
+    );
+    let url = signer.url_with("POST", key, &[("uploadId", upload)]);
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "30",
+        ])
+        .args(["-X", "POST", "--data-binary", &xml, &url])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+}
+
+#[test]
+fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
+    let s3 = common::free_addresses(1)[0];
+    let extra = format!("upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n");
+    let mut cluster = Cluster::start_with(3, 4, &extra);
+    common::wait_for_port(s3);
+    let signer = Signer(common::Presigner::new(&cluster, s3, &["*:owner"]));
+    let dir = cluster.dir.path().to_path_buf();
+    let journal = dir.join("frontend-uploads");
+    let made = common::curl(&dir, &["-X", "PUT", &signer.url("PUT", "")]);
+    assert_eq!(made.status, 200);
+    let crash_at = |cluster: &mut Cluster, at: &str, (key, upload, etag): (&str, &str, &str)| {
+        cluster.restart_frontend_with_env(&[("LARDER_S3_CRASH", at)]);
+        common::wait_for_port(s3);
+        let status = complete(&dir, &signer, (key, upload, etag));
+        assert_ne!(status, 200, "answered although the frontend exited at {at}");
+        let held = entries(&journal);
+        assert_eq!(
+            held.len(),
+            1,
+            "one entry, held for the completion: {held:?}"
+        );
+        assert!(held[0].0 && held[0].1.is_empty(), "{held:?}");
+        let (_, completing) = upload_record(cluster, upload).expect("the record stays");
+        assert!(completing, "the token is in the record");
+        cluster.restart_frontend_with_env(&[]);
+        common::wait_for_port(s3);
+        wait_until_settled(&journal);
+    };
+
+    // Died after the token went into the record, before the link: the upload is given back
+    // whole, and completes on the client's next try.
+    let (upload, etag) = upload_two_parts(&dir, &signer, "given-back");
+    let (parts, _) = upload_record(&cluster, &upload).unwrap();
+    crash_at(
+        &mut cluster,
+        "before-complete-link",
+        ("given-back", &upload, &etag),
+    );
+    assert_eq!(
+        upload_record(&cluster, &upload),
+        Some((parts.clone(), false))
+    );
+    assert_eq!(
+        common::curl(&dir, &[&signer.url("GET", "given-back")]).status,
+        404
+    );
+    assert_eq!(complete(&dir, &signer, ("given-back", &upload, &etag)), 200);
+    let got = common::curl(&dir, &[&signer.url("GET", "given-back")]);
+    assert_eq!(got.body, b"part 1 of given-back");
+    wait_for(
+        || upload_record(&cluster, &upload).is_none(),
+        "the record goes",
+    );
+    wait_for(
+        || replicas_holding(&cluster, &parts[1].1) == 0,
+        "the unused part goes",
+    );
+    assert!(
+        replicas_holding(&cluster, &parts[0].1) >= 2,
+        "the used part stays"
+    );
+
+    // Died after the link, before the record went: the object stays, the upload is finished
+    // (its unused part tombstoned).
+    let (upload, etag) = upload_two_parts(&dir, &signer, "linked");
+    let (parts, _) = upload_record(&cluster, &upload).unwrap();
+    crash_at(
+        &mut cluster,
+        "after-complete-link",
+        ("linked", &upload, &etag),
+    );
+    assert_eq!(
+        upload_record(&cluster, &upload),
+        None,
+        "the upload is finished"
+    );
+    let got = common::curl(&dir, &[&signer.url("GET", "linked")]);
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, b"part 1 of linked");
+    assert_eq!(
+        replicas_holding(&cluster, &parts[1].1),
+        0,
+        "the unused part went"
+    );
+    assert!(
+        replicas_holding(&cluster, &parts[0].1) >= 2,
+        "the used part stays"
+    );
+    // The client's retry of the lost answer is answered with the object.
+    assert_eq!(complete(&dir, &signer, ("linked", &upload, &etag)), 200);
+}
+
+fn wait_for(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
