@@ -103,6 +103,10 @@ pub struct WriteConditions {
     /// `If-Match`: only if an object has the name (else 404 `NoSuchKey`) and, for a tag
     /// rather than `*`, that ETag (else 412).
     pub matching: Option<ETagCondition>,
+    /// Not after this time (ms since the epoch, this process's clock), however often the write
+    /// is tried again: a CompleteMultipartUpload's link, which another frontend may settle
+    /// once it is much older (`multipart::LINK_DEADLINE`).
+    pub not_after_ms: Option<u64>,
 }
 
 impl WriteConditions {
@@ -124,11 +128,20 @@ impl WriteConditions {
         Ok(WriteConditions {
             absent,
             matching: if_match.cloned(),
+            not_after_ms: None,
         })
     }
 
     /// Whether the write may replace `current` (the name's entry now, if any).
     pub fn check(&self, current: Option<&ObjectEntry>) -> Result<(), S3Error> {
+        if self
+            .not_after_ms
+            .is_some_and(|end| crate::service::now_ms() > end)
+        {
+            return Err(S3Error::OperationAborted(
+                "the link of this write took too long and was given up; try again".into(),
+            ));
+        }
         if self.absent && current.is_some() {
             return Err(S3Error::PreconditionFailed);
         }
@@ -265,5 +278,23 @@ mod tests {
             Err(S3Error::PreconditionFailed)
         ));
         assert!(copy.check_copy_source(&entry("f")).is_ok());
+    }
+
+    #[test]
+    fn a_write_with_a_deadline_is_refused_past_it_whatever_else_holds() {
+        let now = crate::service::now_ms();
+        let within = WriteConditions {
+            not_after_ms: Some(now + 60_000),
+            ..Default::default()
+        };
+        assert!(within.check(None).is_ok());
+        let past = WriteConditions {
+            not_after_ms: Some(now - 1),
+            ..Default::default()
+        };
+        assert!(matches!(
+            past.check(None),
+            Err(S3Error::OperationAborted(_))
+        ));
     }
 }

@@ -8,9 +8,10 @@
 //! - The name linked: the entry goes. The link refused: the body is tombstoned, then the
 //!   entry goes.
 //! - CompleteMultipartUpload holds an entry with no ID for the completion
-//!   (`complete:<bucket>/<upload>/<token>`), written before the token goes into the upload's
-//!   record; settling it keeps the parts the object links and gives the upload back (or drops
-//!   its other parts) as `multipart::settle_completion` says.
+//!   (`complete:<bucket>/<upload>/<token>/<key>`, `complete-sent:` once its link may have been
+//!   sent), written before the token goes into the upload's record; settling it keeps the
+//!   parts the object links and gives the upload back or gives its parts up, as
+//!   `multipart::settle_completion` says.
 //! - The link's outcome unknown (sent to the primary, no answer), or the process died with the
 //!   entry still there (found at the next start): settle it. First a fence, a write of the
 //!   name's index record at its primary, after which no earlier write of that record based on
@@ -33,7 +34,8 @@ use crate::service::Larder;
 use crate::store::Change;
 
 /// Crash tests' hook: with `LARDER_S3_CRASH` set to `at` (`before-link`, `after-link` of a
-/// PutObject, `before-add-part` of an UploadPart), the process exits on the spot there,
+/// PutObject, `before-add-part` of an UploadPart, `after-complete-mark`,
+/// `before-complete-link`, `after-complete-link` of a CompleteMultipartUpload), the process exits on the spot there,
 /// running no destructor (as a crash would leave things). Read once; unset, one load.
 pub fn crash_point(at: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -60,13 +62,16 @@ pub enum HeldFor {
         number: u32,
         key: Option<String>,
     },
-    /// The completion of multipart upload `upload` into `bucket` that wrote `token` into the
-    /// upload's record (CompleteMultipartUpload; the entry lists no ID: the record names the
+    /// The completion of multipart upload `upload` of `key` into `bucket` that wrote `token`
+    /// into the upload's record (CompleteMultipartUpload; the entry lists no ID: the record names the
     /// parts, `multipart::settle_completion`).
     Completion {
         bucket: String,
         upload: String,
+        key: String,
         token: String,
+        /// Its link may have been sent (written before it is; a refusal writes `false` again).
+        sent: bool,
     },
 }
 
@@ -90,20 +95,30 @@ impl HeldFor {
             HeldFor::Completion {
                 bucket,
                 upload,
+                key,
                 token,
-            } => format!("complete:{bucket}/{upload}/{token}"),
+                sent,
+            } => {
+                let kind = if *sent { "complete-sent" } else { "complete" };
+                format!("{kind}:{bucket}/{upload}/{token}/{key}")
+            }
         }
     }
 
     fn parse(name: &str) -> Option<HeldFor> {
-        if let Some(rest) = name.strip_prefix("complete:") {
-            let mut parts = rest.splitn(3, '/');
+        let completion = [("complete:", false), ("complete-sent:", true)]
+            .into_iter()
+            .find_map(|(kind, sent)| Some((name.strip_prefix(kind)?, sent)));
+        if let Some((rest, sent)) = completion {
+            let mut parts = rest.splitn(4, '/');
             let (bucket, upload) = (parts.next()?.to_owned(), parts.next()?.to_owned());
-            let token = parts.next()?.to_owned();
+            let (token, key) = (parts.next()?.to_owned(), parts.next()?.to_owned());
             return Some(HeldFor::Completion {
                 bucket,
                 upload,
+                key,
                 token,
+                sent,
             });
         }
         if let Some(rest) = name.strip_prefix("object:") {
@@ -229,10 +244,19 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
             HeldFor::Completion {
                 bucket,
                 upload,
+                key,
                 token,
-            } => multipart::settle_completion(s3, bucket, upload, token)
-                .await
-                .map(|()| true),
+                sent,
+            } => {
+                let completion = multipart::Completion {
+                    bucket,
+                    id: upload,
+                    key,
+                    token,
+                };
+                let settled = multipart::settle_completion(s3, &completion, *sent).await;
+                settled.map(|()| true)
+            }
         };
         match named {
             Ok(true) => return,
@@ -336,13 +360,17 @@ mod tests {
             key: None,
         };
         assert_eq!(HeldFor::parse("part:b/U1/7"), Some(older));
-        let completion = HeldFor::Completion {
-            bucket: "b".into(),
-            upload: "U1".into(),
-            token: "t0".into(),
-        };
-        assert_eq!(HeldFor::parse(&completion.name()), Some(completion));
-        assert_eq!(HeldFor::parse("complete:b/U1"), None);
+        for sent in [false, true] {
+            let completion = HeldFor::Completion {
+                bucket: "b".into(),
+                upload: "U1".into(),
+                key: "dir/file".into(),
+                token: "t0".into(),
+                sent,
+            };
+            assert_eq!(HeldFor::parse(&completion.name()), Some(completion));
+        }
+        assert_eq!(HeldFor::parse("complete:b/U1/t0"), None);
         assert_eq!(HeldFor::parse("part:b/x"), None);
         assert_eq!(HeldFor::parse("other:b/x"), None);
     }

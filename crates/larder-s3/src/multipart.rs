@@ -13,6 +13,8 @@ use s3s::dto::{CompletedPart, ETag};
 use crate::blobs;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
+use futures_util::StreamExt;
+
 use crate::held::{Held, HeldFor};
 use crate::index_batch::ChangeFailed;
 use crate::objects;
@@ -64,18 +66,26 @@ pub async fn create(s3: &Larder, bucket: &str, upload: Upload) -> Result<String,
 }
 
 /// Aborts every upload listed for `bucket`, tombstoning their parts, and removes the list
-/// (DeleteBucket, after the bucket's index is gone).
+/// (DeleteBucket, after the bucket's index is gone). One that fails does not stop the others;
+/// then the list stays, and the first error is returned.
 pub async fn abort_all(s3: &Larder, bucket: &str) -> Result<(), S3Error> {
     let Some(list) = s3.records.read::<UploadList>(&uploads_doc(bucket)).await? else {
         return Ok(());
     };
+    let mut first_error = None;
     for (key, ids) in &list.uploads {
         for id in ids.keys() {
-            match abort_even_completing(s3, bucket, key, id).await {
+            match abort_for_deletion(s3, bucket, key, id).await {
                 Ok(()) | Err(S3Error::NoSuchUpload) => {}
-                Err(err) => return Err(err),
+                Err(err) => {
+                    tracing::warn!(%err, bucket, upload = id, "an upload of a deleted bucket");
+                    first_error.get_or_insert(err);
+                }
             }
         }
+    }
+    if let Some(err) = first_error {
+        return Err(err);
     }
     // Entries whose upload was already finished (a failed unlist) go with the list, so that a
     // bucket made again with this name starts with none.
@@ -86,18 +96,30 @@ pub async fn abort_all(s3: &Larder, bucket: &str) -> Result<(), S3Error> {
         .await
 }
 
-/// Aborts upload `id` of a bucket whose index is gone, settling a completion first: its link
-/// can no longer land (the name's bucket is gone), so the settlement gives the upload back.
-async fn abort_even_completing(
-    s3: &Larder,
-    bucket: &str,
-    key: &str,
-    id: &str,
-) -> Result<(), S3Error> {
-    if let Some(completing) = read(s3, bucket, key, id).await?.completing {
-        settle_completion(s3, bucket, id, &completing.token).await?;
-    }
-    abort(s3, bucket, key, id).await
+/// Aborts upload `id` of a bucket whose index is gone. A completion under way is settled in
+/// the background once its link's deadline has passed (`LINK_DEADLINE`): its link cannot land
+/// in the deleted bucket, and after the deadline none is tried again in a bucket made again
+/// with the name. The settlement then drops the parts.
+async fn abort_for_deletion(s3: &Larder, bucket: &str, key: &str, id: &str) -> Result<(), S3Error> {
+    let Some(completing) = read(s3, bucket, key, id).await?.completing else {
+        return abort(s3, bucket, key, id).await;
+    };
+    let (s3, bucket, key, id) = (s3.clone(), bucket.to_owned(), key.to_owned(), id.to_owned());
+    tokio::spawn(async move {
+        let past = completing.since_ms.saturating_add(LINK_DEADLINE_MS + 1_000);
+        let wait = past.saturating_sub(now_ms()).min(LINK_DEADLINE_MS + 1_000);
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        let completion = Completion {
+            bucket: &bucket,
+            id: &id,
+            key: &key,
+            token: &completing.token,
+        };
+        if let Err(err) = settle_completion(&s3, &completion, true).await {
+            tracing::warn!(%err, bucket, upload = id, "a completion in a deleted bucket stays");
+        }
+    });
+    Ok(())
 }
 
 /// The record of upload `id`, refusing IDs this server cannot have minted.
@@ -194,10 +216,10 @@ fn drop_parts(s3: &Larder, parts: Vec<UploadedPart>) {
 
 pub async fn abort(s3: &Larder, bucket: &str, key: &str, id: &str) -> Result<(), S3Error> {
     if let Some(completing) = read(s3, bucket, key, id).await?.completing {
-        return Err(match is_stale(&completing) {
-            true => settle_stale(s3, bucket, id, &completing).await,
-            false => completion_under_way(),
-        });
+        if !is_stale(&completing) {
+            return Err(completion_under_way());
+        }
+        settle_stale(s3, (bucket, key, id), &completing).await?;
     }
     let upload = take(s3, bucket, key, id).await?;
     drop_parts(s3, upload.parts.into_values().collect());
@@ -274,14 +296,20 @@ pub struct Finishing<'a> {
 /// Completes an upload as its object if `conditions` hold for what the name points at;
 /// returns the object's ETag.
 ///
-/// The upload's record stays until the object is known to be linked. First a journal entry
-/// for the completion (`held.rs`), then a token in the record (`Completing`: from then on no
-/// Abort, UploadPart or other Complete changes it), then the link. Linked: the record goes and
-/// the parts the object does not use are tombstoned. Refused: the token goes, and the upload
-/// is as it was (the client may try again, or abort). No answer, or a crash anywhere: the
-/// entry is settled (`settle_completion`), here in the background or at the next start;
-/// without the entry (no journal, a frontend that never came back), by the next Complete or
-/// Abort once the token is `STALE_COMPLETION` old.
+/// The upload's record stays until the object is known to be linked or never to be:
+///
+/// 1. a journal entry for the completion (`held.rs`), synced;
+/// 2. a token in the record (`Completing`): from then on no Abort, UploadPart or other
+///    Complete changes it;
+/// 3. the entry marked "link sent", synced; then the link, tried only until `LINK_DEADLINE`
+///    after the token (this process's clock);
+/// 4. linked: the parts the object does not use are tombstoned, then the record goes (before
+///    the answer: then ListParts and Abort say NoSuchUpload). Refused: the token goes and the upload is as it was.
+///
+/// No answer, or a crash anywhere: the entry is settled (`settle_completion`), in the
+/// background or at the next start. A token whose entry is gone for good (no journal, a
+/// frontend that never came back) is settled by the next Complete or Abort of the upload once
+/// it is `STALE_COMPLETION_MS` old.
 pub async fn complete(
     s3: &Larder,
     finishing: &Finishing<'_>,
@@ -296,13 +324,14 @@ pub async fn complete(
         other => other?,
     };
     if let Some(completing) = &upload.completing {
-        return match is_stale(completing) {
-            true => Err(settle_stale(s3, bucket, id, completing).await),
-            // Another Complete links it now (or this one's earlier attempt still does).
-            false => already_completed(s3, finishing, chosen)
-                .await
-                .map_err(|_| completion_under_way()),
-        };
+        if is_stale(completing) {
+            settle_stale(s3, (bucket, key, id), completing).await?;
+        }
+        // Linked by the other Complete (this one's first try, its answer lost): answered with
+        // the object. Otherwise the client is asked to try again (a 503 the SDKs retry).
+        return already_completed(s3, finishing, chosen)
+            .await
+            .map_err(|_| S3Error::Unavailable(UNDER_WAY.into()));
     }
     select(&upload, chosen)?;
     if *conditions != WriteConditions::default() {
@@ -313,34 +342,20 @@ pub async fn complete(
     let held_for = HeldFor::Completion {
         bucket: bucket.to_owned(),
         upload: id.to_owned(),
+        key: key.to_owned(),
         token: token.clone(),
+        sent: false,
     };
     let journal = hold_completion(s3, &held_for).await?;
     // In a task of its own from here: a client that hangs up does not leave a token behind.
-    let (s3, conditions) = (s3.clone(), conditions.clone());
-    let (bucket, key, id) = (bucket.to_owned(), key.to_owned(), id.to_owned());
-    let chosen = chosen.to_vec();
+    let (s3, conditions, chosen) = (s3.clone(), conditions.clone(), chosen.to_vec());
     let task = tokio::spawn(async move {
-        let finishing = Finishing {
-            bucket: &bucket,
-            key: &key,
-            id: &id,
+        let step = CompletionStep {
+            s3,
+            held_for,
+            journal,
         };
-        let linked = mark_and_link(&s3, &finishing, &chosen, &token, &conditions).await;
-        let settled = match &linked {
-            Ok(_) => finish(&s3, &finishing, &token).await,
-            Err(failed) if !failed.may_have_applied => revert(&s3, &finishing, &token).await,
-            Err(_) => Err(S3Error::Unavailable("the link got no answer".into())),
-        };
-        match (settled, journal) {
-            (Ok(()), Some(entry)) => Held::new(Some(entry)).linked(),
-            (Ok(()), None) => {}
-            (Err(err), entry) => {
-                tracing::warn!(bucket, upload = id, %err, "a completion is settled later");
-                Held::new(entry).unknown(&s3, held_for);
-            }
-        }
-        linked.map_err(|failed| failed.error)
+        step.run(&chosen, &conditions).await
     });
     task.await
         .map_err(|e| S3Error::Internal(format!("the completion's task ended: {e}")))?
@@ -349,34 +364,44 @@ pub async fn complete(
 /// Length of a completion's token (letters and digits).
 const TOKEN_LEN: usize = 16;
 
-/// A completion token this old has no request of its frontend in flight (every operation
-/// ends within its deadline, seconds): its frontend died and nothing will settle it but the
-/// next Complete or Abort of the upload.
-const STALE_COMPLETION: std::time::Duration = std::time::Duration::from_secs(600);
+/// A Complete tries its link only this long after it wrote its token (checked by its own
+/// clock at every try: `WriteConditions::not_after_ms`). After that no link of it can land,
+/// so a settlement's read of the name is final.
+pub(crate) const LINK_DEADLINE_MS: u64 = 60_000;
+
+/// Another frontend settles a token this old: its link gave up long before, even with clocks
+/// minutes apart.
+const STALE_COMPLETION_MS: u64 = 600_000;
 
 fn is_stale(completing: &Completing) -> bool {
-    let age = now_ms().saturating_sub(completing.since_ms);
-    age > STALE_COMPLETION.as_millis() as u64
+    now_ms().saturating_sub(completing.since_ms) > STALE_COMPLETION_MS
 }
+
+const UNDER_WAY: &str = "a CompleteMultipartUpload of this upload is under way; try again";
 
 fn completion_under_way() -> S3Error {
-    S3Error::OperationAborted("a CompleteMultipartUpload of this upload is under way".into())
+    S3Error::OperationAborted(UNDER_WAY.into())
 }
 
-/// Settles a stale completion (`STALE_COMPLETION`) found by a request, which is then answered
-/// with an error that tells the client to try again.
-async fn settle_stale(s3: &Larder, bucket: &str, id: &str, completing: &Completing) -> S3Error {
+/// Settles a stale completion (`STALE_COMPLETION_MS`) a request found: whether its link was
+/// sent is unknown, so a name not linked gives the parts up.
+async fn settle_stale(
+    s3: &Larder,
+    (bucket, key, id): (&str, &str, &str),
+    completing: &Completing,
+) -> Result<(), S3Error> {
     tracing::warn!(
         bucket,
         upload = id,
         "settling a completion its frontend left"
     );
-    match settle_completion(s3, bucket, id, &completing.token).await {
-        Ok(()) => S3Error::OperationAborted(
-            "an earlier CompleteMultipartUpload of this upload was just settled; try again".into(),
-        ),
-        Err(err) => err,
-    }
+    let completion = Completion {
+        bucket,
+        id,
+        key,
+        token: &completing.token,
+    };
+    settle_completion(s3, &completion, true).await
 }
 
 /// The journal entry of a completion, synced (`None` without a journal).
@@ -384,37 +409,165 @@ async fn hold_completion(s3: &Larder, held_for: &HeldFor) -> Result<Option<Journ
     let Some(entry) = s3.router().begin_journal_entry()? else {
         return Ok(None);
     };
-    let held = entry.hold_durably(&held_for.name()).await;
-    held.map_err(|e| S3Error::Unavailable(format!("cannot write the upload journal: {e}")))?;
+    rehold(&entry, held_for).await?;
     Ok(Some(entry))
 }
 
-/// Writes `token` into the upload's record (with the parts chosen), then links the object.
-async fn mark_and_link(
+/// Writes `held_for` into the entry (the last one written is what a restart settles), synced.
+async fn rehold(entry: &JournalEntry, held_for: &HeldFor) -> Result<(), S3Error> {
+    let held = entry.hold_durably(&held_for.name()).await;
+    held.map_err(|e| S3Error::Unavailable(format!("cannot write the upload journal: {e}")))
+}
+
+/// One completion after its journal entry is written.
+struct CompletionStep {
+    s3: Larder,
+    held_for: HeldFor,
+    journal: Option<JournalEntry>,
+}
+
+impl CompletionStep {
+    fn completion(&self) -> Completion<'_> {
+        let HeldFor::Completion {
+            bucket,
+            upload,
+            key,
+            token,
+            ..
+        } = &self.held_for
+        else {
+            unreachable!("a completion step holds a completion");
+        };
+        Completion {
+            bucket,
+            id: upload,
+            key,
+            token,
+        }
+    }
+
+    fn set_sent(&mut self, value: bool) {
+        if let HeldFor::Completion { sent, .. } = &mut self.held_for {
+            *sent = value;
+        }
+    }
+
+    async fn run(
+        mut self,
+        chosen: &[CompletedPart],
+        conditions: &WriteConditions,
+    ) -> Result<String, S3Error> {
+        let s3 = self.s3.clone();
+        let s3 = &s3;
+        let marked = mark(s3, &self.completion(), chosen).await;
+        let (parts, upload, since_ms) = match marked {
+            Ok(marked) => marked,
+            Err(failed) if failed.may_have_applied => return Err(self.settle_later(failed.error)),
+            Err(failed) => return Err(self.forget(failed.error)),
+        };
+        crate::held::crash_point("after-complete-mark");
+        // From here a settlement that finds the name not linked cannot give the upload back.
+        self.set_sent(true);
+        if let Some(entry) = &self.journal {
+            if let Err(err) = rehold(entry, &self.held_for).await {
+                self.set_sent(false);
+                return Err(self.settle_later(err));
+            }
+        }
+        let etag = multipart_etag(&parts);
+        let chosen_numbers: Vec<u32> = parts.iter().map(|(n, _)| *n).collect();
+        let conditions = WriteConditions {
+            not_after_ms: since_ms.checked_add(LINK_DEADLINE_MS),
+            ..conditions.clone()
+        };
+        crate::held::crash_point("before-complete-link");
+        let completion = self.completion();
+        let entry = object_entry(upload, parts, &etag);
+        let linked = objects::link(s3, completion.bucket, completion.key, entry, &conditions).await;
+        crate::held::crash_point("after-complete-link");
+        match linked {
+            Ok(()) => {
+                // Before the answer: once it is in, ListParts and Abort say NoSuchUpload.
+                self.finish(chosen_numbers).await;
+                Ok(etag)
+            }
+            Err(failed) if failed.may_have_applied => Err(self.settle_later(failed.error)),
+            Err(failed) => {
+                // Refused: no link of this completion can land. Written down before the token
+                // goes, so that a restart in between gives the upload back too.
+                self.set_sent(false);
+                let noted = match &self.journal {
+                    Some(entry) => rehold(entry, &self.held_for).await,
+                    None => Ok(()),
+                };
+                match noted.and(revert(s3, &self.completion()).await) {
+                    Ok(()) => Err(self.forget(failed.error)),
+                    Err(_) => Err(self.settle_later(failed.error)),
+                }
+            }
+        }
+    }
+
+    /// Tombstones the unused parts and removes the record; settled later if that fails (the
+    /// object is linked either way).
+    async fn finish(self, used: Vec<u32>) {
+        match finish(&self.s3, &self.completion(), &used).await {
+            Ok(()) => Held::new(self.journal).linked(),
+            Err(err) => {
+                tracing::warn!(%err, "finishing a completion: settled later");
+                Held::new(self.journal).unknown(&self.s3, self.held_for);
+            }
+        }
+    }
+
+    fn settle_later(self, error: S3Error) -> S3Error {
+        let upload = self.completion().id.to_owned();
+        tracing::warn!(%error, upload, "a completion is settled later");
+        Held::new(self.journal).unknown(&self.s3, self.held_for);
+        error
+    }
+
+    fn forget(self, error: S3Error) -> S3Error {
+        if let Some(entry) = self.journal {
+            Held::new(Some(entry)).linked();
+        }
+        error
+    }
+}
+
+/// The completion of upload `id` (of `key` into `bucket`) that wrote `token`.
+pub struct Completion<'a> {
+    pub bucket: &'a str,
+    pub id: &'a str,
+    pub key: &'a str,
+    pub token: &'a str,
+}
+
+/// Writes the token into the upload's record, with the parts chosen; returns them, the
+/// record, and the token's time.
+async fn mark(
     s3: &Larder,
-    finishing: &Finishing<'_>,
+    completion: &Completion<'_>,
     chosen: &[CompletedPart],
-    token: &str,
-    conditions: &WriteConditions,
-) -> Result<String, ChangeFailed> {
-    let Finishing { bucket, key, id } = *finishing;
+) -> Result<(Vec<(u32, UploadedPart)>, Upload, u64), ChangeFailed> {
     let mut uncertain = false;
+    let since_ms = now_ms();
     let marked = s3
         .records
         .update_noting(
-            &upload_doc(bucket, id),
+            &upload_doc(completion.bucket, completion.id),
             |upload: Option<Upload>| {
                 let mut upload = upload
-                    .filter(|u| u.key == key)
+                    .filter(|u| u.key == completion.key)
                     .ok_or(S3Error::NoSuchUpload)?;
                 if upload.completing.is_some() {
-                    return Err(completion_under_way());
+                    return Err(S3Error::Unavailable(UNDER_WAY.into()));
                 }
                 let parts = select(&upload, chosen)?;
                 upload.completing = Some(Completing {
-                    token: token.to_owned(),
+                    token: completion.token.to_owned(),
                     parts: parts.iter().map(|(n, _)| *n).collect(),
-                    since_ms: now_ms(),
+                    since_ms,
                 });
                 Ok((Change::Put(upload.clone()), (parts, upload)))
             },
@@ -425,18 +578,7 @@ async fn mark_and_link(
         error,
         may_have_applied: uncertain,
     })?;
-    let etag = multipart_etag(&parts);
-    crate::held::crash_point("before-complete-link");
-    objects::link(
-        s3,
-        bucket,
-        key,
-        object_entry(upload, parts, &etag),
-        conditions,
-    )
-    .await?;
-    crate::held::crash_point("after-complete-link");
-    Ok(etag)
+    Ok((parts, upload, since_ms))
 }
 
 /// The object's entry: the chosen parts as its pieces, in order.
@@ -459,42 +601,55 @@ fn object_entry(upload: Upload, parts: Vec<(u32, UploadedPart)>, etag: &str) -> 
     }
 }
 
-/// The object is linked: the record goes (if it still holds `token`), the parts the object
-/// does not use are tombstoned, and the upload leaves the bucket's list.
-async fn finish(s3: &Larder, finishing: &Finishing<'_>, token: &str) -> Result<(), S3Error> {
-    let Finishing { bucket, key, id } = *finishing;
-    let taken = s3
-        .records
-        .update(&upload_doc(bucket, id), |upload: Option<Upload>| {
-            Ok(match upload.filter(|u| holds_token(u, token)) {
-                Some(upload) => (Change::Remove, Some(upload)),
-                None => (Change::Keep, None),
-            })
-        })
-        .await?;
-    let Some(mut upload) = taken else {
-        return Ok(());
-    };
-    let used = upload
-        .completing
-        .take()
-        .map(|c| c.parts)
-        .unwrap_or_default();
-    upload.parts.retain(|n, _| !used.contains(n));
-    for part in upload.parts.into_values() {
-        if let Err(err) = blobs::delete(s3.router(), &part.blob).await {
-            tracing::warn!(%err, blob = part.blob, "a part the object does not use was not tombstoned");
+/// Part tombstones a finish sends at once.
+const TOMBSTONES_AT_ONCE: usize = 8;
+
+/// Ends a completion whose outcome is known: the parts not in `keep` (the object's; none when
+/// the completion is given up) are tombstoned while the token still holds (so no part can be
+/// added meanwhile), then the record goes and the upload leaves the bucket's list. A crash in
+/// between finds the token still there and does it again.
+async fn finish(s3: &Larder, completion: &Completion<'_>, keep: &[u32]) -> Result<(), S3Error> {
+    let doc = upload_doc(completion.bucket, completion.id);
+    match s3.records.read::<Upload>(&doc).await? {
+        Some(upload) if holds_token(&upload, completion.token) => {
+            let doomed = upload
+                .parts
+                .into_iter()
+                .filter(|(n, _)| !keep.contains(n))
+                .map(|(_, part)| {
+                    let router = s3.router().clone();
+                    async move { blobs::delete(&router, &part.blob).await }
+                });
+            let results: Vec<Result<(), S3Error>> = futures_util::stream::iter(doomed)
+                .buffer_unordered(TOMBSTONES_AT_ONCE)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>, S3Error>>()?;
+            let token = completion.token;
+            s3.records
+                .update(&doc, |upload: Option<Upload>| {
+                    Ok(match upload.filter(|u| holds_token(u, token)) {
+                        Some(_) => (Change::Remove, ()),
+                        None => (Change::Keep, ()),
+                    })
+                })
+                .await?;
         }
+        // Another completion's, or none: not this one's to finish.
+        Some(_) => return Ok(()),
+        None => {}
     }
-    unlist(s3, bucket, key, id).await;
+    unlist(s3, completion.bucket, completion.key, completion.id).await;
     Ok(())
 }
 
-/// The object was not linked: the token goes, and the upload is as it was.
-async fn revert(s3: &Larder, finishing: &Finishing<'_>, token: &str) -> Result<(), S3Error> {
+/// The object was not linked and no link of this completion can land: the token goes, and
+/// the upload is as it was.
+async fn revert(s3: &Larder, completion: &Completion<'_>) -> Result<(), S3Error> {
+    let token = completion.token;
     s3.records
         .update(
-            &upload_doc(finishing.bucket, finishing.id),
+            &upload_doc(completion.bucket, completion.id),
             |upload: Option<Upload>| {
                 Ok(match upload.filter(|u| holds_token(u, token)) {
                     Some(mut upload) => {
@@ -512,51 +667,68 @@ fn holds_token(upload: &Upload, token: &str) -> bool {
     upload.completing.as_ref().is_some_and(|c| c.token == token)
 }
 
-/// Settles the completion that wrote `token` into upload `id`'s record, if the record still
-/// holds it. First a fence, a write of the record as it is; then a fence of the object's name
-/// (`objects::touch`: no link based on an earlier state of its index applies after it), and a
-/// read of it. Linked to one of the chosen parts: finish; otherwise: revert.
+/// Settles a completion whose link's outcome is unknown (`sent`: its link may have been sent;
+/// otherwise none was, or it was refused). First a fence, a write of the record as it is
+/// (nothing else changes it while the token holds). If the token is still there, a fence of
+/// the name (`objects::touch`: no link based on an earlier state of its index record applies
+/// after it) and a read of it:
+///
+/// - the name points at one of the chosen parts: finish (the others are tombstoned);
+/// - it does not, and no link was sent: give the upload back (the token goes);
+/// - it does not, and a link may have been sent: give the parts up (all tombstoned, the
+///   record removed). The link may have landed and the name been overwritten or deleted
+///   since, which puts the parts on the index's garbage list: giving them back to the upload
+///   would let a new Complete link blobs about to be tombstoned.
 pub async fn settle_completion(
     s3: &Larder,
-    bucket: &str,
-    id: &str,
-    token: &str,
+    completion: &Completion<'_>,
+    sent: bool,
 ) -> Result<(), S3Error> {
+    let token = completion.token;
     let found = s3
         .records
-        .update(&upload_doc(bucket, id), |upload: Option<Upload>| {
-            Ok(match upload.filter(|u| holds_token(u, token)) {
-                Some(upload) => (Change::Put(upload.clone()), Some(upload)),
-                None => (Change::Keep, None),
-            })
-        })
+        .update(
+            &upload_doc(completion.bucket, completion.id),
+            |upload: Option<Upload>| {
+                Ok(match upload {
+                    Some(u) if holds_token(&u, token) => (Change::Put(u.clone()), Some(Some(u))),
+                    Some(_) => (Change::Keep, None),
+                    None => (Change::Keep, Some(None)),
+                })
+            },
+        )
         .await?;
-    let Some(upload) = found else {
-        return Ok(()); // never marked, or settled already
+    let upload = match found {
+        Some(Some(upload)) => upload,
+        // Finished, given up or aborted: only the list may still name it.
+        Some(None) => return finish(s3, completion, &[]).await,
+        // Never marked, or given back: the upload is someone else's business.
+        None => return Ok(()),
     };
-    let key = upload.key.clone();
-    let chosen: Vec<String> = upload
+    let chosen_numbers = upload
         .completing
+        .clone()
+        .map(|c| c.parts)
+        .unwrap_or_default();
+    let chosen: Vec<&str> = chosen_numbers
         .iter()
-        .flat_map(|c| c.parts.iter())
-        .filter_map(|n| upload.parts.get(n).map(|p| p.blob.clone()))
+        .filter_map(|n| upload.parts.get(n).map(|p| p.blob.as_str()))
         .collect();
-    let linked = match objects::touch(s3, bucket, &key).await {
+    let (bucket, key) = (completion.bucket, completion.key);
+    let linked = match objects::touch(s3, bucket, key).await {
         Err(S3Error::NoSuchBucket) => false,
         Err(err) => return Err(err),
-        Ok(()) => match s3.current(bucket, &key).await {
+        Ok(()) => match s3.current(bucket, key).await {
             Err(S3Error::NoSuchBucket) => false,
-            other => other?.is_some_and(|e| e.body.iter().any(|p| chosen.contains(&p.blob))),
+            other => {
+                other?.is_some_and(|e| e.body.iter().any(|p| chosen.contains(&p.blob.as_str())))
+            }
         },
     };
-    let finishing = Finishing {
-        bucket,
-        key: &key,
-        id,
-    };
-    match linked {
-        true => finish(s3, &finishing, token).await,
-        false => revert(s3, &finishing, token).await,
+    match (linked, sent) {
+        (true, _) => finish(s3, completion, &chosen_numbers).await,
+        (false, false) => revert(s3, completion).await,
+        (false, true) => finish(s3, completion, &[]).await,
     }
 }
 
@@ -626,9 +798,7 @@ mod tests {
             !is_stale(&token(60_000)),
             "a minute: a slow request may still link"
         );
-        assert!(is_stale(&token(
-            STALE_COMPLETION.as_millis() as u64 + 1_000
-        )));
+        assert!(is_stale(&token(STALE_COMPLETION_MS + 1_000)));
         let from_the_future = Completing {
             since_ms: now_ms() + 3_600_000,
             ..token(0)

@@ -225,15 +225,24 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     wait_until_settled(&journal);
 }
 
-/// The upload's record as storage holds it (read on a node's internal port): its parts' blob
-/// IDs by number, and whether a completion's token is in it (`None`: no record).
+/// The upload's record as storage holds it (read on every node's internal port, once all
+/// replicas agree: the last one to get a change may lag a little): its parts' blob IDs by
+/// number, and whether a completion's token is in it (`None`: no record).
 fn upload_record(cluster: &Cluster, upload: &str) -> Option<(Vec<(u32, String)>, bool)> {
     let doc = format!("larder-s3:upload:crashes:{upload}");
     let partition = larder_cluster::partition_for_key(doc.as_bytes(), 4);
     let path = larder_proto::doc_path(partition, &doc);
-    let (status, body) = (0..cluster.map.nodes.len())
-        .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
-        .find(|(status, _)| *status == 200 || *status == 404 || *status == 410)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (status, body) = loop {
+        let answers: Vec<(u16, Vec<u8>)> = (0..cluster.map.nodes.len())
+            .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
+            .collect();
+        if answers.windows(2).all(|w| w[0] == w[1]) {
+            break answers[0].clone();
+        }
+        assert!(Instant::now() < deadline, "replicas disagree for 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
     if status != 200 {
         return None;
     }
@@ -337,18 +346,19 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         wait_until_settled(&journal);
     };
 
-    // Died after the token went into the record, before the link: the upload is given back
-    // whole, and completes on the client's next try.
+    // Died after the token went into the record, before the link was sent: the upload is
+    // given back whole, and completes on the client's next try.
     let (upload, etag) = upload_two_parts(&dir, &signer, "given-back");
     let (parts, _) = upload_record(&cluster, &upload).unwrap();
     crash_at(
         &mut cluster,
-        "before-complete-link",
+        "after-complete-mark",
         ("given-back", &upload, &etag),
     );
-    assert_eq!(
-        upload_record(&cluster, &upload),
-        Some((parts.clone(), false))
+    // Read from one replica: the last one to get the change may lag a little.
+    wait_for(
+        || upload_record(&cluster, &upload) == Some((parts.clone(), false)),
+        "the upload is given back",
     );
     assert_eq!(
         common::curl(&dir, &[&signer.url("GET", "given-back")]).status,
@@ -370,6 +380,32 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         "the used part stays"
     );
 
+    // Died once the link may have been sent, but it was not: the name may have been linked
+    // and replaced since, so the parts are given up rather than given back.
+    let (upload, etag) = upload_two_parts(&dir, &signer, "given-up");
+    let (parts, _) = upload_record(&cluster, &upload).unwrap();
+    crash_at(
+        &mut cluster,
+        "before-complete-link",
+        ("given-up", &upload, &etag),
+    );
+    wait_for(
+        || upload_record(&cluster, &upload).is_none(),
+        "the upload is gone",
+    );
+    assert_eq!(
+        common::curl(&dir, &[&signer.url("GET", "given-up")]).status,
+        404
+    );
+    for (_, blob) in &parts {
+        assert_eq!(
+            replicas_holding(&cluster, blob),
+            0,
+            "no part is left behind"
+        );
+    }
+    assert_ne!(complete(&dir, &signer, ("given-up", &upload, &etag)), 200);
+
     // Died after the link, before the record went: the object stays, the upload is finished
     // (its unused part tombstoned).
     let (upload, etag) = upload_two_parts(&dir, &signer, "linked");
@@ -379,10 +415,9 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         "after-complete-link",
         ("linked", &upload, &etag),
     );
-    assert_eq!(
-        upload_record(&cluster, &upload),
-        None,
-        "the upload is finished"
+    wait_for(
+        || upload_record(&cluster, &upload).is_none(),
+        "the upload is finished",
     );
     let got = common::curl(&dir, &[&signer.url("GET", "linked")]);
     assert_eq!(got.status, 200);
