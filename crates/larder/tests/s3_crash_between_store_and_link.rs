@@ -123,17 +123,24 @@ fn replicas_holding(cluster: &Cluster, id: &str) -> usize {
         .count()
 }
 
-#[test]
-fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
+/// A cluster whose frontend keeps an upload journal, an S3 port (returned), a key that may do
+/// anything and a bucket `crashes`.
+fn start() -> (Cluster, Signer, std::net::SocketAddr) {
     let s3 = common::free_addresses(1)[0];
     let extra = format!("upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n");
-    let mut cluster = Cluster::start_with(3, 4, &extra);
+    let cluster = Cluster::start_with(3, 4, &extra);
     common::wait_for_port(s3);
     let signer = Signer(common::Presigner::new(&cluster, s3, &["*:owner"]));
+    let made = common::curl(cluster.dir.path(), &["-X", "PUT", &signer.url("PUT", "")]);
+    assert_eq!(made.status, 200);
+    (cluster, signer, s3)
+}
+
+#[test]
+fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
+    let (mut cluster, signer, s3) = start();
     let dir = cluster.dir.path().to_path_buf();
     let journal = dir.join("frontend-uploads");
-    let made = common::curl(&dir, &["-X", "PUT", &signer.url("PUT", "")]);
-    assert_eq!(made.status, 200);
 
     // Died after the body was stored, before the name was linked: the body goes.
     let ids = put_through_a_crash(&mut cluster, &signer, &journal, ("lost", "before-link"));
@@ -318,15 +325,9 @@ fn complete(dir: &Path, signer: &Signer, (key, upload, etag): (&str, &str, &str)
 
 #[test]
 fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
-    let s3 = common::free_addresses(1)[0];
-    let extra = format!("upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n");
-    let mut cluster = Cluster::start_with(3, 4, &extra);
-    common::wait_for_port(s3);
-    let signer = Signer(common::Presigner::new(&cluster, s3, &["*:owner"]));
+    let (mut cluster, signer, s3) = start();
     let dir = cluster.dir.path().to_path_buf();
     let journal = dir.join("frontend-uploads");
-    let made = common::curl(&dir, &["-X", "PUT", &signer.url("PUT", "")]);
-    assert_eq!(made.status, 200);
     let crash_at = |cluster: &mut Cluster, at: &str, (key, upload, etag): (&str, &str, &str)| {
         cluster.restart_frontend_with_env(&[("LARDER_S3_CRASH", at)]);
         common::wait_for_port(s3);
