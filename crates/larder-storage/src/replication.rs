@@ -114,7 +114,11 @@ pub async fn start(
     }
     // Cursor files are read, and some written with fsync: off the async workers.
     let planner = node.clone();
-    let planned = tokio::task::spawn_blocking(move || links_by_peer(&planner, &map, &dir)).await;
+    let planned = tokio::task::spawn_blocking(move || {
+        make_spares(&dir);
+        links_by_peer(&planner, &map, &dir)
+    })
+    .await;
     let by_peer = match planned {
         Ok(by_peer) => by_peer,
         Err(err) => {
@@ -378,15 +382,23 @@ fn incarnation_text(incarnation: u64) -> String {
 fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp)?;
     let text = format!(
         "{cursor} {} {} {}\n",
         incarnation_text(local_incarnation),
         now_ms(),
         process_text()
     );
-    file.write_all(text.as_bytes())?;
-    file.sync_data()?;
+    let written = std::fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(text.as_bytes())?;
+        file.sync_data()
+    });
+    match written {
+        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
+            let _ = std::fs::remove_file(&tmp);
+            write_into_spare(&tmp, &text)?;
+        }
+        other => other?,
+    }
     std::fs::rename(&tmp, path)?;
     // The rename must be durable too: a cursor that went back after a power loss would ask
     // the peer for a position before tombstones it may have dropped since (a 409: rebuild).
@@ -394,6 +406,70 @@ fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::
         Some(dir) => std::fs::File::open(dir)?.sync_all(),
         None => Ok(()),
     }
+}
+
+/// Cursor files made ahead of need in the replication directory, each already holding
+/// `SPARE_LEN` bytes on disk. A cursor saved while the disk is full goes into one of them,
+/// overwritten in place (which needs no new space). Above all a new peer's start position
+/// (`note_new_peer`): lost to a full disk and then a crash, it made this replica suspect
+/// itself of being behind that peer for good, answering 503 `ReplicaUnchecked` until rebuilt
+/// by hand (the nemesis, seed 1: a full disk during a replace-node, then a power loss).
+const SPARES: usize = 32;
+const SPARE_LEN: usize = 160;
+const SPARE_EXTENSION: &str = "spare";
+
+/// Tops the replication directory up to `SPARES` spare cursor files (at every start of
+/// replication: process start and map change). A full disk leaves it short: best effort.
+fn make_spares(dir: &Path) {
+    use std::io::Write;
+    if larder_store::create_dir_all_durable(dir).is_err() {
+        return;
+    }
+    let have = std::fs::read_dir(dir).map_or(0, |entries| {
+        let spare =
+            |e: &std::fs::DirEntry| e.path().extension().is_some_and(|x| x == SPARE_EXTENSION);
+        entries.flatten().filter(spare).count()
+    });
+    // Names only need to differ from each other and from spares left by earlier starts.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    for n in have..SPARES {
+        let path = dir.join(format!("{stamp}-{n}.{SPARE_EXTENSION}"));
+        let made = std::fs::File::create(&path).and_then(|mut file| {
+            file.write_all(&[b' '; SPARE_LEN])?;
+            file.sync_data()
+        });
+        if made.is_err() {
+            let _ = std::fs::remove_file(&path);
+            break;
+        }
+    }
+    let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+}
+
+/// Writes `text` (padded with spaces, which `load_cursor` skips) into a spare cursor file
+/// renamed to `tmp`, in place.
+fn write_into_spare(tmp: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let full = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+    let dir = tmp.parent().ok_or_else(full)?;
+    let spare = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == SPARE_EXTENSION))
+        .ok_or_else(full)?;
+    let line = text.trim_end();
+    if line.len() >= SPARE_LEN {
+        return Err(full());
+    }
+    std::fs::rename(&spare, tmp)?;
+    let mut padded = line.as_bytes().to_vec();
+    padded.resize(SPARE_LEN - 1, b' ');
+    padded.push(b'\n');
+    let mut file = std::fs::OpenOptions::new().write(true).open(tmp)?;
+    file.write_all(&padded)?;
+    file.sync_data()
 }
 
 /// Links of one peer whose rounds run at once (`Worker::run`).
@@ -818,6 +894,45 @@ fn labels(link: &Link) -> PeerLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cursor_saved_on_a_full_disk_goes_into_a_spare_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        make_spares(dir.path());
+        let spares = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == SPARE_EXTENSION))
+                .count()
+        };
+        assert_eq!(spares(), SPARES);
+        let path = dir.path().join("p1-s2.cursor");
+        let text = format!(
+            "{} {} {} {}\n",
+            Cursor::START,
+            incarnation_text(7),
+            now_ms(),
+            process_text()
+        );
+        let tmp = path.with_extension("tmp");
+        write_into_spare(&tmp, &text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert_eq!(spares(), SPARES - 1, "one spare used");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            SPARE_LEN as u64,
+            "in place"
+        );
+        let (loaded, saved) = load_cursor(&path, 7);
+        assert_eq!(loaded, Cursor::START);
+        assert!(
+            saved.is_some_and(|s| s.here),
+            "with its time, by this process"
+        );
+        make_spares(dir.path());
+        assert_eq!(spares(), SPARES, "topped up at the next start");
+    }
 
     #[test]
     fn saved_cursors_belong_to_the_local_incarnation() {

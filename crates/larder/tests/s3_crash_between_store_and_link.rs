@@ -329,8 +329,12 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     let dir = cluster.dir.path().to_path_buf();
     let journal = dir.join("frontend-uploads");
     let crash_at = |cluster: &mut Cluster, at: &str, (key, upload, etag): (&str, &str, &str)| {
+        // The parts' own entries go after their answers, in the background: gone first, so
+        // that the one entry left is the completion's.
+        wait_until_settled(&journal);
         cluster.restart_frontend_with_env(&[("LARDER_S3_CRASH", at)]);
         common::wait_for_port(s3);
+        wait_until_settled(&journal);
         let status = complete(&dir, &signer, (key, upload, etag));
         assert_ne!(status, 200, "answered although the frontend exited at {at}");
         let held = entries(&journal);
