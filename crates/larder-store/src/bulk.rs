@@ -168,6 +168,11 @@ impl Engine {
             ),
         };
         check_key(&key)?;
+        // The index keeps the key and the properties for as long as the record lives: copies
+        // of their own. A caller's key is often a view into a larger buffer (an export frame
+        // of 4 MiB, a body chunk of many records) that it would otherwise pin for good: a
+        // bootstrapped replica's memory grew by every byte it copied.
+        let (key, props) = (Bytes::copy_from_slice(&key), Bytes::copy_from_slice(&props));
         let size = data.as_ref().map_or(0, |d| d.len() as u64);
         check_size(size, self.opts.max_record_size)?;
         let info = RecordInfo {

@@ -144,7 +144,9 @@ impl Engine {
         let info = RecordInfo {
             op: Op::PutBlob,
             key: Bytes::copy_from_slice(key),
-            props: meta.props,
+            // The index keeps the properties for as long as the blob lives: a copy of their
+            // own, never a view that would pin the caller's buffer (a request's body chunk).
+            props: Bytes::copy_from_slice(&meta.props),
             time_ms: meta.time_ms,
             expires_ms: meta.expires_ms,
             version: 0,
