@@ -115,8 +115,8 @@ for size in ${SIZES:-1024 65536 4194304}; do
   grow 0
   read -r secs bytes records < <(bootstrap)
   rows+=("| $size | $records | $((bytes / 1000000)) | $(python3 -c "print(f'{$secs:.2f}')") | **$(rate "$bytes" "$secs" 1e6)** | **$(rate "$records" "$secs")** |")
-  [ "$size" = 1024 ] && small_rate=$(rate "$records" "$secs")
-  [ "$size" = 4194304 ] && big_rate=$(rate "$bytes" "$secs" 1e6)
+  if [ "$size" = 1024 ]; then small_rate=$(rate "$records" "$secs"); fi
+  if [ "$size" = 4194304 ]; then big_rate=$(rate "$bytes" "$secs" 1e6); fi
 done
 if [ -n "${COPY_ONLY:-}" ]; then printf '%s\n' "${rows[@]}"; exit 0; fi
 dd_mib=$(( mib > 4 ? mib : 4 ))
