@@ -67,6 +67,7 @@ pub struct StorageMetrics {
     disk_fdatasyncs: Family<DiskSyncLabels, Counter>,
     disk_sync_seconds: Family<DiskLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     disk_syncs_during_writeback: Family<DiskLabels, Counter>,
+    disk_unjournaled_rounds: Family<DiskLabels, Counter>,
     disk_writeback_bytes_during_syncs: Family<DiskLabels, Counter>,
     compaction_bytes_reclaimed: Family<PartitionLabels, Counter>,
     compaction_segments: Family<PartitionLabels, Counter>,
@@ -112,6 +113,7 @@ impl StorageMetrics {
             disk_fdatasyncs: Family::default(),
             disk_sync_seconds: Family::default(),
             disk_syncs_during_writeback: Family::default(),
+            disk_unjournaled_rounds: Family::default(),
             disk_writeback_bytes_during_syncs: Family::default(),
             compaction_bytes_reclaimed: Family::default(),
             compaction_segments: Family::default(),
@@ -257,6 +259,11 @@ impl StorageMetrics {
             m.disk_syncs_during_writeback.clone(),
         );
         registry.register(
+            "disk_unjournaled_rounds",
+            "Commit rounds whose journal append failed (a full disk), made durable by syncing their segments",
+            m.disk_unjournaled_rounds.clone(),
+        );
+        registry.register(
             "disk_compaction_writeback_bytes_during_syncs",
             "Compaction write-back bytes in flight when a commit round sync started, summed",
             m.disk_writeback_bytes_during_syncs.clone(),
@@ -351,6 +358,7 @@ impl StorageMetrics {
                 &self.disk_writeback_bytes_during_syncs,
                 stats.writeback_bytes_during_syncs,
             ),
+            (&self.disk_unjournaled_rounds, stats.unjournaled_rounds),
         ] {
             let counter = family.get_or_create(&labels);
             counter.inc_by(total.saturating_sub(counter.get()));

@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     /// held here, its disk space would not come back until the journal file rotates.
     touched: Mutex<HashMap<usize, Arc<File>>>,
     rounds: AtomicU64,
+    /// Rounds made durable by syncing their segments because the journal append failed.
+    unjournaled_rounds: AtomicU64,
     /// The rounds' syncs as compaction's write-back sees them (`sync_watch.rs`).
     pub(crate) syncs: crate::sync_watch::SyncWatch,
     opts: DiskOptions,
@@ -96,6 +98,7 @@ impl Disk {
             segment_syncs: AtomicU64::new(0),
             touched: Mutex::new(HashMap::new()),
             rounds: AtomicU64::new(0),
+            unjournaled_rounds: AtomicU64::new(0),
             syncs: Default::default(),
             opts,
             #[cfg(test)]
@@ -239,6 +242,7 @@ impl Shared {
             self.syncs.counters();
         DiskStats {
             rounds: self.rounds.load(Ordering::Relaxed),
+            unjournaled_rounds: self.unjournaled_rounds.load(Ordering::Relaxed),
             journal_syncs: self.journal_syncs.load(Ordering::Relaxed),
             segment_syncs: self.segment_syncs.load(Ordering::Relaxed),
             sync_time,
@@ -301,16 +305,43 @@ impl JournalFile {
         Ok(())
     }
 
-    /// Starts the next journal file and deletes this one, once nothing needs it.
+    /// Starts the next journal file and deletes this one, once nothing needs it. When the next
+    /// file cannot be created (a full disk), this one is emptied in place instead, as a clean
+    /// close does: that needs no free space, and nothing in it is needed any more.
     fn rotate(&mut self, shared: &Shared) -> io::Result<()> {
         self.sync_touched(shared)?;
         let next = self.number + 1;
-        let file = Arc::new(new_journal_file(&self.dir, next).map_err(io::Error::other)?);
+        let file = match self.create_next(shared, next) {
+            Ok(file) => Arc::new(file),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the next journal file; emptying this one");
+                let _ = std::fs::remove_file(self.dir.join(journal_name(next)));
+                return self.cut_back_to(FILE_HEADER_LEN);
+            }
+        };
         let old = std::mem::replace(&mut self.file, file);
         drop(old);
         std::fs::remove_file(self.dir.join(journal_name(self.number)))?;
         self.number = next;
         self.len = FILE_HEADER_LEN;
+        Ok(())
+    }
+
+    fn create_next(&self, shared: &Shared, next: u32) -> Result<File> {
+        #[cfg(test)]
+        if shared.fail.journal_create_fails() {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC).into());
+        }
+        let _ = shared;
+        new_journal_file(&self.dir, next)
+    }
+
+    /// Cuts the file back to `len` (the end of its last complete append) and syncs that, so
+    /// that no frame of a failed append is left to be replayed over later records.
+    fn cut_back_to(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        fdatasync(&self.file)?;
+        self.len = len;
         Ok(())
     }
 
@@ -342,6 +373,10 @@ impl JournalFile {
             bufs.push(&frame.bytes);
         }
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        #[cfg(test)]
+        if let Some(e) = shared.fail.partial_write(&self.file, self.len, &bufs) {
+            return Err(e);
+        }
         write_all_vectored_at(&self.file, self.len, &bufs)?;
         self.len += len;
         Ok(())
@@ -365,8 +400,11 @@ struct Written {
     collected: Vec<(Arc<Engine>, Collected)>,
     /// The journal file its frames went to (a rotation may have replaced it since).
     journal: Arc<File>,
-    /// Why the round already failed (a failed write or rotation, or an earlier failure).
+    /// Why the round already failed (a failed rotation, or an earlier failure).
     failed: Option<String>,
+    /// Its frames could not be appended to the journal (a full disk): the sync stage makes it
+    /// durable by syncing its segment files instead, one `fdatasync` per file.
+    unjournaled: bool,
 }
 
 /// The commit thread: rounds while there is work; on stop a clean close of the journal.
@@ -461,18 +499,15 @@ fn write_stage(
                 (engine, c)
             })
             .collect();
-        let failed = match shared.failed() {
-            Some(why) => Some(why),
-            None => write_round(shared, journal, &collected).err().map(|e| {
-                let why = format!("journal write failed: {e}");
-                shared.fail(why.clone());
-                why
-            }),
+        let (failed, unjournaled) = match shared.failed() {
+            Some(why) => (Some(why), false),
+            None => write_round(shared, journal, &collected),
         };
         let written = Written {
             collected,
             journal: journal.file.clone(),
             failed,
+            unjournaled,
         };
         match tx {
             Some(tx) => {
@@ -508,16 +543,41 @@ fn rotate_for(
     }
 }
 
-/// Rotates the journal when it is due, then appends the round's frames.
+/// Rotates the journal when it is due, then appends the round's frames. Returns why the round
+/// failed (the disk then refuses writes), and whether it must be synced without the journal.
+///
+/// A failed append (ENOSPC, EIO on write) fails nothing: the round's bytes are in its segment
+/// files already, so syncing those makes it as durable as the journal would have; the journal
+/// is cut back so no frame of the failed append stays in it. Only a failed sync (the page
+/// cache's state is then unknown) or a journal that cannot be cut back stops the disk.
 fn write_round(
     shared: &Shared,
     journal: &mut JournalFile,
     collected: &[(Arc<Engine>, Collected)],
-) -> io::Result<()> {
+) -> (Option<String>, bool) {
+    let fail = |why: String| {
+        shared.fail(why.clone());
+        (Some(why), false)
+    };
     if journal.len >= shared.opts.journal_file_size {
-        journal.rotate(shared)?;
+        if let Err(e) = journal.rotate(shared) {
+            return fail(format!("journal rotation failed: {e}"));
+        }
     }
-    journal.append(shared, collected)
+    let before = journal.len;
+    let Err(e) = journal.append(shared, collected) else {
+        return (None, false);
+    };
+    match journal.cut_back_to(before) {
+        Ok(()) => {
+            tracing::warn!(error = %e, "journal write failed; syncing the round's segments instead");
+            shared.unjournaled_rounds.fetch_add(1, Ordering::Relaxed);
+            (None, true)
+        }
+        Err(te) => fail(format!(
+            "journal write failed ({e}), and cutting the journal back failed: {te}"
+        )),
+    }
 }
 
 /// What the sync threads share: the written rounds to take, and the synced ones waiting for
@@ -573,7 +633,9 @@ fn sync_round(shared: &Shared, written: &Written) -> io::Result<()> {
     let _syncing = shared.syncs.sync();
     let mut synced: Vec<*const File> = Vec::new();
     for (_, c) in &written.collected {
-        for file in &c.sync {
+        let framed = c.frames.iter().map(|f| &f.file);
+        let unjournaled = framed.filter(|_| written.unjournaled);
+        for file in c.sync.iter().chain(unjournaled) {
             if !synced.contains(&Arc::as_ptr(file)) {
                 shared.sync_segment(file)?;
                 synced.push(Arc::as_ptr(file));
@@ -588,6 +650,9 @@ fn sync_round(shared: &Shared, written: &Written) -> io::Result<()> {
                 return Err(e);
             }
         }
+    }
+    if written.unjournaled {
+        return Ok(());
     }
     shared.journal_syncs.fetch_add(1, Ordering::Relaxed);
     fdatasync(&written.journal)

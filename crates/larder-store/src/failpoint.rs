@@ -12,6 +12,8 @@ pub(crate) struct FailPoints {
     /// The next record write stores only this many bytes, then fails with ENOSPC.
     write_fails_after: Mutex<Option<usize>>,
     truncate_fails: AtomicBool,
+    /// Creating the next journal file fails with ENOSPC (a full disk at rotation).
+    journal_create_fails: AtomicBool,
     /// Every fdatasync waits this long, then fails with EIO (so writers pile up behind it).
     sync_fails_after: Mutex<Option<std::time::Duration>>,
     /// The next fdatasync (only it) waits this long, then fails with EIO.
@@ -85,6 +87,14 @@ impl FailPoints {
             )));
         }
         Ok(())
+    }
+
+    pub fn set_journal_create_fails(&self, fails: bool) {
+        self.journal_create_fails.store(fails, Ordering::SeqCst);
+    }
+
+    pub fn journal_create_fails(&self) -> bool {
+        self.journal_create_fails.load(Ordering::SeqCst)
     }
 
     pub fn truncate_fails(&self) -> bool {

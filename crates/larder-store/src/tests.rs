@@ -752,3 +752,88 @@ fn a_feed_reader_resumes_right_after_compaction_rewrote_its_segment() {
     assert_eq!(got.next, want.next);
     assert!(got.changes.iter().any(|c| c.key[..] == b"c20"[..]));
 }
+
+/// The journal files of the disk at `root`, with their lengths.
+fn journal_files(root: &std::path::Path) -> Vec<(String, u64)> {
+    let mut files: Vec<(String, u64)> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".jnl"))
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, e.metadata().unwrap().len())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_failed_journal_append_is_synced_through_the_segments_and_the_disk_keeps_writing() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    a.put_blob(b"before", meta(), &[data(100, 1)]).unwrap();
+    let journal_before = journal_files(root.path());
+    let stats_before = disk.stats();
+    // The disk fills mid-append: 10 bytes of the frame land, then ENOSPC.
+    disk.shared().fail.fail_next_write_after(10);
+    a.put_blob(b"during", meta(), &[data(100, 2)])
+        .expect("a full journal must not fail a write whose segment bytes are in place");
+    let stats = disk.stats();
+    assert_eq!(stats.unjournaled_rounds, 1, "{stats:?}");
+    assert!(
+        stats.segment_syncs > stats_before.segment_syncs,
+        "the round was acknowledged without syncing its segment: {stats:?}"
+    );
+    assert_eq!(
+        journal_files(root.path()),
+        journal_before,
+        "the failed append's bytes were left in the journal"
+    );
+    // Not stuck: the next round goes through the journal again.
+    a.put_blob(b"after", meta(), &[data(100, 3)]).unwrap();
+    a.delete_blob(b"before", 5).unwrap();
+    assert_eq!(disk.stats().unjournaled_rounds, 1);
+    assert!(journal_files(root.path())[0].1 > journal_before[0].1);
+    drop(a);
+    drop(disk);
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    assert_eq!(read(&a, b"during").unwrap(), data(100, 2));
+    assert_eq!(read(&a, b"after").unwrap(), data(100, 3));
+    assert_eq!(read(&a, b"before"), None);
+    assert_eq!(a.stats().corrupt_records_found, 0);
+}
+
+#[test]
+fn a_journal_that_cannot_rotate_for_want_of_space_is_emptied_in_place() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = DiskOptions {
+        journal_file_size: 4096,
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(root.path(), opts.clone()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    disk.shared().fail.set_journal_create_fails(true);
+    for i in 0..40u8 {
+        a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
+    }
+    let files = journal_files(root.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].1 < 4096 + 2048, "never emptied: {files:?}");
+    assert_eq!(disk.stats().unjournaled_rounds, 0);
+    // Space is back: rotation starts new files again.
+    disk.shared().fail.set_journal_create_fails(false);
+    for i in 40..60u8 {
+        a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
+    }
+    assert_ne!(journal_files(root.path())[0].0, files[0].0);
+    drop(a);
+    drop(disk);
+    let disk = Disk::open(root.path(), opts).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    for i in 0..60u8 {
+        assert_eq!(read(&a, &[b'k', i]).unwrap(), data(1000, i), "record {i}");
+    }
+}

@@ -316,6 +316,9 @@ pub struct DiskStats {
     pub writeback_bytes_during_syncs: u64,
     /// Commit rounds run.
     pub rounds: u64,
+    /// Rounds whose journal append failed (a full disk) and that were made durable by syncing
+    /// their segment files instead.
+    pub unjournaled_rounds: u64,
     /// `fdatasync`s of the journal: one per round that had anything to make durable.
     pub journal_syncs: u64,
     /// `fdatasync`s of segment files: a segment that got a record too large to batch, a sealed
