@@ -68,6 +68,7 @@ pub struct StorageMetrics {
     disk_sync_seconds: Family<DiskLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     disk_syncs_during_writeback: Family<DiskLabels, Counter>,
     disk_unjournaled_rounds: Family<DiskLabels, Counter>,
+    disk_refusing_writes: Family<DiskLabels, Gauge>,
     disk_writeback_bytes_during_syncs: Family<DiskLabels, Counter>,
     compaction_bytes_reclaimed: Family<PartitionLabels, Counter>,
     compaction_segments: Family<PartitionLabels, Counter>,
@@ -114,6 +115,7 @@ impl StorageMetrics {
             disk_sync_seconds: Family::default(),
             disk_syncs_during_writeback: Family::default(),
             disk_unjournaled_rounds: Family::default(),
+            disk_refusing_writes: Family::default(),
             disk_writeback_bytes_during_syncs: Family::default(),
             compaction_bytes_reclaimed: Family::default(),
             compaction_segments: Family::default(),
@@ -259,6 +261,11 @@ impl StorageMetrics {
             m.disk_syncs_during_writeback.clone(),
         );
         registry.register(
+            "disk_refusing_writes",
+            "1 while the disk refuses writes (an fdatasync failed; GET /internal/v1/health says why)",
+            m.disk_refusing_writes.clone(),
+        );
+        registry.register(
             "disk_unjournaled_rounds",
             "Commit rounds whose journal append failed (a full disk), made durable by syncing their segments",
             m.disk_unjournaled_rounds.clone(),
@@ -326,9 +333,12 @@ impl StorageMetrics {
         StorageMetrics { registry, ..m }
     }
 
-    /// Brings the disk's sync counters up to `stats` (the store keeps the totals). The label is
+    /// Brings the disk's sync counters up to its stats (the store keeps the totals), and its
+    /// refusing-writes gauge up to date. The label is
     /// the disk directory's name, which is the disk's name in the cluster map.
-    fn record_disk(&self, root: &std::path::Path, stats: larder_store::DiskStats) {
+    fn record_disk(&self, root: &std::path::Path, disk: &larder_store::Disk) {
+        let stats = disk.stats();
+        let refusing = disk.refusing_writes().is_some();
         let disk = root
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -344,6 +354,9 @@ impl StorageMetrics {
             counter.inc_by(total.saturating_sub(counter.get()));
         }
         let labels = DiskLabels { disk };
+        self.disk_refusing_writes
+            .get_or_create(&labels)
+            .set(i64::from(refusing));
         let seconds = self.disk_sync_seconds.get_or_create(&labels);
         let total = stats.sync_time.as_secs_f64();
         if total > seconds.get() {
@@ -438,7 +451,7 @@ impl StorageMetrics {
             let root = store.disk().root();
             if !disks_seen.iter().any(|seen| seen == root) {
                 disks_seen.push(root.to_path_buf());
-                self.record_disk(root, stats.disk);
+                self.record_disk(root, store.disk());
             }
             self.live_keys
                 .get_or_create(&labels)

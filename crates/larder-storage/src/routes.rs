@@ -173,8 +173,17 @@ fn health(node: &StorageNode) -> Response<Body> {
     reply::json(
         StatusCode::OK,
         &serde_json::json!({"node": node.node_id, "partitions": partitions,
-            "rebuilding": rebuilding(node)}),
+            "disks": disks(node), "rebuilding": rebuilding(node)}),
     )
+}
+
+/// Each disk by its map name, with why it refuses writes (null while it takes them).
+fn disks(node: &StorageNode) -> serde_json::Value {
+    let disks = node.disks().into_iter().map(|(name, disk)| {
+        let value = serde_json::json!({"refusing_writes": disk.refusing_writes()});
+        (name, value)
+    });
+    serde_json::Value::Object(disks.collect())
 }
 
 /// The replicas being rebuilt, with their bulk copy's progress once it started.

@@ -120,6 +120,12 @@ impl Disk {
         &self.handle.shared.root
     }
 
+    /// Why this disk refuses writes, if it does: once an `fdatasync` failed (or the journal
+    /// could not be cut back after a failed write), until the process restarts and recovers.
+    pub fn refusing_writes(&self) -> Option<String> {
+        self.handle.shared.failed()
+    }
+
     /// Counters of this disk: its commit rounds and fdatasyncs.
     pub fn stats(&self) -> DiskStats {
         self.handle.shared.stats()

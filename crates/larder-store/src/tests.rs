@@ -300,6 +300,10 @@ fn a_failed_journal_sync_fails_the_rounds_writers_and_every_store_on_the_disk_re
         data(100, 1),
         "reads keep working"
     );
+    let why = disk
+        .refusing_writes()
+        .expect("the disk says it refuses writes");
+    assert!(why.contains("fdatasync failed"), "{why}");
 }
 
 #[test]
@@ -795,6 +799,7 @@ fn a_failed_journal_append_is_synced_through_the_segments_and_the_disk_keeps_wri
     a.put_blob(b"after", meta(), &[data(100, 3)]).unwrap();
     a.delete_blob(b"before", 5).unwrap();
     assert_eq!(disk.stats().unjournaled_rounds, 1);
+    assert_eq!(disk.refusing_writes(), None);
     assert!(journal_files(root.path())[0].1 > journal_before[0].1);
     drop(a);
     drop(disk);

@@ -27,7 +27,9 @@ const RELAXED: &str = "[store]\ndurability = \"relaxed-no-sync-for-benchmarks\"\
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn runtime() -> tokio::runtime::Runtime {

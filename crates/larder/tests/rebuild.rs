@@ -285,6 +285,11 @@ async fn rebuilding(cluster: &Cluster) -> serde_json::Map<String, serde_json::Va
         .await;
     assert_eq!(status, StatusCode::OK);
     let health: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let disks = health["disks"].as_object().expect("health lists the disks");
+    assert!(
+        !disks.is_empty() && disks.values().all(|d| d["refusing_writes"].is_null()),
+        "{health}"
+    );
     health["rebuilding"]
         .as_object()
         .cloned()
