@@ -26,6 +26,7 @@ pub async fn page(
         after,
         limit,
         replica,
+        fresh,
     } = parse_query(query)?;
     // A bootstrapping replica is no source for others' replication (`DESIGN.md` 6.1).
     if replica.is_some()
@@ -34,7 +35,7 @@ pub async fn page(
         return Err(Error::Bootstrapping { partition });
     }
     if let Some(peer) = replica {
-        note_peer(node, partition, &store, peer, after)?;
+        note_peer(node, partition, &store, (peer, fresh), after)?;
         match node.horizons.may_serve(partition, peer) {
             Serve::Yes => {}
             Serve::NotChecked => return Err(Error::NotCheckedYet { partition }),
@@ -55,15 +56,25 @@ pub async fn page(
 /// A peer replica's pull: refused if it asks from before a tombstone this replica dropped (its
 /// own cursor went back, or it was not a replica when the drop happened: it may hold data that
 /// delete removed, so it must be rebuilt); otherwise its position feeds the horizon.
+///
+/// Except for a `fresh` copy (a new or rebuilt replica still bootstrapping, whose pull of this
+/// feed began at its start, as does every export): the tombstones below `dropped` were dropped
+/// before it was a replica (while a replica's position is unknown, `Horizons::horizon` drops
+/// nothing), after every replica then had them, and with every put they shadowed already gone
+/// from this log (`FORMAT.md`, "Dropping tombstones"). So neither this feed nor a copy of a
+/// replica that had them can hand it a put whose tombstone it missed: its position below
+/// `dropped` is the scan in progress, not a position that went back. Refusing it made every
+/// new replica of a partition whose first page ended below `dropped` rebuild itself forever
+/// (the nemesis, seed 1: a replace-node move that never finished).
 pub(crate) fn note_peer(
     node: &StorageNode,
     partition: u32,
     store: &Store,
-    peer: &str,
+    (peer, fresh): (&str, bool),
     after: Cursor,
 ) -> Result<()> {
     let dropped = store.dropped_through();
-    if after.incarnation == store.incarnation() && after.sequence < dropped {
+    if !fresh && after.incarnation == store.incarnation() && after.sequence < dropped {
         tracing::error!(partition, peer, after = %after, dropped,
             "a peer replica is behind tombstones this replica dropped: it must be rebuilt");
         // Its position is that low now: no tombstone after it is dropped.
@@ -86,12 +97,15 @@ struct Query<'a> {
     /// The node id of the peer replica pulling (replication names itself; other readers
     /// don't).
     replica: Option<&'a str>,
+    /// The pulling replica is a fresh copy still bootstrapping (`fresh=1`; see `note_peer`).
+    fresh: bool,
 }
 
 fn parse_query(query: &str) -> Result<Query<'_>> {
     let mut after = Cursor::START;
     let mut limit = DEFAULT_LIMIT;
     let mut replica = None;
+    let mut fresh = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
@@ -107,6 +121,7 @@ fn parse_query(query: &str) -> Result<Query<'_>> {
                 limit = asked.clamp(1, MAX_LIMIT);
             }
             "replica" => replica = Some(value),
+            "fresh" => fresh = value == "1",
             _ => {}
         }
     }
@@ -114,6 +129,7 @@ fn parse_query(query: &str) -> Result<Query<'_>> {
         after,
         limit,
         replica,
+        fresh,
     })
 }
 

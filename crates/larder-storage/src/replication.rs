@@ -215,6 +215,15 @@ fn refresh_start(cursor_file: &Path, store: &Store) {
     }
 }
 
+/// Whether the local replica of `partition` is a fresh copy still bootstrapping: a new replica
+/// (bootstrapping in the map) or one this node is rebuilding. Its pulls below a peer's dropped
+/// tombstones are its first scan of that feed, not a position that went back
+/// (`changes::note_peer`).
+fn is_fresh_copy(node: &StorageNode, partition: PartitionId) -> bool {
+    node.rebuilds.copying(partition)
+        || node.replica_state(partition) == Some(larder_cluster::ReplicaState::Bootstrapping)
+}
+
 /// A new replica's bulk copy is done: its start positions in the feeds of the peers it did
 /// not copy from are as fresh as the copy (it was new all along, and has never pulled them),
 /// saved now with the time. Otherwise a copy longer than the tombstone retention, followed by
@@ -720,7 +729,10 @@ impl Worker {
             self.config.page_size,
         );
         // Naming ourselves makes our cursor our position in the peer's feed (its horizon).
-        let path = format!("{path}&replica={}", self.node.node_id);
+        let mut path = format!("{path}&replica={}", self.node.node_id);
+        if is_fresh_copy(&self.node, link.partition) {
+            path.push_str("&fresh=1");
+        }
         let response = match self.get(&link.peer, path).await {
             Ok(response) => response,
             Err(err) => {

@@ -286,3 +286,28 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_reb
         }
     }
 }
+
+/// A fresh replica's first scan of a peer's feed passes below the peer's dropped tombstones
+/// page after page: that is not a position that went back. With pages of 2 changes, the first
+/// page of a feed whose tombstones were dropped ends below the drops; the peer refused the next
+/// pull (409), and the replica rebuilt itself, started its scan over, was refused again, and
+/// never caught up (the nemesis, seed 1: a replace-node move that never finished).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_replica_scanning_below_the_drops_page_by_page_catches_up() {
+    let small_pages = format!("{STORAGE}\n[replication]\npage_size = 2\n");
+    let mut cluster = Cluster::start_full(3, 1, "", &small_pages);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let ids = put_blobs(&client, 12).await;
+    let deleted: Vec<String> = ids[..6].to_vec();
+    delete(&client, &deleted).await;
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::GONE).await;
+    compact_until_gone(&cluster, &[0, 1, 2], &deleted).await;
+    // Node 2 loses its disk and comes back empty: its pulls start at the beginning of each
+    // peer's feed, whose drops lie pages ahead.
+    cluster.stop_node(2);
+    std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
+    cluster.restart_node(2);
+    wait_for(&cluster, &[2], &ids[6..], StatusCode::OK).await;
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
+    check_public(&client, &ids, &deleted, StatusCode::NOT_FOUND).await;
+}
