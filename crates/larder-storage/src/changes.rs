@@ -57,15 +57,15 @@ pub async fn page(
 /// own cursor went back, or it was not a replica when the drop happened: it may hold data that
 /// delete removed, so it must be rebuilt); otherwise its position feeds the horizon.
 ///
-/// Except for a `fresh` copy (a new or rebuilt replica still bootstrapping, whose pull of this
-/// feed began at its start, as does every export): the tombstones below `dropped` were dropped
-/// before it was a replica (while a replica's position is unknown, `Horizons::horizon` drops
-/// nothing), after every replica then had them, and with every put they shadowed already gone
-/// from this log (`FORMAT.md`, "Dropping tombstones"). So neither this feed nor a copy of a
-/// replica that had them can hand it a put whose tombstone it missed: its position below
-/// `dropped` is the scan in progress, not a position that went back. Refusing it made every
-/// new replica of a partition whose first page ended below `dropped` rebuild itself forever
-/// (the nemesis, seed 1: a replace-node move that never finished).
+/// Except for a `fresh` copy: a replica its node is rebuilding from an empty store (`fresh=1`),
+/// or any export (a bulk copy into an empty store). Its data is what this feed and its peers'
+/// copies hold now, taken after the drops: a tombstone is dropped only once every replica whose
+/// position this replica knew had it, and only after every put it shadowed is gone from this
+/// log (`FORMAT.md`, "Dropping tombstones"). So nothing it copies or pulls is a put whose
+/// tombstone it missed, and its position below `dropped` is its first scan of this feed, not a
+/// position that went back. Refusing it made a rebuilt replica whose first page ended below
+/// `dropped` rebuild itself again, forever (the nemesis, seed 1: a replace-node move whose new
+/// replica was refused, rebuilt and refused again never finished).
 pub(crate) fn note_peer(
     node: &StorageNode,
     partition: u32,

@@ -215,13 +215,17 @@ fn refresh_start(cursor_file: &Path, store: &Store) {
     }
 }
 
-/// Whether the local replica of `partition` is a fresh copy still bootstrapping: a new replica
-/// (bootstrapping in the map) or one this node is rebuilding. Its pulls below a peer's dropped
+/// Whether the local replica of `partition` is a fresh copy still bootstrapping: one this node
+/// is rebuilding (it wiped the old data itself, `rebuild.rs`). Its pulls below a peer's dropped
 /// tombstones are its first scan of that feed, not a position that went back
 /// (`changes::note_peer`).
+///
+/// Not a replica merely bootstrapping in the map: one whose node was down while it was taken
+/// off the partition and placed there again opens its old directory, which may hold puts whose
+/// tombstones were dropped meanwhile. Such a replica, or a new one whose first page ends below
+/// a peer's drops, is refused (409) and rebuilds itself, and the rebuild's copy is fresh.
 fn is_fresh_copy(node: &StorageNode, partition: PartitionId) -> bool {
     node.rebuilds.copying(partition)
-        || node.replica_state(partition) == Some(larder_cluster::ReplicaState::Bootstrapping)
 }
 
 /// A new replica's bulk copy is done: its start positions in the feeds of the peers it did

@@ -287,7 +287,7 @@ async fn a_replica_that_did_not_pull_holds_drops_back_and_one_behind_them_is_reb
     }
 }
 
-/// A fresh replica's first scan of a peer's feed passes below the peer's dropped tombstones
+/// A rebuilt replica's first scan of a peer's feed passes below the peer's dropped tombstones
 /// page after page: that is not a position that went back. With pages of 2 changes, the first
 /// page of a feed whose tombstones were dropped ends below the drops; the peer refused the next
 /// pull (409), and the replica rebuilt itself, started its scan over, was refused again, and
