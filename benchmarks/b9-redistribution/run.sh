@@ -14,6 +14,7 @@
 # `[redistribution] rate_mb_per_s`) and unthrottled, next to the same load with no bootstrap.
 # Usage: run.sh [--smoke]   (--smoke: 2 MiB per size, 1 s loads, results to a temp file)
 # Knobs: MIB (default 256), DURATION (s per load, default 8), RPS (default 200), OUT,
+# ROUNDS (idle + throttled pairs of part 2, each on a fresh cluster; default 5),
 # SIZES (blob sizes of part 1, default "1024 65536 4194304"), COPY_ONLY=1 (print part 1's rows
 # and stop: no dd, PUT rate, latency or RESULTS.md; e.g. BENCH_PROFILE=dev SIZES=1024 MIB=64).
 set -euo pipefail
@@ -23,7 +24,8 @@ cd "$root"
 source benchmarks/lib.sh
 
 mib=${MIB:-256}; duration=${DURATION:-8}; rps=${RPS:-200}; out=${OUT:-$here/RESULTS.md}
-if [ "${1:-}" = "--smoke" ]; then mib=2; duration=1; rps=20; out=$(mktemp); fi
+rounds=${ROUNDS:-5}
+if [ "${1:-}" = "--smoke" ]; then mib=2; duration=1; rps=20; rounds=1; out=$(mktemp); fi
 
 # The script curls the storage nodes' internal API (map push, replica status): unauthenticated.
 STORAGE_AUTH=$'[auth]\ninsecure_unauthenticated_internal_api = true'
@@ -165,27 +167,44 @@ print(f"{p:.2f} {len(lat)}")
 PY
 }
 settle() { sync; sleep 2; }
-settle
-load idle
-# Read now: the next fresh cluster empties the work directory.
-read -r idle_get n_idle_get < <(p99 "$work/idle.get.log")
-read -r idle_put n_idle_put < <(p99 "$work/idle.put.log")
-latency_rows=()
-for mode in throttled unthrottled; do
-  if [ "$mode" = unthrottled ]; then latency_cluster; fi
-  grow "$([ "$mode" = unthrottled ] && echo 0 || true)"
+# bootstrapping MODE: s4 bootstraps (throttled: the default rate; unthrottled: none) under the
+# load; prints "copy-MB/s GET-p99 GETs PUT-p99 PUTs" for requests started before the copy ended.
+bootstrapping() {
+  grow "$([ "$1" = unthrottled ] && echo 0 || true)"
   settle
+  local began ended bpid secs bytes records g n_g p n_p
   began=$(date +%s.%N)
-  ( bootstrap > "$work/$mode.bootstrap" ) &
+  ( bootstrap > "$work/$1.bootstrap" ) &
   bpid=$!
-  load "$mode"
+  load "$1"
   wait "$bpid"
   ended=$(cat "$work/bootstrap.ended")
-  read -r secs bytes records < "$work/$mode.bootstrap"
-  read -r g n_g < <(p99 "$work/$mode.get.log" "$began" "$ended")
-  read -r p n_p < <(p99 "$work/$mode.put.log" "$began" "$ended")
-  latency_rows+=("| $mode | $(rate "$bytes" "$secs" 1e6) | $g | $n_g | $p | $n_p |")
+  read -r secs bytes records < "$work/$1.bootstrap"
+  read -r g n_g < <(p99 "$work/$1.get.log" "$began" "$ended")
+  read -r p n_p < <(p99 "$work/$1.put.log" "$began" "$ended")
+  echo "$(rate "$bytes" "$secs" 1e6) $g $n_g $p $n_p"
+}
+ratio() { python3 -c "print(f'{float(\"$1\") / float(\"$2\"):.2f}')"; }
+# ROUNDS rounds of idle then throttled, each on a fresh cluster: the two p99s of a round are
+# side by side, and the target is judged on the median of the rounds' ratios (one disk stall
+# on this shared machine can make any single p99).
+round_rows=(); get_ratios=(); put_ratios=()
+for round in $(seq 1 "$rounds"); do
+  [ "$round" = 1 ] || latency_cluster
+  settle
+  load idle
+  # Read now: the next fresh cluster empties the work directory.
+  read -r idle_get n_idle_get < <(p99 "$work/idle.get.log")
+  read -r idle_put n_idle_put < <(p99 "$work/idle.put.log")
+  read -r t_rate t_get t_n_get t_put t_n_put < <(bootstrapping throttled)
+  get_ratios+=("$(ratio "$t_get" "$idle_get")"); put_ratios+=("$(ratio "$t_put" "$idle_put")")
+  round_rows+=("| $round | $idle_get | $t_get | ${get_ratios[-1]}x | $idle_put | $t_put | ${put_ratios[-1]}x | $t_rate |")
 done
+latency_rows=("| throttled | $t_rate | $t_get | $t_n_get | $t_put | $t_n_put |")
+latency_cluster
+read -r u_rate u_get u_n_get u_put u_n_put < <(bootstrapping unthrottled)
+latency_rows+=("| unthrottled | $u_rate | $u_get | $u_n_get | $u_put | $u_n_put |")
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 {
   echo "# B9: bootstrapping a new replica (bulk export), and foreground p99 meanwhile"
@@ -200,7 +219,7 @@ done
   echo
   echo "## Command"
   echo '```'
-  echo "MIB=$mib DURATION=$duration RPS=$rps benchmarks/b9-redistribution/run.sh"
+  echo "MIB=$mib DURATION=$duration RPS=$rps ROUNDS=$rounds benchmarks/b9-redistribution/run.sh"
   echo '```'
   echo
   echo "## 1. Copy rate into the new node, unthrottled"
@@ -224,24 +243,32 @@ done
   echo "| idle | - | $idle_get | $n_idle_get | $idle_put | $n_idle_put |"
   printf '%s\n' "${latency_rows[@]}"
   echo
+  echo "Rounds ($rounds): idle then throttled on a fresh cluster each; the rows above are the last."
+  echo
+  echo "| round | GET p99 idle ms | throttled ms | ratio | PUT p99 idle ms | throttled ms | ratio | copy MB/s |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  printf '%s\n' "${round_rows[@]}"
+  echo
   echo "## Targets (issue 15)"
   echo
   echo "| target | goal | this run | met |"
   echo "| --- | --- | --- | --- |"
   python3 - "${big_rate:-nan}" "$dd_rate" "${small_rate:-nan}" "${store_rate:-nan}" \
-    "$idle_get" "$idle_put" "${latency_rows[0]}" <<'PY'
+    "$(median "${get_ratios[@]}")" "$(median "${put_ratios[@]}")" \
+    "${get_ratios[*]}" "${put_ratios[*]}" <<'PY'
 import sys
-big, dd, small, store, idle_get, idle_put, throttled = sys.argv[1:]
+big, dd, small, store, get_ratio, put_ratio, get_all, put_all = sys.argv[1:]
 dd_mb = float(dd.split()[0]) * {"GB/s": 1000, "MB/s": 1, "kB/s": 0.001}.get(dd.split()[1], float("nan"))
-cells = [c.strip() for c in throttled.strip("|").split("|")]
-get_ratio, put_ratio = float(cells[2]) / float(idle_get), float(cells[4]) / float(idle_put)
+n = len(get_all.split())
 rows = [
     ("4 MiB blobs, unthrottled, vs dd (fdatasync)", ">= 0.8x", float(big) / dd_mb,
      f"{float(big):.1f} MB/s vs {dd_mb:.0f}"),
     ("1 KiB blobs, records/s vs the store's 256-writer rate", ">= 0.5x", float(small) / float(store),
      f"{float(small):,.0f} vs {float(store):,.0f}/s"),
-    ("GET p99, throttled at the default rate, vs idle", "<= 2x", get_ratio, f"{cells[2]} vs {idle_get} ms"),
-    ("PUT p99, throttled at the default rate, vs idle", "<= 2x", put_ratio, f"{cells[4]} vs {idle_put} ms"),
+    ("GET p99, throttled at the default rate, vs idle", "<= 2x", float(get_ratio),
+     f"median of {n} rounds: {get_all}"),
+    ("PUT p99, throttled at the default rate, vs idle", "<= 2x", float(put_ratio),
+     f"median of {n} rounds: {put_all}"),
 ]
 for name, goal, ratio, figures in rows:
     met = ratio >= float(goal.split()[1][:-1]) if goal.startswith(">=") else ratio <= float(goal.split()[1][:-1])
