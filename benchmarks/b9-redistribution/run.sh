@@ -25,7 +25,8 @@ source benchmarks/lib.sh
 
 mib=${MIB:-256}; duration=${DURATION:-8}; rps=${RPS:-200}; out=${OUT:-$here/RESULTS.md}
 rounds=${ROUNDS:-5}
-if [ "${1:-}" = "--smoke" ]; then mib=2; duration=1; rps=20; rounds=1; out=$(mktemp); fi
+smoke=0
+if [ "${1:-}" = "--smoke" ]; then smoke=1; mib=2; duration=1; rps=20; rounds=1; out=$(mktemp); fi
 
 # The script curls the storage nodes' internal API (map push, replica status): unauthenticated.
 STORAGE_AUTH=$'[auth]\ninsecure_unauthenticated_internal_api = true'
@@ -249,6 +250,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) 
   echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   printf '%s\n' "${round_rows[@]}"
   echo
+  if [ "$smoke" = 0 ]; then echo "![B9 plot](b9-redistribution.svg)"; echo; fi
   echo "## Targets (issue 15)"
   echo
   echo "| target | goal | this run | met |"
@@ -275,4 +277,5 @@ for name, goal, ratio, figures in rows:
     print(f"| {name} | {goal} | {ratio:.2f}x ({figures}) | {'yes' if met else '**no**'} |")
 PY
 } > "$out"
+if [ "$smoke" = 0 ]; then python3 "$here/plot.py" "$out" "$here/b9-redistribution.svg"; fi
 cat "$out"
