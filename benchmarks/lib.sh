@@ -93,8 +93,8 @@ start_cluster() {
   for i in $(seq 1 "$nodes"); do wait_port $((base + i - 1)); done
 }
 
-start_node() { # WORK I
-  LARDER_LOG=warn "${LARDER:-target/release/larder}" storage --config "$1/s$2.toml" >>"$1/s$2.log" 2>&1 &
+start_node() { # WORK I   (NODE_LOG: its log filter, default warn)
+  LARDER_LOG=${NODE_LOG:-warn} "${LARDER:-target/release/larder}" storage --config "$1/s$2.toml" >>"$1/s$2.log" 2>&1 &
   echo $! > "$1/s$2.pid"
 }
 

@@ -5,9 +5,9 @@
 # Three storage nodes with one partition (3 replicas: every node holds everything) and a frontend,
 # all on this machine's disk. For each blob size (1 KiB, 64 KiB, 4 MiB) a fresh cluster is filled
 # with MIB MiB of blobs, then a 4th node `s4` is started on a map that places a bootstrapping
-# replica of the partition on it (the map is pushed to s1..s3 through
-# `PUT /internal/v1/map`). Measured: the time from s4's start until its bulk copy is durable
-# (`GET /internal/v1/partitions/0/replica`: `copying` false), as MB/s and records/s into s4, next to
+# replica of the partition on it (pushed through the map authority with `larder cluster push-map`,
+# the cluster's credentials on). Measured: the time from s4's start until its bulk copy is durable
+# (s4's log: "bulk copy done", after the last batch is synced and its cursor saved), as MB/s and records/s into s4, next to
 # `dd conv=fdatasync` of the same bytes on the same disk and the cluster's own 1 KiB PUT rate at
 # 256 concurrent streams, both in the same run. Then, on the 64 KiB data, foreground p99 of 1 KiB
 # GETs and PUTs (h2load at a fixed rate) while s4 bootstraps, throttled (the default
@@ -28,9 +28,8 @@ rounds=${ROUNDS:-5}
 smoke=0
 if [ "${1:-}" = "--smoke" ]; then smoke=1; mib=2; duration=1; rps=20; rounds=1; out=$(mktemp); fi
 
-# The script curls the storage nodes' internal API (map push, replica status): unauthenticated.
-STORAGE_AUTH=$'[auth]\ninsecure_unauthenticated_internal_api = true'
-FRONTEND_AUTH=''
+# The internal API keeps its credentials (the cluster secret, lib.sh's default): the map goes
+# through `larder cluster push-map`, and the end of s4's copy is read from s4's own log.
 STORAGE_EXTRA=$'[redistribution]'
 bench_build
 work=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/bench-b9.XXXX")
@@ -73,39 +72,39 @@ print(f'[[nodes]]\nid = "s4"\ndatacenter = "dc1"\naddress = "127.0.0.1:{sys.argv
 PY
   printf 'node_id = "s4"\ncluster_map = "cluster4.toml"\ndata_dir = "s4"\n%s\n%s\n%s\n' \
     "$STORAGE_EXTRA" "${1:+rate_mb_per_s = $1}" "$STORAGE_AUTH" > "$work/s4.toml"
-  for i in 1 2 3; do
-    local addr; addr=$(awk -v id="s$i" '$0 ~ "^id = \""id"\"" {f=1} f && /^address/ {print $3; exit}' "$work/cluster.toml" | tr -d '"')
-    curl -sS --http2-prior-knowledge -X PUT --data-binary @"$work/cluster4.toml" \
-      "http://$addr/internal/v1/map" > /dev/null
-  done
+  # Through the map authority, with the cluster's credentials, as an operator would.
+  "$LARDER" cluster push-map --config "$work/s1.toml" "$work/cluster4.toml" > "$work/push-map.out" 2>&1 ||
+    { cat "$work/push-map.out" >&2; exit 1; }
 }
 
-replica() { curl -sS --http2-prior-knowledge "http://127.0.0.1:$s4_port/internal/v1/partitions/0/replica" 2>/dev/null || true; }
-
-# bootstrap: starts s4 (fresh data) and waits until its bulk copy is durable; prints
-# "seconds bytes records". The poll is one curl and bash's own matching: the poller must not
-# load the machine whose foreground latency part 2 measures (a curl and a python3 per poll,
-# as before, took a third of a core, and only while a copy ran).
+# bootstrap: starts s4 (fresh data) and waits until its bulk copy is durable (s4 logs "bulk copy
+# done" once the last batch is synced and its cursor saved); prints "seconds bytes records" and
+# writes the end time (the log line's own timestamp) to bootstrap.ended. The poll is one grep of
+# s4's log every 50 ms: the poller must not load the machine whose foreground latency part 2
+# measures (a curl and a python3 per poll, as once, took a third of a core while a copy ran).
 bootstrap() {
   [ -e "$work/s4.pid" ] && { kill "$(cat "$work/s4.pid")" 2>/dev/null || true; wait "$(cat "$work/s4.pid")" 2>/dev/null || true; }
   rm -rf "$work/s4"
+  : > "$work/s4.log"
   local began; began=$(date +%s.%N)
-  start_node "$work" 4
-  wait_port "$s4_port"
-  rm -f "$work/bootstrap.answer"
-  local answer deadline=$(( $(date +%s) + 900 ))
+  NODE_LOG=warn,larder_storage::bootstrap=info start_node "$work" 4
+  local done_line="" deadline=$(( $(date +%s) + 900 ))
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    answer=$(replica)
-    if [[ $answer == *'"copying":false'* && $answer =~ \"records_done\":[1-9] ]]; then
-      date +%s.%N > "$work/bootstrap.ended"
-      echo "$answer" > "$work/bootstrap.answer"
-      break
-    fi
+    done_line=$(grep -m1 "bulk copy done" "$work/s4.log" || true)
+    [ -n "$done_line" ] && break
     sleep 0.05
   done
-  [ -s "$work/bootstrap.answer" ] || { echo "b9: s4's bulk copy did not end in 900 s: $(replica)" >&2; exit 1; }
-  python3 -c 'import sys,json; j=json.loads(sys.argv[1]); print(float(sys.argv[3]) - float(sys.argv[2]), j["bytes_done"], j["records_done"])' \
-    "$(cat "$work/bootstrap.answer")" "$began" "$(cat "$work/bootstrap.ended")"
+  [ -n "$done_line" ] || { echo "b9: s4's bulk copy did not end in 900 s:" >&2; tail -5 "$work/s4.log" >&2; exit 1; }
+  python3 - "$done_line" "$began" "$work/bootstrap.ended" <<'PY'
+import re, sys, datetime
+line, began, ended_file = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+stamp = re.sub(r"\x1b\[[0-9;]*m", "", line).split()[0]
+ended = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+records = re.search(r"records=(\d+)", line).group(1)
+size = re.search(r"bytes=(\d+)", line).group(1)
+open(ended_file, "w").write(f"{ended}\n")
+print(ended - began, size, records)
+PY
 }
 
 rate() { python3 -c "print(f'{float(\"$1\") / max(float(\"$2\"), 1e-9) / ${3:-1}:.1f}')"; }
@@ -213,7 +212,8 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) 
   echo "Three storage nodes, one partition (3 replicas) and a frontend on one machine, durable writes;"
   echo "a 4th node bootstraps the partition from one live peer through \`GET .../export\` (one HTTP/2"
   echo "exchange), appending in batches that each become durable in one commit round before its cursor"
-  echo "is saved. Seconds: from starting s4 until \`GET .../replica\` says the bulk copy is durable."
+  echo "is saved. Seconds: from starting s4 until s4 logs that its bulk copy is durable (\"bulk copy done\")."
+  echo "The map is pushed through the map authority (\`larder cluster push-map\`), with the cluster's credentials."
   echo
   echo "## Machine"
   machine_description "$work"
