@@ -97,7 +97,8 @@ struct Query<'a> {
     /// The node id of the peer replica pulling (replication names itself; other readers
     /// don't).
     replica: Option<&'a str>,
-    /// The pulling replica is a fresh copy still bootstrapping (`fresh=1`; see `note_peer`).
+    /// The pulling replica is one its node is rebuilding from an empty store (`fresh=1`; see
+    /// `note_peer`).
     fresh: bool,
 }
 

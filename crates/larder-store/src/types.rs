@@ -319,10 +319,12 @@ pub struct DiskStats {
     /// Rounds whose journal append failed (a full disk) and that were made durable by syncing
     /// their segment files instead.
     pub unjournaled_rounds: u64,
-    /// `fdatasync`s of the journal: one per round that had anything to make durable.
+    /// `fdatasync`s of the journal: one per round that had anything to make durable (but an
+    /// unjournaled one).
     pub journal_syncs: u64,
     /// `fdatasync`s of segment files: a segment that got a record too large to batch, a sealed
-    /// segment, and every segment a journal file covers before that file is deleted.
+    /// segment, every segment a journal file covers before that file is deleted, and every
+    /// segment an unjournaled round wrote to.
     pub segment_syncs: u64,
 }
 

@@ -141,6 +141,22 @@ async fn check_public(client: &H2Client, ids: &[String], deleted: &[String], gon
     }
 }
 
+/// Node 2 loses its disk and comes back empty: it gets the survivors back from its peers (the
+/// `ids` after the first `deleted.len()`, which are `deleted`), and no deleted blob.
+async fn node_2_comes_back_empty(
+    cluster: &mut Cluster,
+    client: &H2Client,
+    ids: &[String],
+    deleted: &[String],
+) {
+    cluster.stop_node(2);
+    std::fs::remove_dir_all(data_dir(cluster, 2)).unwrap();
+    cluster.restart_node(2);
+    wait_for(cluster, &[2], &ids[deleted.len()..], StatusCode::OK).await;
+    wait_for(cluster, &[0, 1, 2], deleted, StatusCode::NOT_FOUND).await;
+    check_public(client, ids, deleted, StatusCode::NOT_FOUND).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tombstones_go_once_every_replica_has_them_and_deleted_blobs_stay_gone() {
     let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
@@ -167,12 +183,7 @@ async fn tombstones_go_once_every_replica_has_them_and_deleted_blobs_stay_gone()
     wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
     // A replica rebuilt from scratch pulls its peers' feeds from the beginning: the survivors
     // come back to it, the deleted blobs do not.
-    cluster.stop_node(2);
-    std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
-    cluster.restart_node(2);
-    wait_for(&cluster, &[2], &ids[6..], StatusCode::OK).await;
-    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
-    check_public(&client, &ids, &deleted, StatusCode::NOT_FOUND).await;
+    node_2_comes_back_empty(&mut cluster, &client, &ids, &deleted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,12 +313,6 @@ async fn a_fresh_replica_scanning_below_the_drops_page_by_page_catches_up() {
     delete(&client, &deleted).await;
     wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::GONE).await;
     compact_until_gone(&cluster, &[0, 1, 2], &deleted).await;
-    // Node 2 loses its disk and comes back empty: its pulls start at the beginning of each
-    // peer's feed, whose drops lie pages ahead.
-    cluster.stop_node(2);
-    std::fs::remove_dir_all(data_dir(&cluster, 2)).unwrap();
-    cluster.restart_node(2);
-    wait_for(&cluster, &[2], &ids[6..], StatusCode::OK).await;
-    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::NOT_FOUND).await;
-    check_public(&client, &ids, &deleted, StatusCode::NOT_FOUND).await;
+    // Its pulls start at the beginning of each peer's feed, whose drops lie pages ahead.
+    node_2_comes_back_empty(&mut cluster, &client, &ids, &deleted).await;
 }
