@@ -34,7 +34,8 @@ use tokio::time::Instant;
 
 use crate::blobs;
 use crate::error::S3Error;
-use crate::list::{self, After, Page};
+use crate::list::{self, Page};
+use crate::pager::{Pager, Resume, Step};
 use crate::records::{
     bucket_doc, leaf_doc, BucketIndex, Garbage, Leaf, ObjectEntry, Record, Seal, Split,
     FORMAT_SPLIT,
@@ -376,56 +377,29 @@ impl IndexTree {
     }
 
     /// One page of a listing, walking the leaves in key order from where it starts. With
-    /// `hop_limit`, a page ends after that many leaves without reaching `max_keys` (a run of
-    /// empty leaves), truncated, and the next page resumes there.
+    /// `limit`, a page ends after that many leaves past its first without reaching
+    /// `max_keys` (a run of empty leaves), truncated, and says where the next page resumes as
+    /// the listing's kind can (`pager.rs`).
     pub async fn page(
         &self,
         records: &Records,
         bucket: &str,
         query: &list::Query<'_>,
-        hop_limit: Option<usize>,
+        limit: Option<(usize, Resume)>,
     ) -> Result<Page, S3Error> {
         let start = query.start_key();
         let mut node = self.locate(records, bucket, &start).await?;
-        let mut after = query.after.cloned();
-        let mut out = Page::default();
-        let mut hops = 0;
+        let mut pager = Pager::new(query, limit, MAX_LEAVES);
         loop {
-            let remaining = query.max_keys - out.len();
-            let sub = list::page(&node.objects, query, after.as_ref(), remaining);
-            if let Some(last) = sub.last() {
-                after = Some(last);
-            }
-            let cut = sub.cut;
-            let next = sub.next.clone();
-            out.append(sub);
-            if cut {
-                out.cut = true;
-                out.next = next.or_else(|| out.last());
-                return Ok(out);
-            }
-            let Some(high) = node.high.take() else {
-                return Ok(out);
-            };
-            if !high.starts_with(query.prefix) && high.as_str() > query.prefix {
-                return Ok(out);
-            }
-            hops += 1;
-            if hops > MAX_LEAVES {
-                return Err(too_many_leaves(bucket));
-            }
-            if hop_limit.is_some_and(|limit| hops > limit) {
-                out.cut = true;
-                // Inside a common prefix already listed: resume after all of it.
-                out.next = Some(match after {
-                    Some(After::Prefix(p)) if high.starts_with(p.as_str()) => After::Prefix(p),
-                    _ => After::At(high),
-                });
-                return Ok(out);
+            match pager.visit(&node.objects, &node.low, node.high.as_deref()) {
+                Step::Done(page) => return Ok(page),
+                Step::TooManyLeaves => return Err(too_many_leaves(bucket)),
+                Step::Next => {}
             }
             let right = node.right.take().ok_or_else(|| {
                 S3Error::Corrupt(format!(
-                    "bucket {bucket}: a leaf ends at {high:?} with none after"
+                    "bucket {bucket}: a leaf ends at {:?} with none after",
+                    node.high
                 ))
             })?;
             let leaf = read_leaf(records, bucket, &right).await?;

@@ -22,6 +22,7 @@ mod list;
 mod metrics;
 mod multipart;
 mod objects;
+mod pager;
 mod presign;
 mod records;
 mod server;

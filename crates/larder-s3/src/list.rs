@@ -14,8 +14,8 @@ use crate::records::ObjectEntry;
 /// S3's largest page (and its default).
 pub const MAX_KEYS: usize = 1000;
 
-/// Index leaves a ListObjectsV2 page reads past its first before it ends early, truncated
-/// (a run of leaves emptied by deletes costs one record read each; leaves never merge).
+/// Index leaves a listing page reads past its first before it ends early, truncated (a run of
+/// leaves emptied by deletes costs one record read each; leaves never merge). `pager.rs`.
 pub const MAX_LEAVES_PER_PAGE: usize = 64;
 
 /// Longest continuation token accepted: a 1 KiB key, its kind byte and the version, in base64.
@@ -31,7 +31,7 @@ pub enum After {
 }
 
 impl After {
-    fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         match self {
             After::Key(k) | After::Prefix(k) | After::At(k) => k,
         }
@@ -49,12 +49,59 @@ pub struct Query<'a> {
 }
 
 impl Query<'_> {
-    /// The first name the listing may return.
+    /// Where the listing's first leaf is: at its first name, or past every name under a
+    /// common prefix it resumes after (a prefix over many leaves is not walked again).
     pub fn start_key(&self) -> String {
         match self.after {
+            Some(After::Prefix(p)) if p.as_str() >= self.prefix => {
+                past_prefix(p).unwrap_or_else(|| p.clone())
+            }
             Some(after) if after.name() >= self.prefix => after.name().to_owned(),
             _ => self.prefix.to_owned(),
         }
+    }
+}
+
+/// The first string after every string that starts with `p` (its last character that can be
+/// incremented, incremented; code point order is UTF-8's byte order); `None` if there is none.
+fn past_prefix(p: &str) -> Option<String> {
+    let mut chars: Vec<char> = p.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match u32::from(last) {
+            0xD7FF => Some('\u{E000}'), // no chars in the surrogate range
+            c => c.checked_add(1).and_then(char::from_u32),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+/// The delimiter, if `name` reads as one of the query's common prefixes: the prefix, then
+/// anything without the delimiter, then the delimiter. A key can never read so (it would be
+/// folded into that very prefix), but a key equal to the query's prefix can end with the
+/// delimiter and is not one.
+pub fn common_prefix_marker<'q>(name: &str, query: &Query<'q>) -> Option<&'q str> {
+    let d = query.delimiter.filter(|d| !d.is_empty())?;
+    let rest = name.strip_prefix(query.prefix)?;
+    let last = rest.len().checked_sub(d.len())?;
+    (!rest.is_empty() && rest.find(d) == Some(last)).then_some(d)
+}
+
+/// How a ListObjects v1 marker (or a ListObjectVersions key marker) is read: after every
+/// name under it if it reads as a common prefix of the query, after the name otherwise.
+pub fn marker(m: &str, prefix: &str, delimiter: Option<&str>) -> After {
+    let query = Query {
+        prefix,
+        delimiter,
+        after: None,
+        max_keys: 0,
+    };
+    match common_prefix_marker(m, &query) {
+        Some(_) => After::Prefix(m.to_owned()),
+        None => After::Key(m.to_owned()),
     }
 }
 

@@ -20,6 +20,7 @@ use crate::index_tree::IndexTree;
 use crate::list::{self, After};
 use crate::multipart;
 use crate::objects;
+use crate::pager::Resume;
 use crate::records::{
     bucket_doc, uploads_doc, BucketIndex, Catalog, ObjectEntry, Piece, UploadList, UploadedPart,
     CATALOG_DOC, FORMAT,
@@ -136,8 +137,8 @@ impl Larder {
     }
 
     /// A page of a listing that resumes from a marker (ListObjects v1, ListObjectVersions).
-    /// A marker that is a common prefix resumes after every name under it. A marker is a
-    /// name, not a place, so these listings walk runs of empty leaves to the end.
+    /// A marker that reads as a common prefix resumes after every name under it; a page that
+    /// ends early on a run of empty leaves names where to go on (`pager.rs`).
     async fn marker_page(
         &self,
         bucket: &str,
@@ -145,17 +146,15 @@ impl Larder {
         marker: Option<&str>,
         max_keys: usize,
     ) -> Result<list::Page, S3Error> {
-        let after = marker.map(|m| match delimiter {
-            Some(d) if !d.is_empty() && m.ends_with(d) => After::Prefix(m.to_owned()),
-            _ => After::Key(m.to_owned()),
-        });
+        let after = marker.map(|m| list::marker(m, prefix, delimiter));
         let query = list::Query {
             prefix,
             delimiter,
             after: after.as_ref(),
             max_keys,
         };
-        self.tree.page(&self.records, bucket, &query, None).await
+        let limit = Some((list::MAX_LEAVES_PER_PAGE, Resume::Name));
+        self.tree.page(&self.records, bucket, &query, limit).await
     }
 
     /// Removes an unsplit bucket's root if it holds no names; `false` if it split meanwhile.
@@ -602,10 +601,10 @@ impl S3 for Larder {
             max_keys,
         };
         // A run of empty leaves ends a page early: v2's token says where to go on.
-        let hops = Some(list::MAX_LEAVES_PER_PAGE);
+        let limit = Some((list::MAX_LEAVES_PER_PAGE, Resume::Token));
         let page = self
             .tree
-            .page(&self.records, &input.bucket, &query, hops)
+            .page(&self.records, &input.bucket, &query, limit)
             .await?;
         let url = url_encoded(input.encoding_type.as_ref());
         let contents = contents(&page, url, input.fetch_owner == Some(true));
@@ -895,9 +894,7 @@ impl S3 for Larder {
             .marker_page(&input.bucket, (&prefix, delimiter), marker, max_keys)
             .await?;
         let url = url_encoded(input.encoding_type.as_ref());
-        let next_marker = page.next.as_ref().map(|n| match n {
-            After::Key(k) | After::Prefix(k) | After::At(k) => encode(url, k.clone()),
-        });
+        let next_marker = page.next.as_ref().map(|n| encode(url, n.name().to_owned()));
         let output = ListObjectsOutput {
             name: Some(input.bucket),
             // Version 1 answers the prefix as given, even with encoding-type=url (as S3 does;
@@ -948,9 +945,7 @@ impl S3 for Larder {
                 ..Default::default()
             })
             .collect();
-        let next_key_marker = page.next.as_ref().map(|n| match n {
-            After::Key(k) | After::Prefix(k) | After::At(k) => encode(url, k.clone()),
-        });
+        let next_key_marker = page.next.as_ref().map(|n| encode(url, n.name().to_owned()));
         let output = ListObjectVersionsOutput {
             name: Some(input.bucket),
             prefix: Some(encode(url, prefix)),
