@@ -47,7 +47,7 @@ bench_workdir b6
 cargo build -q --profile "$profile" -p larder --features count-alloc --manifest-path "$root/Cargo.toml"
 cp "$target/$profile_dir/larder" "$work/larder-count-alloc"
 # (this also puts the ordinary larder binary back in place: both builds stay fresh side by side)
-cargo build -q --profile "$profile" -p larder --bin larder --example conn_hold --manifest-path "$root/Cargo.toml"
+bench_cargo -p larder --bin larder --example conn_hold
 conn_hold="$target/$profile_dir/examples/conn_hold"
 LARDER="$work/larder-count-alloc"
 export LARDER

@@ -125,7 +125,7 @@ dd_mib=$(( mib > 4 ? mib : 4 ))
 dd_rate=$(dd if=/dev/zero of="$work/dd.bin" bs=4M count=$((dd_mib / 4)) conv=fdatasync 2>&1 | awk -F', ' '/copied/ {print $NF}')
 rm -f "$work/dd.bin"
 # The store's own rate for 1 KiB records, 256 writers on one store (benchmarks/store's tool).
-cargo build -q --profile "$(bench_profile)" -p larder-store --example store_bench
+bench_cargo -p larder-store --example store_bench
 store_bench="${CARGO_TARGET_DIR:-$root/target}/$([ "$(bench_profile)" = dev ] && echo debug || echo release)/examples/store_bench"
 mkdir -p "$work/store"
 store_rate=$(LARDER_BENCH_SIZES=1024 LARDER_BENCH_WRITERS=256 LARDER_BENCH_RECOVERY_RECORDS=1000 \

@@ -42,7 +42,7 @@ target=${CARGO_TARGET_DIR:-$root/target}
 
 bench_build
 current_larder=$LARDER
-cargo build -q --profile "$(bench_profile)" -p larder --example hello_h2 --manifest-path "$root/Cargo.toml"
+bench_cargo -p larder --example hello_h2
 hello="$target/$([ "$(bench_profile)" = dev ] && echo debug || echo release)/examples/hello_h2"
 
 # The baseline: BASELINE's tree exported under target/, built in its own target dir (its

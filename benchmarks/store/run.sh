@@ -16,7 +16,7 @@ DATA_DIR="${1:-$PWD/target/store-bench-data}"
 SECONDS_PER_CELL="${2:-3}"
 REPS="${3:-3}"
 profile=$(bench_profile)
-cargo build -q --profile "$profile" -p larder-store --example store_bench
+bench_cargo -p larder-store --example store_bench
 bench=target/$( [ "$profile" = dev ] && echo debug || echo release )/examples/store_bench
 mkdir -p "$DATA_DIR"
 trap 'rm -rf "$DATA_DIR"' EXIT
