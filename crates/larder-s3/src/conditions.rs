@@ -247,6 +247,7 @@ mod tests {
             content_type: None,
             meta: Default::default(),
             checksum: None,
+            headers: Default::default(),
         }
     }
 

@@ -23,6 +23,9 @@ pub enum S3Error {
     InvalidBucketName(String),
     #[error("your key is too long")]
     KeyTooLong,
+    /// User metadata past S3's 2 KiB (`object_headers.rs`).
+    #[error("{0}")]
+    MetadataTooLarge(String),
     #[error("the specified multipart upload does not exist")]
     NoSuchUpload,
     #[error(
@@ -122,6 +125,7 @@ impl From<S3Error> for Reply {
             S3Error::InvalidArgument(_) => Code::InvalidArgument,
             S3Error::InvalidBucketName(_) => Code::InvalidBucketName,
             S3Error::KeyTooLong => Code::KeyTooLongError,
+            S3Error::MetadataTooLarge(_) => Code::MetadataTooLarge,
             S3Error::NoSuchUpload => Code::NoSuchUpload,
             S3Error::InvalidPart => Code::InvalidPart,
             S3Error::InvalidPartOrder => Code::InvalidPartOrder,

@@ -54,7 +54,7 @@ pub enum IndexChange {
     /// Point `key` at `entry` if `conditions` hold for what it points at now.
     Link {
         key: String,
-        entry: ObjectEntry,
+        entry: Box<ObjectEntry>,
         conditions: WriteConditions,
     },
     /// Remove `keys` (absent ones: nothing to do).
@@ -313,7 +313,7 @@ fn apply<H: Holder>(
                      has not finished; try again"
                 )));
             }
-            unlinked.extend(record.objects_mut().insert(key.clone(), entry.clone()));
+            unlinked.extend(record.objects_mut().insert(key.clone(), (**entry).clone()));
             true
         }
         IndexChange::Unlink { keys } => {

@@ -21,6 +21,7 @@ mod keys;
 mod list;
 mod metrics;
 mod multipart;
+mod object_headers;
 mod objects;
 mod pager;
 mod presign;

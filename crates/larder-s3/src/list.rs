@@ -251,6 +251,7 @@ mod tests {
             content_type: None,
             meta: BTreeMap::new(),
             checksum: None,
+            headers: Default::default(),
         }
     }
 

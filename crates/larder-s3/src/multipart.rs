@@ -19,8 +19,8 @@ use crate::held::{Held, HeldFor};
 use crate::index_batch::ChangeFailed;
 use crate::objects;
 use crate::records::{
-    bucket_doc, upload_doc, uploads_doc, BucketIndex, Completing, ObjectEntry, Piece, Upload,
-    UploadList, UploadedPart, FORMAT,
+    bucket_doc, upload_doc, uploads_doc, BucketIndex, Completing, ObjectEntry, ObjectHeaders,
+    Piece, Upload, UploadList, UploadedPart, FORMAT,
 };
 use crate::service::{now_ms, Larder};
 use crate::store::Change;
@@ -598,6 +598,7 @@ fn object_entry(upload: Upload, parts: Vec<(u32, UploadedPart)>, etag: &str) -> 
         meta: upload.meta,
         // Parts are checked one by one; S3's composite checksums of parts are not kept.
         checksum: None,
+        headers: upload.headers,
     }
 }
 
@@ -769,7 +770,7 @@ async fn already_completed(
 pub fn new_upload(
     key: String,
     content_type: Option<String>,
-    meta: Vec<(String, String)>,
+    (meta, headers): (Vec<(String, String)>, ObjectHeaders),
 ) -> Upload {
     Upload {
         v: FORMAT,
@@ -777,6 +778,7 @@ pub fn new_upload(
         created_ms: now_ms(),
         content_type,
         meta: meta.into_iter().collect(),
+        headers,
         parts: Default::default(),
         completing: None,
     }
@@ -832,7 +834,7 @@ mod tests {
 
     #[test]
     fn parts_must_ascend_exist_match_and_be_large_enough() {
-        let mut upload = new_upload("k".into(), None, Vec::new());
+        let mut upload = new_upload("k".into(), None, Default::default());
         for (n, size) in [(1, MIN_PART_SIZE), (2, 1), (3, 1)] {
             upload.parts.insert(
                 n,

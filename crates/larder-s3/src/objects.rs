@@ -35,7 +35,7 @@ pub async fn link(
 ) -> Result<(), ChangeFailed> {
     change_name(s3, bucket, key, || IndexChange::Link {
         key: key.to_owned(),
-        entry: entry.clone(),
+        entry: Box::new(entry.clone()),
         conditions: conditions.clone(),
     })
     .await

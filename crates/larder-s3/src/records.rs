@@ -156,6 +156,32 @@ pub struct ObjectEntry {
     /// The additional checksum of a single PUT that asked for one (`checksums.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum: Option<ObjectChecksum>,
+    /// `Cache-Control` and the other standard headers it answers reads with.
+    #[serde(default, skip_serializing_if = "ObjectHeaders::is_empty")]
+    pub headers: ObjectHeaders,
+}
+
+/// The standard headers an object keeps from its upload (`object_headers.rs`), as given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectHeaders {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_disposition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_language: Option<String>,
+    /// An HTTP date.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+}
+
+impl ObjectHeaders {
+    pub fn is_empty(&self) -> bool {
+        *self == ObjectHeaders::default()
+    }
 }
 
 /// A Larder blob (simple or composite) holding `size` bytes of an object.
@@ -177,6 +203,8 @@ pub struct Upload {
     pub content_type: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "ObjectHeaders::is_empty")]
+    pub headers: ObjectHeaders,
     /// Part number → the part's blob, size and MD5 (hex).
     pub parts: BTreeMap<u32, UploadedPart>,
     /// A CompleteMultipartUpload under way (`multipart.rs`, `complete`).
@@ -413,6 +441,7 @@ mod tests {
                 index.objects.insert(name, ObjectEntry {
                     body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
                     content_type: None, meta: BTreeMap::new(), checksum: None,
+                    headers: Default::default(),
                 });
             }
             prop_assert_eq!(BucketIndex::decode(&index.encode()).unwrap(), index);

@@ -19,6 +19,7 @@ use crate::index_batch::ChangeFailed;
 use crate::index_tree::IndexTree;
 use crate::list::{self, After};
 use crate::multipart;
+use crate::object_headers;
 use crate::objects;
 use crate::pager::Resume;
 use crate::records::{
@@ -421,6 +422,9 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let input = req.input;
         check_key(&input.key)?;
+        let meta = lower_case(input.metadata.clone());
+        object_headers::check_metadata(&meta)?;
+        let headers = object_headers::stored(&given_headers!(input))?;
         let conditions =
             WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         let requested = Requested::from_headers(&req.headers)?;
@@ -470,8 +474,9 @@ impl S3 for Larder {
             etag: stored.md5,
             modified_ms: now_ms(),
             content_type: input.content_type,
-            meta: lower_case(input.metadata).into_iter().collect(),
+            meta: meta.into_iter().collect(),
             checksum: checksum.clone(),
+            headers,
         };
         let tag = entry.etag.clone();
         let size = entry.size;
@@ -495,7 +500,8 @@ impl S3 for Larder {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let input = req.input;
+        let mut input = req.input;
+        object_headers::check_overrides(req.credentials.is_none(), any_override!(input))?;
         let entry = self.entry(&input.bucket, &input.key).await?;
         let conditions = Conditions {
             if_match: input.if_match.as_ref(),
@@ -523,6 +529,7 @@ impl S3 for Larder {
             metadata: Some(entry.meta.clone().into_iter().collect()),
             ..Default::default()
         };
+        object_headers::answer_headers!(output, &entry.headers, input);
         // A checksum is of the whole object: a range's bytes are not what it covers.
         if let (Some(checksum), None) = (
             asked_checksum(input.checksum_mode.as_ref(), &entry),
@@ -542,7 +549,8 @@ impl S3 for Larder {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let input = req.input;
+        let mut input = req.input;
+        object_headers::check_overrides(req.credentials.is_none(), any_override!(input))?;
         let entry = self.entry(&input.bucket, &input.key).await?;
         let conditions = Conditions {
             if_match: input.if_match.as_ref(),
@@ -560,6 +568,7 @@ impl S3 for Larder {
             metadata: Some(entry.meta.clone().into_iter().collect()),
             ..Default::default()
         };
+        object_headers::answer_headers!(output, &entry.headers, input);
         if let Some(checksum) = asked_checksum(input.checksum_mode.as_ref(), &entry) {
             set_checksum!(output, checksum);
             output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
@@ -635,8 +644,10 @@ impl S3 for Larder {
         let input = req.input;
         check_key(&input.key)?;
         self.index(&input.bucket).await?;
-        let meta = lower_case(input.metadata);
-        let upload = multipart::new_upload(input.key.clone(), input.content_type, meta);
+        let meta = lower_case(input.metadata.clone());
+        object_headers::check_metadata(&meta)?;
+        let headers = object_headers::stored(&given_headers!(input))?;
+        let upload = multipart::new_upload(input.key.clone(), input.content_type, (meta, headers));
         let id = multipart::create(self, &input.bucket, upload).await?;
         let output = CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
@@ -1009,12 +1020,18 @@ impl S3 for Larder {
         };
         source_conditions.check_copy_source(&source)?;
         self.index(&input.bucket).await?;
-        let (content_type, meta) = match replace {
-            true => (
-                input.content_type,
-                lower_case(input.metadata).into_iter().collect(),
+        let (content_type, meta, headers) = match replace {
+            true => {
+                let meta = lower_case(input.metadata.clone());
+                object_headers::check_metadata(&meta)?;
+                let headers = object_headers::stored(&given_headers!(input))?;
+                (input.content_type, meta.into_iter().collect(), headers)
+            }
+            false => (
+                source.content_type.clone(),
+                source.meta.clone(),
+                source.headers.clone(),
             ),
-            false => (source.content_type.clone(), source.meta.clone()),
         };
         let read_ahead = self.limits.chunking.read_ahead;
         let body =
@@ -1050,6 +1067,7 @@ impl S3 for Larder {
             meta,
             // The same bytes: the source's checksum holds.
             checksum: source.checksum.clone(),
+            headers,
         };
         let modified = entry.modified_ms;
         let unconditional = WriteConditions::default();
@@ -1139,6 +1157,34 @@ fn common_prefixes(page: &list::Page, url: bool) -> Vec<CommonPrefix> {
         })
         .collect()
 }
+
+/// The standard headers of an input that has them (PutObject, CopyObject,
+/// CreateMultipartUpload), for `object_headers::stored`.
+macro_rules! given_headers {
+    ($input:ident) => {
+        object_headers::Given {
+            cache_control: $input.cache_control.as_deref(),
+            content_disposition: $input.content_disposition.as_deref(),
+            content_encoding: $input.content_encoding.as_deref(),
+            content_language: $input.content_language.as_deref(),
+            expires: $input.expires.as_ref(),
+        }
+    };
+}
+use given_headers;
+
+/// Whether a read (GetObject, HeadObject) asks for a `response-*` override.
+macro_rules! any_override {
+    ($input:ident) => {
+        $input.response_cache_control.is_some()
+            || $input.response_content_disposition.is_some()
+            || $input.response_content_encoding.is_some()
+            || $input.response_content_language.is_some()
+            || $input.response_content_type.is_some()
+            || $input.response_expires.is_some()
+    };
+}
+use any_override;
 
 /// `x-amz-meta-*` names as S3 returns them: lower-case.
 fn lower_case(meta: Option<Metadata>) -> Vec<(String, String)> {

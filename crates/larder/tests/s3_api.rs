@@ -159,6 +159,23 @@ fn what_ceph_s3_tests_found_listing_details_versions_digests_and_retries() {
 }
 
 #[test]
+fn objects_keep_their_standard_headers_and_bound_their_metadata() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/object_headers.py");
+    let out = Command::new(python())
+        .args([script, &endpoint, &id, &secret])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);

@@ -1,0 +1,111 @@
+"""The standard headers an object keeps (Cache-Control, Content-Disposition, Content-Encoding,
+Content-Language, Expires) through PutObject, CopyObject and multipart uploads, GetObject's
+response-* overrides on a presigned URL (curl), and the bounds: user metadata past S3's 2 KiB
+is MetadataTooLarge, and nothing is stored.
+
+Usage: object_headers.py ENDPOINT KEY_ID SECRET
+Every check asserts; the first failure exits non-zero with its message.
+"""
+
+import datetime
+import subprocess
+import sys
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+endpoint, key_id, secret = sys.argv[1:4]
+s3 = boto3.client(
+    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
+    region_name="us-east-1",
+    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                  retries={"max_attempts": 1}))
+
+
+def step(name):
+    print(f"== {name}", flush=True)
+
+
+def error_of(call):
+    try:
+        call()
+    except ClientError as e:
+        return (e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"]["Code"])
+    raise AssertionError("the call succeeded")
+
+
+EXPIRES = datetime.datetime(2037, 10, 21, 7, 28, tzinfo=datetime.timezone.utc)
+GIVEN = {
+    "CacheControl": "max-age=3600, public",
+    "ContentDisposition": 'attachment; filename="report.csv"',
+    "ContentEncoding": "gzip",
+    "ContentLanguage": "fr-CA",
+    "Expires": EXPIRES,
+}
+
+
+def kept(answer):
+    return {name: answer.get(name) for name in GIVEN}
+
+
+s3.create_bucket(Bucket="headers")
+
+step("PutObject keeps the standard headers; GetObject and HeadObject answer with them")
+s3.put_object(Bucket="headers", Key="k", Body=b"body", ContentType="text/csv", **GIVEN)
+for answer in (s3.get_object(Bucket="headers", Key="k"),
+               s3.head_object(Bucket="headers", Key="k")):
+    assert kept(answer) == GIVEN, kept(answer)
+    assert answer["ContentType"] == "text/csv", answer
+
+step("an object put without them answers none")
+s3.put_object(Bucket="headers", Key="plain", Body=b"x")
+plain = s3.head_object(Bucket="headers", Key="plain")
+assert all(plain.get(name) is None for name in GIVEN), plain
+
+step("response-* overrides on a presigned GET (curl): the overrides win, the rest is kept")
+url = s3.generate_presigned_url("get_object", Params={
+    "Bucket": "headers", "Key": "k",
+    "ResponseContentDisposition": "inline",
+    "ResponseContentType": "text/plain",
+    "ResponseCacheControl": "no-store"}, ExpiresIn=60)
+out = subprocess.run(["curl", "-s", "-D", "-", "-o", "/dev/null", url],
+                     capture_output=True, text=True, check=True).stdout.lower()
+assert "content-disposition: inline" in out, out
+assert "content-type: text/plain" in out, out
+assert "cache-control: no-store" in out, out
+assert "content-language: fr-ca" in out, out
+
+step("CopyObject keeps them (COPY) or takes the request's (REPLACE)")
+s3.copy_object(Bucket="headers", Key="copy", CopySource={"Bucket": "headers", "Key": "k"})
+assert kept(s3.head_object(Bucket="headers", Key="copy")) == GIVEN
+s3.copy_object(Bucket="headers", Key="replaced", CopySource={"Bucket": "headers", "Key": "k"},
+               MetadataDirective="REPLACE", CacheControl="no-cache")
+replaced = s3.head_object(Bucket="headers", Key="replaced")
+assert replaced["CacheControl"] == "no-cache", replaced
+assert replaced.get("ContentDisposition") is None, replaced
+
+step("a multipart upload keeps the headers it was created with")
+upload = s3.create_multipart_upload(Bucket="headers", Key="mp", **GIVEN)["UploadId"]
+part = s3.upload_part(Bucket="headers", Key="mp", UploadId=upload, PartNumber=1, Body=b"p")
+s3.complete_multipart_upload(Bucket="headers", Key="mp", UploadId=upload, MultipartUpload={
+    "Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+assert kept(s3.get_object(Bucket="headers", Key="mp")) == GIVEN
+
+step("a streamed upload (aws-chunked) does not keep aws-chunked as the object's encoding")
+s3.put_object(Bucket="headers", Key="chunked", Body=b"x" * 10, ChecksumAlgorithm="CRC32")
+assert s3.head_object(Bucket="headers", Key="chunked").get("ContentEncoding") is None
+
+step("user metadata past 2 KiB is MetadataTooLarge, and nothing is stored")
+big = {"m": "v" * 2048}
+assert error_of(lambda: s3.put_object(Bucket="headers", Key="big", Body=b"x", Metadata=big)) \
+    == (400, "MetadataTooLarge")
+assert error_of(lambda: s3.head_object(Bucket="headers", Key="big"))[0] == 404
+assert error_of(lambda: s3.create_multipart_upload(Bucket="headers", Key="big", Metadata=big)) \
+    == (400, "MetadataTooLarge")
+assert error_of(lambda: s3.copy_object(
+    Bucket="headers", Key="big", CopySource={"Bucket": "headers", "Key": "k"},
+    MetadataDirective="REPLACE", Metadata=big)) == (400, "MetadataTooLarge")
+s3.put_object(Bucket="headers", Key="fits", Body=b"x", Metadata={"m": "v" * 2000})
+assert len(s3.head_object(Bucket="headers", Key="fits")["Metadata"]["m"]) == 2000
+print("all passed")
