@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
-use crate::index_tree::{Holder, IndexTree, Reroute, Target};
+use crate::index_tree::{split_point, Holder, IndexTree, Reroute, Target};
 use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry};
 use crate::store::{Change, Records};
 
@@ -174,11 +174,11 @@ impl IndexBatches {
                 }
                 queue
             };
-            let names = match target {
+            let split_due = match target {
                 Target::Root => write_batch::<BucketIndex>(&records, &place, batch, bound).await,
                 Target::Leaf(_) => write_batch::<Leaf>(&records, &place, batch, bound).await,
             };
-            if names > bound {
+            if split_due {
                 // Beside the writes, not between them: changes below the split point go on.
                 let (tree, records) = (self.tree.clone(), records.clone());
                 let (bucket, target) = (bucket.clone(), target.clone());
@@ -212,17 +212,18 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// One read-modify-write of the record for `batch`, then every change's answer. Returns how
-/// many names the record holds after it (0 when it could not tell).
+/// One read-modify-write of the record for `batch`, then every change's answer. Returns
+/// whether the record is due to split after it (by count or by size; false when it could not
+/// tell).
 async fn write_batch<H: Holder>(
     records: &Records,
     (bucket, target): &Place,
     batch: Vec<Queued>,
     bound: usize,
-) -> usize {
+) -> bool {
     let mut outcomes: Vec<Result<Applied, S3Error>> = Vec::new();
     let mut uncertain = false;
-    let mut names = 0;
+    let mut split_due = false;
     let written = records
         .update_noting(
             &target.doc(bucket),
@@ -248,7 +249,7 @@ async fn write_batch<H: Holder>(
                     changed |= matches!(outcome, Ok((_, true)));
                     outcomes.push(outcome.map(|(applied, _)| applied));
                 }
-                names = record.objects().len();
+                split_due = split_point(record.objects(), bound).is_some();
                 let what = if changed {
                     Change::Put(record)
                 } else {
@@ -279,10 +280,7 @@ async fn write_batch<H: Holder>(
         };
         let _ = queued.done.send(answer);
     }
-    if written.is_err() {
-        return 0;
-    }
-    names
+    written.is_ok() && split_due
 }
 
 /// Applies one change to `record`; with whether it changed something. A refused change leaves

@@ -6,6 +6,7 @@
 //!   names itself (format 1, as before the split existed: nothing to migrate).
 //! - **Past the bound the root splits** into two leaves and from then on lists its leaves by
 //!   the first key each covers (format 2). A leaf past the bound splits in two the same way.
+//!   Past `SPLIT_BYTES` of entries a record splits too, whatever its count (`split_point`).
 //!   Leaves never merge, and a leaf's first key (`low`) never changes.
 //! - **B-link walk.** Each leaf knows the first key after it (`high`) and the leaf holding it
 //!   (`right`). A split writes the new right leaf before it cuts the old one, and cuts in one
@@ -51,6 +52,11 @@ const REPAIR_AFTER_HOPS: usize = 8;
 /// Leaves any walk follows at most (~10⁹ names): a cycle of `right` links, which no correct
 /// split makes, is reported as corruption instead of walked forever.
 const MAX_LEAVES: usize = 1 << 20;
+/// Bytes of entries past which an index record splits whatever its count of names: entries
+/// of multipart objects list every part (10,000 parts are most of a megabyte), so a few big
+/// uploads in one range would otherwise fill its record's 8 MiB, refuse every later write to
+/// it, and make every GET there read megabytes.
+pub const SPLIT_BYTES: usize = 1 << 20;
 /// Buckets whose leaf hints a frontend keeps.
 const MAX_CACHED_BUCKETS: usize = 4096;
 /// How long a seal stays before a writer that finds it takes its deleter for gone.
@@ -752,15 +758,9 @@ async fn mark<H: Holder + SplitMark>(
             if let Some(split) = holder.splitting() {
                 return Ok((Change::Keep, Some(split.clone())));
             }
-            let names = holder.objects();
-            if names.len() <= bound {
+            let Some(at) = split_point(holder.objects(), bound) else {
                 return Ok((Change::Keep, None));
-            }
-            let at = names
-                .keys()
-                .nth(names.len() / 2)
-                .cloned()
-                .unwrap_or_default();
+            };
             let split = Split {
                 at,
                 left: root.then(new_id),
@@ -770,6 +770,44 @@ async fn mark<H: Holder + SplitMark>(
             Ok((Change::Put(holder), Some(split)))
         })
         .await
+}
+
+/// Where a record holding `names` splits, if it must: past `bound` names at the middle one,
+/// past `SPLIT_BYTES` of entries at the name that halves the bytes. `None` if it need not, or
+/// cannot (one name is one entry, however large).
+pub fn split_point(names: &BTreeMap<String, ObjectEntry>, bound: usize) -> Option<String> {
+    if names.len() < 2 {
+        return None;
+    }
+    if names.len() > bound {
+        return names.keys().nth(names.len() / 2).cloned();
+    }
+    let sizes: Vec<usize> = names
+        .iter()
+        .map(|(key, entry)| key.len() + entry.approx_bytes())
+        .collect();
+    let total: usize = sizes.iter().sum();
+    if total <= SPLIT_BYTES {
+        return None;
+    }
+    // The name whose entry crosses the half, then the side of it that leaves the larger part
+    // smaller (both sides keep a name at least).
+    let mut below = 0;
+    let crossing = sizes
+        .iter()
+        .position(|size| {
+            below += size;
+            below * 2 >= total
+        })
+        .unwrap_or(0);
+    let before: usize = sizes[..crossing].iter().sum();
+    let after = before + sizes[crossing];
+    let larger_part = |left: usize| left.max(total - left);
+    let at = match larger_part(before) <= larger_part(after) {
+        true => crossing,
+        false => crossing + 1,
+    };
+    names.keys().nth(at.clamp(1, names.len() - 1)).cloned()
 }
 
 /// What a split needs of a record beyond `Holder`.
@@ -914,6 +952,70 @@ mod tests {
             high: high.map(str::to_owned),
             right: high.map(|_| "r".to_owned()),
             ..Default::default()
+        }
+    }
+
+    /// An object of `parts` parts with blob IDs of 40 characters.
+    fn object(parts: usize) -> ObjectEntry {
+        ObjectEntry {
+            body: (0..parts)
+                .map(|i| crate::records::Piece {
+                    blob: format!("{i:040}"),
+                    size: 8 << 20,
+                })
+                .collect(),
+            size: 0,
+            etag: "0123456789abcdef0123456789abcdef-10000".into(),
+            modified_ms: 0,
+            content_type: None,
+            meta: BTreeMap::new(),
+            checksum: None,
+            headers: Default::default(),
+        }
+    }
+
+    fn names(parts: &[usize]) -> BTreeMap<String, ObjectEntry> {
+        let named = parts.iter().enumerate();
+        named
+            .map(|(i, p)| (format!("k{i:02}"), object(*p)))
+            .collect()
+    }
+
+    #[test]
+    fn a_record_splits_past_its_count_at_the_middle_name() {
+        assert_eq!(split_point(&names(&[1; 4]), 4), None);
+        assert_eq!(split_point(&names(&[1; 5]), 4).as_deref(), Some("k02"));
+    }
+
+    #[test]
+    fn a_record_of_few_large_entries_splits_by_size_where_the_bytes_halve() {
+        // Two 10,000-part objects, then small ones: about 1.5 MB, most of it the first two.
+        let mut parts = vec![10_000, 10_000];
+        parts.extend([1; 20]);
+        let at = split_point(&names(&parts), 1000);
+        assert_eq!(at.as_deref(), Some("k01"), "one large object on each side");
+        // Small entries never split by size below the count bound.
+        assert_eq!(split_point(&names(&[1; 900]), 1000), None);
+        // One entry cannot split, however large; two always can.
+        assert_eq!(split_point(&names(&[30_000]), 1000), None);
+        assert_eq!(
+            split_point(&names(&[30_000, 1]), 1000).as_deref(),
+            Some("k01")
+        );
+        assert_eq!(
+            split_point(&names(&[1, 30_000]), 1000).as_deref(),
+            Some("k01")
+        );
+    }
+
+    #[test]
+    fn approx_bytes_is_near_the_entrys_json() {
+        for parts in [0, 1, 100, 10_000] {
+            let entry = object(parts);
+            let json = serde_json::to_vec(&entry).unwrap().len();
+            let approx = entry.approx_bytes();
+            let near = approx * 10 >= json * 8 && approx * 10 <= json * 13 + 640;
+            assert!(near, "{parts}: {approx} vs {json}");
         }
     }
 

@@ -184,6 +184,30 @@ impl ObjectHeaders {
     }
 }
 
+impl ObjectEntry {
+    /// About how many bytes the entry takes in its record's JSON, what an index record's
+    /// split by size counts (`index_tree::split_point`). A multipart object lists every part,
+    /// so this grows with its parts: 10,000 parts are most of a megabyte.
+    pub fn approx_bytes(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, |s| s.len() + 24);
+        let pieces: usize = self.body.iter().map(|p| p.blob.len() + 32).sum();
+        let meta: usize = self.meta.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+        let h = &self.headers;
+        let headers: usize = [
+            &h.cache_control,
+            &h.content_disposition,
+            &h.content_encoding,
+            &h.content_language,
+            &h.expires,
+        ]
+        .into_iter()
+        .map(text)
+        .sum();
+        let checksum = self.checksum.as_ref().map_or(0, |c| c.value.len() + 48);
+        96 + pieces + self.etag.len() + text(&self.content_type) + meta + headers + checksum
+    }
+}
+
 /// A Larder blob (simple or composite) holding `size` bytes of an object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
