@@ -1,6 +1,7 @@
 //! The S3 operations, on Larder's records and blobs. s3s does the protocol (routing, XML,
 //! SigV4, errors as S3's XML); this is the storage side.
 
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -259,6 +260,42 @@ fn asked_checksum<'e>(
 }
 
 /// The bytes a GET asks for, of an object of `size`.
+/// The bytes a GetObject or HeadObject asks for, and whether that is a part of the object
+/// (206): a `Range`, or a `partNumber` (a multipart object's pieces are its parts; any other
+/// object is one part). Both at once is S3's 400.
+fn selected_or_part(
+    range: &Option<Range>,
+    part: Option<i32>,
+    entry: &ObjectEntry,
+) -> Result<(std::ops::Range<u64>, bool), S3Error> {
+    match (range, part) {
+        (Some(_), Some(_)) => Err(S3Error::InvalidRequest(
+            "Cannot specify both Range header and partNumber query parameter".into(),
+        )),
+        (None, Some(n)) => Ok((part_range(entry, n)?, true)),
+        (range, None) => Ok((selected(range.as_ref(), entry.size)?, range.is_some())),
+    }
+}
+
+fn part_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Error> {
+    if entry.body.is_empty() && n == 1 {
+        return Ok(0..0); // an empty object is one empty part
+    }
+    let index = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .filter(|i| *i < entry.body.len())
+        .ok_or(S3Error::InvalidPartNumber)?;
+    let start: u64 = entry.body[..index].iter().map(|p| p.size).sum();
+    Ok(start..start + entry.body[index].size)
+}
+
+/// How many parts a multipart upload made the object of (S3 answers it for a `partNumber`).
+fn parts_count(entry: &ObjectEntry) -> Option<i32> {
+    let multipart = entry.etag.contains('-');
+    multipart.then(|| i32::try_from(entry.body.len()).unwrap_or(i32::MAX))
+}
+
 fn selected(range: Option<&Range>, size: u64) -> Result<std::ops::Range<u64>, S3Error> {
     match range {
         None => Ok(0..size),
@@ -393,25 +430,50 @@ impl S3 for Larder {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let input = req.input;
+        let max = match input.max_buckets {
+            None => usize::MAX,
+            Some(n @ 1..=MAX_BUCKETS_PER_PAGE) => n as usize,
+            Some(_) => {
+                return Err(S3Error::InvalidArgument(format!(
+                    "max-buckets must be between 1 and {MAX_BUCKETS_PER_PAGE}"
+                ))
+                .into())
+            }
+        };
         let catalog: Catalog = self.records.read(CATALOG_DOC).await?.unwrap_or_default();
         let key = match &req.credentials {
             Some(c) => self.keys.get(&c.access_key).await?,
             None => None,
         };
-        let buckets = catalog
+        let prefix = input.prefix.as_deref().unwrap_or_default();
+        // The token is the last name of the page before (names sort; any string resumes).
+        let after = input
+            .continuation_token
+            .as_deref()
+            .filter(|t| !t.is_empty());
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut visible = catalog
             .buckets
-            .iter()
-            .filter(|(name, _)| key.as_ref().is_some_and(|k| k.permission(name).is_some()))
+            .range::<str, _>((start, Bound::Unbounded))
+            .filter(|(name, _)| name.starts_with(prefix))
+            .filter(|(name, _)| key.as_ref().is_some_and(|k| k.permission(name).is_some()));
+        let buckets: Vec<Bucket> = visible
+            .by_ref()
+            .take(max)
             .map(|(name, created)| Bucket {
                 name: Some(name.clone()),
                 creation_date: Some(timestamp(*created)),
                 bucket_region: None,
             })
             .collect();
+        let more = visible.next().is_some();
+        let next = buckets.last().and_then(|b| b.name.clone()).filter(|_| more);
         let output = ListBucketsOutput {
             buckets: Some(buckets),
             owner: Some(owner()),
-            ..Default::default()
+            continuation_token: next,
+            prefix: input.prefix,
         };
         Ok(S3Response::new(output))
     }
@@ -510,11 +572,11 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
-        let range = selected(input.range.as_ref(), entry.size)?;
+        let (range, partial) = selected_or_part(&input.range, input.part_number, &entry)?;
         let read_ahead = self.limits.chunking.read_ahead;
         let body =
             blobs::open_pieces(self.router(), read_ahead, &entry.body, range.clone()).await?;
-        let content_range = input.range.as_ref().map(|_| {
+        let content_range = partial.then(|| {
             let last = range.end.saturating_sub(1);
             format!("bytes {}-{last}/{}", range.start, entry.size)
         });
@@ -523,6 +585,7 @@ impl S3 for Larder {
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(range.end - range.start).ok(),
             content_range,
+            parts_count: input.part_number.and(parts_count(&entry)),
             content_type: entry.content_type.clone(),
             e_tag: Some(etag(&entry)),
             last_modified: Some(timestamp(entry.modified_ms)),
@@ -531,16 +594,14 @@ impl S3 for Larder {
         };
         object_headers::answer_headers!(output, &entry.headers, input);
         // A checksum is of the whole object: a range's bytes are not what it covers.
-        if let (Some(checksum), None) = (
-            asked_checksum(input.checksum_mode.as_ref(), &entry),
-            &input.range,
-        ) {
+        let asked = asked_checksum(input.checksum_mode.as_ref(), &entry);
+        if let (Some(checksum), false) = (asked, partial) {
             set_checksum!(output, checksum);
             output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
         }
-        let status = match input.range {
-            Some(_) => http::StatusCode::PARTIAL_CONTENT,
-            None => http::StatusCode::OK,
+        let status = match partial {
+            true => http::StatusCode::PARTIAL_CONTENT,
+            false => http::StatusCode::OK,
         };
         Ok(S3Response::with_status(output, status))
     }
@@ -559,9 +620,16 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
+        let (range, partial) = selected_or_part(&input.range, input.part_number, &entry)?;
+        let content_range = partial.then(|| {
+            let last = range.end.saturating_sub(1);
+            format!("bytes {}-{last}/{}", range.start, entry.size)
+        });
         let mut output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
-            content_length: i64::try_from(entry.size).ok(),
+            content_length: i64::try_from(range.end - range.start).ok(),
+            content_range,
+            parts_count: input.part_number.and(parts_count(&entry)),
             content_type: entry.content_type.clone(),
             e_tag: Some(etag(&entry)),
             last_modified: Some(timestamp(entry.modified_ms)),
@@ -569,11 +637,16 @@ impl S3 for Larder {
             ..Default::default()
         };
         object_headers::answer_headers!(output, &entry.headers, input);
-        if let Some(checksum) = asked_checksum(input.checksum_mode.as_ref(), &entry) {
+        let asked = asked_checksum(input.checksum_mode.as_ref(), &entry);
+        if let (Some(checksum), false) = (asked, partial) {
             set_checksum!(output, checksum);
             output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
         }
-        Ok(S3Response::new(output))
+        let status = match partial {
+            true => http::StatusCode::PARTIAL_CONTENT,
+            false => http::StatusCode::OK,
+        };
+        Ok(S3Response::with_status(output, status))
     }
 
     async fn delete_object(
@@ -1157,6 +1230,9 @@ fn common_prefixes(page: &list::Page, url: bool) -> Vec<CommonPrefix> {
         })
         .collect()
 }
+
+/// ListBuckets' largest page (S3's).
+const MAX_BUCKETS_PER_PAGE: i32 = 10_000;
 
 /// The standard headers of an input that has them (PutObject, CopyObject,
 /// CreateMultipartUpload), for `object_headers::stored`.

@@ -2,7 +2,8 @@
 details (an empty delimiter left out, v1's Marker always there and its Prefix as given, owners,
 an empty continuation token), ListObjectVersions of an unversioned bucket (the cleanup path
 of many tools), a 304 with its ETag, presigned URLs past seven days refused, GetBucketLocation,
-CopyObject onto itself, Content-MD5, and CompleteMultipartUpload sent again.
+CopyObject onto itself, Content-MD5, CompleteMultipartUpload sent again, and ListBuckets
+pages (max-buckets, continuation token, prefix).
 
 Usage: listing_details.py ENDPOINT KEY_ID SECRET
 Every check asserts; the first failure exits non-zero with its message.
@@ -124,4 +125,14 @@ s3.put_object(Bucket="details", Key="mp", Body=b"replaced")
 assert error_of(lambda: s3.complete_multipart_upload(
     Bucket="details", Key="mp", UploadId=upload, MultipartUpload=parts)) == \
     (404, "NoSuchUpload")
+step("ListBuckets pages with max-buckets and a continuation token, and filters by prefix")
+for name in ("page-a", "page-b", "page-c"):
+    s3.create_bucket(Bucket=name)
+first = s3.list_buckets(MaxBuckets=2, Prefix="page-")
+assert [b["Name"] for b in first["Buckets"]] == ["page-a", "page-b"], first
+assert first["Prefix"] == "page-", first
+rest = s3.list_buckets(MaxBuckets=2, Prefix="page-", ContinuationToken=first["ContinuationToken"])
+assert [b["Name"] for b in rest["Buckets"]] == ["page-c"], rest
+assert "ContinuationToken" not in rest, rest
+assert error_of(lambda: s3.list_buckets(MaxBuckets=10001)) == (400, "InvalidArgument")
 print("all passed")

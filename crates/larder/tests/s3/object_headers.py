@@ -1,7 +1,7 @@
 """The standard headers an object keeps (Cache-Control, Content-Disposition, Content-Encoding,
 Content-Language, Expires) through PutObject, CopyObject and multipart uploads, GetObject's
-response-* overrides on a presigned URL (curl), and the bounds: user metadata past S3's 2 KiB
-is MetadataTooLarge, and nothing is stored.
+response-* overrides on a presigned URL (curl), reads by partNumber, and the bounds: user
+metadata past S3's 2 KiB is MetadataTooLarge, and nothing is stored.
 
 Usage: object_headers.py ENDPOINT KEY_ID SECRET
 Every check asserts; the first failure exits non-zero with its message.
@@ -91,6 +91,28 @@ part = s3.upload_part(Bucket="headers", Key="mp", UploadId=upload, PartNumber=1,
 s3.complete_multipart_upload(Bucket="headers", Key="mp", UploadId=upload, MultipartUpload={
     "Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
 assert kept(s3.get_object(Bucket="headers", Key="mp")) == GIVEN
+
+step("GetObject and HeadObject by partNumber: a multipart object's parts, a PUT's one part")
+upload = s3.create_multipart_upload(Bucket="headers", Key="parts")["UploadId"]
+first, second = b"a" * (5 << 20), b"b" * 1000
+tags = [s3.upload_part(Bucket="headers", Key="parts", UploadId=upload, PartNumber=n,
+                       Body=body)["ETag"] for n, body in ((1, first), (2, second))]
+s3.complete_multipart_upload(Bucket="headers", Key="parts", UploadId=upload, MultipartUpload={
+    "Parts": [{"PartNumber": n + 1, "ETag": tag} for n, tag in enumerate(tags)]})
+got = s3.get_object(Bucket="headers", Key="parts", PartNumber=2)
+assert got["ResponseMetadata"]["HTTPStatusCode"] == 206, got
+assert got["Body"].read() == second
+assert got["PartsCount"] == 2, got
+size = len(first) + len(second)
+assert got["ContentRange"] == f"bytes {len(first)}-{size - 1}/{size}", got
+head = s3.head_object(Bucket="headers", Key="parts", PartNumber=1)
+assert head["ContentLength"] == len(first) and head["PartsCount"] == 2, head
+single = s3.get_object(Bucket="headers", Key="k", PartNumber=1)
+assert single["Body"].read() == b"body" and "PartsCount" not in single, single
+assert error_of(lambda: s3.get_object(Bucket="headers", Key="parts", PartNumber=3)) == \
+    (416, "InvalidPartNumber")
+assert error_of(lambda: s3.get_object(Bucket="headers", Key="parts", PartNumber=1,
+                                      Range="bytes=0-1")) == (400, "InvalidRequest")
 
 step("a streamed upload (aws-chunked) does not keep aws-chunked as the object's encoding")
 s3.put_object(Bucket="headers", Key="chunked", Body=b"x" * 10, ChecksumAlgorithm="CRC32")
