@@ -240,14 +240,9 @@ mod tests {
 
     fn entry(etag: &str) -> ObjectEntry {
         ObjectEntry {
-            body: Vec::new(),
-            size: 0,
             etag: etag.into(),
             modified_ms: T * 1000,
-            content_type: None,
-            meta: Default::default(),
-            checksum: None,
-            headers: Default::default(),
+            ..Default::default()
         }
     }
 

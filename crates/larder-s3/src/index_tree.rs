@@ -964,13 +964,8 @@ mod tests {
                     size: 8 << 20,
                 })
                 .collect(),
-            size: 0,
             etag: "0123456789abcdef0123456789abcdef-10000".into(),
-            modified_ms: 0,
-            content_type: None,
-            meta: BTreeMap::new(),
-            checksum: None,
-            headers: Default::default(),
+            ..Default::default()
         }
     }
 

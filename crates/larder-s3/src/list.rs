@@ -242,21 +242,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn entry() -> ObjectEntry {
-        ObjectEntry {
-            body: Vec::new(),
-            size: 0,
-            etag: "\"\"".into(),
-            modified_ms: 0,
-            content_type: None,
-            meta: BTreeMap::new(),
-            checksum: None,
-            headers: Default::default(),
-        }
-    }
-
     fn index(names: &[&str]) -> BTreeMap<String, ObjectEntry> {
-        names.iter().map(|n| (n.to_string(), entry())).collect()
+        names
+            .iter()
+            .map(|n| (n.to_string(), ObjectEntry::default()))
+            .collect()
     }
 
     /// Everything a listing returns, following continuations, with pages of `max`.

@@ -150,19 +150,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn entry() -> ObjectEntry {
-        ObjectEntry {
-            body: Vec::new(),
-            size: 0,
-            etag: "\"\"".into(),
-            modified_ms: 0,
-            content_type: None,
-            meta: BTreeMap::new(),
-            checksum: None,
-            headers: Default::default(),
-        }
-    }
-
     /// A bucket cut into leaves at `bounds` (each a leaf's `low`; the first leaf's is "").
     struct Leaves(Vec<(String, BTreeMap<String, ObjectEntry>)>);
 
@@ -181,7 +168,7 @@ mod tests {
                     let objects = names
                         .iter()
                         .filter(|n| n.as_str() >= low.as_str() && high.is_none_or(|h| *n < h))
-                        .map(|n| (n.clone(), entry()))
+                        .map(|n| (n.clone(), ObjectEntry::default()))
                         .collect();
                     (low.clone(), objects)
                 })

@@ -138,7 +138,7 @@ pub struct Seal {
 }
 
 /// What a name points at.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectEntry {
     /// The bytes, in order: one blob for a single PUT, one per part for a multipart upload

@@ -29,23 +29,13 @@ fn create_key(cluster: &Cluster, grants: &[&str]) -> (String, String) {
     common::s3_key(cluster, grants)
 }
 
-#[test]
-fn boto3_curl_and_the_aws_cli_use_buckets_and_objects() {
-    let (cluster, endpoint) = s3_cluster();
-    let (owner, owner_secret) = create_key(&cluster, &["*:owner"]);
-    let (reader, reader_secret) = create_key(&cluster, &["photos:read"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/clients.py");
-    let workdir = cluster.dir.path().to_str().unwrap();
+/// Runs the client script `tests/s3/<name>` with `args`; it asserts, and fails the test with
+/// its output.
+fn run_script(name: &str, args: &[&str]) {
+    let script = format!("{}/tests/s3/{name}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(python())
-        .args([
-            script,
-            &endpoint,
-            &owner,
-            &owner_secret,
-            &reader,
-            &reader_secret,
-            workdir,
-        ])
+        .arg(script)
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -54,63 +44,44 @@ fn boto3_curl_and_the_aws_cli_use_buckets_and_objects() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs `tests/s3/<name>` with the endpoint and a key that owns every bucket.
+fn run_owner_script(name: &str) {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    run_script(name, &[&endpoint, &id, &secret]);
+}
+
+#[test]
+fn boto3_curl_and_the_aws_cli_use_buckets_and_objects() {
+    let (cluster, endpoint) = s3_cluster();
+    let (owner, owner_secret) = create_key(&cluster, &["*:owner"]);
+    let (reader, reader_secret) = create_key(&cluster, &["photos:read"]);
+    let workdir = cluster.dir.path().to_str().unwrap();
+    let args = [&endpoint, &owner, &owner_secret, &reader, &reader_secret];
+    let args: Vec<&str> = args.iter().map(|a| a.as_str()).chain([workdir]).collect();
+    run_script("clients.py", &args);
 }
 
 #[test]
 fn conditional_gets_upload_listings_and_larder_presign() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/operations.py");
     let config = cluster.path("frontend-dc1.toml");
-    let out = Command::new(python())
-        .args([script, &endpoint, &id, &secret, LARDER, &config])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_script("operations.py", &[&endpoint, &id, &secret, LARDER, &config]);
 }
 
 #[test]
 fn conditional_copies_puts_and_completes() {
-    let (cluster, endpoint) = s3_cluster();
-    let (id, secret) = create_key(&cluster, &["*:owner"]);
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/s3/conditional_writes.py"
-    );
-    let out = Command::new(python())
-        .args([script, &endpoint, &id, &secret])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_owner_script("conditional_writes.py");
 }
 
 /// `x-amz-checksum-*`: checked on PutObject and UploadPart (in a header or an aws-chunked
 /// trailer), kept with the object, returned when asked; a mismatch stores nothing.
 #[test]
 fn additional_checksums_are_checked_kept_and_returned() {
-    let (cluster, endpoint) = s3_cluster();
-    let (id, secret) = create_key(&cluster, &["*:owner"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/checksums.py");
-    let out = Command::new(python())
-        .args([script, &endpoint, &id, &secret])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_owner_script("checksums.py");
 }
 
 /// A PUT with `Expect: 100-continue` refused before its body is read (here: anonymous, 403)
@@ -143,36 +114,12 @@ fn a_refused_put_whose_body_was_withheld_closes_its_connection() {
 
 #[test]
 fn what_ceph_s3_tests_found_listing_details_versions_digests_and_retries() {
-    let (cluster, endpoint) = s3_cluster();
-    let (id, secret) = create_key(&cluster, &["*:owner"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/listing_details.py");
-    let out = Command::new(python())
-        .args([script, &endpoint, &id, &secret])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_owner_script("listing_details.py");
 }
 
 #[test]
 fn objects_keep_their_standard_headers_and_bound_their_metadata() {
-    let (cluster, endpoint) = s3_cluster();
-    let (id, secret) = create_key(&cluster, &["*:owner"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/object_headers.py");
-    let out = Command::new(python())
-        .args([script, &endpoint, &id, &secret])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_owner_script("object_headers.py");
 }
 
 #[test]

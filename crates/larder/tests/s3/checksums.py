@@ -14,25 +14,10 @@ import zlib
 from datetime import datetime, timezone
 from urllib.parse import urlparse
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import ClientError
+from s3test import client_from_argv, error_of
 
-endpoint, key_id, secret = sys.argv[1:4]
-s3 = boto3.client(
-    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
-    region_name="us-east-1",
-    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                  retries={"max_attempts": 1}))
-
-
-def error_of(call):
-    """(HTTP status, S3 error code) of a call that must fail."""
-    try:
-        call()
-    except ClientError as err:
-        return err.response["ResponseMetadata"]["HTTPStatusCode"], err.response["Error"]["Code"]
-    raise AssertionError("the call succeeded")
+endpoint, key_id, secret = sys.argv[1:4]  # for the hand-signed aws-chunked request below
+s3 = client_from_argv()
 
 
 def b64(digest):

@@ -5,32 +5,11 @@ Usage: conditional_writes.py ENDPOINT KEY_ID SECRET
 Every check asserts; the first failure exits non-zero with its message.
 """
 
-import sys
 from datetime import timedelta
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import ClientError
+from s3test import client_from_argv, error_of, step
 
-endpoint, key_id, secret = sys.argv[1:4]
-s3 = boto3.client(
-    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
-    region_name="us-east-1",
-    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                  retries={"max_attempts": 1}))
-
-
-def error_of(call):
-    """(HTTP status, S3 error code) of a call that must fail."""
-    try:
-        call()
-    except ClientError as err:
-        return err.response["ResponseMetadata"]["HTTPStatusCode"], err.response["Error"]["Code"]
-    raise AssertionError("the call succeeded")
-
-
-def step(name):
-    print(f"== {name}", flush=True)
+s3 = client_from_argv()
 
 
 FAILED = (412, "PreconditionFailed")

@@ -10,22 +10,11 @@ Every check asserts; the first failure exits non-zero with its message.
 """
 
 import subprocess
-import sys
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import ClientError
+from s3test import client_from_argv, error_of, step
 
-endpoint, key_id, secret = sys.argv[1:4]
-s3 = boto3.client(
-    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
-    region_name="us-east-1",
-    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                  retries={"max_attempts": 1}))
-
-
-def step(name):
-    print(f"== {name}", flush=True)
+s3 = client_from_argv()
 
 
 s3.create_bucket(Bucket="details")
@@ -80,14 +69,6 @@ for expires in (604800, 604801):
         assert (int(status), body) == (200, b"v"), (status, body)
     else:
         assert int(status) == 403 and b"AuthorizationQueryParametersError" in body, body
-
-
-def error_of(call):
-    try:
-        call()
-    except ClientError as err:
-        return err.response["ResponseMetadata"]["HTTPStatusCode"], err.response["Error"]["Code"]
-    raise AssertionError("the call succeeded")
 
 
 step("GetBucketLocation: the one region, no constraint")

@@ -9,30 +9,10 @@ Every check asserts; the first failure exits non-zero with its message.
 
 import datetime
 import subprocess
-import sys
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import ClientError
+from s3test import client_from_argv, error_of, step
 
-endpoint, key_id, secret = sys.argv[1:4]
-s3 = boto3.client(
-    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
-    region_name="us-east-1",
-    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                  retries={"max_attempts": 1}))
-
-
-def step(name):
-    print(f"== {name}", flush=True)
-
-
-def error_of(call):
-    try:
-        call()
-    except ClientError as e:
-        return (e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"]["Code"])
-    raise AssertionError("the call succeeded")
+s3 = client_from_argv()
 
 
 EXPIRES = datetime.datetime(2037, 10, 21, 7, 28, tzinfo=datetime.timezone.utc)
