@@ -17,9 +17,6 @@ pub enum S3Error {
     PreconditionFailed,
     #[error("the requested range is not satisfiable")]
     InvalidRange,
-    /// A `partNumber` the object does not have (416, as S3).
-    #[error("The requested partnumber is not satisfiable")]
-    InvalidPartNumber,
     #[error("{0}")]
     InvalidArgument(String),
     #[error("{0}")]
@@ -125,7 +122,6 @@ impl From<S3Error> for Reply {
             S3Error::BucketNotEmpty => Code::BucketNotEmpty,
             S3Error::PreconditionFailed => Code::PreconditionFailed,
             S3Error::InvalidRange => Code::InvalidRange,
-            S3Error::InvalidPartNumber => Code::Custom("InvalidPartNumber".into()),
             S3Error::InvalidArgument(_) => Code::InvalidArgument,
             S3Error::InvalidBucketName(_) => Code::InvalidBucketName,
             S3Error::KeyTooLong => Code::KeyTooLongError,
@@ -148,10 +144,6 @@ impl From<S3Error> for Reply {
         if matches!(err, S3Error::Corrupt(_) | S3Error::Internal(_)) {
             tracing::error!(%message, "S3 request failed");
         }
-        let mut reply = Reply::with_message(code, message);
-        if matches!(err, S3Error::InvalidPartNumber) {
-            reply.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
-        }
-        reply
+        Reply::with_message(code, message)
     }
 }

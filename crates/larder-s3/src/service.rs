@@ -285,7 +285,7 @@ fn part_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Err
         .ok()
         .and_then(|n| n.checked_sub(1))
         .filter(|i| *i < entry.body.len())
-        .ok_or(S3Error::InvalidPartNumber)?;
+        .ok_or(S3Error::InvalidPart)?; // 400, as ceph's s3-tests expect
     let start: u64 = entry.body[..index].iter().map(|p| p.size).sum();
     Ok(start..start + entry.body[index].size)
 }

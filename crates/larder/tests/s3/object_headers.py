@@ -90,7 +90,7 @@ assert head["ContentLength"] == len(first) and head["PartsCount"] == 2, head
 single = s3.get_object(Bucket="headers", Key="k", PartNumber=1)
 assert single["Body"].read() == b"body" and "PartsCount" not in single, single
 assert error_of(lambda: s3.get_object(Bucket="headers", Key="parts", PartNumber=3)) == \
-    (416, "InvalidPartNumber")
+    (400, "InvalidPart")
 assert error_of(lambda: s3.get_object(Bucket="headers", Key="parts", PartNumber=1,
                                       Range="bytes=0-1")) == (400, "InvalidRequest")
 
