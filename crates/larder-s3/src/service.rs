@@ -259,7 +259,6 @@ fn asked_checksum<'e>(
     entry.checksum.as_ref().filter(|_| asked)
 }
 
-/// The bytes a GET asks for, of an object of `size`.
 /// The bytes a GetObject or HeadObject asks for, and whether that is a part of the object
 /// (206): a `Range`, or a `partNumber` (a multipart object's pieces are its parts; any other
 /// object is one part). Both at once is S3's 400.
@@ -286,8 +285,10 @@ fn part_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Err
         .and_then(|n| n.checked_sub(1))
         .filter(|i| *i < entry.body.len())
         .ok_or(S3Error::InvalidPart)?; // 400, as ceph's s3-tests expect
-    let start: u64 = entry.body[..index].iter().map(|p| p.size).sum();
-    Ok(start..start + entry.body[index].size)
+    let start = entry.body[..index]
+        .iter()
+        .fold(0u64, |sum, p| sum.saturating_add(p.size));
+    Ok(start..start.saturating_add(entry.body[index].size))
 }
 
 /// How many parts a multipart upload made the object of (S3 answers it for a `partNumber`).
@@ -296,6 +297,21 @@ fn parts_count(entry: &ObjectEntry) -> Option<i32> {
     multipart.then(|| i32::try_from(entry.body.len()).unwrap_or(i32::MAX))
 }
 
+/// The `Content-Range` and status of an answer with the bytes `range` of `size`.
+fn partial_answer(
+    range: &std::ops::Range<u64>,
+    size: u64,
+    partial: bool,
+) -> (Option<String>, http::StatusCode) {
+    if !partial {
+        return (None, http::StatusCode::OK);
+    }
+    let last = range.end.saturating_sub(1);
+    let content_range = format!("bytes {}-{last}/{size}", range.start);
+    (Some(content_range), http::StatusCode::PARTIAL_CONTENT)
+}
+
+/// The bytes a GET asks for, of an object of `size`.
 fn selected(range: Option<&Range>, size: u64) -> Result<std::ops::Range<u64>, S3Error> {
     match range {
         None => Ok(0..size),
@@ -576,10 +592,7 @@ impl S3 for Larder {
         let read_ahead = self.limits.chunking.read_ahead;
         let body =
             blobs::open_pieces(self.router(), read_ahead, &entry.body, range.clone()).await?;
-        let content_range = partial.then(|| {
-            let last = range.end.saturating_sub(1);
-            format!("bytes {}-{last}/{}", range.start, entry.size)
-        });
+        let (content_range, status) = partial_answer(&range, entry.size, partial);
         let mut output = GetObjectOutput {
             body: Some(body),
             accept_ranges: Some("bytes".into()),
@@ -599,10 +612,6 @@ impl S3 for Larder {
             set_checksum!(output, checksum);
             output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
         }
-        let status = match partial {
-            true => http::StatusCode::PARTIAL_CONTENT,
-            false => http::StatusCode::OK,
-        };
         Ok(S3Response::with_status(output, status))
     }
 
@@ -621,10 +630,7 @@ impl S3 for Larder {
         };
         conditions.check(&entry)?;
         let (range, partial) = selected_or_part(&input.range, input.part_number, &entry)?;
-        let content_range = partial.then(|| {
-            let last = range.end.saturating_sub(1);
-            format!("bytes {}-{last}/{}", range.start, entry.size)
-        });
+        let (content_range, status) = partial_answer(&range, entry.size, partial);
         let mut output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: i64::try_from(range.end - range.start).ok(),
@@ -642,10 +648,6 @@ impl S3 for Larder {
             set_checksum!(output, checksum);
             output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
         }
-        let status = match partial {
-            true => http::StatusCode::PARTIAL_CONTENT,
-            false => http::StatusCode::OK,
-        };
         Ok(S3Response::with_status(output, status))
     }
 

@@ -56,6 +56,25 @@ assert "content-type: text/plain" in out, out
 assert "cache-control: no-store" in out, out
 assert "content-language: fr-ca" in out, out
 
+step("response-* overrides are refused for anonymous reads, even of a public-read bucket")
+s3.create_bucket(Bucket="open")
+s3.put_object(Bucket="open", Key="o", Body=b"open", **GIVEN)
+s3.put_bucket_acl(Bucket="open", ACL="public-read")
+base = url.split("/headers/")[0]
+plain = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{base}/open/o"],
+                       capture_output=True, text=True, check=True).stdout
+assert plain == "200", plain
+refused = subprocess.run(["curl", "-s", "-w", "\n%{http_code}",
+                          f"{base}/open/o?response-content-type=text/html"],
+                         capture_output=True, text=True, check=True).stdout
+assert refused.endswith("\n400") and "InvalidRequest" in refused, refused
+
+step("HeadObject answers a Range with the range's length and Content-Range")
+head = s3.head_object(Bucket="headers", Key="k", Range="bytes=1-2")
+# s3s writes HeadObject's status itself: 200 here, where S3 answers 206 (README, Not done).
+assert head["ResponseMetadata"]["HTTPStatusCode"] == 200, head
+assert head["ContentLength"] == 2 and head["ContentRange"] == "bytes 1-2/4", head
+
 step("CopyObject keeps them (COPY) or takes the request's (REPLACE)")
 s3.copy_object(Bucket="headers", Key="copy", CopySource={"Bucket": "headers", "Key": "k"})
 assert kept(s3.head_object(Bucket="headers", Key="copy")) == GIVEN
