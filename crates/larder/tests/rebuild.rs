@@ -34,6 +34,44 @@ async fn put_blobs(client: &H2Client, from: usize, n: usize) -> Vec<(String, Byt
     blobs
 }
 
+fn partition_of(id: &str) -> larder_cluster::PartitionId {
+    let parsed: BlobId = id.parse().unwrap();
+    parsed.partition
+}
+
+/// At least 16 blobs, and 4 on each of the 2 partitions: the frontend picks a partition at
+/// random, and a rebuild of both of node 0's replicas needs deletes on both.
+async fn put_blobs_on_both_partitions(client: &H2Client) -> Vec<(String, Bytes)> {
+    let mut blobs = put_blobs(client, 0, 16).await;
+    while [0, 1]
+        .iter()
+        .any(|&p| blobs.iter().filter(|(id, _)| partition_of(id) == p).count() < 4)
+    {
+        assert!(
+            blobs.len() < 256,
+            "the frontend writes to one partition only"
+        );
+        let more = put_blobs(client, blobs.len(), 4).await;
+        blobs.extend(more);
+    }
+    blobs
+}
+
+/// Splits `blobs` into the IDs to delete (half of each partition's) and the blobs to keep.
+fn delete_half_of_each_partition(blobs: &[(String, Bytes)]) -> (Vec<String>, Vec<(String, Bytes)>) {
+    let (mut deleted, mut kept) = (Vec::new(), Vec::new());
+    for p in [0, 1] {
+        let on_p: Vec<_> = blobs
+            .iter()
+            .filter(|(id, _)| partition_of(id) == p)
+            .collect();
+        let (gone, stay) = on_p.split_at(on_p.len() / 2);
+        deleted.extend(gone.iter().map(|(id, _)| id.clone()));
+        kept.extend(stay.iter().map(|&b| b.clone()));
+    }
+    (deleted, kept)
+}
+
 /// GET of `id` on storage node `i`, through the internal API.
 async fn on_node(cluster: &Cluster, i: usize, id: &str) -> (StatusCode, Bytes) {
     let parsed: BlobId = id.parse().unwrap();
@@ -157,9 +195,8 @@ struct Behind {
 async fn node_0_behind_dropped_tombstones(storage: &str, big: usize) -> Behind {
     let mut cluster = Cluster::start_full(3, 2, "", storage);
     let client = H2Client::connect(cluster.frontend_addr).await;
-    let old = put_blobs(&client, 0, 16).await;
-    let (deleted, kept) = old.split_at(8);
-    let deleted: Vec<String> = deleted.iter().map(|(id, _)| id.clone()).collect();
+    let old = put_blobs_on_both_partitions(&client).await;
+    let (deleted, kept) = delete_half_of_each_partition(&old);
     let old_ids: Vec<String> = old.iter().map(|(id, _)| id.clone()).collect();
     wait_for(&cluster, &[0], &old_ids, StatusCode::OK).await;
     wait_for_cursors(&cluster).await;
@@ -177,7 +214,7 @@ async fn node_0_behind_dropped_tombstones(storage: &str, big: usize) -> Behind {
         let (status, _) = client.request(Method::DELETE, &path, Bytes::new()).await;
         assert_eq!(status, StatusCode::ACCEPTED);
     }
-    let mut new = put_blobs(&client, 16, 8).await;
+    let mut new = put_blobs(&client, old.len(), 8).await;
     for i in 0..big {
         let bytes = Bytes::from(vec![i as u8; 512 << 10]);
         let (status, id, json) = client.put(bytes.clone()).await;
@@ -194,7 +231,7 @@ async fn node_0_behind_dropped_tombstones(storage: &str, big: usize) -> Behind {
     std::fs::remove_dir_all(data_dir(&cluster, 0)).unwrap();
     copy_tree(backup.path(), &data_dir(&cluster, 0));
     cluster.restart_node(0);
-    let live: Vec<(String, Bytes)> = kept.iter().chain(&new).cloned().collect();
+    let live: Vec<(String, Bytes)> = kept.into_iter().chain(new).collect();
     Behind {
         cluster,
         client,
