@@ -6,8 +6,8 @@
 # The client (crates/larder/examples/conn_hold.rs, one thread) opens N connections from 16
 # loopback source addresses (127.0.0.2-17: never short of ephemeral ports, whatever TIME_WAIT a
 # previous case left), sends one GET on each, and holds them idle; the script then reads the
-# server's RSS and, for Larder, the counting allocator's totals (a `--features count-alloc`
-# build, src/alloc_count.rs). Then every connection sends GETs of 1 KiB one after another for a
+# server's RSS and, for Larder, the counting allocator's totals (src/alloc_count.rs, switched
+# on by LARDER_ALLOC_COUNT_FILE). Then every connection sends GETs of 1 KiB one after another for a
 # few seconds, then PUTs of 1 KiB, while the script samples RSS. Each (server, protocol, N) case
 # starts a fresh server process; Larder's three storage nodes (durable, data under target/) stay
 # up throughout. Larder's frontend gets limits that let N connections live (no per-IP cap, idle
@@ -37,20 +37,15 @@ if [ "$(ulimit -n)" -lt $((largest + 256)) ]; then
   exit 1
 fi
 
-# Two builds of this tree: the counting one for the servers, and the client. The counting
-# build's binary is copied aside and the ordinary build restored (a feature switch only relinks
-# the larder crate), so nothing else ever runs the counting allocator by mistake.
 profile=$(bench_profile)
 profile_dir=$([ "$profile" = dev ] && echo debug || echo release)
 target=${CARGO_TARGET_DIR:-$root/target}
 bench_workdir b6
-cargo build -q --profile "$profile" -p larder --features count-alloc --manifest-path "$root/Cargo.toml"
-cp "$target/$profile_dir/larder" "$work/larder-count-alloc"
-# (this also puts the ordinary larder binary back in place: both builds stay fresh side by side)
 bench_cargo -p larder --bin larder --example conn_hold
 conn_hold="$target/$profile_dir/examples/conn_hold"
-LARDER="$work/larder-count-alloc"
+LARDER="$target/$profile_dir/larder"
 export LARDER
+# The servers count their allocations (every process started from here, the storage nodes too).
 export LARDER_ALLOC_COUNT_FILE="$work/alloc" LARDER_ALLOC_COUNT_INTERVAL_MS=100
 # The logs outlive the run (bench_cleanup removes $work): a case with failed requests can be
 # looked into afterwards.

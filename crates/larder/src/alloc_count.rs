@@ -1,5 +1,6 @@
-//! A counting global allocator for benchmark builds only (`--features count-alloc`, off by
-//! default): it wraps the real allocator and counts allocations and bytes, so a benchmark can
+//! A counting global allocator, switched on at start for benchmarks only (off unless
+//! `LARDER_ALLOC_COUNT_FILE` is set): it wraps the real allocator and counts allocations and
+//! bytes, so a benchmark can
 //! divide what a load allocated by the requests or connections it made (B6 in
 //! `benchmarks/b6-connections`, and `benchmarks/cpu-per-request`).
 //!
@@ -10,12 +11,15 @@
 //! `name value` line per counter (fixed names, below); a benchmark reads it before and after a
 //! load, waiting one interval. The counters are process-wide and cumulative since start.
 //!
-//! The cost is one relaxed atomic add per counter per call, shared between threads: fine for a
-//! benchmark's byte counts, not for its timings, which is why it is never in the default build.
+//! Counting costs one relaxed atomic add per counter per call, shared between threads: fine for
+//! a benchmark's byte counts, not for its timings, so it is off unless asked for. Off, each call
+//! costs one relaxed load of a flag written once at start (a cache line every core keeps shared)
+//! and a branch predicted right every time. It used to be a cargo feature; that meant a second
+//! build of the binary (3.5 minutes of every CI run) for one benchmark.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The real allocator `A`, counted.
@@ -27,6 +31,13 @@ static FREES: AtomicU64 = AtomicU64::new(0);
 static FREED_BYTES: AtomicU64 = AtomicU64::new(0);
 static ZEROED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 static REALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Set once, by `start_reporting_from_env`, before any load a benchmark measures.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+fn counting() -> bool {
+    COUNTING.load(Ordering::Relaxed)
+}
 
 fn count_alloc(size: usize) {
     ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
@@ -42,20 +53,26 @@ fn count_free(size: usize) {
 // counters only observe sizes and never touch the memory.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_alloc(layout.size());
+        if counting() {
+            count_alloc(layout.size());
+        }
         // SAFETY: forwarded with the caller's own guarantees about `layout`.
         unsafe { self.0.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_alloc(layout.size());
-        ZEROED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        if counting() {
+            count_alloc(layout.size());
+            ZEROED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
         // SAFETY: as for `alloc`.
         unsafe { self.0.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count_free(layout.size());
+        if counting() {
+            count_free(layout.size());
+        }
         // SAFETY: `ptr` came from this allocator (hence from `A`) with `layout`.
         unsafe { self.0.dealloc(ptr, layout) }
     }
@@ -63,9 +80,11 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // Counted as a free of the old block and an allocation of the new one: growing a buffer
         // by doubling then shows up as the bytes it really asks the allocator for.
-        REALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        count_free(layout.size());
-        count_alloc(new_size);
+        if counting() {
+            REALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            count_free(layout.size());
+            count_alloc(new_size);
+        }
         // SAFETY: forwarded with the caller's own guarantees about `ptr`, `layout`, `new_size`.
         unsafe { self.0.realloc(ptr, layout, new_size) }
     }
@@ -86,11 +105,13 @@ pub fn render() -> String {
     )
 }
 
-/// Starts the thread that rewrites `LARDER_ALLOC_COUNT_FILE`, if that variable is set.
+/// Switches counting on and starts the thread that rewrites `LARDER_ALLOC_COUNT_FILE`, if that
+/// variable is set. The counts start here: a benchmark reads them before and after a load.
 pub fn start_reporting_from_env() {
     let Some(path) = std::env::var_os("LARDER_ALLOC_COUNT_FILE").map(PathBuf::from) else {
         return;
     };
+    COUNTING.store(true, Ordering::Relaxed);
     let interval = std::env::var("LARDER_ALLOC_COUNT_INTERVAL_MS")
         .ok()
         .and_then(|ms| ms.parse().ok())

@@ -1,7 +1,6 @@
 //! `larder`: one binary for every role. Argument parsing and process wiring only; the work lives
 //! in the library crates.
 
-#[cfg(feature = "count-alloc")]
 mod alloc_count;
 mod allocator;
 mod bench;
@@ -23,12 +22,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-#[cfg(not(feature = "count-alloc"))]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Benchmark builds only: the same allocator, counted (`benchmarks/b6-connections`).
-#[cfg(feature = "count-alloc")]
+/// mimalloc, counted only when a benchmark asks (`LARDER_ALLOC_COUNT_FILE`,
+/// `benchmarks/b6-connections`).
 #[global_allocator]
 static ALLOCATOR: alloc_count::Counting<mimalloc::MiMalloc> =
     alloc_count::Counting(mimalloc::MiMalloc);
@@ -36,7 +31,6 @@ static ALLOCATOR: alloc_count::Counting<mimalloc::MiMalloc> =
 fn main() -> ExitCode {
     allocator::configure();
     let cli = cli::Cli::parse();
-    #[cfg(feature = "count-alloc")]
     alloc_count::start_reporting_from_env();
     // Every role logs through this one subscriber (`larder dev`'s storage nodes are this binary
     // too, with stderr inherited), so colours are decided here: only for a terminal, never for a
