@@ -12,6 +12,7 @@ mod latency;
 mod manifest;
 mod map_cell;
 mod order;
+mod parts_manifest;
 mod read;
 mod replies;
 mod router;
@@ -24,8 +25,9 @@ pub use documents::{DocError, DocRouter, DocState, Written};
 pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, Leftover, UploadJournal};
-pub use manifest::{ChunkSlice, Manifest, ManifestError};
+pub use manifest::{ChunkSlice, Composite, Manifest, ManifestError};
 pub use map_cell::{revision_in, MapCell};
+pub use parts_manifest::{Part, PartsManifest, MAX_PARTS};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

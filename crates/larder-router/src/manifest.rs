@@ -1,5 +1,6 @@
 //! The composite blob's record: the list of chunks a large blob was cut into. This module is the
-//! only owner of that format.
+//! only owner of that format (version 1); `parts_manifest.rs` owns version 2, an object made of
+//! parts of different sizes, and `Composite` reads either.
 //!
 //! Binary layout (version 1, all integers big-endian):
 //!
@@ -20,10 +21,39 @@ use std::ops::Range;
 
 use larder_cluster::{BlobId, BlobKind};
 
-const MAGIC: &[u8; 4] = b"LCMP";
+use crate::parts_manifest::{PartsManifest, PARTS_VERSION};
+
+pub(crate) const MAGIC: &[u8; 4] = b"LCMP";
 const VERSION: u8 = 1;
 const ID_LEN: usize = 27;
 const HEADER_LEN: usize = 4 + 1 + 8 + 8 + 4;
+
+/// A composite blob's record, in either of its forms: read through `decode`, which goes by the
+/// version byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Composite {
+    /// Version 1: one body cut into chunks of one size.
+    Chunks(Manifest),
+    /// Version 2: parts of different sizes, each a simple blob or a version-1 composite.
+    Parts(PartsManifest),
+}
+
+impl Composite {
+    pub fn decode(bytes: &[u8]) -> Result<Composite, ManifestError> {
+        match bytes.get(4) {
+            Some(&PARTS_VERSION) => PartsManifest::decode(bytes).map(Composite::Parts),
+            _ => Manifest::decode(bytes).map(Composite::Chunks),
+        }
+    }
+
+    /// Size of the whole blob.
+    pub fn size(&self) -> u64 {
+        match self {
+            Composite::Chunks(m) => m.size,
+            Composite::Parts(m) => m.size,
+        }
+    }
+}
 
 /// The chunks of one composite blob.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,7 +13,9 @@ use http::Method;
 use http_body_util::{BodyExt, Limited};
 use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{BlobProperties, ByteRange};
-use larder_router::{ChunkingConfig, GetAnswer, JournalEntry, Manifest, Router};
+use larder_router::{
+    ChunkingConfig, Composite, GetAnswer, JournalEntry, Manifest, Part, PartsManifest, Router,
+};
 use md5::{Digest, Md5};
 use s3s::checksum::ChecksumHasher;
 use s3s::dto::StreamingBlob;
@@ -235,21 +237,41 @@ pub async fn open(
             Result<Bytes, std::io::Error>,
         >()));
     }
-    let id: BlobId = id
-        .parse()
-        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))?;
+    let id = parse_id(id)?;
     if id.kind == BlobKind::Composite {
-        let manifest = read_manifest(router, &id).await?.ok_or_else(|| {
+        let composite = read_composite(router, &id).await?.ok_or_else(|| {
             S3Error::Unavailable(format!(
                 "composite blob {id} is missing; the name may have just been replaced"
             ))
         })?;
-        let chunks = router.read_chunks(manifest.slices(range), read_ahead);
-        return Ok(wrap(chunks.map(|c| c.map_err(std::io::Error::other))));
+        return match composite {
+            Composite::Chunks(manifest) => Ok(open_chunks(router, read_ahead, &manifest, range)),
+            Composite::Parts(parts) => open_parts(router, read_ahead, &parts, range).await,
+        };
     }
+    open_simple(router, &id, range).await
+}
+
+/// The bytes `range` of a version-1 composite, through the router's read-ahead.
+fn open_chunks(
+    router: &Arc<Router>,
+    read_ahead: usize,
+    manifest: &Manifest,
+    range: Range<u64>,
+) -> StreamingBlob {
+    let chunks = router.read_chunks(manifest.slices(range), read_ahead);
+    wrap(chunks.map(|c| c.map_err(std::io::Error::other)))
+}
+
+/// The bytes `range` (not empty) of a simple blob.
+async fn open_simple(
+    router: &Arc<Router>,
+    id: &BlobId,
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
     let last = range.end - 1;
     let found = match router
-        .get_blob(&id, Method::GET, Some(ByteRange::FromTo(range.start, last)))
+        .get_blob(id, Method::GET, Some(ByteRange::FromTo(range.start, last)))
         .await?
     {
         GetAnswer::Found(found) => found,
@@ -274,6 +296,44 @@ pub async fn open_pieces(
     pieces: &[Piece],
     range: Range<u64>,
 ) -> Result<StreamingBlob, S3Error> {
+    let mut plan = plan(pieces, range);
+    if plan.len() <= 1 {
+        let (blob, within) = plan.pop().unwrap_or_default();
+        return open(router, read_ahead, &blob, within).await;
+    }
+    let router = router.clone();
+    Ok(stream_plan(plan, move |blob, within| {
+        let router = router.clone();
+        async move { open(&router, read_ahead, &blob, within).await }
+    }))
+}
+
+/// The bytes `range` of the parts a version-2 record lists, as `open_pieces` but through
+/// `open_part`: a part is never itself such a record (one level of nesting).
+async fn open_parts(
+    router: &Arc<Router>,
+    read_ahead: usize,
+    parts: &PartsManifest,
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
+    let mut plan: Vec<(String, Range<u64>)> = parts
+        .slices(range)
+        .into_iter()
+        .map(|(part, within)| (part.id.to_string(), within))
+        .collect();
+    if plan.len() <= 1 {
+        let (blob, within) = plan.pop().unwrap_or_default();
+        return open_part(router, read_ahead, &blob, within).await;
+    }
+    let router = router.clone();
+    Ok(stream_plan(plan, move |blob, within| {
+        let router = router.clone();
+        async move { open_part(&router, read_ahead, &blob, within).await }
+    }))
+}
+
+/// Which bytes of which piece a read of `range` takes, in order.
+fn plan(pieces: &[Piece], range: Range<u64>) -> Vec<(String, Range<u64>)> {
     let mut plan = Vec::new();
     let mut start = 0u64;
     for piece in pieces {
@@ -284,20 +344,22 @@ pub async fn open_pieces(
         }
         start = end;
     }
-    if plan.len() <= 1 {
-        let (blob, within) = plan.pop().unwrap_or_default();
-        return open(router, read_ahead, &blob, within).await;
-    }
-    let router = router.clone();
-    let streams = futures_util::stream::iter(plan).then(move |(blob, within)| {
-        let router = router.clone();
-        async move { open(&router, read_ahead, &blob, within).await }
-    });
+    plan
+}
+
+/// One stream of the pieces of `plan`, each opened (by `open`) when the one before it has
+/// been sent.
+fn stream_plan<F, Fut>(plan: Vec<(String, Range<u64>)>, open: F) -> StreamingBlob
+where
+    F: Fn(String, Range<u64>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<StreamingBlob, S3Error>> + Send + 'static,
+{
+    let streams = futures_util::stream::iter(plan).then(move |(blob, within)| open(blob, within));
     let data = streams
         .map(|opened| opened.map_err(s3s::StdError::from))
         .try_flatten()
         .map_err(std::io::Error::other);
-    Ok(wrap(data))
+    wrap(data)
 }
 
 /// s3s wants a `Sync` stream; ours are `Send` only, and are polled by one task at a time.
@@ -309,8 +371,39 @@ where
     StreamingBlob::wrap(stream)
 }
 
-/// A composite blob's manifest; `None` when the blob is missing (deleted, or never stored).
-async fn read_manifest(router: &Arc<Router>, id: &BlobId) -> Result<Option<Manifest>, S3Error> {
+/// A part a version-2 record lists: a simple blob or a version-1 composite, never another
+/// version-2 record (a record that says so is corrupt: nesting stops at one level).
+async fn open_part(
+    router: &Arc<Router>,
+    read_ahead: usize,
+    id: &str,
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
+    let id = parse_id(id)?;
+    if id.kind != BlobKind::Composite {
+        return open_simple(router, &id, range).await;
+    }
+    match read_composite(router, &id).await? {
+        Some(Composite::Chunks(manifest)) => Ok(open_chunks(router, read_ahead, &manifest, range)),
+        Some(Composite::Parts(_)) => Err(nested(&id)),
+        None => Err(S3Error::Unavailable(format!(
+            "part {id} of a multipart object is missing"
+        ))),
+    }
+}
+
+fn nested(id: &BlobId) -> S3Error {
+    S3Error::Corrupt(format!("part {id} is itself a list of parts"))
+}
+
+fn parse_id(id: &str) -> Result<BlobId, S3Error> {
+    id.parse()
+        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))
+}
+
+/// A composite blob's record, either form; `None` when the blob is missing (deleted, or never
+/// stored).
+async fn read_composite(router: &Arc<Router>, id: &BlobId) -> Result<Option<Composite>, S3Error> {
     let found = match router.get_blob(id, Method::GET, None).await? {
         GetAnswer::Found(found) => found,
         GetAnswer::Missing(_) => return Ok(None),
@@ -320,27 +413,107 @@ async fn read_manifest(router: &Arc<Router>, id: &BlobId) -> Result<Option<Manif
         .await
         .map_err(|e| S3Error::Unavailable(format!("reading a composite record: {e}")))?
         .to_bytes();
-    Manifest::decode(&bytes)
+    Composite::decode(&bytes)
         .map(Some)
         .map_err(|e| S3Error::Corrupt(format!("composite blob {id}: {e}")))
 }
 
-/// Tombstones blob `id` (a composite: the record first, then its chunks).
-pub async fn delete(router: &Arc<Router>, id: &str) -> Result<(), S3Error> {
-    let id: BlobId = id
-        .parse()
-        .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))?;
-    let chunks = match id.kind {
-        // Already gone: its chunks went with it (or never were).
-        BlobKind::Composite => read_manifest(router, &id)
-            .await?
-            .map(|m| m.chunks)
-            .unwrap_or_default(),
-        _ => Vec::new(),
+/// The parts of a multipart object whose entry names one version-2 record: that record's
+/// parts; `None` for any other body (a single PUT's, or an entry that lists its parts itself,
+/// as entries written before version 2 do).
+pub async fn parts_of(
+    router: &Arc<Router>,
+    pieces: &[Piece],
+) -> Result<Option<PartsManifest>, S3Error> {
+    let [piece] = pieces else {
+        return Ok(None);
     };
-    router.delete_blob(&id).await?;
-    if !chunks.is_empty() {
-        router.delete_chunks(chunks, "S3 object replaced").await;
+    let id = parse_id(&piece.blob)?;
+    if id.kind != BlobKind::Composite {
+        return Ok(None);
+    }
+    match read_composite(router, &id).await? {
+        Some(Composite::Parts(parts)) => Ok(Some(parts)),
+        Some(Composite::Chunks(_)) => Ok(None),
+        None => Err(S3Error::Unavailable(format!(
+            "composite blob {id} is missing; the name may have just been replaced"
+        ))),
+    }
+}
+
+/// Every blob an object's body is made of, as far as its name's owner decides: its pieces and,
+/// for a version-2 record, the parts it lists (not their chunks, which go with them). What a
+/// settlement checks a held blob against.
+pub async fn body_blobs(router: &Arc<Router>, pieces: &[Piece]) -> Result<Vec<String>, S3Error> {
+    let mut blobs: Vec<String> = pieces.iter().map(|p| p.blob.clone()).collect();
+    if let Some(parts) = parts_of(router, pieces).await? {
+        blobs.extend(parts.parts.iter().map(|p| p.id.to_string()));
+    }
+    Ok(blobs)
+}
+
+/// Stores the version-2 record listing `parts` (in order), its ID recorded in `journal` before
+/// it is written (so that a settlement tombstones the record alone if no name points at it).
+pub async fn store_parts(
+    router: &Arc<Router>,
+    parts: Vec<Part>,
+    journal: Option<&JournalEntry>,
+) -> Result<BlobId, S3Error> {
+    let manifest = PartsManifest::new(parts).ok_or_else(|| {
+        S3Error::Internal("a multipart object's parts do not make a record".into())
+    })?;
+    let props = BlobProperties {
+        created_ms: crate::service::now_ms(),
+        ..Default::default()
+    };
+    let bytes = Bytes::from(manifest.encode());
+    let put = router.put_blob_kind(BlobKind::Composite, &props, bytes, journal);
+    Ok(put.await?)
+}
+
+/// Tombstones blob `id`: a version-1 composite's record first, then its chunks; a version-2
+/// record's parts first (each as a blob of its own), then the record, so that a delete cut
+/// short is done again in full by the next try, which still finds the record.
+pub async fn delete(router: &Arc<Router>, id: &str) -> Result<(), S3Error> {
+    let id = parse_id(id)?;
+    if id.kind != BlobKind::Composite {
+        return Ok(router.delete_blob(&id).await?);
+    }
+    match read_composite(router, &id).await? {
+        Some(Composite::Parts(parts)) => {
+            for part in &parts.parts {
+                delete_part(router, &part.id).await?;
+            }
+            Ok(router.delete_blob(&id).await?)
+        }
+        Some(Composite::Chunks(manifest)) => delete_chunked(router, &id, manifest).await,
+        // Already gone: its chunks went with it (or never were).
+        None => Ok(router.delete_blob(&id).await?),
+    }
+}
+
+/// A part of a version-2 record: a simple blob, or a version-1 composite with its chunks.
+async fn delete_part(router: &Arc<Router>, id: &BlobId) -> Result<(), S3Error> {
+    if id.kind != BlobKind::Composite {
+        return Ok(router.delete_blob(id).await?);
+    }
+    match read_composite(router, id).await? {
+        Some(Composite::Chunks(manifest)) => delete_chunked(router, id, manifest).await,
+        Some(Composite::Parts(_)) => Err(nested(id)),
+        None => Ok(router.delete_blob(id).await?),
+    }
+}
+
+async fn delete_chunked(
+    router: &Arc<Router>,
+    id: &BlobId,
+    manifest: Manifest,
+) -> Result<(), S3Error> {
+    router.delete_blob(id).await?;
+    if !manifest.chunks.is_empty() {
+        router
+            .delete_chunks(manifest.chunks, "S3 object replaced")
+            .await;
     }
     Ok(())
 }

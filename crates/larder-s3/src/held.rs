@@ -7,11 +7,13 @@
 //!   (`larder-router`'s `journal.rs`).
 //! - The name linked: the entry goes. The link refused: the body is tombstoned, then the
 //!   entry goes.
-//! - CompleteMultipartUpload holds an entry with no ID for the completion
+//! - CompleteMultipartUpload holds an entry for the completion
 //!   (`complete:<bucket>/<upload>/<token>/<key>`, `complete-sent:` once its link may have been
-//!   sent), written before the token goes into the upload's record; settling it keeps the
-//!   parts the object links and gives the upload back or gives its parts up, as
-//!   `multipart::settle_completion` says.
+//!   sent), written before the token goes into the upload's record; its only ID is the
+//!   object's parts record (a composite of version 2), recorded before that is written.
+//!   Settling it keeps the parts the object links and gives the upload back or gives its parts
+//!   up, as `multipart::settle_completion` says, and tombstones the parts record alone unless
+//!   the name points at it.
 //! - The link's outcome unknown (sent to the primary, no answer), or the process died with the
 //!   entry still there (found at the next start): settle it. First a fence, a write of the
 //!   name's index record at its primary, after which no earlier write of that record based on
@@ -240,7 +242,9 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
                 number,
                 key,
             } => part_named(s3, (bucket, upload, key.as_deref()), *number, ids).await,
-            // Settled by the upload's record, whose parts it keeps or drops itself.
+            // Settled by the upload's record, whose parts it keeps or drops itself. The entry
+            // lists the parts record(s) the completion wrote: those the name does not point at
+            // are tombstoned, alone (their parts are not theirs to drop).
             HeldFor::Completion {
                 bucket,
                 upload,
@@ -254,8 +258,28 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
                     key,
                     token,
                 };
-                let settled = multipart::settle_completion(s3, &completion, *sent).await;
-                settled.map(|()| true)
+                match multipart::settle_completion(s3, &completion, *sent).await {
+                    Ok(body) => {
+                        let stray: Vec<BlobId> = ids
+                            .iter()
+                            .filter(|id| !body.contains(&id.to_string()))
+                            .copied()
+                            .collect();
+                        let router = s3.router();
+                        if router
+                            .delete_chunks(stray, "S3 parts record never named")
+                            .await
+                            == 0
+                        {
+                            return;
+                        }
+                        // Tried again after a pause: settling again changes nothing settled.
+                        Err(S3Error::Unavailable(
+                            "tombstoning a parts record no name points at".into(),
+                        ))
+                    }
+                    Err(err) => Err(err),
+                }
             }
         };
         match named {
@@ -296,7 +320,14 @@ async fn object_named(
         Err(S3Error::NoSuchBucket) => return Ok(false),
         other => other?,
     };
-    Ok(entry.is_some_and(|e| holds(e.body.into_iter().map(|p| p.blob), ids)))
+    match entry {
+        // Through a parts record too: a part's blobs are held under the part's name.
+        Some(entry) => Ok(holds(
+            blobs::body_blobs(s3.router(), &entry.body).await?,
+            ids,
+        )),
+        None => Ok(false),
+    }
 }
 
 /// Whether the upload lists one of `ids` as part `number`, after a fence (a write of the

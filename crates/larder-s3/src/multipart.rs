@@ -1,11 +1,14 @@
 //! Multipart uploads. An upload is a record (`larder-s3:upload:<bucket>:<id>`) listing its
 //! parts; each part is stored like a PutObject body (a blob, chunked when large, never held
-//! whole). Completing writes the object's entry with the chosen parts as its pieces in order
-//! (parts differ in size, so the entry lists them instead of one composite manifest). The
+//! whole). Completing writes one composite record of version 2 listing the chosen parts with
+//! their sizes (`larder-router`'s `parts_manifest.rs`), and the object's entry names that
+//! record: the index stays small however many parts an object has. (Entries written before
+//! version 2 list the parts themselves; reads and deletes take both.) The
 //! record stays, marked as completing, until the link is settled (`complete`): no crash leaks
 //! the parts, and no Abort tombstones the bytes of a completed object.
 
-use larder_router::JournalEntry;
+use larder_cluster::BlobId;
+use larder_router::{JournalEntry, Part};
 use md5::{Digest, Md5};
 use rand::distr::{Alphanumeric, SampleString};
 use s3s::dto::{CompletedPart, ETag};
@@ -401,7 +404,17 @@ async fn settle_stale(
         key,
         token: &completing.token,
     };
-    settle_completion(s3, &completion, true).await
+    // A record this completion wrote that the name does not point at stays (no journal entry
+    // lists it any more): a small leak, logged.
+    let body = settle_completion(s3, &completion, true).await?;
+    if body.is_empty() {
+        tracing::warn!(
+            bucket,
+            upload = id,
+            "a stale completion's parts record, if it wrote one, is left behind"
+        );
+    }
+    Ok(())
 }
 
 /// The journal entry of a completion, synced (`None` without a journal).
@@ -466,6 +479,18 @@ impl CompletionStep {
             Err(failed) => return Err(self.forget(failed.error)),
         };
         crate::held::crash_point("after-complete-mark");
+        // The object's body: one record listing the parts (`blobs::store_parts`), its ID in
+        // this completion's journal entry before it is written. A settlement tombstones the
+        // record alone unless the name points at it: the parts stay the upload's until then.
+        let stored = match part_list(&parts) {
+            Ok(list) => blobs::store_parts(s3.router(), list, self.journal.as_ref()).await,
+            Err(err) => Err(err),
+        };
+        let record = match stored {
+            Ok(record) => record,
+            Err(err) => return Err(self.settle_later(err)),
+        };
+        crate::held::crash_point("after-complete-parts-record");
         // From here a settlement that finds the name not linked cannot give the upload back.
         self.set_sent(true);
         if let Some(entry) = &self.journal {
@@ -482,7 +507,7 @@ impl CompletionStep {
         };
         crate::held::crash_point("before-complete-link");
         let completion = self.completion();
-        let entry = object_entry(upload, parts, &etag);
+        let entry = object_entry(upload, record, parts, &etag);
         let linked = objects::link(s3, completion.bucket, completion.key, entry, &conditions).await;
         crate::held::crash_point("after-complete-link");
         match linked {
@@ -500,7 +525,16 @@ impl CompletionStep {
                     Some(entry) => rehold(entry, &self.held_for).await,
                     None => Ok(()),
                 };
-                match noted.and(revert(s3, &self.completion()).await) {
+                // The parts record goes first: once the token is gone, nothing names it.
+                let dropped = match noted {
+                    Ok(()) => s3
+                        .router()
+                        .delete_blob(&record)
+                        .await
+                        .map_err(S3Error::from),
+                    Err(err) => Err(err),
+                };
+                match dropped.and(revert(s3, &self.completion()).await) {
                     Ok(()) => Err(self.forget(failed.error)),
                     Err(_) => Err(self.settle_later(failed.error)),
                 }
@@ -581,17 +615,33 @@ async fn mark(
     Ok((parts, upload, since_ms))
 }
 
-/// The object's entry: the chosen parts as its pieces, in order.
-fn object_entry(upload: Upload, parts: Vec<(u32, UploadedPart)>, etag: &str) -> ObjectEntry {
+/// The chosen parts, in order, as the parts record lists them.
+fn part_list(parts: &[(u32, UploadedPart)]) -> Result<Vec<Part>, S3Error> {
+    parts
+        .iter()
+        .map(|(number, p)| {
+            let id: BlobId = p.blob.parse().map_err(|e| {
+                S3Error::Corrupt(format!("part {number} names blob {}: {e}", p.blob))
+            })?;
+            Ok(Part { id, size: p.size })
+        })
+        .collect()
+}
+
+/// The object's entry: one piece, the record listing the chosen parts (`record`).
+fn object_entry(
+    upload: Upload,
+    record: BlobId,
+    parts: Vec<(u32, UploadedPart)>,
+    etag: &str,
+) -> ObjectEntry {
+    let size = parts.iter().map(|(_, p)| p.size).sum();
     ObjectEntry {
-        size: parts.iter().map(|(_, p)| p.size).sum(),
-        body: parts
-            .into_iter()
-            .map(|(_, p)| Piece {
-                blob: p.blob,
-                size: p.size,
-            })
-            .collect(),
+        size,
+        body: vec![Piece {
+            blob: record.to_string(),
+            size,
+        }],
         etag: etag.to_owned(),
         modified_ms: now_ms(),
         content_type: upload.content_type,
@@ -680,11 +730,15 @@ fn holds_token(upload: &Upload, token: &str) -> bool {
 ///   record removed). The link may have landed and the name been overwritten or deleted
 ///   since, which puts the parts on the index's garbage list: giving them back to the upload
 ///   would let a new Complete link blobs about to be tombstoned.
+///
+/// Returns the blobs the name's body is made of when it is this completion's object (empty
+/// otherwise): the caller tombstones any parts record its journal entry lists that is not
+/// among them.
 pub async fn settle_completion(
     s3: &Larder,
     completion: &Completion<'_>,
     sent: bool,
-) -> Result<(), S3Error> {
+) -> Result<Vec<String>, S3Error> {
     let token = completion.token;
     let found = s3
         .records
@@ -701,10 +755,14 @@ pub async fn settle_completion(
         .await?;
     let upload = match found {
         Some(Some(upload)) => upload,
-        // Finished, given up or aborted: only the list may still name it.
-        Some(None) => return finish(s3, completion, &[]).await,
+        // Finished, given up or aborted: only the list may still name it. The name may point
+        // at this completion's record (finished), so its blobs are kept.
+        Some(None) => {
+            finish(s3, completion, &[]).await?;
+            return linked_body(s3, completion).await;
+        }
         // Never marked, or given back: the upload is someone else's business.
-        None => return Ok(()),
+        None => return linked_body(s3, completion).await,
     };
     let chosen_numbers = upload
         .completing
@@ -716,20 +774,37 @@ pub async fn settle_completion(
         .filter_map(|n| upload.parts.get(n).map(|p| p.blob.as_str()))
         .collect();
     let (bucket, key) = (completion.bucket, completion.key);
-    let linked = match objects::touch(s3, bucket, key).await {
-        Err(S3Error::NoSuchBucket) => false,
+    let body = match objects::touch(s3, bucket, key).await {
+        Err(S3Error::NoSuchBucket) => Vec::new(),
         Err(err) => return Err(err),
         Ok(()) => match s3.current(bucket, key).await {
-            Err(S3Error::NoSuchBucket) => false,
-            other => {
-                other?.is_some_and(|e| e.body.iter().any(|p| chosen.contains(&p.blob.as_str())))
-            }
+            Err(S3Error::NoSuchBucket) | Ok(None) => Vec::new(),
+            Err(err) => return Err(err),
+            // Through the parts record its entry names (or, from older builds, its pieces).
+            Ok(Some(entry)) => blobs::body_blobs(s3.router(), &entry.body).await?,
         },
     };
+    let linked = body.iter().any(|blob| chosen.contains(&blob.as_str()));
     match (linked, sent) {
-        (true, _) => finish(s3, completion, &chosen_numbers).await,
-        (false, false) => revert(s3, completion).await,
-        (false, true) => finish(s3, completion, &[]).await,
+        (true, _) => finish(s3, completion, &chosen_numbers).await?,
+        (false, false) => revert(s3, completion).await?,
+        (false, true) => finish(s3, completion, &[]).await?,
+    }
+    Ok(if linked { body } else { Vec::new() })
+}
+
+/// The blobs the completion's name is made of now (after a fence), whatever linked it: a held
+/// record the name points at is kept, any other tombstoned.
+async fn linked_body(s3: &Larder, completion: &Completion<'_>) -> Result<Vec<String>, S3Error> {
+    let (bucket, key) = (completion.bucket, completion.key);
+    match objects::touch(s3, bucket, key).await {
+        Err(S3Error::NoSuchBucket) => return Ok(Vec::new()),
+        other => other?,
+    }
+    match s3.current(bucket, key).await {
+        Err(S3Error::NoSuchBucket) | Ok(None) => Ok(Vec::new()),
+        Err(err) => Err(err),
+        Ok(Some(entry)) => Ok(entry.body.into_iter().map(|p| p.blob).collect()),
     }
 }
 

@@ -262,7 +262,8 @@ fn asked_checksum<'e>(
 /// The bytes a GetObject or HeadObject asks for, and whether that is a part of the object
 /// (206): a `Range`, or a `partNumber` (a multipart object's pieces are its parts; any other
 /// object is one part). Both at once is S3's 400.
-fn selected_or_part(
+async fn selected_or_part(
+    router: &Arc<Router>,
     range: &Option<Range>,
     part: Option<i32>,
     entry: &ObjectEntry,
@@ -271,12 +272,28 @@ fn selected_or_part(
         (Some(_), Some(_)) => Err(S3Error::InvalidRequest(
             "Cannot specify both Range header and partNumber query parameter".into(),
         )),
-        (None, Some(n)) => Ok((part_range(entry, n)?, true)),
+        (None, Some(n)) => Ok((part_range(router, entry, n).await?, true)),
         (range, None) => Ok((selected(range.as_ref(), entry.size)?, range.is_some())),
     }
 }
 
-fn part_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Error> {
+/// The bytes of part `n`: from the parts record a multipart object's entry names (one read),
+/// or from the entry's own pieces (a single PUT's one part; multipart entries of older builds).
+async fn part_range(
+    router: &Arc<Router>,
+    entry: &ObjectEntry,
+    n: i32,
+) -> Result<std::ops::Range<u64>, S3Error> {
+    if parts_count(entry).is_some() {
+        if let Some(parts) = blobs::parts_of(router, &entry.body).await? {
+            let number = usize::try_from(n).map_err(|_| S3Error::InvalidPart)?;
+            return parts.part_range(number).ok_or(S3Error::InvalidPart);
+        }
+    }
+    piece_range(entry, n)
+}
+
+fn piece_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Error> {
     if entry.body.is_empty() && n == 1 {
         return Ok(0..0); // an empty object is one empty part
     }
@@ -291,10 +308,11 @@ fn part_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Err
     Ok(start..start.saturating_add(entry.body[index].size))
 }
 
-/// How many parts a multipart upload made the object of (S3 answers it for a `partNumber`).
+/// How many parts a multipart upload made the object of (S3 answers it for a `partNumber`):
+/// the count its ETag ends with (`<md5 of the parts' md5s>-<parts>`).
 fn parts_count(entry: &ObjectEntry) -> Option<i32> {
-    let multipart = entry.etag.contains('-');
-    multipart.then(|| i32::try_from(entry.body.len()).unwrap_or(i32::MAX))
+    let (_, count) = entry.etag.rsplit_once('-')?;
+    count.parse().ok()
 }
 
 /// The `Content-Range` and status of an answer with the bytes `range` of `size`.
@@ -588,7 +606,8 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
-        let (range, partial) = selected_or_part(&input.range, input.part_number, &entry)?;
+        let (range, partial) =
+            selected_or_part(self.router(), &input.range, input.part_number, &entry).await?;
         let read_ahead = self.limits.chunking.read_ahead;
         let body =
             blobs::open_pieces(self.router(), read_ahead, &entry.body, range.clone()).await?;
@@ -629,7 +648,8 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
-        let (range, partial) = selected_or_part(&input.range, input.part_number, &entry)?;
+        let (range, partial) =
+            selected_or_part(self.router(), &input.range, input.part_number, &entry).await?;
         let (content_range, status) = partial_answer(&range, entry.size, partial);
         let mut output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),

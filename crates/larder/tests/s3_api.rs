@@ -235,6 +235,88 @@ assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
     });
 }
 
+/// A multipart object's entry names one record, a composite of version 2 that lists its parts
+/// (a chunked one and a simple one here) with their sizes; the blob API refuses to read or
+/// delete it piecewise; and deleting the object tombstones the record and every part after the
+/// grace period.
+#[test]
+fn a_multipart_objects_parts_live_in_one_record_that_goes_with_the_object() {
+    let (cluster, endpoint) = s3_cluster();
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = r#"
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2],
+                  aws_secret_access_key=sys.argv[3], region_name="us-east-1")
+s3.create_bucket(Bucket="parts")
+upload = s3.create_multipart_upload(Bucket="parts", Key="mp")["UploadId"]
+first, second = b"a" * (5 << 20), b"b" * 1000
+tags = [s3.upload_part(Bucket="parts", Key="mp", UploadId=upload, PartNumber=n, Body=body)["ETag"]
+        for n, body in ((1, first), (2, second))]
+s3.complete_multipart_upload(Bucket="parts", Key="mp", UploadId=upload, MultipartUpload={
+    "Parts": [{"PartNumber": n + 1, "ETag": tag} for n, tag in enumerate(tags)]})
+assert s3.get_object(Bucket="parts", Key="mp")["Body"].read() == first + second
+print("stored", flush=True)
+sys.stdin.readline()
+s3.delete_object(Bucket="parts", Key="mp")
+"#;
+    let mut child = Command::new(python())
+        .args(["-c", script, &endpoint, &id, &secret])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "stored");
+    let body = wait_for(|| {
+        bucket_records(&cluster, "parts")
+            .iter()
+            .find_map(|r| r["objects"]["mp"]["body"].as_array().cloned())
+    });
+    assert_eq!(body.len(), 1, "one piece: {body:?}");
+    let record = body[0]["blob"].as_str().unwrap().to_owned();
+    let record_id: larder_cluster::BlobId = record.parse().unwrap();
+    assert_eq!(record_id.kind, larder_cluster::BlobKind::Composite);
+    // The record as a storage node holds it: version 2, the two parts in order.
+    let path = larder_proto::blob_path(record_id.partition, &record);
+    let (status, bytes) = cluster.internal_request(cluster.node_addr(0), "GET", &path);
+    assert_eq!(status, 200);
+    let larder_router::Composite::Parts(parts) = larder_router::Composite::decode(&bytes).unwrap()
+    else {
+        panic!("not a parts record");
+    };
+    let sizes: Vec<u64> = parts.parts.iter().map(|p| p.size).collect();
+    assert_eq!(sizes, [5 << 20, 1000]);
+    let kinds: Vec<_> = parts.parts.iter().map(|p| p.id.kind).collect();
+    use larder_cluster::BlobKind::{Composite, Simple};
+    assert_eq!(kinds, [Composite, Simple], "5 MiB is chunked at 1 MiB");
+    let native = |id: &str| {
+        common::curl(
+            cluster.dir.path(),
+            &[&cluster.url(&format!("/v1/blobs/{id}"))],
+        )
+    };
+    let refused = native(&record);
+    assert_eq!(refused.status, 400);
+    assert!(String::from_utf8_lossy(&refused.body).contains("S3ObjectBody"));
+    for part in &parts.parts {
+        assert_eq!(native(&part.id.to_string()).status, 200);
+    }
+
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    wait_for(|| {
+        let parts_gone = parts
+            .parts
+            .iter()
+            .all(|p| native(&p.id.to_string()).status == 410);
+        (parts_gone && native(&record).status == 410).then_some(())
+    });
+}
+
 /// S3 deletes a bucket whose only contents are uploads in progress; Larder does too, and
 /// aborts them: the upload is gone, its part's blob tombstoned, and a bucket made again with
 /// the name lists no uploads.

@@ -343,23 +343,27 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
             1,
             "one entry, held for the completion: {held:?}"
         );
-        assert!(held[0].0 && held[0].1.is_empty(), "{held:?}");
+        // It lists the object's parts record once that is written, and nothing else.
+        let (is_held, records) = held[0].clone();
+        assert!(is_held && records.len() <= 1, "{held:?}");
         let (_, completing) = upload_record(cluster, upload).expect("the record stays");
         assert!(completing, "the token is in the record");
         cluster.restart_frontend_with_env(&[]);
         common::wait_for_port(s3);
         wait_until_settled(&journal);
+        records
     };
 
     // Died after the token went into the record, before the link was sent: the upload is
     // given back whole, and completes on the client's next try.
     let (upload, etag) = upload_two_parts(&dir, &signer, "given-back");
     let (parts, _) = upload_record(&cluster, &upload).unwrap();
-    crash_at(
+    let records = crash_at(
         &mut cluster,
         "after-complete-mark",
         ("given-back", &upload, &etag),
     );
+    assert!(records.is_empty(), "no parts record yet: {records:?}");
     // Read from one replica: the last one to get the change may lag a little.
     wait_for(
         || upload_record(&cluster, &upload) == Some((parts.clone(), false)),
@@ -385,15 +389,44 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         "the used part stays"
     );
 
+    // Died with the object's parts record written, before the link could be sent: the record
+    // alone goes, and the upload is given back whole.
+    let (upload, etag) = upload_two_parts(&dir, &signer, "record-dropped");
+    let (parts, _) = upload_record(&cluster, &upload).unwrap();
+    let records = crash_at(
+        &mut cluster,
+        "after-complete-parts-record",
+        ("record-dropped", &upload, &etag),
+    );
+    assert_eq!(records.len(), 1, "the parts record is listed");
+    wait_for(
+        || upload_record(&cluster, &upload) == Some((parts.clone(), false)),
+        "the upload is given back",
+    );
+    wait_for(
+        || replicas_holding(&cluster, &records[0]) == 0,
+        "the parts record no name points at goes",
+    );
+    for (_, blob) in &parts {
+        assert!(replicas_holding(&cluster, blob) >= 2, "part {blob} stays");
+    }
+    assert_eq!(
+        complete(&dir, &signer, ("record-dropped", &upload, &etag)),
+        200
+    );
+    let got = common::curl(&dir, &[&signer.url("GET", "record-dropped")]);
+    assert_eq!(got.body, b"part 1 of record-dropped");
+
     // Died once the link may have been sent, but it was not: the name may have been linked
     // and replaced since, so the parts are given up rather than given back.
     let (upload, etag) = upload_two_parts(&dir, &signer, "given-up");
     let (parts, _) = upload_record(&cluster, &upload).unwrap();
-    crash_at(
+    let records = crash_at(
         &mut cluster,
         "before-complete-link",
         ("given-up", &upload, &etag),
     );
+    assert_eq!(records.len(), 1, "the parts record is listed");
     wait_for(
         || upload_record(&cluster, &upload).is_none(),
         "the upload is gone",
@@ -402,11 +435,11 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         common::curl(&dir, &[&signer.url("GET", "given-up")]).status,
         404
     );
-    for (_, blob) in &parts {
+    for blob in parts.iter().map(|(_, b)| b).chain(&records) {
         assert_eq!(
             replicas_holding(&cluster, blob),
             0,
-            "no part is left behind"
+            "no part and no parts record is left behind"
         );
     }
     assert_ne!(complete(&dir, &signer, ("given-up", &upload, &etag)), 200);
@@ -415,11 +448,12 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     // (its unused part tombstoned).
     let (upload, etag) = upload_two_parts(&dir, &signer, "linked");
     let (parts, _) = upload_record(&cluster, &upload).unwrap();
-    crash_at(
+    let records = crash_at(
         &mut cluster,
         "after-complete-link",
         ("linked", &upload, &etag),
     );
+    assert_eq!(records.len(), 1, "the parts record is listed");
     wait_for(
         || upload_record(&cluster, &upload).is_none(),
         "the upload is finished",
@@ -435,6 +469,10 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     assert!(
         replicas_holding(&cluster, &parts[0].1) >= 2,
         "the used part stays"
+    );
+    assert!(
+        replicas_holding(&cluster, &records[0]) >= 2,
+        "the parts record the name points at stays"
     );
     // The client's retry of the lost answer is answered with the object.
     assert_eq!(complete(&dir, &signer, ("linked", &upload, &etag)), 200);

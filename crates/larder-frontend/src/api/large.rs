@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Limited, StreamBody};
 use hyper::body::Incoming;
 use larder_cluster::BlobId;
 use larder_proto::{BlobProperties, ByteRange};
-use larder_router::{GetAnswer, Manifest, Missing};
+use larder_router::{Composite, GetAnswer, Manifest, Missing};
 
 use super::blobs::{content_headers, copy_public_headers, drain_budget, too_large};
 use crate::body::{drain_in_background, empty, next_frame, Body};
@@ -205,8 +205,18 @@ async fn read_manifest(state: &Arc<AppState>, id: &BlobId) -> Result<ManifestAns
         .await
         .map_err(|e| ApiError::Unavailable(format!("reading a composite record: {e}")))?
         .to_bytes();
-    let manifest = Manifest::decode(&bytes)
-        .map_err(|e| ApiError::Internal(format!("composite blob {id}: {e}")))?;
+    let manifest = match Composite::decode(&bytes) {
+        Ok(Composite::Chunks(manifest)) => manifest,
+        // Owned by an S3 name, whose index decides when its parts go: not for this API to
+        // read piecewise or to delete from under it.
+        Ok(Composite::Parts(_)) => {
+            return Err(ApiError::BadRequest(
+                "S3ObjectBody",
+                format!("blob {id} is an S3 object's list of parts: read it through the S3 API"),
+            ))
+        }
+        Err(e) => return Err(ApiError::Internal(format!("composite blob {id}: {e}"))),
+    };
     Ok(ManifestAnswer::Found(manifest, found.properties))
 }
 
