@@ -420,7 +420,8 @@ async fn read_composite(router: &Arc<Router>, id: &BlobId) -> Result<Option<Comp
 
 /// The parts of a multipart object whose entry names one version-2 record: that record's
 /// parts; `None` for any other body (a single PUT's, or an entry that lists its parts itself,
-/// as entries written before version 2 do).
+/// as entries written before version 2 do), and for a record that is missing: a read of it
+/// answers that, and a settlement must not wait for it forever.
 pub async fn parts_of(
     router: &Arc<Router>,
     pieces: &[Piece],
@@ -434,10 +435,7 @@ pub async fn parts_of(
     }
     match read_composite(router, &id).await? {
         Some(Composite::Parts(parts)) => Ok(Some(parts)),
-        Some(Composite::Chunks(_)) => Ok(None),
-        None => Err(S3Error::Unavailable(format!(
-            "composite blob {id} is missing; the name may have just been replaced"
-        ))),
+        Some(Composite::Chunks(_)) | None => Ok(None),
     }
 }
 
