@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::blobs;
 use crate::error::S3Error;
+use crate::keep::Keep;
 use crate::list::{self, Page};
 use crate::pager::{Pager, Resume, Step};
 use crate::records::{
@@ -235,8 +236,18 @@ impl IndexTree {
 
     /// The bucket's root from a quorum (and its hints remembered).
     pub async fn root(&self, records: &Records, bucket: &str) -> Result<BucketIndex, S3Error> {
+        self.root_keeping(records, bucket, &Keep::All).await
+    }
+
+    /// `root`, keeping only what `keep` says of its entries (for reading only: `keep.rs`).
+    async fn root_keeping(
+        &self,
+        records: &Records,
+        bucket: &str,
+        keep: &Keep,
+    ) -> Result<BucketIndex, S3Error> {
         let root = records
-            .read::<BucketIndex>(&bucket_doc(bucket))
+            .read_keeping::<BucketIndex>(&bucket_doc(bucket), keep)
             .await?
             .ok_or(S3Error::NoSuchBucket)?;
         self.remember(bucket, &root);
@@ -344,15 +355,17 @@ impl IndexTree {
         records: &Records,
         bucket: &str,
         key: &str,
+        keep: &Keep,
     ) -> Result<Node, S3Error> {
         if let Some(hints) = self.cached(bucket).filter(|h| !h.is_empty()) {
             let start = pick(&hints, key);
-            if let Some((node, _)) = walk(records, bucket, &start, key, (false, MAX_HOPS)).await? {
+            let walked = walk(records, bucket, &start, key, (false, MAX_HOPS), keep).await?;
+            if let Some((node, _)) = walked {
                 return Ok(node);
             }
             self.forget(bucket);
         }
-        let root = self.root(records, bucket).await?;
+        let root = self.root_keeping(records, bucket, keep).await?;
         if !root.is_split() {
             return Ok(Node {
                 objects: root.objects,
@@ -362,7 +375,7 @@ impl IndexTree {
         // From a fresh root a sealed leaf is read as it is (empty, a delete under way), and
         // the walk goes as far as the leaves go (a hint whose write was lost is repaired).
         let start = pick(&root.leaves, key);
-        let (node, hops) = walk(records, bucket, &start, key, (true, MAX_LEAVES))
+        let (node, hops) = walk(records, bucket, &start, key, (true, MAX_LEAVES), keep)
             .await?
             .ok_or(S3Error::NoSuchBucket)?;
         if hops > REPAIR_AFTER_HOPS && !root.leaves.contains_key(&node.low) {
@@ -378,7 +391,9 @@ impl IndexTree {
         bucket: &str,
         key: &str,
     ) -> Result<Option<ObjectEntry>, S3Error> {
-        let mut node = self.locate(records, bucket, key).await?;
+        // Only this name's entry is built of the record that holds it.
+        let keep = Keep::One(key.to_owned());
+        let mut node = self.locate(records, bucket, key, &keep).await?;
         Ok(node.objects.remove(key))
     }
 
@@ -394,7 +409,7 @@ impl IndexTree {
         limit: Option<(usize, Resume)>,
     ) -> Result<Page, S3Error> {
         let start = query.start_key();
-        let mut node = self.locate(records, bucket, &start).await?;
+        let mut node = self.locate(records, bucket, &start, &Keep::All).await?;
         let mut pager = Pager::new(query, limit, MAX_LEAVES);
         loop {
             match pager.visit(&node.objects, &node.low, node.high.as_deref()) {
@@ -709,10 +724,12 @@ async fn walk(
     id: &str,
     key: &str,
     (sealed_ok, max_hops): (bool, usize),
+    keep: &Keep,
 ) -> Result<Option<(Node, usize)>, S3Error> {
     let mut id = id.to_owned();
     for hops in 0..max_hops {
-        let Some(leaf) = read_leaf(records, bucket, &id).await? else {
+        let doc = leaf_doc(bucket, &id);
+        let Some(leaf) = records.read_keeping::<Leaf>(&doc, keep).await? else {
             return Ok(None);
         };
         if leaf.sealed.is_some() && !sealed_ok {

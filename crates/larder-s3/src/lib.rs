@@ -17,6 +17,7 @@ pub mod fuzzing;
 mod held;
 mod index_batch;
 mod index_tree;
+mod keep;
 mod keys;
 mod list;
 mod metrics;

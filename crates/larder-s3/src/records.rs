@@ -50,6 +50,7 @@ pub struct BucketIndex {
     pub v: u32,
     pub created_ms: u64,
     /// The objects, while the root is the bucket's only leaf (empty once split).
+    #[serde(deserialize_with = "crate::keep::objects")]
     pub objects: BTreeMap<String, ObjectEntry>,
     /// Blobs no name points at any more, tombstoned once their grace period is over (a read
     /// that resolved the name just before may still be fetching them). Written in the same
@@ -117,6 +118,7 @@ pub struct Leaf {
     pub high: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub right: Option<String>,
+    #[serde(deserialize_with = "crate::keep::objects")]
     pub objects: BTreeMap<String, ObjectEntry>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub garbage: Vec<Garbage>,

@@ -8,6 +8,7 @@ use larder_router::{DocRouter, DocState, Router, Written};
 use tokio::time::Instant;
 
 use crate::error::S3Error;
+use crate::keep::Keep;
 use crate::records::Record;
 
 /// How many times a change is read and applied again after losing to a concurrent one.
@@ -51,6 +52,17 @@ impl Records {
     pub async fn read<R: Record>(&self, id: &str) -> Result<Option<R>, S3Error> {
         let state = self.docs.get(id, self.deadline()).await?;
         decode(state).map(|(_, record)| record)
+    }
+
+    /// `read`, keeping only what `keep` says of an index record's entries (`keep.rs`): for
+    /// reading, never for writing back.
+    pub async fn read_keeping<R: Record>(
+        &self,
+        id: &str,
+        keep: &Keep,
+    ) -> Result<Option<R>, S3Error> {
+        let state = self.docs.get(id, self.deadline()).await?;
+        crate::keep::decode_keeping(keep, || decode(state)).map(|(_, record)| record)
     }
 
     /// Reads record `id` (as the primary holds it), applies `change` and writes the result at
