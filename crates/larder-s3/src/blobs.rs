@@ -418,36 +418,67 @@ async fn read_composite(router: &Arc<Router>, id: &BlobId) -> Result<Option<Comp
         .map_err(|e| S3Error::Corrupt(format!("composite blob {id}: {e}")))
 }
 
+/// What a body's one piece is, as far as parts go.
+enum PartsRecord {
+    /// Not a version-2 record: a single PUT's body, or an entry of an older build that lists
+    /// its parts itself.
+    NotOne,
+    /// A composite the name points at that storage no longer has: its parts are unknown.
+    Missing(BlobId),
+    Found(PartsManifest),
+}
+
+async fn parts_record(router: &Arc<Router>, pieces: &[Piece]) -> Result<PartsRecord, S3Error> {
+    let [piece] = pieces else {
+        return Ok(PartsRecord::NotOne);
+    };
+    let id = parse_id(&piece.blob)?;
+    if id.kind != BlobKind::Composite {
+        return Ok(PartsRecord::NotOne);
+    }
+    Ok(match read_composite(router, &id).await? {
+        Some(Composite::Parts(parts)) => PartsRecord::Found(parts),
+        Some(Composite::Chunks(_)) => PartsRecord::NotOne,
+        None => PartsRecord::Missing(id),
+    })
+}
+
 /// The parts of a multipart object whose entry names one version-2 record: that record's
 /// parts; `None` for any other body (a single PUT's, or an entry that lists its parts itself,
-/// as entries written before version 2 do), and for a record that is missing: a read of it
-/// answers that, and a settlement must not wait for it forever.
+/// as entries written before version 2 do). A record that is missing is an error (503): the
+/// object's parts cannot be told.
 pub async fn parts_of(
     router: &Arc<Router>,
     pieces: &[Piece],
 ) -> Result<Option<PartsManifest>, S3Error> {
-    let [piece] = pieces else {
-        return Ok(None);
-    };
-    let id = parse_id(&piece.blob)?;
-    if id.kind != BlobKind::Composite {
-        return Ok(None);
-    }
-    match read_composite(router, &id).await? {
-        Some(Composite::Parts(parts)) => Ok(Some(parts)),
-        Some(Composite::Chunks(_)) | None => Ok(None),
+    match parts_record(router, pieces).await? {
+        PartsRecord::Found(parts) => Ok(Some(parts)),
+        PartsRecord::NotOne => Ok(None),
+        PartsRecord::Missing(id) => Err(S3Error::Unavailable(format!(
+            "the parts record {id} of this object is missing"
+        ))),
     }
 }
 
 /// Every blob an object's body is made of, as far as its name's owner decides: its pieces and,
 /// for a version-2 record, the parts it lists (not their chunks, which go with them). What a
-/// settlement checks a held blob against.
-pub async fn body_blobs(router: &Arc<Router>, pieces: &[Piece]) -> Result<Vec<String>, S3Error> {
+/// settlement checks a held blob against. `None` when the name points at a parts record that
+/// storage no longer has: what it listed is unknown, so a settlement must keep what it holds
+/// (and not wait for the record forever).
+pub async fn body_blobs(
+    router: &Arc<Router>,
+    pieces: &[Piece],
+) -> Result<Option<Vec<String>>, S3Error> {
     let mut blobs: Vec<String> = pieces.iter().map(|p| p.blob.clone()).collect();
-    if let Some(parts) = parts_of(router, pieces).await? {
-        blobs.extend(parts.parts.iter().map(|p| p.id.to_string()));
+    match parts_record(router, pieces).await? {
+        PartsRecord::Found(parts) => blobs.extend(parts.parts.iter().map(|p| p.id.to_string())),
+        PartsRecord::NotOne => {}
+        PartsRecord::Missing(id) => {
+            tracing::error!(%id, "a name points at a parts record storage does not have");
+            return Ok(None);
+        }
     }
-    Ok(blobs)
+    Ok(Some(blobs))
 }
 
 /// Stores the version-2 record listing `parts` (in order), its ID recorded in `journal` before
@@ -479,9 +510,16 @@ pub async fn delete(router: &Arc<Router>, id: &str) -> Result<(), S3Error> {
     }
     match read_composite(router, &id).await? {
         Some(Composite::Parts(parts)) => {
-            for part in &parts.parts {
-                delete_part(router, &part.id).await?;
-            }
+            let ids: Vec<BlobId> = parts.parts.iter().map(|part| part.id).collect();
+            let results: Vec<Result<(), S3Error>> = futures_util::stream::iter(ids)
+                .map(|id| {
+                    let router = router.clone();
+                    async move { delete_part(&router, &id).await }
+                })
+                .buffer_unordered(PART_DELETES_AT_ONCE)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>, S3Error>>()?;
             Ok(router.delete_blob(&id).await?)
         }
         Some(Composite::Chunks(manifest)) => delete_chunked(router, &id, manifest).await,
@@ -489,6 +527,10 @@ pub async fn delete(router: &Arc<Router>, id: &str) -> Result<(), S3Error> {
         None => Ok(router.delete_blob(&id).await?),
     }
 }
+
+/// Parts of a version-2 record tombstoned at once (10,000 one after another would hold up the
+/// sweep of every bucket behind one object).
+const PART_DELETES_AT_ONCE: usize = 16;
 
 /// A part of a version-2 record: a simple blob, or a version-1 composite with its chunks.
 async fn delete_part(router: &Arc<Router>, id: &BlobId) -> Result<(), S3Error> {

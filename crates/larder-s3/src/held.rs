@@ -37,8 +37,9 @@ use crate::store::Change;
 
 /// Crash tests' hook: with `LARDER_S3_CRASH` set to `at` (`before-link`, `after-link` of a
 /// PutObject, `before-add-part` of an UploadPart, `after-complete-mark`,
-/// `before-complete-link`, `after-complete-link` of a CompleteMultipartUpload), the process exits on the spot there,
-/// running no destructor (as a crash would leave things). Read once; unset, one load.
+/// `after-complete-parts-record`, `before-complete-link`, `after-complete-link`,
+/// `after-complete-finish` of a CompleteMultipartUpload), the process exits on the spot there, running no destructor (as
+/// a crash would leave things). Read once; unset, one load.
 pub fn crash_point(at: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if AT
@@ -65,8 +66,8 @@ pub enum HeldFor {
         key: Option<String>,
     },
     /// The completion of multipart upload `upload` of `key` into `bucket` that wrote `token`
-    /// into the upload's record (CompleteMultipartUpload; the entry lists no ID: the record names the
-    /// parts, `multipart::settle_completion`).
+    /// into the upload's record (CompleteMultipartUpload; the upload's record names the parts,
+    /// `multipart::settle_completion`; the entry lists only the object's parts record).
     Completion {
         bucket: String,
         upload: String,
@@ -235,7 +236,8 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
     let mut pause = Duration::from_millis(500);
     loop {
         let named = match name {
-            HeldFor::Object { bucket, key } => object_named(s3, bucket, key, ids).await,
+            // A PutObject or CopyObject body is never a part: the entry's own pieces decide.
+            HeldFor::Object { bucket, key } => object_named(s3, (bucket, key), ids, false).await,
             HeldFor::Part {
                 bucket,
                 upload,
@@ -259,7 +261,11 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
                     token,
                 };
                 match multipart::settle_completion(s3, &completion, *sent).await {
-                    Ok(body) => {
+                    // What the name's body is made of is not known for sure (the completion
+                    // finished before this settlement, or the name's parts record is missing):
+                    // nothing is tombstoned that might be it.
+                    Ok(None) => return,
+                    Ok(Some(body)) => {
                         let stray: Vec<BlobId> = ids
                             .iter()
                             .filter(|id| !body.contains(&id.to_string()))
@@ -305,12 +311,13 @@ fn holds(pieces: impl IntoIterator<Item = String>, ids: &[BlobId]) -> bool {
     pieces.into_iter().any(|blob| ids.contains(&blob))
 }
 
-/// Whether `key` points at one of `ids`, after a fence.
+/// Whether `key` points at one of `ids`, after a fence; with `through_parts`, also through the
+/// parts record its entry names (a missing one keeps `ids`: they may be its parts).
 async fn object_named(
     s3: &Larder,
-    bucket: &str,
-    key: &str,
+    (bucket, key): (&str, &str),
     ids: &[BlobId],
+    through_parts: bool,
 ) -> Result<bool, S3Error> {
     match objects::touch(s3, bucket, key).await {
         Err(S3Error::NoSuchBucket) => return Ok(false),
@@ -320,13 +327,16 @@ async fn object_named(
         Err(S3Error::NoSuchBucket) => return Ok(false),
         other => other?,
     };
-    match entry {
-        // Through a parts record too: a part's blobs are held under the part's name.
-        Some(entry) => Ok(holds(
-            blobs::body_blobs(s3.router(), &entry.body).await?,
-            ids,
-        )),
-        None => Ok(false),
+    let Some(entry) = entry else {
+        return Ok(false);
+    };
+    if !through_parts {
+        return Ok(holds(entry.body.into_iter().map(|p| p.blob), ids));
+    }
+    // Through the parts record too: a part's blobs are held under the part's name.
+    match blobs::body_blobs(s3.router(), &entry.body).await? {
+        Some(blobs) => Ok(holds(blobs, ids)),
+        None => Ok(true),
     }
 }
 
@@ -360,7 +370,7 @@ async fn part_named(
             );
             return Ok(true);
         };
-        return object_named(s3, bucket, key, ids).await;
+        return object_named(s3, (bucket, key), ids, true).await;
     };
     let part = record.parts.get(&number).map(|p| p.blob.clone());
     Ok(holds(part, ids))

@@ -304,9 +304,11 @@ pub struct Finishing<'a> {
 /// 1. a journal entry for the completion (`held.rs`), synced;
 /// 2. a token in the record (`Completing`): from then on no Abort, UploadPart or other
 ///    Complete changes it;
-/// 3. the entry marked "link sent", synced; then the link, tried only until `LINK_DEADLINE`
+/// 3. the object's parts record (a composite of version 2), its ID synced into the entry
+///    first: until the name points at it, a settlement tombstones it alone;
+/// 4. the entry marked "link sent", synced; then the link, tried only until `LINK_DEADLINE`
 ///    after the token (this process's clock);
-/// 4. linked: the parts the object does not use are tombstoned, then the record goes (before
+/// 5. linked: the parts the object does not use are tombstoned, then the record goes (before
 ///    the answer: then ListParts and Abort say NoSuchUpload). Refused: the token goes and the upload is as it was.
 ///
 /// No answer, or a crash anywhere: the entry is settled (`settle_completion`), in the
@@ -407,7 +409,7 @@ async fn settle_stale(
     // A record this completion wrote that the name does not point at stays (no journal entry
     // lists it any more): a small leak, logged.
     let body = settle_completion(s3, &completion, true).await?;
-    if body.is_empty() {
+    if body.is_none_or(|body| body.is_empty()) {
         tracing::warn!(
             bucket,
             upload = id,
@@ -546,7 +548,10 @@ impl CompletionStep {
     /// object is linked either way).
     async fn finish(self, used: Vec<u32>) {
         match finish(&self.s3, &self.completion(), &used).await {
-            Ok(()) => Held::new(self.journal).linked(),
+            Ok(()) => {
+                crate::held::crash_point("after-complete-finish");
+                Held::new(self.journal).linked()
+            }
             Err(err) => {
                 tracing::warn!(%err, "finishing a completion: settled later");
                 Held::new(self.journal).unknown(&self.s3, self.held_for);
@@ -733,12 +738,16 @@ fn holds_token(upload: &Upload, token: &str) -> bool {
 ///
 /// Returns the blobs the name's body is made of when it is this completion's object (empty
 /// otherwise): the caller tombstones any parts record its journal entry lists that is not
-/// among them.
+/// among them. `None` when that cannot be told: the upload's record was gone already (the
+/// completion finished, linked or given up; if linked, the name may have been replaced since
+/// and the record be on the garbage list, which must find it to drop its parts), or the name
+/// points at a parts record storage does not have. Then nothing is tombstoned (after a give-up
+/// whose settlement was cut short, a parts record is left behind: a small leak, never a loss).
 pub async fn settle_completion(
     s3: &Larder,
     completion: &Completion<'_>,
     sent: bool,
-) -> Result<Vec<String>, S3Error> {
+) -> Result<Option<Vec<String>>, S3Error> {
     let token = completion.token;
     let found = s3
         .records
@@ -755,14 +764,14 @@ pub async fn settle_completion(
         .await?;
     let upload = match found {
         Some(Some(upload)) => upload,
-        // Finished, given up or aborted: only the list may still name it. The name may point
-        // at this completion's record (finished), so its blobs are kept.
+        // Finished, given up or aborted: only the list may still name it.
         Some(None) => {
             finish(s3, completion, &[]).await?;
-            return linked_body(s3, completion).await;
+            return Ok(None);
         }
-        // Never marked, or given back: the upload is someone else's business.
-        None => return linked_body(s3, completion).await,
+        // Never marked, or given back: the upload is someone else's business, and a parts
+        // record of this completion was never linked (kept anyway if the name points at it).
+        None => return linked_body(s3, completion).await.map(Some),
     };
     let chosen_numbers = upload
         .completing
@@ -775,26 +784,29 @@ pub async fn settle_completion(
         .collect();
     let (bucket, key) = (completion.bucket, completion.key);
     let body = match objects::touch(s3, bucket, key).await {
-        Err(S3Error::NoSuchBucket) => Vec::new(),
+        Err(S3Error::NoSuchBucket) => Some(Vec::new()),
         Err(err) => return Err(err),
         Ok(()) => match s3.current(bucket, key).await {
-            Err(S3Error::NoSuchBucket) | Ok(None) => Vec::new(),
+            Err(S3Error::NoSuchBucket) | Ok(None) => Some(Vec::new()),
             Err(err) => return Err(err),
             // Through the parts record its entry names (or, from older builds, its pieces).
             Ok(Some(entry)) => blobs::body_blobs(s3.router(), &entry.body).await?,
         },
     };
-    let linked = body.iter().any(|blob| chosen.contains(&blob.as_str()));
+    // A missing parts record may have listed the chosen parts: they are kept, as if linked.
+    let linked = body
+        .as_ref()
+        .is_none_or(|body| body.iter().any(|blob| chosen.contains(&blob.as_str())));
     match (linked, sent) {
         (true, _) => finish(s3, completion, &chosen_numbers).await?,
         (false, false) => revert(s3, completion).await?,
         (false, true) => finish(s3, completion, &[]).await?,
     }
-    Ok(if linked { body } else { Vec::new() })
+    Ok(body.map(|body| if linked { body } else { Vec::new() }))
 }
 
 /// The blobs the completion's name is made of now (after a fence), whatever linked it: a held
-/// record the name points at is kept, any other tombstoned.
+/// parts record the name points at is kept, any other tombstoned.
 async fn linked_body(s3: &Larder, completion: &Completion<'_>) -> Result<Vec<String>, S3Error> {
     let (bucket, key) = (completion.bucket, completion.key);
     match objects::touch(s3, bucket, key).await {

@@ -476,6 +476,37 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     );
     // The client's retry of the lost answer is answered with the object.
     assert_eq!(complete(&dir, &signer, ("linked", &upload, &etag)), 200);
+
+    // Died after the completion finished (the upload's record gone), before its entry went:
+    // the settlement cannot tell what the name was made of since, and tombstones nothing.
+    let (upload, etag) = upload_two_parts(&dir, &signer, "finished");
+    let (parts, _) = upload_record(&cluster, &upload).unwrap();
+    let records = {
+        wait_until_settled(&journal);
+        cluster.restart_frontend_with_env(&[("LARDER_S3_CRASH", "after-complete-finish")]);
+        common::wait_for_port(s3);
+        let status = complete(&dir, &signer, ("finished", &upload, &etag));
+        assert_ne!(status, 200, "answered although the frontend exited");
+        let held = entries(&journal);
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert!(upload_record(&cluster, &upload).is_none(), "finished");
+        cluster.restart_frontend_with_env(&[]);
+        common::wait_for_port(s3);
+        wait_until_settled(&journal);
+        held[0].1.clone()
+    };
+    assert_eq!(records.len(), 1, "the parts record is listed");
+    let got = common::curl(&dir, &[&signer.url("GET", "finished")]);
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, b"part 1 of finished");
+    for blob in [&parts[0].1, &records[0]] {
+        assert!(replicas_holding(&cluster, blob) >= 2, "{blob} stays");
+    }
+    assert_eq!(
+        replicas_holding(&cluster, &parts[1].1),
+        0,
+        "the unused part went"
+    );
 }
 
 fn wait_for(done: impl Fn() -> bool, what: &str) {
