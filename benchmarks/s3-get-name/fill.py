@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""Fills a bucket with names and prints a presigned (SigV4) GET URL of the middle one.
+
+usage: fill.py ENDPOINT KEY_ID SECRET BUCKET NAMES SIZE
+NAMES objects of SIZE bytes named name-00000, name-00001, ... are put from 16 threads.
+"""
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import boto3
+from botocore.config import Config
+
+endpoint, key_id, secret, bucket, names, size = sys.argv[1:7]
+names, size = int(names), int(size)
+s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key_id,
+                  aws_secret_access_key=secret, region_name="us-east-1",
+                  config=Config(signature_version="s3v4", max_pool_connections=32))
+s3.create_bucket(Bucket=bucket)
+body = b"x" * size
+with ThreadPoolExecutor(16) as pool:
+    list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"name-{i:05d}", Body=body),
+                  range(names)))
+print(s3.generate_presigned_url("get_object", ExpiresIn=3600,
+                                Params={"Bucket": bucket, "Key": f"name-{names // 2:05d}"}))

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The S3 port's cost per GetObject of one name in a bucket that holds many: a base commit
+# (BASE) next to this checkout (HEAD), alternating, in one run. Each round and build:
+# `larder dev --nodes 1 --replicas 1` (release build, fsync on) on a fresh data dir, a key,
+# NAMES objects of SIZE bytes put by boto3 (fill.py), then h2load GETs of one name through a
+# presigned SigV4 URL (so the client signs nothing per request): REQUESTS requests, 4
+# connections x 16 streams. Reports req/s and the server's CPU per request (user + system of
+# the dev process, which runs the frontend, and its storage node, from /proc/<pid>/stat).
+#
+# usage: benchmarks/s3-get-name/run.sh [--smoke]
+#   env: BASE=274910d~1 NAMES=1000 SIZE=1024 REQUESTS=20000 ROUNDS=3 OUT=<file>
+#        PYTHON=<one with boto3> CACHE=~/.cache/larder-s3-get-name (the base's worktree and
+#        both release target dirs, kept between runs)
+#   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 50 names,
+#   500 requests, one round; nothing is built and nothing kept.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+source "$root/benchmarks/lib.sh"
+source "$root/benchmarks/lib-cluster.sh"
+base=${BASE:-274910d~1}
+names=${NAMES:-1000}
+size=${SIZE:-1024}
+requests=${REQUESTS:-20000}
+rounds=${ROUNDS:-3}
+out=${OUT:-$here/RESULTS.md}
+smoke=0
+target=${CARGO_TARGET_DIR:-$root/target}
+if [ "${1:-}" = "--smoke" ]; then
+  smoke=1 names=50 requests=500 rounds=1 out=$(mktemp)
+  PYTHON=${PYTHON:-$target/test-venv/bin/python}
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/s3-get-name.XXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 1
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+python=${PYTHON:-$work/venv/bin/python}
+if [ -z "${PYTHON:-}" ]; then
+  python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
+fi
+
+if [ "$smoke" = 0 ]; then
+  cache=${CACHE:-$HOME/.cache/larder-s3-get-name}
+  mkdir -p "$cache"
+  base_src=$cache/base-src
+  if [ ! -e "$base_src/.git" ]; then
+    git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
+  fi
+  git -C "$base_src" checkout -q --detach "$base"
+  (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
+  (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+fi
+
+rows=()
+run_one() { # NAME BINARY
+  local dir=$work/$1-$RANDOM port s3 key id secret dev url storage
+  port=$(free_port) s3=$(free_port)
+  LARDER_LOG=warn,s3s=off "$2" dev --data-dir "$dir" --listen "127.0.0.1:$port" \
+    --s3-listen "127.0.0.1:$s3" --nodes 1 --replicas 1 > "$dir.log" 2>&1 &
+  dev=$!
+  pids+=("$dev")
+  wait_port "$s3"
+  key=$("$2" s3 key create --config "$dir/frontend-dc1.toml" --grant '*:owner')
+  id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["access_key_id"])' <<< "$key")
+  secret=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
+  url=$("$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size")
+  storage=$(pgrep -P "$dev" | head -1)
+  h2load -c 4 -m 16 -n 200 "$url" > /dev/null 2>&1 # warm-up
+  local cpu0 cpu1 out rate ok
+  cpu0=$(python3 -c "print($(cpu_seconds "$dev") + $(cpu_seconds "$storage"))")
+  out=$(h2load -c 4 -m 16 -n "$requests" "$url" 2>&1)
+  cpu1=$(python3 -c "print($(cpu_seconds "$dev") + $(cpu_seconds "$storage"))")
+  rate=$(awk '/^finished in/ {print $4}' <<< "$out")
+  ok=$(awk '/^status codes:/ {print $3}' <<< "$out")
+  rows+=("| $1 | $rate | $(python3 -c "print(f'{($cpu1 - $cpu0) / $requests * 1e6:.0f}')") | $ok of $requests |")
+  kill "$dev"; wait "$dev" 2>/dev/null || true
+}
+
+if [ "$smoke" = 1 ]; then
+  run_one head "$target/debug/larder"
+else
+  for _ in $(seq 1 "$rounds"); do
+    run_one base "$cache/base/release/larder"
+    run_one head "$cache/head/release/larder"
+  done
+fi
+
+{
+  echo "# S3 GetObject of one name in a bucket of $names: cost per request"
+  echo
+  echo "h2load (4 connections x 16 streams, $requests requests) GETs one $size-byte object through a"
+  echo "presigned SigV4 URL from \`larder dev --nodes 1 --replicas 1\`, whose bucket holds $names names"
+  echo "(one index record). CPU per request: user + system of the dev process (frontend and S3 port)"
+  echo "and its storage node. base and head alternate, each on a fresh cluster."
+  echo
+  echo "## Machine"
+  machine_description "$work"
+  echo "- load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+  echo "## Command"
+  echo '```'
+  echo "BASE=$base NAMES=$names SIZE=$size REQUESTS=$requests ROUNDS=$rounds benchmarks/s3-get-name/run.sh"
+  echo '```'
+  echo "base: $(git -C "$root" rev-parse --short "$base"); head: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo ' with local changes')"
+  echo
+  echo "| build | GET/s | server CPU µs per GET | 2xx |"
+  echo "| --- | ---: | ---: | ---: |"
+  printf '%s\n' "${rows[@]}"
+} > "$out"
+cat "$out"
