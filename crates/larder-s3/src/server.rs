@@ -86,13 +86,14 @@ impl S3Api {
                 .observe(slot.get(), response.status(), started.elapsed());
             return response;
         }
+        let head = req.method() == http::Method::HEAD;
         let timeout = self.limits.body_read_timeout;
         let stalled = Stalled::default();
         let mut req =
             req.map(|body| s3s::Body::http_body(StallClock::new(body, timeout, stalled.clone())));
         req.extensions_mut().insert(slot.clone());
         req.extensions_mut().insert(stalled);
-        let response = match self.service.call(req).await {
+        let mut response = match self.service.call(req).await {
             Ok(response) => response.map(|body| body.boxed()),
             Err(err) => {
                 tracing::error!(?err, "s3s could not answer");
@@ -101,6 +102,12 @@ impl S3Api {
                 response
             }
         };
+        // s3s writes HeadObject's status itself, always 200; S3 answers a HEAD of a range or
+        // a part (the answer's Content-Range says which) with 206, as GET does.
+        let partial = response.headers().contains_key(http::header::CONTENT_RANGE);
+        if head && partial && response.status() == http::StatusCode::OK {
+            *response.status_mut() = http::StatusCode::PARTIAL_CONTENT;
+        }
         self.metrics
             .observe(slot.get(), response.status(), started.elapsed());
         response
