@@ -32,6 +32,13 @@ pub struct S3Config {
     /// what every read and change of a name reads and writes, at ~250 bytes per name.
     #[serde(default = "default_leaf_entries")]
     pub index_leaf_entries: usize,
+    /// Blobs of replaced names one index record holds through their grace period. Past it,
+    /// the oldest are tombstoned at once by a sweep woken for it (a read still fetching one
+    /// of them may fail): a name overwritten without pause would otherwise grow its record by
+    /// one entry per overwrite for the whole grace period, until every read and write of the
+    /// record's names was slow and the record past its size bound (`objects.rs`, `hurry`).
+    #[serde(default = "default_max_held_garbage")]
+    pub max_held_garbage: usize,
 }
 
 impl S3Config {
@@ -70,6 +77,10 @@ pub fn records_router(
 
 fn default_leaf_entries() -> usize {
     1000
+}
+
+fn default_max_held_garbage() -> usize {
+    4096
 }
 
 fn default_grace() -> Duration {

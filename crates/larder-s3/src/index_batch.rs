@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
 use crate::index_tree::{split_point, Holder, IndexTree, Reroute, Target};
+use crate::objects::hurry;
 use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry};
 use crate::store::{Change, Records};
 
@@ -99,13 +100,16 @@ pub struct IndexBatches {
     /// for it; that task takes the queue whole each round and removes the entry when empty.
     queues: Mutex<HashMap<Place, Vec<Queued>>>,
     tree: Arc<IndexTree>,
+    /// `[s3] max_held_garbage`: replaced blobs a record holds through their grace period.
+    max_held_garbage: usize,
 }
 
 impl IndexBatches {
-    pub fn new(tree: Arc<IndexTree>) -> IndexBatches {
+    pub fn new(tree: Arc<IndexTree>, max_held_garbage: usize) -> IndexBatches {
         IndexBatches {
             queues: Mutex::default(),
             tree,
+            max_held_garbage,
         }
     }
 
@@ -159,7 +163,7 @@ impl IndexBatches {
             emptied: false,
         };
         let (bucket, target) = &place;
-        let bound = self.tree.leaf_entries;
+        let bounds = (self.tree.leaf_entries, self.max_held_garbage);
         loop {
             let batch = {
                 let mut queues = self.queues.lock();
@@ -175,8 +179,8 @@ impl IndexBatches {
                 queue
             };
             let split_due = match target {
-                Target::Root => write_batch::<BucketIndex>(&records, &place, batch, bound).await,
-                Target::Leaf(_) => write_batch::<Leaf>(&records, &place, batch, bound).await,
+                Target::Root => write_batch::<BucketIndex>(&records, &place, batch, bounds).await,
+                Target::Leaf(_) => write_batch::<Leaf>(&records, &place, batch, bounds).await,
             };
             if split_due {
                 // Beside the writes, not between them: changes below the split point go on.
@@ -214,16 +218,17 @@ impl Drop for Writing<'_> {
 
 /// One read-modify-write of the record for `batch`, then every change's answer. Returns
 /// whether the record is due to split after it (by count or by size; false when it could not
-/// tell).
+/// tell). `bounds`: names per record, replaced blobs held per record (`objects::hurry`).
 async fn write_batch<H: Holder>(
     records: &Records,
     (bucket, target): &Place,
     batch: Vec<Queued>,
-    bound: usize,
+    (bound, max_held_garbage): (usize, usize),
 ) -> bool {
     let mut outcomes: Vec<Result<Applied, S3Error>> = Vec::new();
     let mut uncertain = false;
     let mut split_due = false;
+    let mut hurried = false;
     let written = records
         .update_noting(
             &target.doc(bucket),
@@ -250,6 +255,8 @@ async fn write_batch<H: Holder>(
                     outcomes.push(outcome.map(|(applied, _)| applied));
                 }
                 split_due = split_point(record.objects(), bound).is_some();
+                let now = crate::service::now_ms();
+                hurried = changed && hurry(record.garbage_mut(), max_held_garbage, now);
                 let what = if changed {
                     Change::Put(record)
                 } else {
@@ -260,6 +267,9 @@ async fn write_batch<H: Holder>(
             &mut uncertain,
         )
         .await;
+    if hurried && written.is_ok() {
+        crate::objects::sweep_soon();
+    }
     // The record could not even be read: every change shares the write's failure.
     outcomes.resize_with(batch.len(), || Ok(Applied::Done));
     for (queued, outcome) in batch.into_iter().zip(outcomes) {

@@ -17,7 +17,7 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::records::ObjectEntry;
+use crate::records::{Garbage, ObjectEntry};
 
 /// What a decode keeps of an index record's entries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +54,17 @@ pub fn objects<'de, D: Deserializer<'de>>(
     match keep {
         Keep::All => BTreeMap::deserialize(deserializer),
         Keep::One(name) => deserializer.deserialize_map(OneEntry { name }),
+    }
+}
+
+/// The `garbage` field's deserializer: every entry, or none when only one name is kept (a
+/// read of one name has no use for the blobs its record holds for the sweep; a name
+/// overwritten often keeps thousands of them there).
+pub fn garbage<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Garbage>, D::Error> {
+    let keep = KEEPING.with(|k| k.borrow().clone());
+    match keep {
+        Keep::All => Vec::deserialize(deserializer),
+        Keep::One(_) => IgnoredAny::deserialize(deserializer).map(|_| Vec::new()),
     }
 }
 

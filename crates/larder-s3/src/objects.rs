@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use crate::blobs;
@@ -17,7 +18,7 @@ use crate::conditions::WriteConditions;
 use crate::error::S3Error;
 use crate::index_batch::{Applied, ChangeFailed, IndexChange};
 use crate::index_tree::{Holder, IndexTree, Target};
-use crate::records::{BucketIndex, Catalog, Leaf, ObjectEntry, CATALOG_DOC};
+use crate::records::{BucketIndex, Catalog, Garbage, Leaf, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
 
@@ -143,11 +144,40 @@ fn unlink_after(s3: &Larder) -> u64 {
 /// tombstone. Runs until the task is aborted.
 pub async fn sweep_forever(records: Arc<Records>, tree: Arc<IndexTree>, interval: Duration) {
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = SWEEP_NOW.notified() => {}
+        }
         if let Err(err) = sweep(&records, &tree).await {
             tracing::warn!(%err, "S3 garbage sweep failed; trying again later");
         }
     }
+}
+
+/// Wakes the sweep before its interval is over (`hurry` made blobs due).
+static SWEEP_NOW: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Blobs a sweep tombstones at once.
+const SWEEP_DELETES_AT_ONCE: usize = 16;
+
+/// Bounds an index record's list of blobs held through their grace period to `max`: past it,
+/// the oldest are made due now, and the sweep is woken to tombstone them. Returns whether it
+/// made any due. The list is in the order the blobs were unlinked, so the oldest come first.
+pub fn hurry(garbage: &mut [Garbage], max: usize, now_ms: u64) -> bool {
+    let excess = garbage.len().saturating_sub(max.max(1));
+    let mut hurried = false;
+    for held in &mut garbage[..excess] {
+        if held.after_ms > now_ms {
+            held.after_ms = now_ms;
+            hurried = true;
+        }
+    }
+    hurried
+}
+
+/// Wakes the sweep (one pass soon, however many ask before it starts).
+pub fn sweep_soon() {
+    SWEEP_NOW.notify_one();
 }
 
 /// One pass over every index record of every bucket (see `sweep_forever`).
@@ -165,9 +195,15 @@ pub async fn sweep(records: &Records, tree: &IndexTree) -> Result<usize, S3Error
             if due.is_empty() {
                 continue;
             }
-            for blob in &due {
-                blobs::delete(records.router(), blob).await?;
-            }
+            let deletes = due.iter().cloned().map(|blob| {
+                let router = records.router().clone();
+                async move { blobs::delete(&router, &blob).await }
+            });
+            let results: Vec<Result<(), S3Error>> = futures_util::stream::iter(deletes)
+                .buffer_unordered(SWEEP_DELETES_AT_ONCE)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>, S3Error>>()?;
             let doc = target.doc(bucket);
             match target {
                 Target::Root => forget_garbage::<BucketIndex>(records, &doc, &due).await?,
@@ -194,4 +230,34 @@ async fn forget_garbage<H: Holder>(
             Ok((Change::Put(record), ()))
         })
         .await
+}
+
+#[cfg(test)]
+mod hurry_tests {
+    use super::*;
+
+    fn held(after_ms: &[u64]) -> Vec<Garbage> {
+        after_ms
+            .iter()
+            .enumerate()
+            .map(|(i, &after_ms)| Garbage {
+                blob: format!("b{i}"),
+                after_ms,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_are_due_now_and_no_later_than_they_were() {
+        let mut garbage = held(&[50, 500, 600, 700, 800]);
+        assert!(hurry(&mut garbage, 2, 100));
+        let after: Vec<u64> = garbage.iter().map(|g| g.after_ms).collect();
+        // The three oldest are due (one already was), the two newest keep their grace.
+        assert_eq!(after, [50, 100, 100, 700, 800]);
+        // Within the bound, or nothing to hurry: nothing changes.
+        assert!(!hurry(&mut garbage, 2, 100));
+        assert!(!hurry(&mut garbage, 10, 100));
+        let mut none = held(&[]);
+        assert!(!hurry(&mut none, 0, 100));
+    }
 }

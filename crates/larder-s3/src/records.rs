@@ -55,7 +55,11 @@ pub struct BucketIndex {
     /// Blobs no name points at any more, tombstoned once their grace period is over (a read
     /// that resolved the name just before may still be fetching them). Written in the same
     /// document write that unlinks them, so a crash cannot leak one.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::keep::garbage"
+    )]
     pub garbage: Vec<Garbage>,
     /// Anonymous requests may read this bucket (GET, HEAD, listings): PutBucketAcl with the
     /// canned ACL `public-read` (`private` turns it off).
@@ -120,7 +124,11 @@ pub struct Leaf {
     pub right: Option<String>,
     #[serde(deserialize_with = "crate::keep::objects")]
     pub objects: BTreeMap<String, ObjectEntry>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::keep::garbage"
+    )]
     pub garbage: Vec<Garbage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splitting: Option<Split>,

@@ -60,7 +60,7 @@ impl S3Api {
             keys: Arc::new(Keys::new(records)),
             limits: limits.clone(),
             grace: config.replaced_blob_grace,
-            index_batches: Arc::new(IndexBatches::new(tree.clone())),
+            index_batches: Arc::new(IndexBatches::new(tree.clone(), config.max_held_garbage)),
             tree,
         };
         crate::held::settle_leftovers(larder.clone(), held);

@@ -317,6 +317,64 @@ s3.delete_object(Bucket="parts", Key="mp")
     });
 }
 
+/// A name overwritten without pause does not grow its index record for the whole grace
+/// period: past `[s3] max_held_garbage` replaced blobs (4 here), the oldest are tombstoned at
+/// once (here long before their 1 h grace), and the record holds about the bound.
+#[test]
+fn replaced_blobs_past_the_bound_go_before_their_grace() {
+    let s3 = common::free_addresses(1)[0];
+    let extra = format!(
+        "[s3]\nlisten = \"{s3}\"\nreplaced_blob_grace = \"1h\"\nsweep_interval = \"1h\"\nmax_held_garbage = 4\n"
+    );
+    let cluster = Cluster::start_with(3, 8, &extra);
+    common::wait_for_port(s3);
+    let endpoint = format!("http://{s3}");
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    let script = r#"
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2],
+                  aws_secret_access_key=sys.argv[3], region_name="us-east-1")
+s3.create_bucket(Bucket="hot")
+s3.put_object(Bucket="hot", Key="k", Body=b"version 0")
+print(flush=True)
+sys.stdin.readline()
+for i in range(1, 21):
+    s3.put_object(Bucket="hot", Key="k", Body=b"version %d" % i)
+assert s3.get_object(Bucket="hot", Key="k")["Body"].read() == b"version 20"
+"#;
+    let mut child = Command::new(python())
+        .args(["-c", script, &endpoint, &id, &secret])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let first = wait_for(|| {
+        bucket_records(&cluster, "hot").iter().find_map(|r| {
+            r["objects"]["k"]["body"][0]["blob"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    });
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let url = cluster.url(&format!("/v1/blobs/{first}"));
+    wait_for(|| {
+        let gone = common::curl(cluster.dir.path(), &[&url]).status == 410;
+        let records = bucket_records(&cluster, "hot");
+        let held = records
+            .iter()
+            .map(|r| r["garbage"].as_array().map_or(0, Vec::len))
+            .max()
+            .unwrap_or(0);
+        (gone && held <= 4).then_some(())
+    });
+}
+
 /// S3 deletes a bucket whose only contents are uploads in progress; Larder does too, and
 /// aborts them: the upload is gone, its part's blob tombstoned, and a bucket made again with
 /// the name lists no uploads.
