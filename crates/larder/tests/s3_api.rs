@@ -167,6 +167,34 @@ except Exception as err:
     assert_eq!(ask(), "InvalidAccessKeyId");
 }
 
+/// A client script run in two halves: it prints a line and waits on its stdin; `start` returns
+/// that line, `resume` lets the script go on and waits for it to succeed.
+struct PausedScript(std::process::Child);
+
+impl PausedScript {
+    fn start(script: &str, args: &[&str]) -> (PausedScript, String) {
+        use std::io::BufRead;
+        let mut child = Command::new(python())
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        (PausedScript(child), line)
+    }
+
+    fn resume(mut self) {
+        self.0.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        assert!(self.0.wait().unwrap().success());
+    }
+}
+
 /// The bucket index record of `bucket` as each storage node holds it (replicas converge).
 fn bucket_records(cluster: &Cluster, bucket: &str) -> Vec<serde_json::Value> {
     records(cluster, &format!("larder-s3:bucket:{bucket}"))
@@ -199,17 +227,7 @@ sys.stdin.readline()
 s3.put_object(Bucket="reclaim", Key="k", Body=b"second")
 assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
 "#;
-    let mut child = Command::new(python())
-        .args(["-c", script, &endpoint, &id, &secret, "stored"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    use std::io::{BufRead, Write};
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (paused, line) = PausedScript::start(script, &[&endpoint, &id, &secret, "stored"]);
     assert_eq!(line.trim(), "stored");
     let first_blob = wait_for(|| {
         bucket_records(&cluster, "reclaim").iter().find_map(|r| {
@@ -218,8 +236,7 @@ assert s3.get_object(Bucket="reclaim", Key="k")["Body"].read() == b"second"
                 .map(str::to_owned)
         })
     });
-    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    paused.resume();
     let blob_url = cluster.url(&format!("/v1/blobs/{first_blob}"));
     // Gone once the grace (1 s) is over and a sweep (every 1 s) ran: 410 from the main port,
     // and the garbage list empty again.
@@ -259,17 +276,7 @@ print("stored", flush=True)
 sys.stdin.readline()
 s3.delete_object(Bucket="parts", Key="mp")
 "#;
-    let mut child = Command::new(python())
-        .args(["-c", script, &endpoint, &id, &secret])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (paused, line) = PausedScript::start(script, &[&endpoint, &id, &secret]);
     assert_eq!(line.trim(), "stored");
     let body = wait_for(|| {
         bucket_records(&cluster, "parts")
@@ -306,8 +313,7 @@ s3.delete_object(Bucket="parts", Key="mp")
         assert_eq!(native(&part.id.to_string()).status, 200);
     }
 
-    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    paused.resume();
     wait_for(|| {
         let parts_gone = parts
             .parts
@@ -342,17 +348,7 @@ for i in range(1, 21):
     s3.put_object(Bucket="hot", Key="k", Body=b"version %d" % i)
 assert s3.get_object(Bucket="hot", Key="k")["Body"].read() == b"version 20"
 "#;
-    let mut child = Command::new(python())
-        .args(["-c", script, &endpoint, &id, &secret])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (paused, _) = PausedScript::start(script, &[&endpoint, &id, &secret]);
     let first = wait_for(|| {
         bucket_records(&cluster, "hot").iter().find_map(|r| {
             r["objects"]["k"]["body"][0]["blob"]
@@ -360,8 +356,7 @@ assert s3.get_object(Bucket="hot", Key="k")["Body"].read() == b"version 20"
                 .map(str::to_owned)
         })
     });
-    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    paused.resume();
     let url = cluster.url(&format!("/v1/blobs/{first}"));
     wait_for(|| {
         let gone = common::curl(cluster.dir.path(), &[&url]).status == 410;
@@ -406,17 +401,7 @@ try:
 except ClientError as err:
     assert err.response["Error"]["Code"] == "NoSuchUpload", err
 "#;
-    let mut child = Command::new(python())
-        .args(["-c", script, &endpoint, &id, &secret])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut upload = String::new();
-    use std::io::{BufRead, Write};
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut upload)
-        .unwrap();
+    let (paused, upload) = PausedScript::start(script, &[&endpoint, &id, &secret]);
     let record = format!("larder-s3:upload:pending:{}", upload.trim());
     let part_blob = wait_for(|| {
         records(&cluster, &record)
@@ -425,8 +410,7 @@ except ClientError as err:
     });
     let blob_url = cluster.url(&format!("/v1/blobs/{part_blob}"));
     assert_eq!(common::curl(cluster.dir.path(), &[&blob_url]).status, 200);
-    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    paused.resume();
     wait_for(|| (common::curl(cluster.dir.path(), &[&blob_url]).status == 410).then_some(()));
 }
 
