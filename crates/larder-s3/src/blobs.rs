@@ -296,16 +296,12 @@ pub async fn open_pieces(
     pieces: &[Piece],
     range: Range<u64>,
 ) -> Result<StreamingBlob, S3Error> {
-    let mut plan = plan(pieces, range);
-    if plan.len() <= 1 {
-        let (blob, within) = plan.pop().unwrap_or_default();
-        return open(router, read_ahead, &blob, within).await;
-    }
     let router = router.clone();
-    Ok(stream_plan(plan, move |blob, within| {
+    open_plan(plan(pieces, range), move |blob, within| {
         let router = router.clone();
         async move { open(&router, read_ahead, &blob, within).await }
-    }))
+    })
+    .await
 }
 
 /// The bytes `range` of the parts a version-2 record lists, as `open_pieces` but through
@@ -316,20 +312,17 @@ async fn open_parts(
     parts: &PartsManifest,
     range: Range<u64>,
 ) -> Result<StreamingBlob, S3Error> {
-    let mut plan: Vec<(String, Range<u64>)> = parts
+    let plan: Vec<(String, Range<u64>)> = parts
         .slices(range)
         .into_iter()
         .map(|(part, within)| (part.id.to_string(), within))
         .collect();
-    if plan.len() <= 1 {
-        let (blob, within) = plan.pop().unwrap_or_default();
-        return open_part(router, read_ahead, &blob, within).await;
-    }
     let router = router.clone();
-    Ok(stream_plan(plan, move |blob, within| {
+    open_plan(plan, move |blob, within| {
         let router = router.clone();
         async move { open_part(&router, read_ahead, &blob, within).await }
-    }))
+    })
+    .await
 }
 
 /// Which bytes of which piece a read of `range` takes, in order.
@@ -348,18 +341,26 @@ fn plan(pieces: &[Piece], range: Range<u64>) -> Vec<(String, Range<u64>)> {
 }
 
 /// One stream of the pieces of `plan`, each opened (by `open`) when the one before it has
-/// been sent.
-fn stream_plan<F, Fut>(plan: Vec<(String, Range<u64>)>, open: F) -> StreamingBlob
+/// been sent. A plan of one piece (or none) is opened here, so that an unreadable body is an
+/// error status rather than a cut-short answer.
+async fn open_plan<F, Fut>(
+    mut plan: Vec<(String, Range<u64>)>,
+    open: F,
+) -> Result<StreamingBlob, S3Error>
 where
     F: Fn(String, Range<u64>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<StreamingBlob, S3Error>> + Send + 'static,
 {
+    if plan.len() <= 1 {
+        let (blob, within) = plan.pop().unwrap_or_default();
+        return open(blob, within).await;
+    }
     let streams = futures_util::stream::iter(plan).then(move |(blob, within)| open(blob, within));
     let data = streams
         .map(|opened| opened.map_err(s3s::StdError::from))
         .try_flatten()
         .map_err(std::io::Error::other);
-    wrap(data)
+    Ok(wrap(data))
 }
 
 /// s3s wants a `Sync` stream; ours are `Send` only, and are polled by one task at a time.

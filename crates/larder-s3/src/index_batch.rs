@@ -268,7 +268,7 @@ async fn write_batch<H: Holder>(
         )
         .await;
     if hurried && written.is_ok() {
-        crate::objects::sweep_soon();
+        crate::objects::sweep_soon(bucket, target);
     }
     // The record could not even be read: every change shares the write's failure.
     outcomes.resize_with(batch.len(), || Ok(Applied::Done));

@@ -142,20 +142,30 @@ fn unlink_after(s3: &Larder) -> u64 {
 /// Tombstones, every `interval`, the blobs whose grace period is over, bucket by bucket: first
 /// the blobs, then (one read-modify-write) their entries, so a crash in between only repeats a
 /// tombstone. Runs until the task is aborted.
+/// Between full passes, `sweep_soon` wakes it for the records `hurry` made blobs due in, and
+/// only those are visited.
 pub async fn sweep_forever(records: Arc<Records>, tree: Arc<IndexTree>, interval: Duration) {
+    let mut next_pass = Instant::now() + interval;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = SWEEP_NOW.notified() => {}
-        }
-        if let Err(err) = sweep(&records, &tree).await {
-            tracing::warn!(%err, "S3 garbage sweep failed; trying again later");
+            _ = tokio::time::sleep_until(next_pass) => {
+                if let Err(err) = sweep(&records, &tree).await {
+                    tracing::warn!(%err, "S3 garbage sweep failed; trying again later");
+                }
+                next_pass = Instant::now() + interval;
+            }
+            _ = SWEEP_NOW.notified() => sweep_hurried(&records).await,
         }
     }
 }
 
 /// Wakes the sweep before its interval is over (`hurry` made blobs due).
 static SWEEP_NOW: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// The records `sweep_soon` named since the sweep last looked (bucket, record). Bounded: a
+/// record past the bound waits for the next full pass.
+static HURRIED: std::sync::Mutex<Vec<(String, Target)>> = std::sync::Mutex::new(Vec::new());
+const MAX_HURRIED: usize = 1024;
 
 /// Blobs a sweep tombstones at once.
 const SWEEP_DELETES_AT_ONCE: usize = 16;
@@ -175,9 +185,44 @@ pub fn hurry(garbage: &mut [Garbage], max: usize, now_ms: u64) -> bool {
     hurried
 }
 
-/// Wakes the sweep (one pass soon, however many ask before it starts).
-pub fn sweep_soon() {
+/// Wakes the sweep for record `target` of `bucket` (one visit soon, however many ask before
+/// it starts).
+pub fn sweep_soon(bucket: &str, target: &Target) {
+    {
+        let mut hurried = HURRIED.lock().unwrap_or_else(|e| e.into_inner());
+        let place = (bucket.to_owned(), target.clone());
+        if hurried.len() < MAX_HURRIED && !hurried.contains(&place) {
+            hurried.push(place);
+        }
+    }
     SWEEP_NOW.notify_one();
+}
+
+/// Sweeps the records `sweep_soon` named; one that fails waits for the next full pass.
+async fn sweep_hurried(records: &Records) {
+    let hurried = std::mem::take(&mut *HURRIED.lock().unwrap_or_else(|e| e.into_inner()));
+    for (bucket, target) in hurried {
+        let doc = target.doc(&bucket);
+        let garbage = match &target {
+            Target::Root => read_garbage::<BucketIndex>(records, &doc).await,
+            Target::Leaf(_) => read_garbage::<Leaf>(records, &doc).await,
+        };
+        let swept = match garbage {
+            Ok(garbage) => sweep_record(records, &bucket, target, &garbage).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = swept {
+            tracing::warn!(%err, bucket, "S3 garbage sweep of a record failed; the next pass tries again");
+        }
+    }
+}
+
+/// The garbage list of record `doc` (empty if there is none).
+async fn read_garbage<H: Holder>(records: &Records, doc: &str) -> Result<Vec<Garbage>, S3Error> {
+    let record: Option<H> = records.read(doc).await?;
+    Ok(record
+        .map(|mut r| std::mem::take(r.garbage_mut()))
+        .unwrap_or_default())
 }
 
 /// One pass over every index record of every bucket (see `sweep_forever`).
@@ -186,33 +231,43 @@ pub async fn sweep(records: &Records, tree: &IndexTree) -> Result<usize, S3Error
     let mut swept = 0;
     for bucket in catalog.buckets.keys() {
         for (target, garbage) in tree.garbage(records, bucket).await? {
-            let now = now_ms();
-            let due: HashSet<String> = garbage
-                .iter()
-                .filter(|g| g.after_ms <= now)
-                .map(|g| g.blob.clone())
-                .collect();
-            if due.is_empty() {
-                continue;
-            }
-            let deletes = due.iter().cloned().map(|blob| {
-                let router = records.router().clone();
-                async move { blobs::delete(&router, &blob).await }
-            });
-            let results: Vec<Result<(), S3Error>> = futures_util::stream::iter(deletes)
-                .buffer_unordered(SWEEP_DELETES_AT_ONCE)
-                .collect()
-                .await;
-            results.into_iter().collect::<Result<Vec<()>, S3Error>>()?;
-            let doc = target.doc(bucket);
-            match target {
-                Target::Root => forget_garbage::<BucketIndex>(records, &doc, &due).await?,
-                Target::Leaf(_) => forget_garbage::<Leaf>(records, &doc, &due).await?,
-            }
-            swept += due.len();
+            swept += sweep_record(records, bucket, target, &garbage).await?;
         }
     }
     Ok(swept)
+}
+
+/// Tombstones the due blobs of record `target`'s `garbage`, then takes them off its list.
+async fn sweep_record(
+    records: &Records,
+    bucket: &str,
+    target: Target,
+    garbage: &[Garbage],
+) -> Result<usize, S3Error> {
+    let now = now_ms();
+    let due: HashSet<String> = garbage
+        .iter()
+        .filter(|g| g.after_ms <= now)
+        .map(|g| g.blob.clone())
+        .collect();
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let deletes = due.iter().cloned().map(|blob| {
+        let router = records.router().clone();
+        async move { blobs::delete(&router, &blob).await }
+    });
+    let results: Vec<Result<(), S3Error>> = futures_util::stream::iter(deletes)
+        .buffer_unordered(SWEEP_DELETES_AT_ONCE)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, S3Error>>()?;
+    let doc = target.doc(bucket);
+    match target {
+        Target::Root => forget_garbage::<BucketIndex>(records, &doc, &due).await?,
+        Target::Leaf(_) => forget_garbage::<Leaf>(records, &doc, &due).await?,
+    }
+    Ok(due.len())
 }
 
 /// Removes the tombstoned blobs `due` from the garbage list of record `doc`.

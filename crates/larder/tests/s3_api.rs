@@ -309,6 +309,12 @@ s3.delete_object(Bucket="parts", Key="mp")
     let refused = native(&record);
     assert_eq!(refused.status, 400);
     assert!(String::from_utf8_lossy(&refused.body).contains("S3ObjectBody"));
+    let record_url = cluster.url(&format!("/v1/blobs/{record}"));
+    let delete = common::curl(cluster.dir.path(), &["-X", "DELETE", &record_url]);
+    assert_eq!(
+        delete.status, 400,
+        "the blob API deletes no S3 object's parts record"
+    );
     for part in &parts.parts {
         assert_eq!(native(&part.id.to_string()).status, 200);
     }
