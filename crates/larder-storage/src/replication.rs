@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use http::{HeaderMap, Request, StatusCode};
@@ -23,6 +23,10 @@ use crate::horizon::Serve;
 use crate::metrics::PeerLabels;
 use crate::validate::{header_number, now_ms};
 use crate::StorageNode;
+
+mod cursors;
+
+use cursors::{load_cursor, make_spares, save_cursor, CursorFile, Saved};
 
 /// Why a replication round stopped short (logged and counted, then retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -91,13 +95,10 @@ struct Link {
     peer: String,
     store: Store,
     cursor: Cursor,
-    cursor_file: PathBuf,
-    /// When this process last wrote the cursor file (monotonic: a quarter of the retention
-    /// later it is written again, whatever the wall clock does); `None`: not since it started.
-    saved_at: Option<Instant>,
-    /// Skipped while the partition's bulk bootstrap runs; the cursor file is read again after
-    /// (the bootstrap saves the source's cursor at its end).
-    paused: bool,
+    /// Shared with the worker's keeper of start positions (`keep_starts_fresh`). While the
+    /// partition's bulk bootstrap runs the link is skipped and the file is the bootstrap's; it
+    /// is read again after (the bootstrap saves the source's cursor at its end).
+    file: Arc<CursorFile>,
 }
 
 /// Starts one replication task per peer node; they stop when `stop` turns true.
@@ -174,9 +175,7 @@ fn links_by_peer(
                 peer: peer.node.clone(),
                 store: store.clone(),
                 cursor,
-                cursor_file,
-                saved_at: None,
-                paused: false,
+                file: CursorFile::new(cursor_file, cursor),
             };
             if !local_is_new {
                 check_link(node, &link, saved);
@@ -281,63 +280,12 @@ fn check_link(node: &StorageNode, link: &Link, saved: Option<Saved>) {
         node.horizons.answered(link.partition, &link.peer, true);
     } else if saved.is_none() || at_start {
         // A start position this process vouches for is saved again with the time now (see
-        // `Worker::keep_start_fresh`).
-        let saved = save_cursor(&link.cursor_file, link.cursor, link.store.incarnation());
+        // `keep_starts_fresh`).
+        let saved = link.file.save(link.cursor, link.store.incarnation());
         if let Err(err) = saved {
             tracing::warn!(partition = link.partition, peer = %link.peer, %err, "saving a new cursor");
         }
     }
-}
-
-/// The saved position in a peer's feed and when it was saved, or the start when there is none,
-/// it is of the old physical form, or it was saved for another incarnation of the local replica
-/// (the replica was rebuilt: what it had pulled is gone, so everything must be pulled again).
-/// The peer's own incarnation is inside the cursor: the peer restarts a cursor of another of its
-/// incarnations. A file without a time (an older build) counts as saved now.
-fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<Saved>) {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return (Cursor::START, None);
-    };
-    let mut parts = text.split_whitespace();
-    let fields = (parts.next(), parts.next(), parts.next(), parts.next());
-    match (fields, parts.next()) {
-        ((Some(cursor), Some(local), saved, by), None)
-            if local == incarnation_text(local_incarnation) =>
-        {
-            let ms = saved.map_or(Some(now_ms()), |t| t.parse().ok());
-            let here = by == Some(process_text().as_str());
-            let saved = ms.map(|ms| Saved { ms, here });
-            (cursor.parse().unwrap_or(Cursor::START), saved)
-        }
-        _ => (Cursor::START, None),
-    }
-}
-
-/// When a cursor file was saved, and whether by this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Saved {
-    /// Wall-clock ms since the epoch, as the saving process's clock read then.
-    ms: u64,
-    /// Saved by this process: it has been running since, so this replica was not away,
-    /// whatever the wall clock did meanwhile.
-    here: bool,
-}
-
-/// This process's mark in the cursor files it saves (random per process). "Saved by this
-/// process" was once judged by comparing the saved time with the process's start time, both
-/// from the wall clock: a clock stepped back while a file was re-saved made this process's own
-/// fresh start position look older than the process, and older than the tombstone retention
-/// once the clock came back; the replica then took itself for one that was away and answered
-/// 503 `ReplicaUnchecked` for good (the nemesis with clock jumps and moves, seed 11).
-fn process_text() -> &'static String {
-    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    MARK.get_or_init(|| {
-        use std::hash::BuildHasher;
-        // RandomState is keyed from the OS's randomness, once per process.
-        let mark = std::collections::hash_map::RandomState::new()
-            .hash_one((std::process::id(), std::time::SystemTime::now()));
-        format!("{mark:016x}")
-    })
 }
 
 /// Saves the start position in each peer's feed for a replica created now (before anything is
@@ -384,120 +332,72 @@ pub(crate) fn forget_partition(data_dir: &Path, partition: PartitionId) {
     }
 }
 
-fn incarnation_text(incarnation: u64) -> String {
-    format!("{incarnation:016x}")
+/// How often a link's file is written again while nothing else writes it, so that it shows a
+/// restart that this replica was here (`check_link`).
+fn quarter_of_retention(node: &StorageNode) -> Duration {
+    Duration::from_millis(node.horizons.retention_ms() / 4)
 }
 
-/// Saves a cursor durably: a crash must never move it past changes that are not applied here.
-/// (Moving it back is harmless: applying a change twice is a no-op.) The file holds the peer's
-/// cursor, the local replica's incarnation, when it was saved and by which process:
-/// `<cursor> <local incarnation> <ms since the epoch> <process mark>` (`process_text`).
-fn save_cursor(path: &Path, cursor: Cursor, local_incarnation: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let text = format!(
-        "{cursor} {} {} {}\n",
-        incarnation_text(local_incarnation),
-        now_ms(),
-        process_text()
-    );
-    let written = std::fs::File::create(&tmp).and_then(|mut file| {
-        file.write_all(text.as_bytes())?;
-        file.sync_data()
-    });
-    match written {
-        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
-            let _ = std::fs::remove_file(&tmp);
-            write_into_spare(&tmp, &text)?;
-        }
-        other => other?,
-    }
-    std::fs::rename(&tmp, path)?;
-    // The rename must be durable too: a cursor that went back after a power loss would ask
-    // the peer for a position before tombstones it may have dropped since (a 409: rebuild).
-    match path.parent() {
-        Some(dir) => std::fs::File::open(dir)?.sync_all(),
-        None => Ok(()),
-    }
+/// What the keeper of start positions needs of one link.
+struct StartKeeping {
+    partition: PartitionId,
+    peer: String,
+    store: Store,
+    file: Arc<CursorFile>,
 }
 
-/// Cursor files made ahead of need in the replication directory, each already holding
-/// `SPARE_LEN` bytes on disk. A cursor saved while the disk is full goes into one of them,
-/// overwritten in place (which needs no new space). Above all a new peer's start position
-/// (`note_new_peer`): lost to a full disk and then a crash, it made this replica suspect
-/// itself of being behind that peer for good, answering 503 `ReplicaUnchecked` until rebuilt
-/// by hand (the nemesis, seed 1: a full disk during a replace-node, then a power loss).
-const SPARES: usize = 32;
-const SPARE_LEN: usize = 160;
-const SPARE_EXTENSION: &str = "spare";
-
-/// Tops the replication directory up to `SPARES` spare cursor files (at every start of
-/// replication: process start and map change). A full disk leaves it short: best effort.
-fn make_spares(dir: &Path) {
-    use std::io::Write;
-    if larder_store::create_dir_all_durable(dir).is_err() {
-        return;
-    }
-    let have = std::fs::read_dir(dir).map_or(0, |entries| {
-        let spare =
-            |e: &std::fs::DirEntry| e.path().extension().is_some_and(|x| x == SPARE_EXTENSION);
-        entries.flatten().filter(spare).count()
-    });
-    // Names only need to differ from each other and from spares left by earlier starts.
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    for n in have..SPARES {
-        let path = dir.join(format!("{stamp}-{n}.{SPARE_EXTENSION}"));
-        let made = std::fs::File::create(&path).and_then(|mut file| {
-            file.write_all(&[b' '; SPARE_LEN])?;
-            file.sync_data()
-        });
-        if made.is_err() {
-            let _ = std::fs::remove_file(&path);
-            break;
+impl StartKeeping {
+    fn of(link: &Link) -> Self {
+        StartKeeping {
+            partition: link.partition,
+            peer: link.peer.clone(),
+            store: link.store.clone(),
+            file: link.file.clone(),
         }
     }
-    let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
 }
 
-/// Writes `text` (padded with spaces, which `load_cursor` skips) into a spare cursor file
-/// renamed to `tmp`, in place.
-fn write_into_spare(tmp: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let full = || std::io::Error::from_raw_os_error(libc::ENOSPC);
-    let dir = tmp.parent().ok_or_else(full)?;
-    let spare = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == SPARE_EXTENSION))
-        .ok_or_else(full)?;
-    let line = text.trim_end();
-    if line.len() >= SPARE_LEN {
-        return Err(full());
+/// Re-saves each start cursor of one peer's links (with the time) a quarter of the retention
+/// after its last save, on its own clock: not in the rounds, which a peer that is down or slow
+/// holds for whole request timeouts (10 s each, and a worker waits for all its links' rounds).
+/// While a link is at the start this replica has never given the peer a position, so the peer
+/// has dropped nothing for it; the time only tells a restart that a process was here holding
+/// it (`check_link`). Without this, a link whose pulls kept failing (a new peer busy or
+/// restarting; a peer killed, whose requests time out) left the start saved long ago, and a
+/// crash a retention later flagged this replica as away from it for good: reads answered 503
+/// `ReplicaUnchecked` forever (the nemesis with moves; the whole-cluster power loss test, with
+/// a peer killed a few seconds before). A link already suspected or refused is left alone:
+/// refreshing it would hide that. A bootstrap's file is the bootstrap's.
+async fn keep_starts_fresh(
+    node: Arc<StorageNode>,
+    links: Vec<StartKeeping>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let every = quarter_of_retention(&node);
+    // Ticks twice per period: a file is written again at most 1.5 periods after its last save.
+    let tick = (every / 2).max(Duration::from_millis(10));
+    while !*stop.borrow() {
+        for link in &links {
+            let behind = node.horizons.may_serve(link.partition, &link.peer) == Serve::Behind;
+            if behind || node.moves.copying(link.partition) {
+                continue;
+            }
+            let (file, incarnation) = (link.file.clone(), link.store.incarnation());
+            let saved = crate::node::blocking(move || file.refresh_start(every, incarnation));
+            if let Err(err) = saved.await {
+                tracing::warn!(partition = link.partition, peer = %link.peer, %err,
+                    "saving a start cursor");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = stop.changed() => {}
+        }
     }
-    std::fs::rename(&spare, tmp)?;
-    let mut padded = line.as_bytes().to_vec();
-    padded.resize(SPARE_LEN - 1, b' ');
-    padded.push(b'\n');
-    let mut file = std::fs::OpenOptions::new().write(true).open(tmp)?;
-    file.write_all(&padded)?;
-    file.sync_data()
 }
 
 /// Links of one peer whose rounds run at once (`Worker::run`).
 const LINKS_AT_ONCE: usize = 4;
-
-/// [`save_cursor`] on a blocking thread: it syncs a file and its directory, which must not
-/// stall the async workers that serve reads and writes.
-async fn save_cursor_off_thread(
-    path: &Path,
-    cursor: Cursor,
-    local_incarnation: u64,
-) -> std::io::Result<()> {
-    let path = path.to_owned();
-    crate::node::blocking(move || save_cursor(&path, cursor, local_incarnation)).await
-}
 
 struct Worker {
     node: Arc<StorageNode>,
@@ -507,6 +407,11 @@ struct Worker {
 
 impl Worker {
     async fn run(self, mut links: Vec<Link>, mut stop: watch::Receiver<bool>) {
+        let keeper = tokio::spawn(keep_starts_fresh(
+            self.node.clone(),
+            links.iter().map(StartKeeping::of).collect(),
+            stop.clone(),
+        ));
         let mut delay = self.config.interval;
         while !*stop.borrow() {
             // A few partitions at once: after a restart every replica answers reads 503
@@ -528,25 +433,22 @@ impl Worker {
                 _ = stop.changed() => {}
             }
         }
+        let _ = keeper.await;
     }
 
     /// One round of one link (skipped while its partition's bootstrap copies); whether it failed.
     async fn link_round(&self, link: &mut Link) -> bool {
         if self.node.moves.copying(link.partition) {
-            link.paused = true;
+            link.file.pause();
             return false;
         }
-        if link.paused {
-            link.paused = false;
-            let (cursor, saved) = load_cursor(&link.cursor_file, link.store.incarnation());
+        if link.file.paused() {
+            let cursor = link.file.resume(link.store.incarnation());
             link.cursor = cursor;
-            link.saved_at = saved.filter(|s| s.here).map(|_| Instant::now());
             self.node
                 .moves
                 .note_position(link.partition, &link.peer, cursor);
         }
-        // Before the round: a round against an unreachable peer lasts its timeouts.
-        self.keep_start_fresh(link).await;
         let limit = self.config.request_timeout * self.config.max_pages_per_round as u32;
         let outcome = tokio::time::timeout(limit, self.round(link)).await;
         let Err(err) = outcome.unwrap_or(Err(ReplicationError::RoundTimeout)) else {
@@ -596,10 +498,10 @@ impl Worker {
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
             let local = link.store.incarnation();
-            save_cursor_off_thread(&link.cursor_file, next, local)
+            link.file
+                .save_off_thread(next, local)
                 .await
                 .map_err(ReplicationError::SaveCursor)?;
-            link.saved_at = Some(Instant::now());
             // Only once saved: the peer reads our next request's cursor as our position in its
             // feed (its tombstone horizon), which must never be ahead of what a restart of
             // ours would resume from.
@@ -625,51 +527,19 @@ impl Worker {
         let next: Cursor = next
             .parse()
             .map_err(|_| ReplicationError::BadCursor(next.to_owned()))?;
-        let stale = self.stale(link);
+        let stale = link.file.stale(quarter_of_retention(&self.node));
         let moved = next != link.cursor;
         if moved || stale {
-            save_cursor_off_thread(&link.cursor_file, next, link.store.incarnation())
+            link.file
+                .save_off_thread(next, link.store.incarnation())
                 .await
                 .map_err(ReplicationError::SaveCursor)?;
             link.cursor = next;
-            link.saved_at = Some(Instant::now());
         }
         self.node
             .moves
             .note_position(link.partition, &link.peer, link.cursor);
         Ok(())
-    }
-
-    /// Whether `link`'s file was last written by this process more than a quarter of the
-    /// tombstone retention ago (or not at all).
-    fn stale(&self, link: &Link) -> bool {
-        let quarter = Duration::from_millis(self.node.horizons.retention_ms() / 4);
-        link.saved_at.is_none_or(|at| at.elapsed() > quarter)
-    }
-
-    /// Re-saves a start cursor (with the time) a quarter of the retention after the last save,
-    /// whatever the round's outcome. While it is at the start this replica has never given the
-    /// peer a position, so the peer has dropped nothing for it; the time only tells a restart
-    /// that a process was here holding it (`check_link`). Without this, a new peer that went
-    /// live while its pulls kept failing (busy, restarting) left the start saved at this
-    /// process's start, and a crash a retention later flagged this replica as away from it for
-    /// good (the nemesis with moves found it: reads answered 503 ReplicaUnchecked forever).
-    /// A link already suspected or refused is left alone: refreshing it would hide that.
-    async fn keep_start_fresh(&self, link: &mut Link) {
-        if link.cursor != Cursor::START
-            || self.node.horizons.may_serve(link.partition, &link.peer) == Serve::Behind
-        {
-            return;
-        }
-        if !self.stale(link) {
-            return;
-        }
-        let incarnation = link.store.incarnation();
-        match save_cursor_off_thread(&link.cursor_file, Cursor::START, incarnation).await {
-            Ok(()) => link.saved_at = Some(Instant::now()),
-            Err(err) => tracing::warn!(partition = link.partition, peer = %link.peer, %err,
-                "saving a start cursor"),
-        }
     }
 
     /// Applies one change; one the checks here refuse is logged, counted and passed over, so
@@ -904,94 +774,5 @@ fn labels(link: &Link) -> PeerLabels {
     PeerLabels {
         partition: link.partition.to_string(),
         peer: link.peer.clone(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cursor_saved_on_a_full_disk_goes_into_a_spare_and_reads_back() {
-        let dir = tempfile::tempdir().unwrap();
-        make_spares(dir.path());
-        let spares = || {
-            std::fs::read_dir(dir.path())
-                .unwrap()
-                .flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == SPARE_EXTENSION))
-                .count()
-        };
-        assert_eq!(spares(), SPARES);
-        let path = dir.path().join("p1-s2.cursor");
-        let text = format!(
-            "{} {} {} {}\n",
-            Cursor::START,
-            incarnation_text(7),
-            now_ms(),
-            process_text()
-        );
-        let tmp = path.with_extension("tmp");
-        write_into_spare(&tmp, &text).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-        assert_eq!(spares(), SPARES - 1, "one spare used");
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().len(),
-            SPARE_LEN as u64,
-            "in place"
-        );
-        let (loaded, saved) = load_cursor(&path, 7);
-        assert_eq!(loaded, Cursor::START);
-        assert!(
-            saved.is_some_and(|s| s.here),
-            "with its time, by this process"
-        );
-        make_spares(dir.path());
-        assert_eq!(spares(), SPARES, "topped up at the next start");
-    }
-
-    #[test]
-    fn saved_cursors_belong_to_the_local_incarnation() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p1-s2.cursor");
-        assert_eq!(load_cursor(&path, 7), (Cursor::START, None), "none saved");
-        let cursor = Cursor {
-            incarnation: 0xabc,
-            sequence: 42,
-        };
-        let before = now_ms();
-        save_cursor(&path, cursor, 7).unwrap();
-        let (loaded, saved) = load_cursor(&path, 7);
-        assert_eq!(loaded, cursor);
-        let saved = saved.unwrap();
-        assert!(saved.ms >= before, "saved with its time");
-        assert!(saved.here, "by this process");
-        // The local replica was rebuilt: pull everything again.
-        assert_eq!(load_cursor(&path, 8).0, Cursor::START);
-        // A cursor of the old physical format (`<segment>.<offset>`) restarts too.
-        std::fs::write(&path, "3.1048576").unwrap();
-        assert_eq!(load_cursor(&path, 7).0, Cursor::START);
-        std::fs::write(&path, "garbage 0000000000000007").unwrap();
-        assert_eq!(load_cursor(&path, 7).0, Cursor::START);
-        // Written by a build that saved no time: counts as saved now.
-        std::fs::write(&path, "0000000000000abc.42 0000000000000007\n").unwrap();
-        let (loaded, saved) = load_cursor(&path, 7);
-        assert_eq!(loaded, cursor);
-        assert!(saved.unwrap().ms >= before);
-        assert!(!saved.unwrap().here);
-        // Saved by another process, at a time its clock read: not this process's, whatever the
-        // time says (a clock stepped back or forward does not make it this process's).
-        std::fs::write(
-            &path,
-            "0000000000000abc.42 0000000000000007 5 00000000deadbeef\n",
-        )
-        .unwrap();
-        assert_eq!(load_cursor(&path, 7).1, Some(Saved { ms: 5, here: false }));
-        let mine = format!(
-            "0000000000000abc.42 0000000000000007 5 {}\n",
-            process_text()
-        );
-        std::fs::write(&path, mine).unwrap();
-        assert_eq!(load_cursor(&path, 7).1, Some(Saved { ms: 5, here: true }));
     }
 }

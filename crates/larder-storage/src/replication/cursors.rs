@@ -1,0 +1,388 @@
+//! The cursor files: this replica's saved position in each peer's feed, with when and by which
+//! process it was saved (`check_link` reads that to tell a replica that was away), written
+//! durably, and into a spare file made ahead of need when the disk is full.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use larder_store::Cursor;
+
+use crate::validate::now_ms;
+
+/// The saved position in a peer's feed and when it was saved, or the start when there is none,
+/// it is of the old physical form, or it was saved for another incarnation of the local replica
+/// (the replica was rebuilt: what it had pulled is gone, so everything must be pulled again).
+/// The peer's own incarnation is inside the cursor: the peer restarts a cursor of another of its
+/// incarnations. A file without a time (an older build) counts as saved now.
+pub(super) fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<Saved>) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (Cursor::START, None);
+    };
+    let mut parts = text.split_whitespace();
+    let fields = (parts.next(), parts.next(), parts.next(), parts.next());
+    match (fields, parts.next()) {
+        ((Some(cursor), Some(local), saved, by), None)
+            if local == incarnation_text(local_incarnation) =>
+        {
+            let ms = saved.map_or(Some(now_ms()), |t| t.parse().ok());
+            let here = by == Some(process_text().as_str());
+            let saved = ms.map(|ms| Saved { ms, here });
+            (cursor.parse().unwrap_or(Cursor::START), saved)
+        }
+        _ => (Cursor::START, None),
+    }
+}
+
+/// When a cursor file was saved, and whether by this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Saved {
+    /// Wall-clock ms since the epoch, as the saving process's clock read then.
+    pub(super) ms: u64,
+    /// Saved by this process: it has been running since, so this replica was not away,
+    /// whatever the wall clock did meanwhile.
+    pub(super) here: bool,
+}
+
+/// This process's mark in the cursor files it saves (random per process). "Saved by this
+/// process" was once judged by comparing the saved time with the process's start time, both
+/// from the wall clock: a clock stepped back while a file was re-saved made this process's own
+/// fresh start position look older than the process, and older than the tombstone retention
+/// once the clock came back; the replica then took itself for one that was away and answered
+/// 503 `ReplicaUnchecked` for good (the nemesis with clock jumps and moves, seed 11).
+pub(super) fn process_text() -> &'static String {
+    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARK.get_or_init(|| {
+        use std::hash::BuildHasher;
+        // RandomState is keyed from the OS's randomness, once per process.
+        let mark = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        format!("{mark:016x}")
+    })
+}
+
+pub(super) fn incarnation_text(incarnation: u64) -> String {
+    format!("{incarnation:016x}")
+}
+
+/// Saves a cursor durably: a crash must never move it past changes that are not applied here.
+/// (Moving it back is harmless: applying a change twice is a no-op.) The file holds the peer's
+/// cursor, the local replica's incarnation, when it was saved and by which process:
+/// `<cursor> <local incarnation> <ms since the epoch> <process mark>` (`process_text`).
+pub(super) fn save_cursor(
+    path: &Path,
+    cursor: Cursor,
+    local_incarnation: u64,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let text = format!(
+        "{cursor} {} {} {}\n",
+        incarnation_text(local_incarnation),
+        now_ms(),
+        process_text()
+    );
+    let written = std::fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(text.as_bytes())?;
+        file.sync_data()
+    });
+    match written {
+        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
+            let _ = std::fs::remove_file(&tmp);
+            write_into_spare(&tmp, &text)?;
+        }
+        other => other?,
+    }
+    std::fs::rename(&tmp, path)?;
+    // The rename must be durable too: a cursor that went back after a power loss would ask
+    // the peer for a position before tombstones it may have dropped since (a 409: rebuild).
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Cursor files made ahead of need in the replication directory, each already holding
+/// `SPARE_LEN` bytes on disk. A cursor saved while the disk is full goes into one of them,
+/// overwritten in place (which needs no new space). Above all a new peer's start position
+/// (`note_new_peer`): lost to a full disk and then a crash, it made this replica suspect
+/// itself of being behind that peer for good, answering 503 `ReplicaUnchecked` until rebuilt
+/// by hand (the nemesis, seed 1: a full disk during a replace-node, then a power loss).
+const SPARES: usize = 32;
+const SPARE_LEN: usize = 160;
+const SPARE_EXTENSION: &str = "spare";
+
+/// Tops the replication directory up to `SPARES` spare cursor files (at every start of
+/// replication: process start and map change). A full disk leaves it short: best effort.
+pub(super) fn make_spares(dir: &Path) {
+    use std::io::Write;
+    if larder_store::create_dir_all_durable(dir).is_err() {
+        return;
+    }
+    let have = std::fs::read_dir(dir).map_or(0, |entries| {
+        let spare =
+            |e: &std::fs::DirEntry| e.path().extension().is_some_and(|x| x == SPARE_EXTENSION);
+        entries.flatten().filter(spare).count()
+    });
+    // Names only need to differ from each other and from spares left by earlier starts.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    for n in have..SPARES {
+        let path = dir.join(format!("{stamp}-{n}.{SPARE_EXTENSION}"));
+        let made = std::fs::File::create(&path).and_then(|mut file| {
+            file.write_all(&[b' '; SPARE_LEN])?;
+            file.sync_data()
+        });
+        if made.is_err() {
+            let _ = std::fs::remove_file(&path);
+            break;
+        }
+    }
+    let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+}
+
+/// Writes `text` (padded with spaces, which `load_cursor` skips) into a spare cursor file
+/// renamed to `tmp`, in place.
+fn write_into_spare(tmp: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let full = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+    let dir = tmp.parent().ok_or_else(full)?;
+    let spare = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == SPARE_EXTENSION))
+        .ok_or_else(full)?;
+    let line = text.trim_end();
+    if line.len() >= SPARE_LEN {
+        return Err(full());
+    }
+    std::fs::rename(&spare, tmp)?;
+    let mut padded = line.as_bytes().to_vec();
+    padded.resize(SPARE_LEN - 1, b' ');
+    padded.push(b'\n');
+    let mut file = std::fs::OpenOptions::new().write(true).open(tmp)?;
+    file.write_all(&padded)?;
+    file.sync_data()
+}
+
+/// One link's cursor file, shared by the link's rounds and its worker's keeper of start
+/// positions (`replication::keep_starts_fresh`). Every write goes through the lock, so the
+/// keeper never puts the start back over a position a round has just saved.
+pub(super) struct CursorFile {
+    path: PathBuf,
+    state: Mutex<FileState>,
+}
+
+struct FileState {
+    /// What the file holds, as this process last wrote or read it.
+    cursor: Cursor,
+    /// When this process last wrote it (monotonic, so a wall clock that jumps changes nothing);
+    /// `None`: not since this process started or read it again.
+    saved_at: Option<Instant>,
+    /// A bulk bootstrap of the partition owns the file until the link reads it again.
+    paused: bool,
+}
+
+impl CursorFile {
+    pub(super) fn new(path: PathBuf, cursor: Cursor) -> Arc<Self> {
+        let state = FileState {
+            cursor,
+            saved_at: None,
+            paused: false,
+        };
+        Arc::new(CursorFile {
+            path,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// Saves `cursor` durably (blocking: syncs the file and its directory).
+    pub(super) fn save(&self, cursor: Cursor, local_incarnation: u64) -> std::io::Result<()> {
+        let mut state = self.lock();
+        save_cursor(&self.path, cursor, local_incarnation)?;
+        state.cursor = cursor;
+        state.saved_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// [`CursorFile::save`] on a blocking thread: it syncs a file and its directory, which must
+    /// not stall the async workers that serve reads and writes.
+    pub(super) async fn save_off_thread(
+        self: &Arc<Self>,
+        cursor: Cursor,
+        local_incarnation: u64,
+    ) -> std::io::Result<()> {
+        let file = self.clone();
+        crate::node::blocking(move || file.save(cursor, local_incarnation)).await
+    }
+
+    /// Whether this process last wrote the file more than `every` ago, or not at all.
+    pub(super) fn stale(&self, every: Duration) -> bool {
+        self.lock().saved_at.is_none_or(|at| at.elapsed() > every)
+    }
+
+    /// Saves the start position again, with the time now, if the file holds it, is stale and
+    /// no bootstrap owns it (blocking); whether it wrote.
+    pub(super) fn refresh_start(
+        &self,
+        every: Duration,
+        local_incarnation: u64,
+    ) -> std::io::Result<bool> {
+        let mut state = self.lock();
+        let stale = state.saved_at.is_none_or(|at| at.elapsed() > every);
+        if state.cursor != Cursor::START || state.paused || !stale {
+            return Ok(false);
+        }
+        save_cursor(&self.path, Cursor::START, local_incarnation)?;
+        state.saved_at = Some(Instant::now());
+        Ok(true)
+    }
+
+    /// Hands the file to a bulk bootstrap, which saves its source's cursor at its end.
+    pub(super) fn pause(&self) {
+        self.lock().paused = true;
+    }
+
+    pub(super) fn paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// Takes the file back from a bootstrap: reads what it saved (blocking).
+    pub(super) fn resume(&self, local_incarnation: u64) -> Cursor {
+        let mut state = self.lock();
+        let (cursor, saved) = load_cursor(&self.path, local_incarnation);
+        state.cursor = cursor;
+        state.saved_at = saved.filter(|s| s.here).map(|_| Instant::now());
+        state.paused = false;
+        cursor
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FileState> {
+        // A poisoned lock only means a panic elsewhere; the state is still what was written.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_saved_on_a_full_disk_goes_into_a_spare_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        make_spares(dir.path());
+        let spares = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == SPARE_EXTENSION))
+                .count()
+        };
+        assert_eq!(spares(), SPARES);
+        let path = dir.path().join("p1-s2.cursor");
+        let text = format!(
+            "{} {} {} {}\n",
+            Cursor::START,
+            incarnation_text(7),
+            now_ms(),
+            process_text()
+        );
+        let tmp = path.with_extension("tmp");
+        write_into_spare(&tmp, &text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert_eq!(spares(), SPARES - 1, "one spare used");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            SPARE_LEN as u64,
+            "in place"
+        );
+        let (loaded, saved) = load_cursor(&path, 7);
+        assert_eq!(loaded, Cursor::START);
+        assert!(
+            saved.is_some_and(|s| s.here),
+            "with its time, by this process"
+        );
+        make_spares(dir.path());
+        assert_eq!(spares(), SPARES, "topped up at the next start");
+    }
+
+    #[test]
+    fn saved_cursors_belong_to_the_local_incarnation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-s2.cursor");
+        assert_eq!(load_cursor(&path, 7), (Cursor::START, None), "none saved");
+        let cursor = Cursor {
+            incarnation: 0xabc,
+            sequence: 42,
+        };
+        let before = now_ms();
+        save_cursor(&path, cursor, 7).unwrap();
+        let (loaded, saved) = load_cursor(&path, 7);
+        assert_eq!(loaded, cursor);
+        let saved = saved.unwrap();
+        assert!(saved.ms >= before, "saved with its time");
+        assert!(saved.here, "by this process");
+        // The local replica was rebuilt: pull everything again.
+        assert_eq!(load_cursor(&path, 8).0, Cursor::START);
+        // A cursor of the old physical format (`<segment>.<offset>`) restarts too.
+        std::fs::write(&path, "3.1048576").unwrap();
+        assert_eq!(load_cursor(&path, 7).0, Cursor::START);
+        std::fs::write(&path, "garbage 0000000000000007").unwrap();
+        assert_eq!(load_cursor(&path, 7).0, Cursor::START);
+        // Written by a build that saved no time: counts as saved now.
+        std::fs::write(&path, "0000000000000abc.42 0000000000000007\n").unwrap();
+        let (loaded, saved) = load_cursor(&path, 7);
+        assert_eq!(loaded, cursor);
+        assert!(saved.unwrap().ms >= before);
+        assert!(!saved.unwrap().here);
+        // Saved by another process, at a time its clock read: not this process's, whatever the
+        // time says (a clock stepped back or forward does not make it this process's).
+        std::fs::write(
+            &path,
+            "0000000000000abc.42 0000000000000007 5 00000000deadbeef\n",
+        )
+        .unwrap();
+        assert_eq!(load_cursor(&path, 7).1, Some(Saved { ms: 5, here: false }));
+        let mine = format!(
+            "0000000000000abc.42 0000000000000007 5 {}\n",
+            process_text()
+        );
+        std::fs::write(&path, mine).unwrap();
+        assert_eq!(load_cursor(&path, 7).1, Some(Saved { ms: 5, here: true }));
+    }
+
+    #[test]
+    fn the_keeper_refreshes_only_a_stale_start_that_no_one_else_owns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-s2.cursor");
+        let file = CursorFile::new(path.clone(), Cursor::START);
+        let every = Duration::from_millis(20);
+        assert!(file.refresh_start(every, 7).unwrap(), "never written here");
+        assert!(!file.refresh_start(every, 7).unwrap(), "just written");
+        std::thread::sleep(Duration::from_millis(30));
+        file.pause();
+        assert!(
+            !file.refresh_start(every, 7).unwrap(),
+            "a bootstrap owns it"
+        );
+        let position = Cursor {
+            incarnation: 0xabc,
+            sequence: 9,
+        };
+        save_cursor(&path, position, 7).unwrap(); // the bootstrap's end
+        assert_eq!(file.resume(7), position);
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            !file.refresh_start(every, 7).unwrap(),
+            "never the start over a position"
+        );
+        assert_eq!(load_cursor(&path, 7).0, position);
+        file.save(Cursor::START, 7).unwrap(); // a peer's new incarnation
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(file.refresh_start(every, 7).unwrap());
+        assert!(load_cursor(&path, 7).1.is_some_and(|s| s.here));
+    }
+}
