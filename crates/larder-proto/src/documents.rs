@@ -19,6 +19,9 @@ pub mod header {
     /// On a serialised write: the version the frontend read. The primary applies the write only
     /// if it holds no newer version (else 409 with the version it holds).
     pub const EXPECT: &str = "x-larder-doc-expect";
+    /// On a GET: the version the reader already holds in full. A replica holding exactly that
+    /// version (live or removed) answers `304` with its version and time and no body.
+    pub const KNOWN: &str = "x-larder-doc-known";
 }
 
 const PARTITIONS: &str = "/internal/v1/partitions/";

@@ -59,6 +59,15 @@ pub enum DocState {
     NotFound,
 }
 
+/// A read of a document the reader holds in full at some version (`DocRouter::get_checking`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// No replica of the quorum holds anything newer: the reader's copy is the newest state.
+    Unchanged,
+    /// The newest state, which is not the reader's.
+    Changed(DocState),
+}
+
 /// What a quorum write achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Written {
@@ -349,7 +358,19 @@ impl DocRouter {
 
     /// The newest state of `id` among the first read-quorum definite answers of local replicas.
     pub async fn get(&self, id: &str, deadline: Instant) -> Result<DocState, DocError> {
-        self.read(id, None, deadline).await
+        checked_state(self.read(id, None, None, deadline).await?)
+    }
+
+    /// `get` for a reader that holds version `known` of `id` in full: replicas holding exactly
+    /// that version answer without the body (`304`), and `Unchanged` means no answer of the
+    /// quorum is newer, so the reader's copy is the newest state (`INTERNAL_API.md`).
+    pub async fn get_checking(
+        &self,
+        id: &str,
+        known: u64,
+        deadline: Instant,
+    ) -> Result<Checked, DocError> {
+        self.read(id, None, Some(known), deadline).await
     }
 
     /// The read of a read-modify-write: as `get`, but the partition's primary must be among the
@@ -357,29 +378,33 @@ impl DocRouter {
     /// write (`write_serialised`) is refused only when another read-modify-write came between.
     pub async fn get_for_update(&self, id: &str, deadline: Instant) -> Result<DocState, DocError> {
         let (primary, _) = self.primary(self.partition_of(id))?;
-        self.read(id, Some(&primary), deadline).await
+        checked_state(self.read(id, Some(&primary), None, deadline).await?)
     }
 
     async fn read(
         &self,
         id: &str,
         primary: Option<&str>,
+        known: Option<u64>,
         deadline: Instant,
-    ) -> Result<DocState, DocError> {
+    ) -> Result<Checked, DocError> {
         let partition = self.partition_of(id);
         let replicas = self.local_replicas(partition);
         let quorum = self.quorum(replicas.len());
         let path = doc_path(partition, id);
         let mut answers = self.fan_out(&replicas, deadline, |_| {
-            Request::get(path.clone())
-                .body(larder_pool::empty())
-                .expect("valid request")
+            let request = Request::get(path.clone());
+            let request = match known {
+                Some(version) => request.header(doc_header::KNOWN, version),
+                None => request,
+            };
+            request.body(larder_pool::empty()).expect("valid request")
         });
         let (mut states, mut failures) = (Vec::new(), Vec::new());
         let mut waits_for_primary = primary.is_some();
         while let Some((node, answer)) = recv_by(&mut answers, deadline).await? {
             let from_primary = primary == Some(node.as_str());
-            match read_state(answer, deadline).await {
+            match read_reply(answer, known, deadline).await {
                 Ok(state) => {
                     waits_for_primary &= !from_primary;
                     states.push((node, state))
@@ -414,14 +439,24 @@ impl DocRouter {
         if states.len() < quorum || waits_for_primary {
             return Err(DocError::Unavailable("too few replicas answered".into()));
         }
-        let newest = states
+        let versions: Vec<(String, u64)> = states
             .iter()
-            .map(|(_, s)| s)
-            .max_by_key(|s| s.version())
-            .cloned()
-            .unwrap_or(DocState::NotFound);
-        self.repair(&path, &newest, &states, &replicas, deadline);
-        Ok(newest)
+            .map(|(node, reply)| (node.clone(), reply.version()))
+            .collect();
+        let newest = states
+            .into_iter()
+            .map(|(_, reply)| reply)
+            .max_by_key(Reply::version);
+        match newest {
+            // The reader's copy is the newest: no body to repair an older replica with, so
+            // that is left to replication.
+            Some(Reply::Same(_)) => Ok(Checked::Unchanged),
+            Some(Reply::State(newest)) => {
+                self.repair(&path, &newest, &versions, &replicas, deadline);
+                Ok(Checked::Changed(newest))
+            }
+            None => Ok(Checked::Changed(DocState::NotFound)),
+        }
     }
 
     /// Writes the newest state to replicas that answered with an older one (read repair); the
@@ -430,7 +465,7 @@ impl DocRouter {
         &self,
         path: &str,
         newest: &DocState,
-        states: &[(String, DocState)],
+        versions: &[(String, u64)],
         replicas: &[String],
         deadline: Instant,
     ) {
@@ -440,9 +475,9 @@ impl DocRouter {
             DocState::NotFound => return,
         };
         let version = newest.version();
-        let stale: Vec<String> = states
+        let stale: Vec<String> = versions
             .iter()
-            .filter(|(_, s)| s.version() < version)
+            .filter(|(_, v)| *v < version)
             .map(|(n, _)| n.clone())
             .filter(|n| replicas.contains(n))
             .collect();
@@ -512,6 +547,49 @@ enum ReadFailure {
 }
 
 /// A replica's GET answer as a state.
+/// One replica's definite answer to a read.
+enum Reply {
+    State(DocState),
+    /// It holds exactly the version the reader knows (`304`).
+    Same(u64),
+}
+
+impl Reply {
+    fn version(&self) -> u64 {
+        match self {
+            Reply::State(state) => state.version(),
+            Reply::Same(version) => *version,
+        }
+    }
+}
+
+/// The state a read without a known version found (a `304` cannot answer it).
+fn checked_state(checked: Checked) -> Result<DocState, DocError> {
+    match checked {
+        Checked::Changed(state) => Ok(state),
+        Checked::Unchanged => Err(DocError::Unavailable(
+            "a replica answered 304 to a read that named no version".into(),
+        )),
+    }
+}
+
+async fn read_reply(
+    answer: Answer,
+    known: Option<u64>,
+    deadline: Instant,
+) -> Result<Reply, ReadFailure> {
+    match answer {
+        Ok(response) if response.status() == StatusCode::NOT_MODIFIED => {
+            // Only the version the reader named is "the same".
+            match (version_header(&response), known) {
+                (Some(version), Some(known)) if version == known => Ok(Reply::Same(version)),
+                _ => Err(ReadFailure::Failed("a 304 for another version".into())),
+            }
+        }
+        answer => read_state(answer, deadline).await.map(Reply::State),
+    }
+}
+
 async fn read_state(answer: Answer, deadline: Instant) -> Result<DocState, ReadFailure> {
     let failed = |what: &str| ReadFailure::Failed(what.to_owned());
     let response = answer.map_err(ReadFailure::Failed)?;

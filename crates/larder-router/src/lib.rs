@@ -21,7 +21,7 @@ mod write;
 
 pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
-pub use documents::{DocError, DocRouter, DocState, Written};
+pub use documents::{Checked, DocError, DocRouter, DocState, Written};
 pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, Leftover, UploadJournal};

@@ -17,7 +17,8 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::records::{Garbage, ObjectEntry};
+use crate::record_cache::Cacheable;
+use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry};
 
 /// What a decode keeps of an index record's entries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +113,62 @@ impl<'de> Visitor<'de> for IsName<'_> {
 
     fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<bool, E> {
         Ok(name == self.0)
+    }
+}
+
+/// The entries `keep` keeps of `objects`, cloned.
+fn kept_entries(
+    objects: &BTreeMap<String, ObjectEntry>,
+    keep: &Keep,
+) -> BTreeMap<String, ObjectEntry> {
+    match keep {
+        Keep::All => objects.clone(),
+        Keep::One(name) => objects
+            .get_key_value(name)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The garbage list as `keep` keeps it: whole, or none for a read of one name (as `garbage`).
+fn kept_garbage(garbage: &[Garbage], keep: &Keep) -> Vec<Garbage> {
+    match keep {
+        Keep::All => garbage.to_vec(),
+        Keep::One(_) => Vec::new(),
+    }
+}
+
+// Every field is named (no `..self.clone()`), so the objects are never cloned whole for a
+// read of one name, and a new field does not compile until it is decided here.
+impl Cacheable for BucketIndex {
+    fn keeping(&self, keep: &Keep) -> Self {
+        BucketIndex {
+            v: self.v,
+            created_ms: self.created_ms,
+            objects: kept_entries(&self.objects, keep),
+            garbage: kept_garbage(&self.garbage, keep),
+            public_read: self.public_read,
+            leaves: self.leaves.clone(),
+            splitting: self.splitting.clone(),
+            deleting: self.deleting.clone(),
+        }
+    }
+}
+
+impl Cacheable for Leaf {
+    fn keeping(&self, keep: &Keep) -> Self {
+        Leaf {
+            v: self.v,
+            bucket_created_ms: self.bucket_created_ms,
+            low: self.low.clone(),
+            high: self.high.clone(),
+            right: self.right.clone(),
+            objects: kept_entries(&self.objects, keep),
+            garbage: kept_garbage(&self.garbage, keep),
+            splitting: self.splitting.clone(),
+            sealed: self.sealed.clone(),
+        }
     }
 }
 

@@ -26,6 +26,7 @@ mod object_headers;
 mod objects;
 mod pager;
 mod presign;
+mod record_cache;
 mod records;
 mod server;
 mod service;

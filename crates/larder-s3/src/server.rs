@@ -47,7 +47,15 @@ impl S3Api {
         (stop, held): (watch::Receiver<()>, Vec<Leftover>),
     ) -> Result<S3Api, String> {
         let records_router = config.records_router(&router)?;
-        let records = Arc::new(Records::new(router, records_router));
+        let records =
+            Records::new(router, records_router).with_index_cache(config.index_cache_bytes);
+        registry.sub_registry_with_prefix("s3").register(
+            "index_cache_reads",
+            "Reads of bucket index records by outcome: unchanged (the copy this frontend kept by \
+             version answered), changed (the quorum held another version), unkept (none kept)",
+            records.index_cache_reads(),
+        );
+        let records = Arc::new(records);
         let tree = Arc::new(IndexTree::new(config.index_leaf_entries));
         tokio::spawn(sweep_until(
             records.clone(),

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use larder_router::{DocRouter, DocState, Router, Written};
+use larder_router::{Checked, DocRouter, DocState, Router, Written};
 use tokio::time::Instant;
 
 use crate::error::S3Error;
 use crate::keep::Keep;
+use crate::record_cache::{Cacheable, RecordCache};
 use crate::records::Record;
 
 /// How many times a change is read and applied again after losing to a concurrent one.
@@ -29,6 +30,8 @@ pub enum Change<R> {
 pub struct Records {
     docs: DocRouter,
     router: Arc<Router>,
+    /// Index records read here, by version (`record_cache.rs`); none unless `with_index_cache`.
+    cache: RecordCache,
 }
 
 impl Records {
@@ -37,7 +40,24 @@ impl Records {
         Records {
             docs: DocRouter::new(records_router),
             router,
+            cache: RecordCache::new(0),
         }
+    }
+
+    /// Reads of index records by how the cache answered (for `/metrics`).
+    pub fn index_cache_reads(
+        &self,
+    ) -> prometheus_client::metrics::family::Family<
+        crate::record_cache::ReadLabels,
+        prometheus_client::metrics::counter::Counter,
+    > {
+        self.cache.reads()
+    }
+
+    /// Keeps index records read by `read_keeping` in a cache of `bytes` (`record_cache.rs`).
+    pub fn with_index_cache(mut self, bytes: usize) -> Records {
+        self.cache = RecordCache::new(bytes);
+        self
     }
 
     pub fn router(&self) -> &Arc<Router> {
@@ -56,12 +76,43 @@ impl Records {
 
     /// `read`, keeping only what `keep` says of an index record's entries (`keep.rs`): for
     /// reading, never for writing back.
-    pub async fn read_keeping<R: Record>(
+    /// A copy kept by version answers when no replica of the quorum holds a newer one.
+    pub async fn read_keeping<R: Cacheable>(
         &self,
         id: &str,
         keep: &Keep,
     ) -> Result<Option<R>, S3Error> {
-        let state = self.docs.get(id, self.deadline()).await?;
+        let deadline = self.deadline();
+        if let Some(known) = self.cache.known(id) {
+            match self.docs.get_checking(id, known, deadline).await? {
+                Checked::Unchanged => {
+                    if let Some(record) = self.cache.record::<R>(id, known) {
+                        self.cache.count("unchanged");
+                        return Ok(Some(record?.keeping(keep)));
+                    }
+                    // Evicted or replaced meanwhile: read it whole below.
+                }
+                Checked::Changed(state) => {
+                    self.cache.count("changed");
+                    return self.keep_and_decode(id, state, keep);
+                }
+            }
+        }
+        self.cache.count("unkept");
+        let state = self.docs.get(id, deadline).await?;
+        self.keep_and_decode(id, state, keep)
+    }
+
+    fn keep_and_decode<R: Record>(
+        &self,
+        id: &str,
+        state: DocState,
+        keep: &Keep,
+    ) -> Result<Option<R>, S3Error> {
+        match &state {
+            DocState::Found { version, json } => self.cache.keep(id, *version, json.clone()),
+            DocState::Removed { .. } | DocState::NotFound => self.cache.forget(id),
+        }
         crate::keep::decode_keeping(keep, || decode(state)).map(|(_, record)| record)
     }
 

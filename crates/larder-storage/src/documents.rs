@@ -27,7 +27,13 @@ pub async fn handle(
     ))?;
     let serialised = Serialised::of(node, partition, req.headers())?;
     match *req.method() {
-        Method::GET | Method::HEAD => get(&store, &key, req.method() == Method::GET),
+        Method::GET | Method::HEAD => {
+            let known = header_number(req.headers(), doc_header::KNOWN)?;
+            if let Some(unchanged) = unchanged(&store, &key, known)? {
+                return Ok(unchanged);
+            }
+            get(&store, &key, req.method() == Method::GET)
+        }
         Method::PUT => put(node, store, key, serialised, req).await,
         Method::DELETE => remove(node, store, key, serialised, req.headers()).await,
         _ => Err(Error::MethodNotAllowed("GET, HEAD, PUT or DELETE")),
@@ -202,6 +208,26 @@ fn get(store: &Store, key: &str, with_body: bool) -> Result<Response<Body>> {
             Ok(response)
         }
     }
+}
+
+/// A `304` when this replica holds exactly version `known` of `key` (live or removed): the
+/// reader has it in full, so the record is not read from disk nor sent.
+fn unchanged(store: &Store, key: &str, known: Option<u64>) -> Result<Option<Response<Body>>> {
+    let Some(known) = known else {
+        return Ok(None);
+    };
+    let Some((version, time_ms)) = store.doc_version(key.as_bytes())? else {
+        return Ok(None);
+    };
+    if version != known {
+        return Ok(None);
+    }
+    let mut response = Response::new(reply::body(bytes::Bytes::new()));
+    *response.status_mut() = http::StatusCode::NOT_MODIFIED;
+    let headers = response.headers_mut();
+    headers.insert(doc_header::VERSION, version.into());
+    headers.insert(h::TIME_MS, time_ms.into());
+    Ok(Some(response))
 }
 
 /// True when this replica already holds `version` (or a newer one) of document `key`: replication

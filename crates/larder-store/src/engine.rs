@@ -260,6 +260,17 @@ impl Engine {
         })
     }
 
+    pub(crate) fn doc_version(&self, key: &[u8]) -> Result<Option<(u64, u64)>> {
+        check_key(key)?;
+        Ok(match self.index.read().docs.get(key) {
+            None => None,
+            Some(DocState::Removed { version, tomb }) => Some((*version, tomb.time_ms)),
+            Some(DocState::Live {
+                version, time_ms, ..
+            }) => Some((*version, *time_ms)),
+        })
+    }
+
     pub(crate) fn for_each_doc(&self, f: &mut dyn FnMut(&[u8], u64) -> bool) {
         // Copy first so `f` may call back into the store without holding the index lock.
         let live: Vec<(Bytes, u64)> = self

@@ -234,6 +234,12 @@ impl Store {
         self.engine.get_doc(key)
     }
 
+    /// The version and operation time of document `key`, live or removed, from the index alone
+    /// (nothing is read from disk); `None` when never written.
+    pub fn doc_version(&self, key: &[u8]) -> Result<Option<(u64, u64)>> {
+        self.engine.doc_version(key)
+    }
+
     /// Durable records after `after`, at most `limit` of them, in log (= sequence) order. A
     /// cursor of another incarnation starts from the beginning; one whose next records were
     /// dropped by compaction resumes at the next surviving record. A page that reaches the end

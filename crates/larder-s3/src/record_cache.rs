@@ -1,0 +1,248 @@
+//! Index records this frontend has read, kept by version. A read of one name (GET, HEAD, a
+//! CopyObject source) or a listing page reads a whole index record of up to 1,000 names (a
+//! quarter of a megabyte of JSON): storage read it from disk, sent it, and this frontend parsed
+//! it, for every request. With a copy here, the read still asks a quorum, but names the version
+//! it holds (`DocRouter::get_checking`): replicas holding exactly it answer without the body,
+//! and when no answer is newer the copy is the newest state, so consistency is the quorum
+//! read's as before, and only the bytes and the parsing are saved.
+//!
+//! A record is kept as its JSON when first read (the read itself decodes only what it needs,
+//! `keep.rs`), and decoded whole the first time a read finds it unchanged; from then on reads
+//! of that version clone what they keep from the decoded record. The cache holds at most
+//! `budget` bytes (each record counted at `DECODED_FACTOR` times its JSON) and
+//! `MAX_RECORDS` records, and forgets the least recently used past either.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::error::S3Error;
+use crate::keep::Keep;
+use crate::records::Record;
+
+/// Records kept at most, whatever their size (each eviction scans them all).
+const MAX_RECORDS: usize = 4096;
+
+/// What a record is counted at against the budget, per byte of its JSON: the decoded form's
+/// strings, maps and allocations, plus the JSON kept beside it.
+const DECODED_FACTOR: usize = 4;
+
+/// An index record that can be kept here and read from its decoded copy.
+pub trait Cacheable: Record + Clone + Send + Sync + 'static {
+    /// A copy keeping only what `keep` says of the entries (for reading only, like a record
+    /// decoded by `keep::decode_keeping`).
+    fn keeping(&self, keep: &Keep) -> Self;
+}
+
+pub struct RecordCache {
+    budget: usize,
+    inner: Mutex<Inner>,
+    reads: Family<ReadLabels, Counter>,
+}
+
+/// How a read of an index record went (`larder_frontend_s3_index_cache_reads_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadLabels {
+    /// `unchanged`: the copy kept here answered; `changed`: a copy was kept, but the quorum
+    /// held another version (read whole); `unkept`: none was kept (read whole).
+    pub outcome: &'static str,
+}
+
+#[derive(Default)]
+struct Inner {
+    records: HashMap<String, Kept>,
+    bytes: usize,
+    /// Bumped at every use: the least recently used record has the lowest `used`.
+    clock: u64,
+}
+
+struct Kept {
+    version: u64,
+    json: Bytes,
+    decoded: Option<Arc<dyn Any + Send + Sync>>,
+    used: u64,
+}
+
+impl Kept {
+    fn cost(&self) -> usize {
+        self.json.len().saturating_mul(DECODED_FACTOR)
+    }
+}
+
+impl RecordCache {
+    /// A cache of at most `budget` bytes; 0 keeps nothing.
+    pub fn new(budget: usize) -> RecordCache {
+        RecordCache {
+            budget,
+            inner: Mutex::default(),
+            reads: Family::default(),
+        }
+    }
+
+    /// The counter of reads by outcome, for the frontend's registry.
+    pub fn reads(&self) -> Family<ReadLabels, Counter> {
+        self.reads.clone()
+    }
+
+    pub fn count(&self, outcome: &'static str) {
+        self.reads.get_or_create(&ReadLabels { outcome }).inc();
+    }
+
+    /// The version of record `id` kept here.
+    pub fn known(&self, id: &str) -> Option<u64> {
+        self.inner.lock().records.get(id).map(|kept| kept.version)
+    }
+
+    /// Keeps `json`, version `version` of record `id`, in place of any other version.
+    pub fn keep(&self, id: &str, version: u64, json: Bytes) {
+        let cost = json.len().saturating_mul(DECODED_FACTOR);
+        if cost > self.budget / 4 {
+            // One record never takes most of the cache (nor any of a cache of 0).
+            self.forget(id);
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if inner.records.get(id).is_some_and(|k| k.version == version) {
+            return;
+        }
+        inner.remove(id);
+        while inner.bytes.saturating_add(cost) > self.budget || inner.records.len() >= MAX_RECORDS {
+            if !inner.evict_least_recent() {
+                break;
+            }
+        }
+        inner.clock += 1;
+        let used = inner.clock;
+        inner.bytes += cost;
+        let kept = Kept {
+            version,
+            json,
+            decoded: None,
+            used,
+        };
+        inner.records.insert(id.to_owned(), kept);
+    }
+
+    pub fn forget(&self, id: &str) {
+        self.inner.lock().remove(id);
+    }
+
+    /// Version `version` of record `id`, decoded (once per version, outside the lock); `None`
+    /// when no longer kept at that version (evicted or replaced meanwhile).
+    pub fn record<R: Cacheable>(&self, id: &str, version: u64) -> Option<Result<Arc<R>, S3Error>> {
+        let json = {
+            let mut inner = self.inner.lock();
+            inner.clock += 1;
+            let now = inner.clock;
+            let kept = inner.records.get_mut(id).filter(|k| k.version == version)?;
+            kept.used = now;
+            if let Some(decoded) = kept.decoded.clone() {
+                // Another type under this ID would be a bug; it reads as not kept.
+                return decoded.downcast::<R>().ok().map(Ok);
+            }
+            kept.json.clone()
+        };
+        let decoded = match R::decode(&json) {
+            Ok(record) => Arc::new(record),
+            Err(err) => return Some(Err(err)),
+        };
+        let mut inner = self.inner.lock();
+        if let Some(kept) = inner.records.get_mut(id).filter(|k| k.version == version) {
+            kept.decoded = Some(decoded.clone());
+        }
+        Some(Ok(decoded))
+    }
+}
+
+impl Inner {
+    fn remove(&mut self, id: &str) {
+        if let Some(kept) = self.records.remove(id) {
+            self.bytes = self.bytes.saturating_sub(kept.cost());
+        }
+    }
+
+    /// Forgets the least recently used record; false when there is none.
+    fn evict_least_recent(&mut self) -> bool {
+        let oldest = self
+            .records
+            .iter()
+            .min_by_key(|(_, kept)| kept.used)
+            .map(|(id, _)| id.clone());
+        match oldest {
+            Some(id) => {
+                self.remove(&id);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::Leaf;
+
+    fn leaf_json(names: &[&str]) -> Bytes {
+        let mut leaf = Leaf {
+            v: crate::records::FORMAT_SPLIT,
+            low: String::new(),
+            ..Leaf::default()
+        };
+        for name in names {
+            leaf.objects.insert((*name).to_owned(), Default::default());
+        }
+        leaf.encode()
+    }
+
+    #[test]
+    fn a_kept_record_answers_only_for_its_version_and_is_decoded_once() {
+        let cache = RecordCache::new(1 << 20);
+        assert_eq!(cache.known("a"), None);
+        cache.keep("a", 7, leaf_json(&["x", "y"]));
+        assert_eq!(cache.known("a"), Some(7));
+        assert!(cache.record::<Leaf>("a", 6).is_none(), "another version");
+        let first = cache.record::<Leaf>("a", 7).unwrap().unwrap();
+        let second = cache.record::<Leaf>("a", 7).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&first, &second), "decoded once");
+        let one = second.keeping(&Keep::One("y".into()));
+        assert_eq!(one.objects.keys().collect::<Vec<_>>(), ["y"]);
+        cache.keep("a", 8, leaf_json(&["x"]));
+        assert!(cache.record::<Leaf>("a", 7).is_none(), "replaced");
+        cache.forget("a");
+        assert_eq!(cache.known("a"), None);
+    }
+
+    #[test]
+    fn the_budget_forgets_the_least_recently_used() {
+        let json = leaf_json(&["x"]);
+        let cost = json.len() * DECODED_FACTOR;
+        let cache = RecordCache::new(cost * 4);
+        for id in ["a", "b", "c", "d"] {
+            cache.keep(id, 1, json.clone());
+        }
+        let _ = cache.record::<Leaf>("a", 1); // "b" is now the least recently used
+        cache.keep("e", 1, json.clone());
+        assert_eq!(cache.known("b"), None);
+        for id in ["a", "c", "d", "e"] {
+            assert_eq!(cache.known(id), Some(1), "{id}");
+        }
+        assert!(cache.inner.lock().bytes <= cost * 4);
+        let big = Bytes::from(vec![b' '; cost * 2]);
+        cache.keep("big", 1, big);
+        assert_eq!(
+            cache.known("big"),
+            None,
+            "one record never takes most of it"
+        );
+        let none = RecordCache::new(0);
+        none.keep("a", 1, json);
+        assert_eq!(none.known("a"), None, "a cache of 0 keeps nothing");
+    }
+}
