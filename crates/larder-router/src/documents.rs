@@ -381,6 +381,18 @@ impl DocRouter {
         checked_state(self.read(id, Some(&primary), None, deadline).await?)
     }
 
+    /// `get_for_update` for a reader that holds version `known` of `id` in full, as
+    /// `get_checking`: `Unchanged` means no answer, the primary's among them, is newer.
+    pub async fn get_for_update_checking(
+        &self,
+        id: &str,
+        known: u64,
+        deadline: Instant,
+    ) -> Result<Checked, DocError> {
+        let (primary, _) = self.primary(self.partition_of(id))?;
+        self.read(id, Some(&primary), Some(known), deadline).await
+    }
+
     async fn read(
         &self,
         id: &str,

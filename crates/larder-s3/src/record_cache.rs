@@ -34,7 +34,7 @@ const MAX_RECORDS: usize = 4096;
 const DECODED_FACTOR: usize = 4;
 
 /// An index record that can be kept here and read from its decoded copy.
-pub trait Cacheable: Record + Clone + Send + Sync + 'static {
+pub trait Cacheable: Record {
     /// A copy keeping only what `keep` says of the entries (for reading only, like a record
     /// decoded by `keep::decode_keeping`).
     fn keeping(&self, keep: &Keep) -> Self;
@@ -101,6 +101,28 @@ impl RecordCache {
 
     /// Keeps `json`, version `version` of record `id`, in place of any other version.
     pub fn keep(&self, id: &str, version: u64, json: Bytes) {
+        self.keep_with(id, version, json, None);
+    }
+
+    /// Keeps version `version` of record `id` as this frontend wrote it: its JSON and the
+    /// record it was encoded from, so the next read of it decodes nothing.
+    pub fn keep_written<R: Send + Sync + 'static>(
+        &self,
+        id: &str,
+        version: u64,
+        json: Bytes,
+        record: R,
+    ) {
+        self.keep_with(id, version, json, Some(Arc::new(record)));
+    }
+
+    fn keep_with(
+        &self,
+        id: &str,
+        version: u64,
+        json: Bytes,
+        decoded: Option<Arc<dyn Any + Send + Sync>>,
+    ) {
         let cost = json.len().saturating_mul(DECODED_FACTOR);
         if cost > self.budget / 4 {
             // One record never takes most of the cache (nor any of a cache of 0).
@@ -108,7 +130,8 @@ impl RecordCache {
             return;
         }
         let mut inner = self.inner.lock();
-        if inner.records.get(id).is_some_and(|k| k.version == version) {
+        if let Some(kept) = inner.records.get_mut(id).filter(|k| k.version == version) {
+            kept.decoded = kept.decoded.take().or(decoded);
             return;
         }
         inner.remove(id);
@@ -123,7 +146,7 @@ impl RecordCache {
         let kept = Kept {
             version,
             json,
-            decoded: None,
+            decoded,
             used,
         };
         inner.records.insert(id.to_owned(), kept);
@@ -135,7 +158,7 @@ impl RecordCache {
 
     /// Version `version` of record `id`, decoded (once per version, outside the lock); `None`
     /// when no longer kept at that version (evicted or replaced meanwhile).
-    pub fn record<R: Cacheable>(&self, id: &str, version: u64) -> Option<Result<Arc<R>, S3Error>> {
+    pub fn record<R: Record>(&self, id: &str, version: u64) -> Option<Result<Arc<R>, S3Error>> {
         let json = {
             let mut inner = self.inner.lock();
             inner.clock += 1;

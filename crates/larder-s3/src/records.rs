@@ -367,7 +367,11 @@ impl AccessKey {
 }
 
 /// A record with a format version.
-pub trait Record: Serialize + for<'de> Deserialize<'de> + Default {
+/// Clone, Send, Sync and 'static: a frontend keeps the records it wrote and read by version
+/// (`record_cache.rs`) and gives each change its own clone.
+pub trait Record:
+    Serialize + for<'de> Deserialize<'de> + Default + Clone + Send + Sync + 'static
+{
     fn version(&self) -> u32;
 
     /// Whether this code reads format `v` of the record.

@@ -144,28 +144,86 @@ impl Records {
     {
         let deadline = self.deadline();
         for _ in 0..ATTEMPTS {
-            let state = self.docs.get_for_update(id, deadline).await?;
-            let (seen, current) = decode::<R>(state)?;
+            let (seen, current) = self.read_for_update::<R>(id, deadline).await?;
             let (what, answer) = change(current)?;
-            let json = match what {
+            let (json, record) = match what {
                 Change::Keep => return Ok(answer),
-                Change::Put(record) => Some(record.encode()),
-                Change::Remove => None,
+                Change::Put(record) => (Some(record.encode()), Some(record)),
+                Change::Remove => (None, None),
             };
             let version = self.docs.next_version(seen)?;
             let written = self
                 .docs
-                .write_serialised(id, seen, version, json, deadline)
+                .write_serialised(id, seen, version, json.clone(), deadline)
                 .await;
             *uncertain = written.is_err();
+            if written.is_err() {
+                self.cache.forget(id);
+            }
             match written? {
-                Written::Applied => return Ok(answer),
+                Written::Applied => {
+                    // The next read of the record, by this frontend's next change or a GET,
+                    // is then a 304 and a clone, unless another frontend wrote meanwhile.
+                    match (json, record) {
+                        (Some(json), Some(record)) => {
+                            self.cache.keep_written(id, version, json, record)
+                        }
+                        _ => self.cache.forget(id),
+                    }
+                    return Ok(answer);
+                }
                 Written::Superseded(_) => continue,
             }
         }
         Err(S3Error::Unavailable(format!(
             "{id}: every one of {ATTEMPTS} attempts lost to a concurrent change; try again"
         )))
+    }
+}
+
+impl Records {
+    /// The read of a read-modify-write: from the primary and a quorum, with the version and
+    /// the copy this frontend kept when it has one (`record_cache.rs`), else read whole. A
+    /// copy is only read here; the change gets its own clone.
+    async fn read_for_update<R: Record>(
+        &self,
+        id: &str,
+        deadline: Instant,
+    ) -> Result<(u64, Option<R>), S3Error> {
+        if let Some(known) = self.cache.known(id) {
+            match self
+                .docs
+                .get_for_update_checking(id, known, deadline)
+                .await?
+            {
+                Checked::Unchanged => {
+                    if let Some(record) = self.cache.record::<R>(id, known) {
+                        self.cache.count("unchanged");
+                        return Ok((known, Some(R::clone(&*record?))));
+                    }
+                }
+                Checked::Changed(state) => {
+                    self.cache.count("changed");
+                    return self.keep_state(id, state);
+                }
+            }
+        }
+        self.cache.count("unkept");
+        let state = self.docs.get_for_update(id, deadline).await?;
+        self.keep_state(id, state)
+    }
+
+    /// Decodes `state` whole, keeping its JSON by version.
+    fn keep_state<R: Record>(
+        &self,
+        id: &str,
+        state: DocState,
+    ) -> Result<(u64, Option<R>), S3Error> {
+        match &state {
+            DocState::Found { version, json } => self.cache.keep(id, *version, json.clone()),
+            DocState::Removed { .. } | DocState::NotFound => self.cache.forget(id),
+        }
+        decode(state)
     }
 }
 
