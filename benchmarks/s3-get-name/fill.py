@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Fills a bucket with names and prints a presigned (SigV4) GET URL of the middle one.
+"""Fills a bucket with names and prints a presigned (SigV4) GET URL of the middle one, or with
+`put`, presigned PUT URLs of 128 of the names spread over the bucket, one per line.
 
-usage: fill.py ENDPOINT KEY_ID SECRET BUCKET NAMES SIZE
+usage: fill.py ENDPOINT KEY_ID SECRET BUCKET NAMES SIZE [put]
 NAMES objects of SIZE bytes named name-00000, name-00001, ... are put from 16 threads.
 """
 import sys
@@ -20,5 +21,11 @@ body = b"x" * size
 with ThreadPoolExecutor(16) as pool:
     list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"name-{i:05d}", Body=body),
                   range(names)))
-print(s3.generate_presigned_url("get_object", ExpiresIn=3600,
-                                Params={"Bucket": bucket, "Key": f"name-{names // 2:05d}"}))
+if sys.argv[7:] == ["put"]:
+    step = max(1, names // 128)
+    for i in range(0, min(names, 128 * step), step):
+        print(s3.generate_presigned_url("put_object", ExpiresIn=3600,
+                                        Params={"Bucket": bucket, "Key": f"name-{i:05d}"}))
+else:
+    print(s3.generate_presigned_url("get_object", ExpiresIn=3600,
+                                    Params={"Bucket": bucket, "Key": f"name-{names // 2:05d}"}))

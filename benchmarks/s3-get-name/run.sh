@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The S3 port's cost per GetObject of one name in a bucket that holds many: a base commit
-# (BASE) next to this checkout (HEAD), alternating, in one run. Each round and build:
-# `larder dev --nodes 1 --replicas 1` (release build, fsync on) on a fresh data dir, a key,
-# NAMES objects of SIZE bytes put by boto3 (fill.py), then h2load GETs of one name through a
-# presigned SigV4 URL (so the client signs nothing per request): REQUESTS requests, 4
-# connections x 16 streams. Reports req/s and the server's CPU per request (user + system of
-# the dev process, which runs the frontend, and its storage node, from /proc/<pid>/stat).
+# The S3 port's cost per GetObject of one name in a bucket that holds many (or, with OP=put,
+# per PutObject overwriting names in it): a base commit (BASE) next to this checkout (HEAD),
+# alternating, in one run. Each round and build: `larder dev --nodes 1 --replicas 1` (release
+# build, fsync on) on a fresh data dir, a key, NAMES objects of SIZE bytes put by boto3
+# (fill.py), then h2load GETs of one name through a presigned SigV4 URL (so the client signs
+# nothing per request), or PUTs of SIZE bytes through presigned URLs of 128 names spread over
+# the bucket: REQUESTS requests, 4 connections x 16 streams. Reports req/s and the server's CPU
+# per request (user + system of the dev process, which runs the frontend, and its storage
+# node, from /proc/<pid>/stat).
 #
 # usage: benchmarks/s3-get-name/run.sh [--smoke]
-#   env: BASE=274910d~1 NAMES=1000 SIZE=1024 REQUESTS=20000 ROUNDS=3 OUT=<file>
+#   env: OP=get|put BASE=274910d~1 NAMES=1000 SIZE=1024 REQUESTS=20000 ROUNDS=3
+#        OUT=<file> (default RESULTS.md, RESULTS-put.md for OP=put)
 #        PYTHON=<one with boto3> CACHE=~/.cache/larder-s3-get-name (the base's worktree and
 #        both release target dirs, kept between runs)
 #   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 50 names,
@@ -23,7 +26,12 @@ names=${NAMES:-1000}
 size=${SIZE:-1024}
 requests=${REQUESTS:-20000}
 rounds=${ROUNDS:-3}
-out=${OUT:-$here/RESULTS.md}
+op=${OP:-get}
+case $op in
+  get) out=${OUT:-$here/RESULTS.md} what=GetObject ;;
+  put) out=${OUT:-$here/RESULTS-put.md} what=PutObject ;;
+  *) echo "OP must be get or put" >&2; exit 2 ;;
+esac
 smoke=0
 target=${CARGO_TARGET_DIR:-$root/target}
 if [ "${1:-}" = "--smoke" ]; then
@@ -69,12 +77,19 @@ run_one() { # NAME BINARY
   key=$("$2" s3 key create --config "$dir/frontend-dc1.toml" --grant '*:owner')
   id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["access_key_id"])' <<< "$key")
   secret=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
-  url=$("$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size")
+  local load=()
+  if [ "$op" = put ]; then
+    "$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size" put > "$dir.urls"
+    head -c "$size" /dev/urandom > "$dir.body"
+    load=(-i "$dir.urls" -d "$dir.body" -H ':method: PUT')
+  else
+    load=("$("$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size")")
+  fi
   storage=$(pgrep -P "$dev" | head -1)
-  h2load -c 4 -m 16 -n 200 "$url" > /dev/null 2>&1 # warm-up
+  h2load -c 4 -m 16 -n 200 "${load[@]}" > /dev/null 2>&1 # warm-up
   local cpu0 cpu1 out rate ok
   cpu0=$(python3 -c "print($(cpu_seconds "$dev") + $(cpu_seconds "$storage"))")
-  out=$(h2load -c 4 -m 16 -n "$requests" "$url" 2>&1)
+  out=$(h2load -c 4 -m 16 -n "$requests" "${load[@]}" 2>&1)
   cpu1=$(python3 -c "print($(cpu_seconds "$dev") + $(cpu_seconds "$storage"))")
   rate=$(awk '/^finished in/ {print $4}' <<< "$out")
   ok=$(awk '/^status codes:/ {print $3}' <<< "$out")
@@ -92,12 +107,18 @@ else
 fi
 
 {
-  echo "# S3 GetObject of one name in a bucket of $names: cost per request"
+  echo "# S3 $what of one name in a bucket of $names: cost per request"
   echo
-  echo "h2load (4 connections x 16 streams, $requests requests) GETs one $size-byte object through a"
-  echo "presigned SigV4 URL from \`larder dev --nodes 1 --replicas 1\`, whose bucket holds $names names"
-  echo "(one index record). CPU per request: user + system of the dev process (frontend and S3 port)"
-  echo "and its storage node. base and head alternate, each on a fresh cluster."
+  if [ "$op" = put ]; then
+    echo "h2load (4 connections x 16 streams, $requests requests) PUTs $size-byte objects over 128 of the"
+    echo "bucket's names (presigned SigV4 URLs, cycled)"
+  else
+    echo "h2load (4 connections x 16 streams, $requests requests) GETs one $size-byte object through a"
+    echo "presigned SigV4 URL"
+  fi
+  echo "from \`larder dev --nodes 1 --replicas 1\`, whose bucket holds $names names. CPU per request:"
+  echo "user + system of the dev process (frontend and S3 port) and its storage node. base and head"
+  echo "alternate, each on a fresh cluster."
   echo
   echo "## Machine"
   machine_description "$work"
@@ -105,11 +126,11 @@ fi
   echo
   echo "## Command"
   echo '```'
-  echo "BASE=$base NAMES=$names SIZE=$size REQUESTS=$requests ROUNDS=$rounds benchmarks/s3-get-name/run.sh"
+  echo "OP=$op BASE=$base NAMES=$names SIZE=$size REQUESTS=$requests ROUNDS=$rounds benchmarks/s3-get-name/run.sh"
   echo '```'
   echo "base: $(git -C "$root" rev-parse --short "$base"); head: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo ' with local changes')"
   echo
-  echo "| build | GET/s | server CPU µs per GET | 2xx |"
+  echo "| build | $op/s | server CPU µs per $op | 2xx |"
   echo "| --- | ---: | ---: | ---: |"
   printf '%s\n' "${rows[@]}"
 } > "$out"
