@@ -389,6 +389,12 @@ pub trait Record:
             .expect("records are maps of strings and numbers")
             .into()
     }
+
+    /// The record as `encode` writes it and `decode` would read it back (a frontend keeps
+    /// what it wrote in this form, `record_cache.rs`).
+    fn normalized(self) -> Self {
+        self
+    }
 }
 
 /// A stored record in a format this code knows.
@@ -433,6 +439,13 @@ impl Record for BucketIndex {
                 "format {} with the wrong fields",
                 root.v
             ))),
+        }
+    }
+
+    fn normalized(self) -> Self {
+        BucketIndex {
+            v: self.format(),
+            ..self
         }
     }
 

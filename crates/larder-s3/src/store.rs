@@ -148,7 +148,10 @@ impl Records {
             let (what, answer) = change(current)?;
             let (json, record) = match what {
                 Change::Keep => return Ok(answer),
-                Change::Put(record) => (Some(record.encode()), Some(record)),
+                Change::Put(record) => {
+                    let record = record.normalized();
+                    (Some(record.encode()), Some(record))
+                }
                 Change::Remove => (None, None),
             };
             let version = self.docs.next_version(seen)?;

@@ -175,7 +175,7 @@ fn links_by_peer(
                 peer: peer.node.clone(),
                 store: store.clone(),
                 cursor,
-                file: CursorFile::new(cursor_file, cursor),
+                file: CursorFile::new(cursor_file, cursor, node.moves.copying(*partition)),
             };
             if !local_is_new {
                 check_link(node, &link, saved);
@@ -367,7 +367,9 @@ impl StartKeeping {
 /// crash a retention later flagged this replica as away from it for good: reads answered 503
 /// `ReplicaUnchecked` forever (the nemesis with moves; the whole-cluster power loss test, with
 /// a peer killed a few seconds before). A link already suspected or refused is left alone:
-/// refreshing it would hide that. A bootstrap's file is the bootstrap's.
+/// refreshing it would hide that. A bootstrap's file is the bootstrap's: a link whose partition
+/// is copying is paused (by the keeper, the round, or at its creation) until its round reads
+/// the file the bootstrap saved.
 async fn keep_starts_fresh(
     node: Arc<StorageNode>,
     links: Vec<StartKeeping>,
@@ -378,8 +380,12 @@ async fn keep_starts_fresh(
     let tick = (every / 2).max(Duration::from_millis(10));
     while !*stop.borrow() {
         for link in &links {
-            let behind = node.horizons.may_serve(link.partition, &link.peer) == Serve::Behind;
-            if behind || node.moves.copying(link.partition) {
+            if node.moves.copying(link.partition) {
+                // The bootstrap's until the link reads it again (`link_round`).
+                link.file.pause();
+                continue;
+            }
+            if node.horizons.may_serve(link.partition, &link.peer) == Serve::Behind {
                 continue;
             }
             let (file, incarnation) = (link.file.clone(), link.store.incarnation());

@@ -185,11 +185,13 @@ struct FileState {
 }
 
 impl CursorFile {
-    pub(super) fn new(path: PathBuf, cursor: Cursor) -> Arc<Self> {
+    /// `paused` when a bulk bootstrap of the partition owns the file now: the link reads it
+    /// again once the copy is done (the copy may end before the link's first round).
+    pub(super) fn new(path: PathBuf, cursor: Cursor, paused: bool) -> Arc<Self> {
         let state = FileState {
             cursor,
             saved_at: None,
-            paused: false,
+            paused,
         };
         Arc::new(CursorFile {
             path,
@@ -358,7 +360,7 @@ mod tests {
     fn the_keeper_refreshes_only_a_stale_start_that_no_one_else_owns() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p1-s2.cursor");
-        let file = CursorFile::new(path.clone(), Cursor::START);
+        let file = CursorFile::new(path.clone(), Cursor::START, false);
         let every = Duration::from_millis(20);
         assert!(file.refresh_start(every, 7).unwrap(), "never written here");
         assert!(!file.refresh_start(every, 7).unwrap(), "just written");
