@@ -10,10 +10,11 @@
 //! `keep.rs`), and decoded whole the first time a read finds it unchanged; from then on reads
 //! of that version clone what they keep from the decoded record. The cache holds at most
 //! `budget` bytes (each record counted at `DECODED_FACTOR` times its JSON) and
-//! `MAX_RECORDS` records, and forgets the least recently used past either.
+//! `MAX_RECORDS` records, and forgets the least recently used past either (an ordered index of
+//! last uses: no scan of every record).
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -60,6 +61,8 @@ struct Inner {
     bytes: usize,
     /// Bumped at every use: the least recently used record has the lowest `used`.
     clock: u64,
+    /// Each kept record's `used` → its ID, oldest first.
+    by_use: BTreeMap<u64, String>,
 }
 
 struct Kept {
@@ -142,6 +145,7 @@ impl RecordCache {
         }
         inner.clock += 1;
         let used = inner.clock;
+        inner.by_use.insert(used, id.to_owned());
         inner.bytes += cost;
         let kept = Kept {
             version,
@@ -161,10 +165,7 @@ impl RecordCache {
     pub fn record<R: Record>(&self, id: &str, version: u64) -> Option<Result<Arc<R>, S3Error>> {
         let json = {
             let mut inner = self.inner.lock();
-            inner.clock += 1;
-            let now = inner.clock;
-            let kept = inner.records.get_mut(id).filter(|k| k.version == version)?;
-            kept.used = now;
+            let kept = inner.touch(id, version)?;
             if let Some(decoded) = kept.decoded.clone() {
                 // Another type under this ID would be a bug; it reads as not kept.
                 return decoded.downcast::<R>().ok().map(Ok);
@@ -184,21 +185,27 @@ impl RecordCache {
 }
 
 impl Inner {
+    /// Record `id` at `version`, now its most recent use.
+    fn touch(&mut self, id: &str, version: u64) -> Option<&mut Kept> {
+        self.clock += 1;
+        let kept = self.records.get_mut(id).filter(|k| k.version == version)?;
+        let before = std::mem::replace(&mut kept.used, self.clock);
+        self.by_use.remove(&before);
+        self.by_use.insert(self.clock, id.to_owned());
+        Some(kept)
+    }
+
     fn remove(&mut self, id: &str) {
         if let Some(kept) = self.records.remove(id) {
+            self.by_use.remove(&kept.used);
             self.bytes = self.bytes.saturating_sub(kept.cost());
         }
     }
 
     /// Forgets the least recently used record; false when there is none.
     fn evict_least_recent(&mut self) -> bool {
-        let oldest = self
-            .records
-            .iter()
-            .min_by_key(|(_, kept)| kept.used)
-            .map(|(id, _)| id.clone());
-        match oldest {
-            Some(id) => {
+        match self.by_use.pop_first() {
+            Some((_, id)) => {
                 self.remove(&id);
                 true
             }
@@ -257,6 +264,13 @@ mod tests {
             assert_eq!(cache.known(id), Some(1), "{id}");
         }
         assert!(cache.inner.lock().bytes <= cost * 4);
+        let inner = cache.inner.lock();
+        assert_eq!(
+            inner.by_use.len(),
+            inner.records.len(),
+            "one use per record"
+        );
+        drop(inner);
         let big = Bytes::from(vec![b' '; cost * 2]);
         cache.keep("big", 1, big);
         assert_eq!(
@@ -267,5 +281,38 @@ mod tests {
         let none = RecordCache::new(0);
         none.keep("a", 1, json);
         assert_eq!(none.known("a"), None, "a cache of 0 keeps nothing");
+    }
+
+    proptest::proptest! {
+        /// Whatever is kept, read and forgotten, in any order: the cache stays within its
+        /// budget and record count, its use index matches its records, and a read answers
+        /// only for the version kept.
+        #[test]
+        fn the_cache_keeps_its_bounds(ops in proptest::collection::vec((0u8..3, 0u8..12, 0u64..3, 1usize..4), 0..200)) {
+            let unit = leaf_json(&["x"]);
+            let cache = RecordCache::new(unit.len() * DECODED_FACTOR * 6);
+            for (op, id, version, names) in ops {
+                let id = format!("r{id}");
+                match op {
+                    0 => {
+                        let names: Vec<String> = (0..names).map(|n| format!("n{n}")).collect();
+                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                        cache.keep(&id, version, leaf_json(&names));
+                    }
+                    1 => {
+                        let known = cache.known(&id);
+                        let read = cache.record::<Leaf>(&id, version);
+                        proptest::prop_assert_eq!(read.is_some(), known == Some(version));
+                    }
+                    _ => cache.forget(&id),
+                }
+                let inner = cache.inner.lock();
+                proptest::prop_assert!(inner.bytes <= cache.budget);
+                proptest::prop_assert!(inner.records.len() <= MAX_RECORDS);
+                proptest::prop_assert_eq!(inner.by_use.len(), inner.records.len());
+                let counted: usize = inner.records.values().map(Kept::cost).sum();
+                proptest::prop_assert_eq!(counted, inner.bytes);
+            }
+        }
     }
 }
