@@ -558,7 +558,6 @@ enum ReadFailure {
     Failed(String),
 }
 
-/// A replica's GET answer as a state.
 /// One replica's definite answer to a read.
 enum Reply {
     State(DocState),
@@ -585,6 +584,7 @@ fn checked_state(checked: Checked) -> Result<DocState, DocError> {
     }
 }
 
+/// A replica's GET answer: a `304` is "the same" only for the version the reader named.
 async fn read_reply(
     answer: Answer,
     known: Option<u64>,
@@ -602,6 +602,7 @@ async fn read_reply(
     }
 }
 
+/// A replica's GET answer as a state.
 async fn read_state(answer: Answer, deadline: Instant) -> Result<DocState, ReadFailure> {
     let failed = |what: &str| ReadFailure::Failed(what.to_owned());
     let response = answer.map_err(ReadFailure::Failed)?;

@@ -39,8 +39,9 @@ pub struct S3Config {
     /// record's names was slow and the record past its size bound (`objects.rs`, `hurry`).
     #[serde(default = "default_max_held_garbage")]
     pub max_held_garbage: usize,
-    /// Bytes of index records this frontend keeps by version, so that reads of a name and
-    /// listings ask the quorum whether a record changed instead of reading it whole
+    /// Bytes of index records this frontend keeps by version, so that reads of a name,
+    /// listings and read-modify-writes ask the quorum whether a record changed instead of
+    /// reading it whole
     /// (`record_cache.rs`; a record counts at 4 times its JSON). 0 keeps none.
     #[serde(default = "default_index_cache_bytes")]
     pub index_cache_bytes: usize,

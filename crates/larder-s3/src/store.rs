@@ -30,7 +30,8 @@ pub enum Change<R> {
 pub struct Records {
     docs: DocRouter,
     router: Arc<Router>,
-    /// Index records read here, by version (`record_cache.rs`); none unless `with_index_cache`.
+    /// Records read or written here, by version (`record_cache.rs`); none unless
+    /// `with_index_cache`.
     cache: RecordCache,
 }
 
@@ -54,7 +55,7 @@ impl Records {
         self.cache.reads()
     }
 
-    /// Keeps index records read by `read_keeping` in a cache of `bytes` (`record_cache.rs`).
+    /// Keeps the records read and written here in a cache of `bytes` (`record_cache.rs`).
     pub fn with_index_cache(mut self, bytes: usize) -> Records {
         self.cache = RecordCache::new(bytes);
         self
@@ -82,38 +83,15 @@ impl Records {
         id: &str,
         keep: &Keep,
     ) -> Result<Option<R>, S3Error> {
-        let deadline = self.deadline();
-        if let Some(known) = self.cache.known(id) {
-            match self.docs.get_checking(id, known, deadline).await? {
-                Checked::Unchanged => {
-                    if let Some(record) = self.cache.record::<R>(id, known) {
-                        self.cache.count("unchanged");
-                        return Ok(Some(record?.keeping(keep)));
-                    }
-                    // Evicted or replaced meanwhile: read it whole below.
-                }
-                Checked::Changed(state) => {
-                    self.cache.count("changed");
-                    return self.keep_and_decode(id, state, keep);
-                }
+        match self
+            .read_through::<R>(id, Quorum::Read, self.deadline())
+            .await?
+        {
+            Fresh::Kept(_, record) => Ok(Some(record.keeping(keep))),
+            Fresh::Read(state) => {
+                crate::keep::decode_keeping(keep, || decode(state)).map(|(_, record)| record)
             }
         }
-        self.cache.count("unkept");
-        let state = self.docs.get(id, deadline).await?;
-        self.keep_and_decode(id, state, keep)
-    }
-
-    fn keep_and_decode<R: Record>(
-        &self,
-        id: &str,
-        state: DocState,
-        keep: &Keep,
-    ) -> Result<Option<R>, S3Error> {
-        match &state {
-            DocState::Found { version, json } => self.cache.keep(id, *version, json.clone()),
-            DocState::Removed { .. } | DocState::NotFound => self.cache.forget(id),
-        }
-        crate::keep::decode_keeping(keep, || decode(state)).map(|(_, record)| record)
     }
 
     /// Reads record `id` (as the primary holds it), applies `change` and writes the result at
@@ -184,49 +162,86 @@ impl Records {
     }
 }
 
+/// Which quorum read a record goes through.
+#[derive(Clone, Copy)]
+enum Quorum {
+    /// Any read quorum (`DocRouter::get`).
+    Read,
+    /// A read quorum with the partition's primary in it: the read of a read-modify-write.
+    WithPrimary,
+}
+
+/// A record read through the copy this frontend kept (`record_cache.rs`).
+enum Fresh<R> {
+    /// No answer of the quorum is newer than the kept copy of this version.
+    Kept(u64, Arc<R>),
+    /// The state read whole (its JSON now kept, or its copy forgotten).
+    Read(DocState),
+}
+
 impl Records {
-    /// The read of a read-modify-write: from the primary and a quorum, with the version and
-    /// the copy this frontend kept when it has one (`record_cache.rs`), else read whole. A
-    /// copy is only read here; the change gets its own clone.
+    /// The read of a read-modify-write, through the kept copy. The change gets its own clone.
     async fn read_for_update<R: Record>(
         &self,
         id: &str,
         deadline: Instant,
     ) -> Result<(u64, Option<R>), S3Error> {
+        match self
+            .read_through::<R>(id, Quorum::WithPrimary, deadline)
+            .await?
+        {
+            Fresh::Kept(version, record) => Ok((version, Some(R::clone(&record)))),
+            Fresh::Read(state) => decode(state),
+        }
+    }
+
+    /// Record `id` from `quorum`, naming the version kept here when there is one: the kept
+    /// copy answers when no replica holds a newer one; otherwise the state read whole, whose
+    /// JSON is kept by version. Counted by outcome.
+    async fn read_through<R: Record>(
+        &self,
+        id: &str,
+        quorum: Quorum,
+        deadline: Instant,
+    ) -> Result<Fresh<R>, S3Error> {
         if let Some(known) = self.cache.known(id) {
-            match self
-                .docs
-                .get_for_update_checking(id, known, deadline)
-                .await?
-            {
+            let checked = match quorum {
+                Quorum::Read => self.docs.get_checking(id, known, deadline).await?,
+                Quorum::WithPrimary => {
+                    self.docs
+                        .get_for_update_checking(id, known, deadline)
+                        .await?
+                }
+            };
+            match checked {
                 Checked::Unchanged => {
                     if let Some(record) = self.cache.record::<R>(id, known) {
                         self.cache.count("unchanged");
-                        return Ok((known, Some(R::clone(&*record?))));
+                        return Ok(Fresh::Kept(known, record?));
                     }
+                    // Evicted or replaced meanwhile: read it whole below.
                 }
                 Checked::Changed(state) => {
                     self.cache.count("changed");
-                    return self.keep_state(id, state);
+                    return Ok(Fresh::Read(self.remember(id, state)));
                 }
             }
         }
         self.cache.count("unkept");
-        let state = self.docs.get_for_update(id, deadline).await?;
-        self.keep_state(id, state)
+        let state = match quorum {
+            Quorum::Read => self.docs.get(id, deadline).await?,
+            Quorum::WithPrimary => self.docs.get_for_update(id, deadline).await?,
+        };
+        Ok(Fresh::Read(self.remember(id, state)))
     }
 
-    /// Decodes `state` whole, keeping its JSON by version.
-    fn keep_state<R: Record>(
-        &self,
-        id: &str,
-        state: DocState,
-    ) -> Result<(u64, Option<R>), S3Error> {
+    /// Keeps the JSON of a state read whole by its version (or forgets a removed record).
+    fn remember(&self, id: &str, state: DocState) -> DocState {
         match &state {
             DocState::Found { version, json } => self.cache.keep(id, *version, json.clone()),
             DocState::Removed { .. } | DocState::NotFound => self.cache.forget(id),
         }
-        decode(state)
+        state
     }
 }
 

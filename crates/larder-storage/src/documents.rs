@@ -80,10 +80,10 @@ impl Serialised {
         key: &str,
     ) -> Result<tokio::sync::MutexGuard<'a, ()>> {
         let guard = node.serialised.lock(key).await;
-        let current = match store.get_doc(key.as_bytes())? {
-            DocLookup::NotFound => 0,
-            DocLookup::Found { version, .. } | DocLookup::Removed { version, .. } => version,
-        };
+        // The version from the index alone: the body is not read from disk to compare it.
+        let current = store
+            .doc_version(key.as_bytes())?
+            .map_or(0, |(version, _)| version);
         if current > self.expect {
             return Err(Error::NewerVersion { current });
         }
@@ -233,10 +233,6 @@ fn unchanged(store: &Store, key: &str, known: Option<u64>) -> Result<Option<Resp
 /// True when this replica already holds `version` (or a newer one) of document `key`: replication
 /// can skip fetching it.
 pub(crate) fn holds_version(store: &Store, key: &str, version: u64) -> bool {
-    match store.get_doc(key.as_bytes()) {
-        Ok(DocLookup::Found { version: v, .. } | DocLookup::Removed { version: v, .. }) => {
-            v >= version
-        }
-        _ => false,
-    }
+    // The index alone: the document's body is not read from disk to compare versions.
+    matches!(store.doc_version(key.as_bytes()), Ok(Some((v, _))) if v >= version)
 }

@@ -471,3 +471,64 @@ fn concurrent_updates_of_one_document_all_apply() {
     let got = request(&cluster, "GET", path, None);
     assert_eq!(got.json()["fields"]["n"], clients * each, "lost updates");
 }
+
+/// The internal document read's `x-larder-doc-known` (`INTERNAL_API.md`): a replica holding
+/// exactly the named version, live or removed, answers 304 with that version and no body;
+/// any other version gets the whole answer.
+#[test]
+fn a_replica_answers_304_only_for_the_version_the_reader_holds() {
+    let cluster = Cluster::start_with(3, 1, DOCS);
+    let path = "/document/v1/n/t/docid/known";
+    let r = request(&cluster, "POST", path, Some(&json!({"fields": {"v": 1}})));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let internal = larder_proto::doc_path(0, "id:n:t::known");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let get = |known: Option<u64>| {
+        runtime.block_on(async {
+            let client = cluster.node_client(cluster.node_addr(0)).await;
+            let mut request = http::Request::get(&internal);
+            if let Some(known) = known {
+                request = request.header(larder_proto::doc_header::KNOWN, known);
+            }
+            let request = request
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let (status, headers, body) = client.send(request).await;
+            let version = headers
+                .get(larder_proto::doc_header::VERSION)
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            (status.as_u16(), version, body)
+        })
+    };
+    // The write was acknowledged by a quorum; node 0 may still be applying it.
+    let settled = |want: u16| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let answer = get(None);
+            if answer.0 == want || std::time::Instant::now() > deadline {
+                return answer;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let (status, version, body) = settled(200);
+    assert_eq!(status, 200);
+    assert!(!body.is_empty());
+    let version = version.unwrap();
+    assert_eq!(
+        get(Some(version)),
+        (304, Some(version), bytes::Bytes::new())
+    );
+    let (status, _, body) = get(Some(version - 1));
+    assert_eq!((status, body.is_empty()), (200, false), "another version");
+    assert_eq!(request(&cluster, "DELETE", path, None).status, 200);
+    let (status, removed, _) = settled(410);
+    assert_eq!(status, 410);
+    let removed = removed.unwrap();
+    assert!(removed > version);
+    assert_eq!(get(Some(removed)).0, 304, "the removal's own version");
+    assert_eq!(get(Some(version)).0, 410, "the live version it replaced");
+}
