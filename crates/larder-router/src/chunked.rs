@@ -10,7 +10,6 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -211,25 +210,20 @@ impl Router {
     /// forgets each entry once storage nodes have taken every delete, retrying the rest every
     /// few seconds. Runs in the background from start-up.
     pub async fn clean_up_uploads(self: Arc<Self>, uploads: Vec<crate::journal::Leftover>) {
-        let mut uploads: Vec<(PathBuf, Vec<BlobId>)> = uploads
+        let mut uploads: Vec<crate::journal::Leftover> = uploads
             .into_iter()
             .filter(|u| u.held_for.is_none())
-            .map(|u| (u.path, u.ids))
             .collect();
         while !uploads.is_empty() {
             let mut unfinished = Vec::new();
-            for (path, ids) in uploads {
-                tracing::info!(blobs = ids.len(), file = %path.display(), "cleaning up an upload cut short by a crash");
-                if self
-                    .delete_chunks(ids.clone(), "upload cut short by a crash")
-                    .await
-                    > 0
-                {
-                    unfinished.push((path, ids));
+            for upload in uploads {
+                let ids = upload.ids.clone();
+                tracing::info!(blobs = ids.len(), entry = %upload.name(), "cleaning up an upload cut short by a crash");
+                if self.delete_chunks(ids, "upload cut short by a crash").await > 0 {
+                    unfinished.push(upload);
                     continue;
                 }
-                let dir = path.parent().unwrap_or(Path::new("."));
-                if let Err(err) = crate::journal::remove_durably(&path, dir) {
+                if let Err(err) = upload.remove().await {
                     tracing::warn!(error = %err, "cannot remove an upload journal entry");
                 }
             }

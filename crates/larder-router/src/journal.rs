@@ -3,34 +3,62 @@
 //! starts again. (An upload that fails while the process lives cleans up after itself; see
 //! `UploadState`.)
 //!
-//! One file per upload, `<dir>/<random>.upload`, one blob ID per line. An ID is appended and
-//! synced *before* its blob is sent, so no stored blob is ever missing from the file; the file is
-//! removed, and the removal synced, before the upload is acknowledged, so a committed blob is
-//! never cleaned up. A torn last line (crash mid-append) names a blob that was never sent.
+//! One append-only log for every entry, in segments `<dir>/<n>.log` (`n` 16 hex digits), a line
+//! per change: `<entry> id <blob ID>`, `<entry> held <name in hex>`, `<entry> done`. An ID is
+//! appended and synced *before* its blob is sent, so no stored blob is ever missing from the
+//! log; `done` is appended and synced before the upload is acknowledged, so a committed blob is
+//! never cleaned up. A torn last line (crash mid-append) names a blob that was never sent, and
+//! is ignored.
+//!
+//! Why a log, not a file per entry (as before): every S3 PutObject holds its body under an
+//! entry, and a file per entry cost a create, a sync, an unlink and a directory sync per PUT,
+//! each on a blocking thread: a quarter of the frontend's CPU per 1 KiB PutObject (`perf`,
+//! `benchmarks/s3-get-name`). One writer thread appends the lines of every request queued
+//! while it was busy in one write and one `fdatasync` (group commit), and an entry is only
+//! lines in it.
+//!
+//! The log is kept small by rotation: past `ROTATE_BYTES`, the writer starts the next segment
+//! with the lines of the entries still open, syncs it and its directory, and only then deletes
+//! the older segments. Replay reads every segment in order, so a crash at any step of a
+//! rotation finds each open entry at least once and each closed one closed. At open the same
+//! happens once: what a previous run left is replayed (and listed by [`UploadJournal::leftovers`]),
+//! written into a fresh segment, and the rest deleted. Entries of older builds, a file each
+//! (`<random>.upload`), are read the same way and carried into the log.
 //!
 //! An entry can be *held for a name* (`JournalEntry::hold`): the S3 layer stores an object's
 //! body under an entry that stays until the name is known to point at it or not, so that a
 //! crash between storing a body and linking its name leaks nothing. Such a leftover is not
 //! the router's to clean up (its blob may be named); its holder settles it.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 
 use larder_cluster::BlobId;
 use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
-const SUFFIX: &str = "upload";
+const SEGMENT_SUFFIX: &str = "log";
+/// The suffix of an older build's journal files, one per entry.
+const LEGACY_SUFFIX: &str = "upload";
+/// A segment past this many bytes is replaced by a new one holding only the open entries.
+const ROTATE_BYTES: u64 = 1 << 20;
+/// Longest name an entry is held for (hex doubles it); longer ones are refused.
+const MAX_HELD_NAME: usize = 4096;
 
 /// The journal directory, locked for this process: two frontends sharing one would clean up
 /// each other's uploads in progress.
 pub struct UploadJournal {
-    dir: PathBuf,
-    _lock: File,
+    log: Arc<Log>,
+    leftovers: Vec<Leftover>,
 }
 
 impl UploadJournal {
+    /// Opens (or creates) the journal in `dir`: replays what a previous run left, which
+    /// [`leftovers`](Self::leftovers) then lists, and starts the writer.
     pub fn open(dir: &Path) -> io::Result<UploadJournal> {
         std::fs::create_dir_all(dir)?;
         let lock = OpenOptions::new()
@@ -44,78 +72,98 @@ impl UploadJournal {
                 dir.display()
             ))
         })?;
-        Ok(UploadJournal {
+        let found = replay(dir)?;
+        let next_entry = found.open.keys().max().map_or(1, |max| max + 1);
+        let mut writer = Writer {
             dir: dir.to_owned(),
             _lock: lock,
-        })
+            file: None,
+            segment: found.last_segment,
+            written: 0,
+            torn: false,
+            open: found.open.clone(),
+        };
+        writer.rotate(&found.files)?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("upload-journal".into())
+            .spawn(move || writer.run(rx))?;
+        let log = Arc::new(Log {
+            tx,
+            next_entry: AtomicU64::new(next_entry),
+        });
+        let leftovers = found
+            .open
+            .into_iter()
+            .map(|(entry, open)| Leftover {
+                entry,
+                ids: open.ids,
+                held_for: open.held_for,
+                log: log.clone(),
+            })
+            .collect();
+        Ok(UploadJournal { log, leftovers })
     }
 
-    /// Starts the record of one upload.
+    /// Starts the record of one upload (nothing is written until its first line).
     pub fn begin(&self) -> io::Result<JournalEntry> {
-        let name = format!("{:016x}.{SUFFIX}", rand::random::<u64>());
-        let path = self.dir.join(name);
-        let file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(&path)?;
+        let entry = self.log.next_entry.fetch_add(1, Ordering::Relaxed);
         Ok(JournalEntry {
             inner: Arc::new(Entry {
-                path,
-                dir: self.dir.clone(),
-                file: Mutex::new(file),
+                entry,
+                log: self.log.clone(),
                 ids: Mutex::new(Vec::new()),
             }),
         })
     }
 
-    /// Uploads a previous run left unfinished: each file with the IDs it lists.
+    /// Uploads a previous run left unfinished, found when the journal was opened: each entry
+    /// with the IDs it lists.
     pub fn leftovers(&self) -> io::Result<Vec<Leftover>> {
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some(SUFFIX) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path)?;
-            // Only complete lines: a torn one was never sent.
-            let lines = text
-                .split_inclusive('\n')
-                .filter_map(|line| line.strip_suffix('\n'));
-            let mut leftover = Leftover {
-                path,
-                ids: Vec::new(),
-                held_for: None,
-            };
-            for line in lines {
-                match line.strip_prefix(HELD) {
-                    Some(hex) => leftover.held_for = from_hex(hex),
-                    None => leftover.ids.extend(line.parse::<BlobId>().ok()),
-                }
-            }
-            found.push(leftover);
-        }
-        Ok(found)
+        Ok(self.leftovers.clone())
+    }
+
+    /// The entries open in the journal in `dir` as its files say, for tests and tools: read
+    /// only, without the lock (a running frontend may be appending).
+    pub fn inspect(dir: &Path) -> io::Result<Vec<(Option<String>, Vec<BlobId>)>> {
+        Ok(replay(dir)?
+            .open
+            .into_values()
+            .map(|open| (open.held_for, open.ids))
+            .collect())
     }
 }
 
-/// Marks an entry held for a name: the name follows, in hex (any bytes, no line breaks).
-const HELD: &str = "held ";
-
 /// An entry a previous run left.
-#[derive(Debug)]
+#[derive(Clone)]
 pub struct Leftover {
-    pub path: PathBuf,
+    entry: u64,
     /// Every blob of it that may exist on storage nodes.
     pub ids: Vec<BlobId>,
     /// The name it was held for (`JournalEntry::hold`), if any.
     pub held_for: Option<String>,
+    log: Arc<Log>,
+}
+
+impl std::fmt::Debug for Leftover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leftover")
+            .field("entry", &self.name())
+            .field("ids", &self.ids)
+            .field("held_for", &self.held_for)
+            .finish()
+    }
 }
 
 impl Leftover {
+    /// How logs name the entry.
+    pub fn name(&self) -> String {
+        format!("{:016x}", self.entry)
+    }
+
     /// Forgets the entry, durably (settled: its blobs named, or all tombstoned).
-    pub fn remove(&self) -> io::Result<()> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        remove_durably(&self.path, dir)
+    pub async fn remove(&self) -> io::Result<()> {
+        self.log.append(self.entry, Op::Done, true).await
     }
 }
 
@@ -124,7 +172,7 @@ fn to_hex(text: &str) -> String {
 }
 
 fn from_hex(hex: &str) -> Option<String> {
-    if !hex.len().is_multiple_of(2) || hex.len() > 8192 {
+    if !hex.len().is_multiple_of(2) || hex.len() > 2 * MAX_HELD_NAME {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..hex.len())
@@ -141,25 +189,18 @@ pub struct JournalEntry {
 }
 
 struct Entry {
-    path: PathBuf,
-    dir: PathBuf,
-    file: Mutex<File>,
-    /// What the file lists, for cleanup while the process lives.
+    entry: u64,
+    log: Arc<Log>,
+    /// What the log lists, for cleanup while the process lives.
     ids: Mutex<Vec<BlobId>>,
 }
 
 impl JournalEntry {
     /// Appends `id` and waits until it is on disk. Call before the blob is sent.
     pub async fn record(&self, id: &BlobId) -> io::Result<()> {
-        let inner = self.inner.clone();
-        let line = format!("{id}\n");
-        blocking(move || {
-            let mut file = inner.file.lock();
-            file.write_all(line.as_bytes())?;
-            file.sync_data()
-        })
-        .await?;
-        self.inner.ids.lock().push(*id);
+        let inner = &self.inner;
+        inner.log.append(inner.entry, Op::Id(*id), true).await?;
+        inner.ids.lock().push(*id);
         Ok(())
     }
 
@@ -167,23 +208,24 @@ impl JournalEntry {
     /// names, never cleaned up blindly. Written now and synced with the first ID (which is
     /// recorded before anything is sent), so call it before the first `record`.
     pub async fn hold(&self, name: &str) -> io::Result<()> {
-        let inner = self.inner.clone();
-        let line = format!("{HELD}{}\n", to_hex(name));
-        blocking(move || inner.file.lock().write_all(line.as_bytes())).await
+        self.hold_synced(name, false).await
     }
 
     /// [`hold`](Self::hold) for an entry that will list no ID, whose existence is the record
-    /// (a CompleteMultipartUpload's): the file and its name in the directory are synced now.
+    /// (a CompleteMultipartUpload's): synced now.
     pub async fn hold_durably(&self, name: &str) -> io::Result<()> {
-        let inner = self.inner.clone();
-        let line = format!("{HELD}{}\n", to_hex(name));
-        blocking(move || {
-            let mut file = inner.file.lock();
-            file.write_all(line.as_bytes())?;
-            file.sync_data()?;
-            File::open(&inner.dir)?.sync_all()
-        })
-        .await
+        self.hold_synced(name, true).await
+    }
+
+    async fn hold_synced(&self, name: &str, sync: bool) -> io::Result<()> {
+        if name.len() > MAX_HELD_NAME {
+            return Err(io::Error::other(
+                "the name to hold the entry for is too long",
+            ));
+        }
+        let inner = &self.inner;
+        let held = Op::Held(name.to_owned());
+        inner.log.append(inner.entry, held, sync).await
     }
 
     /// Every ID recorded so far: whatever of the upload may exist on storage nodes.
@@ -193,25 +235,280 @@ impl JournalEntry {
 
     /// Forgets the upload (committed, or its blobs all tombstoned), durably.
     pub async fn remove(&self) -> io::Result<()> {
-        let inner = self.inner.clone();
-        blocking(move || remove_durably(&inner.path, &inner.dir)).await
+        let inner = &self.inner;
+        inner.log.append(inner.entry, Op::Done, true).await
     }
 }
 
-/// Removes a journal file and syncs its directory, so that it cannot reappear after a crash.
-pub fn remove_durably(path: &Path, dir: &Path) -> io::Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(err),
-    }
-    File::open(dir)?.sync_all()
+/// One change to an entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Op {
+    Id(BlobId),
+    Held(String),
+    Done,
 }
 
-async fn blocking(f: impl FnOnce() -> io::Result<()> + Send + 'static) -> io::Result<()> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(io::Error::other)?
+impl Op {
+    fn line(&self, entry: u64) -> String {
+        match self {
+            Op::Id(id) => format!("{entry:016x} id {id}\n"),
+            Op::Held(name) => format!("{entry:016x} held {}\n", to_hex(name)),
+            Op::Done => format!("{entry:016x} done\n"),
+        }
+    }
+
+    /// A line as `line` wrote it; `None` for anything else.
+    fn parse(line: &str) -> Option<(u64, Op)> {
+        let (entry, rest) = line.split_once(' ')?;
+        let entry = u64::from_str_radix(entry, 16).ok()?;
+        let op = match rest.split_once(' ') {
+            Some(("id", id)) => Op::Id(id.parse().ok()?),
+            Some(("held", hex)) => Op::Held(from_hex(hex)?),
+            None if rest == "done" => Op::Done,
+            _ => return None,
+        };
+        Some((entry, op))
+    }
+}
+
+/// What an open entry lists.
+#[derive(Clone, Debug, Default)]
+struct Open {
+    held_for: Option<String>,
+    ids: Vec<BlobId>,
+}
+
+impl Open {
+    fn apply(open: &mut BTreeMap<u64, Open>, entry: u64, op: Op) {
+        match op {
+            Op::Done => {
+                open.remove(&entry);
+            }
+            Op::Held(name) => open.entry(entry).or_default().held_for = Some(name),
+            Op::Id(id) => {
+                let ids = &mut open.entry(entry).or_default().ids;
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+    }
+
+    /// The lines that open `entry` again in a new segment.
+    fn lines(&self, entry: u64) -> String {
+        let held = self
+            .held_for
+            .iter()
+            .map(|n| Op::Held(n.clone()).line(entry));
+        let ids = self.ids.iter().map(|id| Op::Id(*id).line(entry));
+        held.chain(ids).collect()
+    }
+}
+
+/// What the files of a journal directory say.
+struct Replayed {
+    open: BTreeMap<u64, Open>,
+    /// The files read (segments and older builds' entries), to delete once carried over.
+    files: Vec<PathBuf>,
+    last_segment: u64,
+}
+
+fn replay(dir: &Path) -> io::Result<Replayed> {
+    let mut segments = BTreeMap::new();
+    let mut legacy = Vec::new();
+    for file in std::fs::read_dir(dir)? {
+        let path = file?.path();
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(SEGMENT_SUFFIX) => match u64::from_str_radix(stem, 16) {
+                Ok(n) => {
+                    segments.insert(n, path);
+                }
+                Err(_) => {
+                    tracing::warn!(file = %path.display(), "not an upload journal segment; left alone")
+                }
+            },
+            Some(LEGACY_SUFFIX) => legacy.push(path),
+            _ => {}
+        }
+    }
+    let mut open = BTreeMap::new();
+    for path in segments.values() {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            // Rotated away since it was listed (only `inspect` reads beside a writer).
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(err),
+        };
+        // Only complete lines: a torn one was never acknowledged to anyone.
+        for line in text
+            .split_inclusive('\n')
+            .filter_map(|l| l.strip_suffix('\n'))
+        {
+            match Op::parse(line) {
+                Some((entry, op)) => Open::apply(&mut open, entry, op),
+                None => {
+                    tracing::warn!(file = %path.display(), "an unreadable upload journal line is skipped")
+                }
+            }
+        }
+    }
+    let first_free = open.keys().max().map_or(1, |max| max + 1);
+    for (entry, path) in (first_free..).zip(&legacy) {
+        open.insert(entry, read_legacy(path)?);
+    }
+    let last_segment = segments.keys().max().copied().unwrap_or(0);
+    let files = segments.into_values().chain(legacy).collect();
+    Ok(Replayed {
+        open,
+        files,
+        last_segment,
+    })
+}
+
+/// An older build's entry: one file, a held line (`held <hex>`) and an ID per line.
+fn read_legacy(path: &Path) -> io::Result<Open> {
+    let text = std::fs::read_to_string(path)?;
+    let mut open = Open::default();
+    for line in text
+        .split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+    {
+        match line.strip_prefix("held ") {
+            Some(hex) => open.held_for = from_hex(hex),
+            None => open.ids.extend(line.parse::<BlobId>().ok()),
+        }
+    }
+    Ok(open)
+}
+
+/// The handle every entry appends through.
+struct Log {
+    tx: mpsc::Sender<Append>,
+    next_entry: AtomicU64,
+}
+
+struct Append {
+    entry: u64,
+    op: Op,
+    sync: bool,
+    done: oneshot::Sender<io::Result<()>>,
+}
+
+impl Log {
+    /// Appends `op` for `entry`; resolves once it is written (and synced, with `sync`).
+    async fn append(&self, entry: u64, op: Op, sync: bool) -> io::Result<()> {
+        let (done, answer) = oneshot::channel();
+        let append = Append {
+            entry,
+            op,
+            sync,
+            done,
+        };
+        let stopped = || io::Error::other("the upload journal's writer has stopped");
+        self.tx.send(append).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// The writer thread's state: the one open segment and what is open in the journal.
+struct Writer {
+    dir: PathBuf,
+    /// Held for as long as anything can append.
+    _lock: File,
+    file: Option<File>,
+    segment: u64,
+    written: u64,
+    /// A write or sync failed: what follows it in the segment may join a torn line, so the
+    /// next write starts a new segment first (or fails, if it cannot).
+    torn: bool,
+    open: BTreeMap<u64, Open>,
+}
+
+impl Writer {
+    /// Group commit: every append queued while the last write was under way goes out in one
+    /// write and, if any asks for it, one `fdatasync`. Ends when no handle is left.
+    fn run(mut self, rx: mpsc::Receiver<Append>) {
+        while let Ok(first) = rx.recv() {
+            let batch: Vec<Append> = std::iter::once(first).chain(rx.try_iter()).collect();
+            let result = self.write(&batch);
+            for append in batch {
+                let answer = match &result {
+                    Ok(()) => Ok(()),
+                    Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
+                };
+                let _ = append.done.send(answer);
+            }
+        }
+    }
+
+    fn write(&mut self, batch: &[Append]) -> io::Result<()> {
+        if self.torn || self.written > ROTATE_BYTES {
+            match self.rotate(&[]) {
+                Ok(()) => self.torn = false,
+                Err(err) if self.torn => return Err(err),
+                Err(err) => {
+                    tracing::warn!(%err, "cannot rotate the upload journal; appending to the old segment")
+                }
+            }
+        }
+        let text: String = batch.iter().map(|a| a.op.line(a.entry)).collect();
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no segment open"))?;
+        let sync = batch.iter().any(|a| a.sync);
+        let written =
+            file.write_all(text.as_bytes())
+                .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        if let Err(err) = written {
+            self.torn = true;
+            return Err(err);
+        }
+        self.written += text.len() as u64;
+        // Applied once written: the state a rotation copies is what the disk says.
+        for append in batch {
+            Open::apply(&mut self.open, append.entry, append.op.clone());
+        }
+        Ok(())
+    }
+
+    /// Starts segment `segment + 1` holding the open entries, makes it durable, then deletes
+    /// every older segment (and `also`: files read at open).
+    fn rotate(&mut self, also: &[PathBuf]) -> io::Result<()> {
+        let next = self.segment + 1;
+        let path = self.dir.join(format!("{next:016x}.{SEGMENT_SUFFIX}"));
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)?;
+        let text: String = self.open.iter().map(|(e, o)| o.lines(*e)).collect();
+        file.write_all(text.as_bytes())?;
+        file.sync_data()?;
+        File::open(&self.dir)?.sync_all()?;
+        let older: Vec<PathBuf> = (self.segment > 0)
+            .then(|| {
+                self.dir
+                    .join(format!("{:016x}.{SEGMENT_SUFFIX}", self.segment))
+            })
+            .into_iter()
+            .chain(also.iter().cloned())
+            .filter(|p| *p != path)
+            .collect();
+        self.file = Some(file);
+        self.segment = next;
+        self.written = text.len() as u64;
+        for old in older {
+            match std::fs::remove_file(&old) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        // Not strictly needed: an old segment that comes back is replayed before this one.
+        File::open(&self.dir)?.sync_all()
+    }
 }
 
 #[cfg(test)]
@@ -219,47 +516,177 @@ mod tests {
     use super::*;
     use larder_cluster::BlobKind;
 
+    fn ids(n: u32) -> Vec<BlobId> {
+        (0..n)
+            .map(|p| BlobId::mint(BlobKind::Chunk, 1, p))
+            .collect()
+    }
+
     #[tokio::test]
     async fn lists_recorded_ids_until_removed_and_skips_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
-        let journal = UploadJournal::open(dir.path()).unwrap();
-        assert!(
-            UploadJournal::open(dir.path()).is_err(),
-            "a second frontend is refused"
-        );
-        let ids: Vec<BlobId> = (0..3)
-            .map(|p| BlobId::mint(BlobKind::Chunk, 1, p))
-            .collect();
-        let (open, done) = (journal.begin().unwrap(), journal.begin().unwrap());
-        for id in &ids {
-            open.record(id).await.unwrap();
-            done.record(id).await.unwrap();
+        let ids = ids(3);
+        {
+            let journal = UploadJournal::open(dir.path()).unwrap();
+            assert!(
+                UploadJournal::open(dir.path()).is_err(),
+                "a second frontend is refused"
+            );
+            let (open, done) = (journal.begin().unwrap(), journal.begin().unwrap());
+            for id in &ids {
+                open.record(id).await.unwrap();
+                done.record(id).await.unwrap();
+            }
+            done.remove().await.unwrap();
         }
-        done.remove().await.unwrap();
         // A crash in the middle of an append.
-        let torn = &ids[0].to_string()[..10];
-        open.inner.file.lock().write_all(torn.as_bytes()).unwrap();
+        let segment = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|f| f.path())
+            .find(|p| p.extension().is_some_and(|e| e == SEGMENT_SUFFIX))
+            .unwrap();
+        let torn = format!("{:016x} id {}", 1, &ids[0].to_string()[..10]);
+        OpenOptions::new()
+            .append(true)
+            .open(&segment)
+            .unwrap()
+            .write_all(torn.as_bytes())
+            .unwrap();
+        wait_for_unlock(dir.path());
+        let journal = UploadJournal::open(dir.path()).unwrap();
         let left = journal.leftovers().unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].ids, ids);
         assert_eq!(left[0].held_for, None);
     }
 
+    /// The writer thread holds the lock until every handle is gone.
+    fn wait_for_unlock(dir: &Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let lock = OpenOptions::new()
+                .write(true)
+                .open(dir.join("LOCK"))
+                .unwrap();
+            if lock.try_lock().is_ok() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lock was never released"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     #[tokio::test]
-    async fn a_held_entry_names_what_it_was_held_for() {
+    async fn a_held_entry_names_what_it_was_held_for_and_is_gone_once_removed() {
         let dir = tempfile::tempdir().unwrap();
+        let id = ids(1)[0];
+        {
+            let journal = UploadJournal::open(dir.path()).unwrap();
+            let held = journal.begin().unwrap();
+            held.hold("bucket/a key\nwith a line break").await.unwrap();
+            held.record(&id).await.unwrap();
+        }
+        wait_for_unlock(dir.path());
         let journal = UploadJournal::open(dir.path()).unwrap();
-        let held = journal.begin().unwrap();
-        held.hold("bucket/a key\nwith a line break").await.unwrap();
-        let id = BlobId::mint(BlobKind::Simple, 1, 0);
-        held.record(&id).await.unwrap();
         let left = journal.leftovers().unwrap();
         assert_eq!(left[0].ids, [id]);
         assert_eq!(
             left[0].held_for.as_deref(),
             Some("bucket/a key\nwith a line break")
         );
-        left[0].remove().unwrap();
-        assert!(journal.leftovers().unwrap().is_empty());
+        left[0].remove().await.unwrap();
+        assert!(UploadJournal::inspect(dir.path()).unwrap().is_empty());
+        drop((journal, left));
+        wait_for_unlock(dir.path());
+        let again = UploadJournal::open(dir.path()).unwrap();
+        assert!(again.leftovers().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn rotation_keeps_open_entries_and_drops_closed_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let kept = journal.begin().unwrap();
+        let kept_id = ids(1)[0];
+        kept.hold("kept").await.unwrap();
+        kept.record(&kept_id).await.unwrap();
+        // Enough closed entries to pass the rotation bound several times.
+        let per_entry = Op::Id(ids(1)[0]).line(1).len() + Op::Done.line(1).len();
+        let entries = 3 * ROTATE_BYTES as usize / per_entry;
+        let id = ids(1)[0];
+        let tasks: Vec<_> = (0..entries)
+            .map(|_| {
+                let entry = journal.begin().unwrap();
+                tokio::spawn(async move {
+                    entry.record(&id).await.unwrap();
+                    entry.remove().await.unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let segments: Vec<u64> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|e| e == SEGMENT_SUFFIX))
+            .map(|f| f.metadata().unwrap().len())
+            .collect();
+        assert_eq!(segments.len(), 1, "older segments are deleted");
+        assert!(segments[0] <= 2 * ROTATE_BYTES, "{segments:?}");
+        let open = UploadJournal::inspect(dir.path()).unwrap();
+        assert_eq!(open, vec![(Some("kept".to_owned()), vec![kept_id])]);
+    }
+
+    #[tokio::test]
+    async fn entries_of_an_older_build_are_carried_into_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = ids(1)[0];
+        let held = format!("held {}\n{id}\n", to_hex("b/k"));
+        std::fs::write(dir.path().join("00ab.upload"), held).unwrap();
+        std::fs::write(dir.path().join("00cd.upload"), format!("{id}\n")).unwrap();
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let mut left: Vec<_> = journal
+            .leftovers()
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.held_for, l.ids))
+            .collect();
+        left.sort_by_key(|(held, _)| held.clone());
+        assert_eq!(left, vec![(None, vec![id]), (Some("b/k".into()), vec![id])]);
+        let legacy = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|e| e == LEGACY_SUFFIX))
+            .count();
+        assert_eq!(legacy, 0, "carried over, then deleted");
+        assert_eq!(UploadJournal::inspect(dir.path()).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_line_reads_back_as_written_and_nothing_else_reads_at_all() {
+        let id = ids(1)[0];
+        for op in [Op::Id(id), Op::Held("a b\nc".into()), Op::Done] {
+            let line = op.line(0xab);
+            assert_eq!(
+                Op::parse(line.strip_suffix('\n').unwrap()),
+                Some((0xab, op))
+            );
+        }
+        for bad in [
+            "",
+            "ab",
+            "zz done",
+            "ab id nope",
+            "ab held 0",
+            "ab done x",
+            "ab what",
+        ] {
+            assert_eq!(Op::parse(bad), None, "{bad:?}");
+        }
     }
 }

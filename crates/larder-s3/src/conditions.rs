@@ -132,6 +132,11 @@ impl WriteConditions {
         })
     }
 
+    /// Whether the write holds whatever the name points at (no condition on it).
+    pub fn is_unconditional(&self) -> bool {
+        *self == WriteConditions::default()
+    }
+
     /// Whether the write may replace `current` (the name's entry now, if any).
     pub fn check(&self, current: Option<&ObjectEntry>) -> Result<(), S3Error> {
         if self

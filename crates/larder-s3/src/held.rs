@@ -212,8 +212,8 @@ pub fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
         let s3 = s3.clone();
         tokio::spawn(async move {
             let Some(name) = leftover.held_for.as_deref().and_then(HeldFor::parse) else {
-                let file = leftover.path.display();
-                tracing::warn!(%file, "a held journal entry of an unknown kind stays");
+                let entry = leftover.name();
+                tracing::warn!(%entry, "a held journal entry of an unknown kind stays");
                 return;
             };
             let blobs = leftover.ids.len();
@@ -223,7 +223,7 @@ pub fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
                 "settling an S3 body a crash left, named or not"
             );
             settle(&s3, &name, &leftover.ids).await;
-            if let Err(err) = leftover.remove() {
+            if let Err(err) = leftover.remove().await {
                 tracing::warn!(%err, "cannot remove a settled journal entry");
             }
         });

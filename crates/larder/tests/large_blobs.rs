@@ -372,19 +372,13 @@ fn failed_uploads_leave_no_blob_and_tombstone_their_chunks() {
     });
 }
 
-/// IDs listed in the upload journal files under `dir`.
+/// The upload journal's open entries under `dir`, and the IDs they list.
 fn journalled_ids(dir: &std::path::Path) -> (usize, usize) {
-    let (mut files, mut ids) = (0, 0);
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.path().extension().is_some_and(|e| e == "upload") {
-            files += 1;
-            ids += std::fs::read_to_string(entry.path())
-                .unwrap_or_default()
-                .lines()
-                .count();
-        }
+    if !dir.exists() {
+        return (0, 0);
     }
-    (files, ids)
+    let open = larder_router::UploadJournal::inspect(dir).unwrap();
+    (open.len(), open.iter().map(|(_, ids)| ids.len()).sum())
 }
 
 /// A frontend SIGKILLed mid-upload cannot clean up after itself; its upload journal lists the

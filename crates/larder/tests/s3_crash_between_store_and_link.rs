@@ -24,23 +24,19 @@ impl Signer {
     }
 }
 
-/// The journal's entries: (held-for line present, blob IDs).
+/// The journal's open entries: (held for a name, blob IDs).
 fn entries(journal: &Path) -> Vec<(bool, Vec<String>)> {
-    let Ok(files) = std::fs::read_dir(journal) else {
+    if !journal.exists() {
         return Vec::new();
-    };
-    files
-        .flatten()
-        .filter(|f| f.path().extension().is_some_and(|e| e == "upload"))
-        .map(|f| {
-            let text = std::fs::read_to_string(f.path()).unwrap();
-            let held = text.lines().any(|l| l.starts_with("held "));
-            let ids = text
-                .lines()
-                .filter(|l| !l.starts_with("held "))
-                .map(str::to_owned)
-                .collect();
-            (held, ids)
+    }
+    larder_router::UploadJournal::inspect(journal)
+        .unwrap()
+        .into_iter()
+        .map(|(held, ids)| {
+            (
+                held.is_some(),
+                ids.iter().map(|id| id.to_string()).collect(),
+            )
         })
         .collect()
 }
