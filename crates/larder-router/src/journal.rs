@@ -46,6 +46,8 @@ const SEGMENT_SUFFIX: &str = "log";
 const LEGACY_SUFFIX: &str = "upload";
 /// A segment past this many bytes is replaced by a new one holding only the open entries.
 const ROTATE_BYTES: u64 = 1 << 20;
+/// Most appends one write carries (a segment ends at most this many lines past its bound).
+const MAX_BATCH: usize = 4096;
 /// Longest name an entry is held for (hex doubles it); longer ones are refused.
 const MAX_HELD_NAME: usize = 4096;
 
@@ -430,7 +432,8 @@ impl Writer {
     /// write and, if any asks for it, one `fdatasync`. Ends when no handle is left.
     fn run(mut self, rx: mpsc::Receiver<Append>) {
         while let Ok(first) = rx.recv() {
-            let batch: Vec<Append> = std::iter::once(first).chain(rx.try_iter()).collect();
+            let queued = rx.try_iter().take(MAX_BATCH - 1);
+            let batch: Vec<Append> = std::iter::once(first).chain(queued).collect();
             let result = self.write(&batch);
             for append in batch {
                 let answer = match &result {
