@@ -4,6 +4,7 @@
 //! held whole: a few chunks per request at most. Reads of a composite go through the manifest
 //! and the router's read-ahead `ChunkStream`.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use md5::{Digest, Md5};
 use s3s::checksum::ChecksumHasher;
 use s3s::dto::StreamingBlob;
 
+use crate::body_cache::BodyCache;
 use crate::error::S3Error;
 use crate::held::Held;
 use crate::records::Piece;
@@ -289,19 +291,85 @@ async fn open_simple(
 }
 
 /// The bytes `range` of an object made of `pieces` (in order), as one stream: each piece's part
-/// of the range is opened when the one before it has been sent.
+/// of the range is opened when the one before it has been sent. A small simple blob is read
+/// whole once and then served from `bodies` (`body_cache.rs`).
 pub async fn open_pieces(
     router: &Arc<Router>,
-    read_ahead: usize,
+    (bodies, read_ahead): (&Arc<BodyCache>, usize),
     pieces: &[Piece],
     range: Range<u64>,
 ) -> Result<StreamingBlob, S3Error> {
     let router = router.clone();
+    let bodies = bodies.clone();
+    let sizes: HashMap<String, u64> = pieces.iter().map(|p| (p.blob.clone(), p.size)).collect();
     open_plan(plan(pieces, range), move |blob, within| {
         let router = router.clone();
-        async move { open(&router, read_ahead, &blob, within).await }
+        let bodies = bodies.clone();
+        let size = sizes.get(&blob).copied();
+        async move {
+            match size.filter(|size| bodies.keeps(*size) && !within.is_empty()) {
+                Some(size) => {
+                    open_kept(&router, (&bodies, read_ahead), (&blob, size), within).await
+                }
+                None => open(&router, read_ahead, &blob, within).await,
+            }
+        }
     })
     .await
+}
+
+/// The bytes `range` (not empty) of a blob of `size` bytes that `bodies` keeps: from there, or
+/// read whole, kept, then served. A composite is opened as usual.
+async fn open_kept(
+    router: &Arc<Router>,
+    (bodies, read_ahead): (&BodyCache, usize),
+    (blob, size): (&str, u64),
+    range: Range<u64>,
+) -> Result<StreamingBlob, S3Error> {
+    let id = parse_id(blob)?;
+    if id.kind != BlobKind::Simple {
+        return open(router, read_ahead, blob, range).await;
+    }
+    let body = match bodies.get(&id) {
+        Some(body) => body,
+        None => {
+            let body = read_whole(router, &id, size).await?;
+            bodies.insert(id, body.clone());
+            body
+        }
+    };
+    // `keeps` bounds `size`, so these fit a usize.
+    let within = body.slice(range.start as usize..range.end as usize);
+    Ok(wrap(futures_util::stream::once(async move {
+        Ok::<_, std::io::Error>(within)
+    })))
+}
+
+/// All of simple blob `id`, which its name says is `size` bytes (anything else is corrupt).
+async fn read_whole(router: &Arc<Router>, id: &BlobId, size: u64) -> Result<Bytes, S3Error> {
+    let found = match router.get_blob(id, Method::GET, None).await? {
+        GetAnswer::Found(found) => found,
+        GetAnswer::Missing(missing) => {
+            return Err(S3Error::Unavailable(format!(
+                "the blob of this name is missing ({missing:?}); it may have just been replaced"
+            )))
+        }
+    };
+    let limit = usize::try_from(size)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    let body = Limited::new(found.body, limit)
+        .collect()
+        .await
+        .map_err(|e| S3Error::Unavailable(format!("reading blob {id}: {e}")))?
+        .to_bytes();
+    if body.len() as u64 != size {
+        return Err(S3Error::Corrupt(format!(
+            "blob {id} holds {} bytes, its name says {size}",
+            body.len()
+        )));
+    }
+    Ok(body)
 }
 
 /// The bytes `range` of the parts a version-2 record lists, as `open_pieces` but through

@@ -45,6 +45,14 @@ pub struct S3Config {
     /// (`record_cache.rs`; a record counts at 4 times its JSON). 0 keeps none.
     #[serde(default = "default_index_cache_bytes")]
     pub index_cache_bytes: usize,
+    /// Bytes of small object bodies this frontend keeps by blob ID once read, so that a GET
+    /// of a kept body asks storage only whether its name still points at it
+    /// (`body_cache.rs`: a blob's bytes never change). 0 keeps none.
+    #[serde(default = "default_body_cache_bytes")]
+    pub body_cache_bytes: usize,
+    /// Largest body kept there.
+    #[serde(default = "default_body_cache_max_object")]
+    pub body_cache_max_object: u64,
 }
 
 impl S3Config {
@@ -87,6 +95,14 @@ fn default_leaf_entries() -> usize {
 
 fn default_index_cache_bytes() -> usize {
     128 << 20
+}
+
+fn default_body_cache_bytes() -> usize {
+    64 << 20
+}
+
+fn default_body_cache_max_object() -> u64 {
+    64 << 10
 }
 
 fn default_max_held_garbage() -> usize {

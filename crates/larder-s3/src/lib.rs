@@ -8,6 +8,7 @@
 
 mod auth;
 mod blobs;
+mod body_cache;
 mod checksums;
 mod conditions;
 mod config;

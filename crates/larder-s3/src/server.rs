@@ -55,6 +55,16 @@ impl S3Api {
              version answered), changed (the quorum held another version), unkept (none kept)",
             records.index_cache_reads(),
         );
+        let bodies = crate::body_cache::BodyCache::new(
+            config.body_cache_bytes,
+            config.body_cache_max_object,
+        );
+        registry.sub_registry_with_prefix("s3").register(
+            "body_cache_reads",
+            "Reads of small object bodies by outcome: hit (kept by this frontend by blob ID), \
+             miss (read from storage, then kept)",
+            bodies.reads(),
+        );
         let records = Arc::new(records);
         let tree = Arc::new(IndexTree::new(config.index_leaf_entries));
         tokio::spawn(sweep_until(
@@ -70,6 +80,7 @@ impl S3Api {
             grace: config.replaced_blob_grace,
             index_batches: Arc::new(IndexBatches::new(tree.clone(), config.max_held_garbage)),
             tree,
+            bodies: Arc::new(bodies),
         };
         crate::held::settle_leftovers(larder.clone(), held);
         Ok(S3Api {

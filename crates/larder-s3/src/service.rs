@@ -58,6 +58,8 @@ pub struct Larder {
     pub(crate) index_batches: Arc<crate::index_batch::IndexBatches>,
     /// Where each bucket's names are (`index_tree.rs`).
     pub(crate) tree: Arc<IndexTree>,
+    /// Small bodies read, kept by blob ID (`body_cache.rs`).
+    pub(crate) bodies: Arc<crate::body_cache::BodyCache>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -617,8 +619,8 @@ impl S3 for Larder {
         let (range, partial) =
             selected_or_part(self.router(), &input.range, input.part_number, &entry).await?;
         let read_ahead = self.limits.chunking.read_ahead;
-        let body =
-            blobs::open_pieces(self.router(), read_ahead, &entry.body, range.clone()).await?;
+        let reading = (&self.bodies, read_ahead);
+        let body = blobs::open_pieces(self.router(), reading, &entry.body, range.clone()).await?;
         let (content_range, status) = partial_answer(&range, entry.size, partial);
         let mut output = GetObjectOutput {
             body: Some(body),
@@ -1136,9 +1138,8 @@ impl S3 for Larder {
                 source.headers.clone(),
             ),
         };
-        let read_ahead = self.limits.chunking.read_ahead;
-        let body =
-            blobs::open_pieces(self.router(), read_ahead, &source.body, 0..source.size).await?;
+        let reading = (&self.bodies, self.limits.chunking.read_ahead);
+        let body = blobs::open_pieces(self.router(), reading, &source.body, 0..source.size).await?;
         let props = BlobProperties {
             content_type: content_type.clone(),
             created_ms: now_ms(),

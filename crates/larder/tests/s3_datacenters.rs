@@ -108,13 +108,28 @@ fn two_datacenters_with_a_bucket() -> (Cluster, Vec<SocketAddr>, Key) {
 
 /// A frontend's count of index record reads answered by the copy it kept (`record_cache.rs`).
 fn reads_from_kept_copies(cluster: &Cluster, frontend: usize) -> u64 {
+    counted(
+        cluster,
+        frontend,
+        "larder_frontend_s3_index_cache_reads_total{outcome=\"unchanged\"}",
+    )
+}
+
+/// A frontend's count of GETs whose body it kept by blob ID (`body_cache.rs`).
+fn bodies_from_memory(cluster: &Cluster, frontend: usize) -> u64 {
+    counted(
+        cluster,
+        frontend,
+        "larder_frontend_s3_body_cache_reads_total{outcome=\"hit\"}",
+    )
+}
+
+fn counted(cluster: &Cluster, frontend: usize, series: &str) -> u64 {
     let metrics = format!("http://{}/metrics", cluster.frontend_addrs[frontend]);
     let answer = common::curl(cluster.dir.path(), &[&metrics]);
     let text = String::from_utf8(answer.body).unwrap();
     text.lines()
-        .find(|l| {
-            l.starts_with("larder_frontend_s3_index_cache_reads_total{outcome=\"unchanged\"}")
-        })
+        .find(|l| l.starts_with(series))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
 }
@@ -141,12 +156,24 @@ fn a_kept_index_record_never_hides_a_write_through_another_frontend() {
         kept >= 2,
         "the reads after the first used the kept copy ({kept})"
     );
+    let bodies = bodies_from_memory(&cluster, 1);
+    assert!(bodies >= 2, "the body was kept too ({bodies})");
     put("two");
     assert_eq!(
         get().body,
         b"two",
         "read-after-write through another frontend"
     );
+    // The new body is read, kept, and ranges of it are served from what is kept.
+    let range = || {
+        let get = url(s3[1], &key, "GET", "name", &[]);
+        common::curl(&dir, &["-H", "Range: bytes=1-2", &get])
+    };
+    for _ in 0..2 {
+        let answer = range();
+        assert_eq!((answer.status, answer.body.as_slice()), (206, &b"wo"[..]));
+    }
+    assert!(bodies_from_memory(&cluster, 1) > bodies);
     let delete = url(s3[0], &key, "DELETE", "name", &[]);
     assert_eq!(common::curl(&dir, &["-X", "DELETE", &delete]).status, 204);
     assert_eq!(get().status, 404);
