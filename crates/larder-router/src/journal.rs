@@ -17,13 +17,18 @@
 //! while it was busy in one write and one `fdatasync` (group commit), and an entry is only
 //! lines in it.
 //!
-//! The log is kept small by rotation: past `ROTATE_BYTES`, the writer starts the next segment
-//! with the lines of the entries still open, syncs it and its directory, and only then deletes
-//! the older segments. Replay reads every segment in order, so a crash at any step of a
-//! rotation finds each open entry at least once and each closed one closed. At open the same
+//! The log is kept small by rotation: once `ROTATE_BYTES` were appended to a segment, the writer
+//! writes the lines of the entries still open to a temporary file, syncs it, renames it to the
+//! next segment, syncs the directory, and only then deletes the older segments. Replay reads
+//! every segment in order (temporaries never), so a crash at any step of a rotation finds each
+//! open entry at least once and each closed one closed. A rotation that fails fails the
+//! appends waiting for it, and the next write tries again: no append ever goes to a segment
+//! that a newer one follows. At open the same
 //! happens once: what a previous run left is replayed (and listed by [`UploadJournal::leftovers`]),
 //! written into a fresh segment, and the rest deleted. Entries of older builds, a file each
-//! (`<random>.upload`), are read the same way and carried into the log.
+//! (`<random>.upload`), are read the same way and carried into the log (a crash between
+//! writing that segment and deleting the files carries them twice, under two entries: each is
+//! then settled twice, which is idempotent).
 //!
 //! An entry can be *held for a name* (`JournalEntry::hold`): the S3 layer stores an object's
 //! body under an entry that stays until the name is known to point at it or not, so that a
@@ -42,6 +47,8 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 const SEGMENT_SUFFIX: &str = "log";
+/// A rotation's snapshot before it is complete and synced (ignored by replay, deleted at open).
+const TEMPORARY_SUFFIX: &str = "tmp";
 /// The suffix of an older build's journal files, one per entry.
 const LEGACY_SUFFIX: &str = "upload";
 /// A segment past this many bytes is replaced by a new one holding only the open entries.
@@ -82,6 +89,7 @@ impl UploadJournal {
             file: None,
             segment: found.last_segment,
             written: 0,
+            snapshot: 0,
             torn: false,
             open: found.open.clone(),
         };
@@ -287,12 +295,8 @@ impl Open {
                 open.remove(&entry);
             }
             Op::Held(name) => open.entry(entry).or_default().held_for = Some(name),
-            Op::Id(id) => {
-                let ids = &mut open.entry(entry).or_default().ids;
-                if !ids.contains(&id) {
-                    ids.push(id);
-                }
-            }
+            // Duplicates (replayed twice) are removed at the end of `replay`.
+            Op::Id(id) => open.entry(entry).or_default().ids.push(id),
         }
     }
 
@@ -318,6 +322,7 @@ struct Replayed {
 fn replay(dir: &Path) -> io::Result<Replayed> {
     let mut segments = BTreeMap::new();
     let mut legacy = Vec::new();
+    let mut stale = Vec::new();
     for file in std::fs::read_dir(dir)? {
         let path = file?.path();
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
@@ -331,13 +336,16 @@ fn replay(dir: &Path) -> io::Result<Replayed> {
                 }
             },
             Some(LEGACY_SUFFIX) => legacy.push(path),
+            Some(TEMPORARY_SUFFIX) => stale.push(path),
             _ => {}
         }
     }
     let mut open = BTreeMap::new();
     for path in segments.values() {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
+        let text = match std::fs::read(path) {
+            // Bytes that are not UTF-8 (an unsynced tail after a power loss) spoil only their
+            // own line, which then parses as nothing and is skipped.
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             // Rotated away since it was listed (only `inspect` reads beside a writer).
             Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
             Err(err) => return Err(err),
@@ -359,8 +367,13 @@ fn replay(dir: &Path) -> io::Result<Replayed> {
     for (entry, path) in (first_free..).zip(&legacy) {
         open.insert(entry, read_legacy(path)?);
     }
+    // A segment that came back after a rotation's deletion was lost repeats lines.
+    for open in open.values_mut() {
+        let mut seen = std::collections::HashSet::new();
+        open.ids.retain(|id| seen.insert(*id));
+    }
     let last_segment = segments.keys().max().copied().unwrap_or(0);
-    let files = segments.into_values().chain(legacy).collect();
+    let files = segments.into_values().chain(legacy).chain(stale).collect();
     Ok(Replayed {
         open,
         files,
@@ -421,6 +434,8 @@ struct Writer {
     file: Option<File>,
     segment: u64,
     written: u64,
+    /// How much of the segment the open entries took when it began.
+    snapshot: u64,
     /// A write or sync failed: what follows it in the segment may join a torn line, so the
     /// next write starts a new segment first (or fails, if it cannot).
     torn: bool,
@@ -446,14 +461,16 @@ impl Writer {
     }
 
     fn write(&mut self, batch: &[Append]) -> io::Result<()> {
-        if self.torn || self.written > ROTATE_BYTES {
-            match self.rotate(&[]) {
-                Ok(()) => self.torn = false,
-                Err(err) if self.torn => return Err(err),
-                Err(err) => {
-                    tracing::warn!(%err, "cannot rotate the upload journal; appending to the old segment")
-                }
+        // Rotated by what was appended since the last snapshot, not by size alone: open
+        // entries past the bound (a huge upload's IDs) would otherwise rotate at every write.
+        if self.torn || self.written > self.snapshot.saturating_add(ROTATE_BYTES) {
+            // A failed rotation fails the batch: a segment it may have left behind would be
+            // replayed after the one still being appended to, and reopen what that one closes.
+            if let Err(err) = self.rotate(&[]) {
+                self.torn = true;
+                return Err(err);
             }
+            self.torn = false;
         }
         let text: String = batch.iter().map(|a| a.op.line(a.entry)).collect();
         let file = self
@@ -478,40 +495,66 @@ impl Writer {
 
     /// Starts segment `segment + 1` holding the open entries, makes it durable, then deletes
     /// every older segment (and `also`: files read at open).
+    ///
+    /// The snapshot is written under a temporary name (which replay ignores) and renamed once
+    /// synced, so a segment numbered after the current one is never incomplete. From the rename
+    /// on it is the segment appended to; if the directory cannot be synced after it, the error
+    /// makes the next write rotate again (its name may not be durable, so nothing relies on it).
     fn rotate(&mut self, also: &[PathBuf]) -> io::Result<()> {
         let next = self.segment + 1;
         let path = self.dir.join(format!("{next:016x}.{SEGMENT_SUFFIX}"));
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)?;
+        let temporary = self.dir.join(format!("{next:016x}.{TEMPORARY_SUFFIX}"));
         let text: String = self.open.iter().map(|(e, o)| o.lines(*e)).collect();
-        file.write_all(text.as_bytes())?;
-        file.sync_data()?;
-        File::open(&self.dir)?.sync_all()?;
-        let older: Vec<PathBuf> = (self.segment > 0)
-            .then(|| {
-                self.dir
-                    .join(format!("{:016x}.{SEGMENT_SUFFIX}", self.segment))
-            })
-            .into_iter()
-            .chain(also.iter().cloned())
-            .filter(|p| *p != path)
-            .collect();
+        let written = write_synced(&temporary, text.as_bytes())
+            .and_then(|file| std::fs::rename(&temporary, &path).map(|()| file));
+        let file = match written {
+            Ok(file) => file,
+            Err(err) => {
+                let _ = std::fs::remove_file(&temporary);
+                return Err(err);
+            }
+        };
+        let older = self.segment_path(self.segment);
         self.file = Some(file);
         self.segment = next;
         self.written = text.len() as u64;
-        for old in older {
+        self.snapshot = self.written;
+        File::open(&self.dir)?.sync_all()?;
+        for old in std::iter::once(older).chain(also.iter().cloned()) {
+            if old == path {
+                continue;
+            }
             match std::fs::remove_file(&old) {
                 Ok(()) => {}
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => return Err(err),
+                // It stays until the next start; replayed before the new one, it changes nothing.
+                Err(err) => {
+                    tracing::warn!(%err, file = %old.display(), "cannot delete an old upload journal segment")
+                }
             }
         }
         // Not strictly needed: an old segment that comes back is replayed before this one.
-        File::open(&self.dir)?.sync_all()
+        if let Err(err) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(%err, "cannot sync the upload journal's directory after a rotation");
+        }
+        Ok(())
     }
+
+    fn segment_path(&self, n: u64) -> PathBuf {
+        self.dir.join(format!("{n:016x}.{SEGMENT_SUFFIX}"))
+    }
+}
+
+/// A new file at `path` holding `bytes`, synced.
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<File> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_data()?;
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -621,17 +664,20 @@ mod tests {
         let per_entry = Op::Id(ids(1)[0]).line(1).len() + Op::Done.line(1).len();
         let entries = 3 * ROTATE_BYTES as usize / per_entry;
         let id = ids(1)[0];
-        let tasks: Vec<_> = (0..entries)
-            .map(|_| {
-                let entry = journal.begin().unwrap();
-                tokio::spawn(async move {
-                    entry.record(&id).await.unwrap();
-                    entry.remove().await.unwrap();
+        // 256 at a time, so that few are open at any rotation (each begins with the open ones).
+        for _ in 0..entries.div_ceil(256) {
+            let tasks: Vec<_> = (0..256)
+                .map(|_| {
+                    let entry = journal.begin().unwrap();
+                    tokio::spawn(async move {
+                        entry.record(&id).await.unwrap();
+                        entry.remove().await.unwrap();
+                    })
                 })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
         }
         let segments: Vec<u64> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -643,6 +689,64 @@ mod tests {
         assert!(segments[0] <= 2 * ROTATE_BYTES, "{segments:?}");
         let open = UploadJournal::inspect(dir.path()).unwrap();
         assert_eq!(open, vec![(Some("kept".to_owned()), vec![kept_id])]);
+    }
+
+    /// The number of the one segment in `dir`.
+    fn only_segment(dir: &Path) -> u64 {
+        let segments: Vec<u64> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|f| f.path())
+            .filter(|p| p.extension().is_some_and(|e| e == SEGMENT_SUFFIX))
+            .map(|p| u64::from_str_radix(p.file_stem().unwrap().to_str().unwrap(), 16).unwrap())
+            .collect();
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        segments[0]
+    }
+
+    #[tokio::test]
+    async fn open_entries_past_the_bound_do_not_rotate_every_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let huge = journal.begin().unwrap();
+        let line = Op::Id(ids(1)[0]).line(1).len() as u64;
+        let all = ids((ROTATE_BYTES / line + 10) as u32);
+        for chunk in all.chunks(512) {
+            let records = chunk.iter().map(|id| huge.record(id));
+            for recorded in futures_util::future::join_all(records).await {
+                recorded.unwrap();
+            }
+        }
+        // The next write rotates once (past the bound), then not again for a while.
+        let other = journal.begin().unwrap();
+        other.record(&ids(1)[0]).await.unwrap();
+        let rotated = only_segment(dir.path());
+        for id in ids(100) {
+            other.record(&id).await.unwrap();
+        }
+        assert_eq!(only_segment(dir.path()), rotated);
+        assert_eq!(UploadJournal::inspect(dir.path()).unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_stale_temporary_and_unreadable_bytes_are_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = ids(1)[0];
+        // A rotation cut short (never renamed), and a segment with a line that is not UTF-8.
+        std::fs::write(
+            dir.path().join("0000000000000009.tmp"),
+            format!("{:016x} id {id}\n", 7),
+        )
+        .unwrap();
+        let mut bytes = format!("{:016x} id {id}\n", 3).into_bytes();
+        bytes.extend_from_slice(b"\xff\xfe id\n");
+        std::fs::write(dir.path().join("0000000000000002.log"), bytes).unwrap();
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let left = journal.leftovers().unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!((left[0].entry, left[0].ids.clone()), (3, vec![id]));
+        assert!(!dir.path().join("0000000000000009.tmp").exists());
+        assert_eq!(only_segment(dir.path()), 3);
     }
 
     #[tokio::test]

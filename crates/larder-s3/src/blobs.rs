@@ -333,11 +333,19 @@ async fn open_kept(
     let body = match bodies.get(&id) {
         Some(body) => body,
         None => {
-            let body = read_whole(router, &id, size).await?;
+            // Copied: the bytes as received may be a view of a much larger receive buffer,
+            // which the cache's budget would not count.
+            let body = Bytes::copy_from_slice(&read_whole(router, &id, size).await?);
             bodies.insert(id, body.clone());
             body
         }
     };
+    if body.len() as u64 != size {
+        return Err(S3Error::Corrupt(format!(
+            "blob {id} holds {} bytes, its name says {size}",
+            body.len()
+        )));
+    }
     // `keeps` bounds `size`, so these fit a usize.
     let within = body.slice(range.start as usize..range.end as usize);
     Ok(wrap(futures_util::stream::once(async move {
