@@ -16,14 +16,16 @@
 //! Bounded by `budget` bytes (each body counted with `OVERHEAD`) and by `max_body` per body;
 //! the least recently used go first (an ordered index of last uses, as in `record_cache.rs`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use bytes::Bytes;
 use larder_cluster::BlobId;
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+
+use crate::metrics::ReadLabels;
+use crate::use_order::UseOrder;
 
 /// What each kept body costs beyond its bytes (its ID, its map and index slots).
 const OVERHEAD: usize = 128;
@@ -32,23 +34,16 @@ pub struct BodyCache {
     budget: usize,
     max_body: u64,
     inner: Mutex<Inner>,
+    /// `larder_frontend_s3_body_cache_reads_total` by outcome: `hit` (served from here) or
+    /// `miss` (read from storage, and kept).
     reads: Family<ReadLabels, Counter>,
-}
-
-/// How a read of a body that may be kept went (`larder_frontend_s3_body_cache_reads_total`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReadLabels {
-    /// `hit`: served from here; `miss`: read from storage (and kept).
-    pub outcome: &'static str,
 }
 
 #[derive(Default)]
 struct Inner {
     bodies: HashMap<BlobId, Kept>,
     bytes: usize,
-    /// Bumped at every use: the least recently used body has the lowest `used`.
-    clock: u64,
-    by_use: BTreeMap<u64, BlobId>,
+    uses: UseOrder<BlobId>,
 }
 
 struct Kept {
@@ -80,13 +75,9 @@ impl BodyCache {
     pub fn get(&self, id: &BlobId) -> Option<Bytes> {
         let found = {
             let mut inner = self.inner.lock();
-            inner.clock += 1;
-            let now = inner.clock;
             let inner = &mut *inner;
             inner.bodies.get_mut(id).map(|kept| {
-                inner.by_use.remove(&kept.used);
-                kept.used = now;
-                inner.by_use.insert(now, *id);
+                kept.used = inner.uses.used(*id, Some(kept.used));
                 kept.body.clone()
             })
         };
@@ -102,17 +93,15 @@ impl BodyCache {
             return;
         }
         let mut inner = self.inner.lock();
-        inner.clock += 1;
-        let used = inner.clock;
         let added = cost(&body);
+        let before = inner.bodies.get(&id).map(|kept| kept.used);
+        let used = inner.uses.used(id, before);
         if let Some(old) = inner.bodies.insert(id, Kept { body, used }) {
-            inner.by_use.remove(&old.used);
             inner.bytes -= cost(&old.body);
         }
-        inner.by_use.insert(used, id);
         inner.bytes += added;
         while inner.bytes > self.budget {
-            let Some((_, oldest)) = inner.by_use.pop_first() else {
+            let Some(oldest) = inner.uses.oldest() else {
                 break;
             };
             if let Some(gone) = inner.bodies.remove(&oldest) {
@@ -185,7 +174,7 @@ mod tests {
                 let (bodies, bytes) = cache.held();
                 prop_assert!(bytes <= budget);
                 let inner = cache.inner.lock();
-                prop_assert_eq!(inner.by_use.len(), bodies);
+                prop_assert_eq!(inner.uses.len(), bodies);
                 let counted: usize = inner.bodies.values().map(|k| cost(&k.body)).sum();
                 prop_assert_eq!(counted, bytes);
             }

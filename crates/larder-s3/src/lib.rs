@@ -35,6 +35,7 @@ mod signed_urls;
 mod stall;
 mod store;
 mod upload_list;
+mod use_order;
 
 pub use blobs::BlobLimits;
 pub use config::{records_router, S3Config};

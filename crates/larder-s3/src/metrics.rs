@@ -18,6 +18,13 @@ pub const UNROUTED: &str = "unrouted";
 /// Longest operation name taken as a label (s3s's longest is under 50 bytes).
 const MAX_OPERATION: usize = 64;
 
+/// How a read of one of this frontend's caches went (`outcome`: each cache's own fixed set,
+/// documented where it counts them: `record_cache.rs`, `body_cache.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadLabels {
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub operation: String,

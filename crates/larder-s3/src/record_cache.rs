@@ -14,18 +14,19 @@
 //! last uses: no scan of every record).
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::error::S3Error;
 use crate::keep::Keep;
+use crate::metrics::ReadLabels;
 use crate::records::Record;
+use crate::use_order::UseOrder;
 
 /// Records kept at most, whatever their size (each eviction scans them all).
 const MAX_RECORDS: usize = 4096;
@@ -44,25 +45,17 @@ pub trait Cacheable: Record {
 pub struct RecordCache {
     budget: usize,
     inner: Mutex<Inner>,
+    /// `larder_frontend_s3_index_cache_reads_total` by outcome: `unchanged` (the copy kept
+    /// here answered), `changed` (a copy was kept, but the quorum held another version, read
+    /// whole) or `unkept` (none was kept; read whole).
     reads: Family<ReadLabels, Counter>,
-}
-
-/// How a read of an index record went (`larder_frontend_s3_index_cache_reads_total`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReadLabels {
-    /// `unchanged`: the copy kept here answered; `changed`: a copy was kept, but the quorum
-    /// held another version (read whole); `unkept`: none was kept (read whole).
-    pub outcome: &'static str,
 }
 
 #[derive(Default)]
 struct Inner {
     records: HashMap<String, Kept>,
     bytes: usize,
-    /// Bumped at every use: the least recently used record has the lowest `used`.
-    clock: u64,
-    /// Each kept record's `used` → its ID, oldest first.
-    by_use: BTreeMap<u64, String>,
+    uses: UseOrder<String>,
 }
 
 struct Kept {
@@ -143,9 +136,7 @@ impl RecordCache {
                 break;
             }
         }
-        inner.clock += 1;
-        let used = inner.clock;
-        inner.by_use.insert(used, id.to_owned());
+        let used = inner.uses.used(id.to_owned(), None);
         inner.bytes += cost;
         let kept = Kept {
             version,
@@ -187,25 +178,22 @@ impl RecordCache {
 impl Inner {
     /// Record `id` at `version`, now its most recent use.
     fn touch(&mut self, id: &str, version: u64) -> Option<&mut Kept> {
-        self.clock += 1;
         let kept = self.records.get_mut(id).filter(|k| k.version == version)?;
-        let before = std::mem::replace(&mut kept.used, self.clock);
-        self.by_use.remove(&before);
-        self.by_use.insert(self.clock, id.to_owned());
+        kept.used = self.uses.used(id.to_owned(), Some(kept.used));
         Some(kept)
     }
 
     fn remove(&mut self, id: &str) {
         if let Some(kept) = self.records.remove(id) {
-            self.by_use.remove(&kept.used);
+            self.uses.forget(kept.used);
             self.bytes = self.bytes.saturating_sub(kept.cost());
         }
     }
 
     /// Forgets the least recently used record; false when there is none.
     fn evict_least_recent(&mut self) -> bool {
-        match self.by_use.pop_first() {
-            Some((_, id)) => {
+        match self.uses.oldest() {
+            Some(id) => {
                 self.remove(&id);
                 true
             }
@@ -265,11 +253,7 @@ mod tests {
         }
         assert!(cache.inner.lock().bytes <= cost * 4);
         let inner = cache.inner.lock();
-        assert_eq!(
-            inner.by_use.len(),
-            inner.records.len(),
-            "one use per record"
-        );
+        assert_eq!(inner.uses.len(), inner.records.len(), "one use per record");
         drop(inner);
         let big = Bytes::from(vec![b' '; cost * 2]);
         cache.keep("big", 1, big);
@@ -309,7 +293,7 @@ mod tests {
                 let inner = cache.inner.lock();
                 proptest::prop_assert!(inner.bytes <= cache.budget);
                 proptest::prop_assert!(inner.records.len() <= MAX_RECORDS);
-                proptest::prop_assert_eq!(inner.by_use.len(), inner.records.len());
+                proptest::prop_assert_eq!(inner.uses.len(), inner.records.len());
                 let counted: usize = inner.records.values().map(Kept::cost).sum();
                 proptest::prop_assert_eq!(counted, inner.bytes);
             }

@@ -49,7 +49,7 @@ impl Records {
     pub fn index_cache_reads(
         &self,
     ) -> prometheus_client::metrics::family::Family<
-        crate::record_cache::ReadLabels,
+        crate::metrics::ReadLabels,
         prometheus_client::metrics::counter::Counter,
     > {
         self.cache.reads()
