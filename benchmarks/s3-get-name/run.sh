@@ -7,11 +7,12 @@
 # nothing per request), or PUTs of SIZE bytes through presigned URLs of 128 names spread over
 # the bucket: REQUESTS requests, 4 connections x 16 streams. Reports req/s and the server's CPU
 # per request (user + system of the dev process, which runs the frontend, and its storage
-# node, from /proc/<pid>/stat).
+# node, from /proc/<pid>/stat). OP=list: ListObjectsV2 of the bucket's first 1,000 names through one
+# presigned URL.
 #
 # usage: benchmarks/s3-get-name/run.sh [--smoke]
-#   env: OP=get|put BASE=274910d~1 NAMES=1000 SIZE=1024 REQUESTS=20000 ROUNDS=3
-#        OUT=<file> (default RESULTS.md, RESULTS-put.md for OP=put)
+#   env: OP=get|put|list BASE=274910d~1 NAMES=1000 SIZE=1024 REQUESTS=20000 ROUNDS=3
+#        OUT=<file> (default RESULTS.md, RESULTS-put.md for OP=put, RESULTS-list.md for OP=list)
 #        PYTHON=<one with boto3> CACHE=~/.cache/larder-s3-get-name (the base's worktree and
 #        both release target dirs, kept between runs)
 #   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 50 names,
@@ -30,7 +31,8 @@ op=${OP:-get}
 case $op in
   get) out=${OUT:-$here/RESULTS.md} what=GetObject ;;
   put) out=${OUT:-$here/RESULTS-put.md} what=PutObject ;;
-  *) echo "OP must be get or put" >&2; exit 2 ;;
+  list) out=${OUT:-$here/RESULTS-list.md} what=ListObjectsV2 ;;
+  *) echo "OP must be get, put or list" >&2; exit 2 ;;
 esac
 smoke=0
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -82,6 +84,8 @@ run_one() { # NAME BINARY
     "$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size" put > "$dir.urls"
     head -c "$size" /dev/urandom > "$dir.body"
     load=(-i "$dir.urls" -d "$dir.body" -H ':method: PUT')
+  elif [ "$op" = list ]; then
+    load=("$("$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size" list)")
   else
     load=("$("$python" "$here/fill.py" "http://127.0.0.1:$s3" "$id" "$secret" bench "$names" "$size")")
   fi
@@ -112,6 +116,9 @@ fi
   if [ "$op" = put ]; then
     echo "h2load (4 connections x 16 streams, $requests requests) PUTs $size-byte objects over 128 of the"
     echo "bucket's names (presigned SigV4 URLs, cycled)"
+  elif [ "$op" = list ]; then
+    echo "h2load (4 connections x 16 streams, $requests requests) lists the bucket's first 1,000 names"
+    echo "(ListObjectsV2, one presigned SigV4 URL)"
   else
     echo "h2load (4 connections x 16 streams, $requests requests) GETs one $size-byte object through a"
     echo "presigned SigV4 URL"
