@@ -4,7 +4,6 @@
 //! held whole: a few chunks per request at most. Reads of a composite go through the manifest
 //! and the router's read-ahead `ChunkStream`.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -301,17 +300,15 @@ pub async fn open_pieces(
 ) -> Result<StreamingBlob, S3Error> {
     let router = router.clone();
     let bodies = bodies.clone();
-    let sizes: HashMap<String, u64> = pieces.iter().map(|p| (p.blob.clone(), p.size)).collect();
-    open_plan(plan(pieces, range), move |blob, within| {
+    open_plan(plan(pieces, range), move |slice| {
         let router = router.clone();
         let bodies = bodies.clone();
-        let size = sizes.get(&blob).copied();
         async move {
-            match size.filter(|size| bodies.keeps(*size) && !within.is_empty()) {
-                Some(size) => {
-                    open_kept(&router, (&bodies, read_ahead), (&blob, size), within).await
-                }
-                None => open(&router, read_ahead, &blob, within).await,
+            let Slice { blob, within, size } = slice;
+            if bodies.keeps(size) && !within.is_empty() {
+                open_kept(&router, (&bodies, read_ahead), (&blob, size), within).await
+            } else {
+                open(&router, read_ahead, &blob, within).await
             }
         }
     })
@@ -330,14 +327,19 @@ async fn open_kept(
     if id.kind != BlobKind::Simple {
         return open(router, read_ahead, blob, range).await;
     }
-    let body = match bodies.get(&id) {
-        Some(body) => body,
+    let (body, read) = match bodies.get(&id) {
+        Some(body) => (body, false),
         None => {
+            let limit = usize::try_from(size)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1);
+            let missing = "the blob of this name is missing; it may have just been replaced";
+            let body = fetch_whole(router, &id, limit)
+                .await?
+                .ok_or_else(|| S3Error::Unavailable(missing.into()))?;
             // Copied: the bytes as received may be a view of a much larger receive buffer,
             // which the cache's budget would not count.
-            let body = Bytes::copy_from_slice(&read_whole(router, &id, size).await?);
-            bodies.insert(id, body.clone());
-            body
+            (Bytes::copy_from_slice(&body), true)
         }
     };
     if body.len() as u64 != size {
@@ -345,39 +347,15 @@ async fn open_kept(
             "blob {id} holds {} bytes, its name says {size}",
             body.len()
         )));
+    }
+    if read {
+        bodies.insert(id, body.clone());
     }
     // `keeps` bounds `size`, so these fit a usize.
     let within = body.slice(range.start as usize..range.end as usize);
     Ok(wrap(futures_util::stream::once(async move {
         Ok::<_, std::io::Error>(within)
     })))
-}
-
-/// All of simple blob `id`, which its name says is `size` bytes (anything else is corrupt).
-async fn read_whole(router: &Arc<Router>, id: &BlobId, size: u64) -> Result<Bytes, S3Error> {
-    let found = match router.get_blob(id, Method::GET, None).await? {
-        GetAnswer::Found(found) => found,
-        GetAnswer::Missing(missing) => {
-            return Err(S3Error::Unavailable(format!(
-                "the blob of this name is missing ({missing:?}); it may have just been replaced"
-            )))
-        }
-    };
-    let limit = usize::try_from(size)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1);
-    let body = Limited::new(found.body, limit)
-        .collect()
-        .await
-        .map_err(|e| S3Error::Unavailable(format!("reading blob {id}: {e}")))?
-        .to_bytes();
-    if body.len() as u64 != size {
-        return Err(S3Error::Corrupt(format!(
-            "blob {id} holds {} bytes, its name says {size}",
-            body.len()
-        )));
-    }
-    Ok(body)
 }
 
 /// The bytes `range` of the parts a version-2 record lists, as `open_pieces` but through
@@ -388,28 +366,44 @@ async fn open_parts(
     parts: &PartsManifest,
     range: Range<u64>,
 ) -> Result<StreamingBlob, S3Error> {
-    let plan: Vec<(String, Range<u64>)> = parts
+    let plan: Vec<Slice> = parts
         .slices(range)
         .into_iter()
-        .map(|(part, within)| (part.id.to_string(), within))
+        .map(|(part, within)| Slice {
+            blob: part.id.to_string(),
+            within,
+            size: part.size,
+        })
         .collect();
     let router = router.clone();
-    open_plan(plan, move |blob, within| {
+    open_plan(plan, move |slice| {
         let router = router.clone();
-        async move { open_part(&router, read_ahead, &blob, within).await }
+        async move { open_part(&router, read_ahead, &slice.blob, slice.within).await }
     })
     .await
 }
 
+/// The bytes `within` a blob of `size` bytes that a read takes.
+#[derive(Default)]
+struct Slice {
+    blob: String,
+    within: Range<u64>,
+    size: u64,
+}
+
 /// Which bytes of which piece a read of `range` takes, in order.
-fn plan(pieces: &[Piece], range: Range<u64>) -> Vec<(String, Range<u64>)> {
+fn plan(pieces: &[Piece], range: Range<u64>) -> Vec<Slice> {
     let mut plan = Vec::new();
     let mut start = 0u64;
     for piece in pieces {
         let end = start.saturating_add(piece.size);
         let (from, to) = (range.start.max(start), range.end.min(end));
         if from < to {
-            plan.push((piece.blob.clone(), from - start..to - start));
+            plan.push(Slice {
+                blob: piece.blob.clone(),
+                within: from - start..to - start,
+                size: piece.size,
+            });
         }
         start = end;
     }
@@ -419,19 +413,15 @@ fn plan(pieces: &[Piece], range: Range<u64>) -> Vec<(String, Range<u64>)> {
 /// One stream of the pieces of `plan`, each opened (by `open`) when the one before it has
 /// been sent. A plan of one piece (or none) is opened here, so that an unreadable body is an
 /// error status rather than a cut-short answer.
-async fn open_plan<F, Fut>(
-    mut plan: Vec<(String, Range<u64>)>,
-    open: F,
-) -> Result<StreamingBlob, S3Error>
+async fn open_plan<F, Fut>(mut plan: Vec<Slice>, open: F) -> Result<StreamingBlob, S3Error>
 where
-    F: Fn(String, Range<u64>) -> Fut + Send + 'static,
+    F: Fn(Slice) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<StreamingBlob, S3Error>> + Send + 'static,
 {
     if plan.len() <= 1 {
-        let (blob, within) = plan.pop().unwrap_or_default();
-        return open(blob, within).await;
+        return open(plan.pop().unwrap_or_default()).await;
     }
-    let streams = futures_util::stream::iter(plan).then(move |(blob, within)| open(blob, within));
+    let streams = futures_util::stream::iter(plan).then(open);
     let data = streams
         .map(|opened| opened.map_err(s3s::StdError::from))
         .try_flatten()
@@ -481,18 +471,31 @@ fn parse_id(id: &str) -> Result<BlobId, S3Error> {
 /// A composite blob's record, either form; `None` when the blob is missing (deleted, or never
 /// stored).
 async fn read_composite(router: &Arc<Router>, id: &BlobId) -> Result<Option<Composite>, S3Error> {
+    let Some(bytes) = fetch_whole(router, id, MAX_MANIFEST).await? else {
+        return Ok(None);
+    };
+    Composite::decode(&bytes)
+        .map(Some)
+        .map_err(|e| S3Error::Corrupt(format!("composite blob {id}: {e}")))
+}
+
+/// All of blob `id`, if it is no longer than `limit` bytes (else an error); `None` when the
+/// blob is missing (deleted, or never stored).
+async fn fetch_whole(
+    router: &Arc<Router>,
+    id: &BlobId,
+    limit: usize,
+) -> Result<Option<Bytes>, S3Error> {
     let found = match router.get_blob(id, Method::GET, None).await? {
         GetAnswer::Found(found) => found,
         GetAnswer::Missing(_) => return Ok(None),
     };
-    let bytes = Limited::new(found.body, MAX_MANIFEST)
+    let bytes = Limited::new(found.body, limit)
         .collect()
         .await
-        .map_err(|e| S3Error::Unavailable(format!("reading a composite record: {e}")))?
+        .map_err(|e| S3Error::Unavailable(format!("reading blob {id}: {e}")))?
         .to_bytes();
-    Composite::decode(&bytes)
-        .map(Some)
-        .map_err(|e| S3Error::Corrupt(format!("composite blob {id}: {e}")))
+    Ok(Some(bytes))
 }
 
 /// What a body's one piece is, as far as parts go.

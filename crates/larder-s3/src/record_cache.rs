@@ -28,7 +28,7 @@ use crate::metrics::ReadLabels;
 use crate::records::Record;
 use crate::use_order::UseOrder;
 
-/// Records kept at most, whatever their size (each eviction scans them all).
+/// Records kept at most, whatever their size.
 const MAX_RECORDS: usize = 4096;
 
 /// What a record is counted at against the budget, per byte of its JSON: the decoded form's
