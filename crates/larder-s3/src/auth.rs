@@ -89,6 +89,7 @@ fn needs(operation: &str) -> Permission {
         "CreateBucket" | "DeleteBucket" | "PutBucketAcl" => Permission::Owner,
         "GetObject"
         | "HeadObject"
+        | "GetObjectAttributes"
         | "HeadBucket"
         | "ListObjects"
         | "ListObjectsV2"

@@ -6,12 +6,15 @@
 //! object bodies as Larder blobs (`blobs`), access keys stored in the cluster (`auth`, `keys`).
 //! See README.md for the choices and the layout.
 
+mod answers;
+mod attributes;
 mod auth;
 mod blobs;
 mod body_cache;
 mod checksums;
 mod conditions;
 mod config;
+mod copy_source;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -95,12 +95,13 @@ impl S3Api {
     pub async fn handle(&self, req: http::Request<Incoming>) -> http::Response<S3Body> {
         let started = Instant::now();
         let slot = OperationSlot::default();
+        let request_id = crate::answers::request_id();
         let expiry = req
             .uri()
             .query()
             .and_then(crate::presign::expiry_out_of_bounds);
         if let Some(message) = expiry {
-            let response = query_error(message);
+            let response = crate::answers::mend(query_error(message), false, request_id).await;
             self.metrics
                 .observe(slot.get(), response.status(), started.elapsed());
             return response;
@@ -127,6 +128,8 @@ impl S3Api {
         if head && partial && response.status() == http::StatusCode::OK {
             *response.status_mut() = http::StatusCode::PARTIAL_CONTENT;
         }
+        let attributes = slot.get() == "GetObjectAttributes";
+        let response = crate::answers::mend(response, attributes, request_id).await;
         self.metrics
             .observe(slot.get(), response.status(), started.elapsed());
         response

@@ -11,9 +11,11 @@ use larder_router::Router;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, TrailingHeaders, S3};
 
+use crate::attributes;
 use crate::blobs::{self, BlobLimits, Stored};
 use crate::checksums::{ObjectChecksum, Requested};
 use crate::conditions::{Conditions, WriteConditions};
+use crate::copy_source;
 use crate::error::S3Error;
 use crate::held::{self, Held};
 use crate::index_batch::ChangeFailed;
@@ -136,7 +138,7 @@ impl Larder {
         self.tree.entry(&self.records, bucket, key).await
     }
 
-    async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
+    pub(crate) async fn entry(&self, bucket: &str, key: &str) -> Result<ObjectEntry, S3Error> {
         self.current(bucket, key).await?.ok_or(S3Error::NoSuchKey)
     }
 
@@ -206,6 +208,44 @@ impl Larder {
             held.unlinked(self.router(), Some(stored.id));
         }
         checked
+    }
+
+    /// Records `stored` as part `number` of `upload` (bucket, key, upload ID), in a task of its
+    /// own as a link is (`link_and_settle`): a client that hangs up does not leave the part's
+    /// journal entry unsettled.
+    async fn add_stored_part(
+        &self,
+        (bucket, key, upload): (String, String, String),
+        number: u32,
+        name: held::HeldFor,
+        stored: Stored,
+    ) -> Result<(), S3Error> {
+        let part = UploadedPart {
+            blob: stored.id.to_string(),
+            size: stored.size,
+            md5: stored.md5,
+            modified_ms: now_ms(),
+        };
+        held::crash_point("before-add-part");
+        let s3 = self.clone();
+        let body = (stored.id, stored.held);
+        let task = tokio::spawn(async move {
+            let added = multipart::add_part(&s3, &bucket, &key, &upload, number, part).await;
+            s3.settle_link(body, name, &added);
+            added.map_err(S3Error::from)
+        });
+        task.await
+            .map_err(|e| S3Error::Internal(format!("the part's task ended: {e}")))?
+    }
+
+    /// The journal name a part's body is held under until the part is recorded.
+    fn part_name(bucket: &str, key: &str, upload: &str, number: u32) -> held::HeldFor {
+        held::HeldFor::Part {
+            bucket: bucket.to_owned(),
+            upload: upload.to_owned(),
+            number,
+            key: Some(key.to_owned()),
+        }
     }
 
     /// Adds or removes `bucket` in the catalog ListBuckets reads.
@@ -566,7 +606,7 @@ impl S3 for Larder {
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
         let digests = Digests {
-            content_md5: input.content_md5.as_deref(),
+            content_md5: sent_content_md5(&req.headers, input.content_md5.as_deref()),
             requested: requested.as_ref(),
             trailers: req.trailing_headers.as_ref(),
         };
@@ -681,6 +721,16 @@ impl S3 for Larder {
         Ok(S3Response::with_status(output, status))
     }
 
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let entry = self.entry(&req.input.bucket, &req.input.key).await?;
+        let mut output = attributes::answer(self.router(), &req.input, &entry).await?;
+        output.last_modified = Some(timestamp(entry.modified_ms));
+        Ok(S3Response::new(output))
+    }
+
     async fn delete_object(
         &self,
         req: S3Request<DeleteObjectInput>,
@@ -780,12 +830,7 @@ impl S3 for Larder {
             .body
             .ok_or_else(|| S3Error::InvalidArgument("UploadPart needs a body".into()))?;
         let hasher = requested.as_ref().map(Requested::hasher);
-        let name = held::HeldFor::Part {
-            bucket: input.bucket.clone(),
-            upload: input.upload_id.clone(),
-            number,
-            key: Some(input.key.clone()),
-        };
+        let name = Self::part_name(&input.bucket, &input.key, &input.upload_id, number);
         let journal_name = name.name();
         let stored = blobs::store(
             self.router(),
@@ -799,41 +844,76 @@ impl S3 for Larder {
             .await
             .map_err(|err| body_error(&req.extensions, err))?;
         let digests = Digests {
-            content_md5: input.content_md5.as_deref(),
+            content_md5: sent_content_md5(&req.headers, input.content_md5.as_deref()),
             requested: requested.as_ref(),
             trailers: req.trailing_headers.as_ref(),
         };
         let checksum = self.check_digests(&mut stored, &digests)?;
-        let part = UploadedPart {
-            blob: stored.id.to_string(),
-            size: stored.size,
-            md5: stored.md5.clone(),
-            modified_ms: now_ms(),
-        };
-        held::crash_point("before-add-part");
-        // In a task of its own, as a link is (`link_and_settle`): a client that hangs up does
-        // not leave the part's entry unsettled.
-        let s3 = self.clone();
-        let (bucket, key, upload) = (
-            input.bucket.clone(),
-            input.key.clone(),
-            input.upload_id.clone(),
-        );
-        let body = (stored.id, stored.held);
-        let task = tokio::spawn(async move {
-            let added = multipart::add_part(&s3, &bucket, &key, &upload, number, part).await;
-            s3.settle_link(body, name, &added);
-            added.map_err(S3Error::from)
-        });
-        task.await
-            .map_err(|e| S3Error::Internal(format!("the part's task ended: {e}")))??;
+        let md5 = stored.md5.clone();
+        let upload = (input.bucket, input.key, input.upload_id);
+        self.add_stored_part(upload, number, name, stored).await?;
         let mut output = UploadPartOutput {
-            e_tag: Some(ETag::Strong(stored.md5)),
+            e_tag: Some(ETag::Strong(md5)),
             ..Default::default()
         };
         if let Some(checksum) = checksum {
             set_checksum!(output, checksum);
         }
+        Ok(S3Response::new(output))
+    }
+
+    /// A part copied from (a range of) another object: its bytes are read and stored as a new
+    /// blob, like an UploadPart's body, so the part owns them whatever becomes of the source.
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let input = req.input;
+        let number = multipart::check_part_number(input.part_number)?;
+        multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let conditions = Conditions {
+            if_match: input.copy_source_if_match.as_ref(),
+            if_none_match: input.copy_source_if_none_match.as_ref(),
+            if_modified_since: input.copy_source_if_modified_since.as_ref(),
+            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+        };
+        let credentials = req.credentials.as_ref();
+        let source = copy_source::read(
+            self,
+            (credentials, &req.headers),
+            &input.copy_source,
+            conditions,
+        )
+        .await?;
+        let range = copy_source::part_range(input.copy_source_range.as_deref(), source.size)?;
+        let reading = (&self.bodies, self.limits.chunking.read_ahead);
+        let body = blobs::open_pieces(self.router(), reading, &source.body, range).await?;
+        let props = BlobProperties {
+            created_ms: now_ms(),
+            ..Default::default()
+        };
+        let name = Self::part_name(&input.bucket, &input.key, &input.upload_id, number);
+        let journal_name = name.name();
+        let stored = blobs::store(
+            self.router(),
+            &self.limits,
+            props,
+            body,
+            None,
+            Some(&journal_name),
+        );
+        let stored = stored.await?;
+        let md5 = stored.md5.clone();
+        let upload = (input.bucket, input.key, input.upload_id);
+        self.add_stored_part(upload, number, name, stored).await?;
+        let output = UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(ETag::Strong(md5)),
+                last_modified: Some(timestamp(now_ms())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         Ok(S3Response::new(output))
     }
 
@@ -1086,29 +1166,20 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let input = req.input;
         check_key(&input.key)?;
-        let CopySource::Bucket { bucket, key, .. } = &input.copy_source else {
-            return Err(S3Error::InvalidArgument("copy sources are bucket/key".into()).into());
+        let conditions = Conditions {
+            if_match: input.copy_source_if_match.as_ref(),
+            if_none_match: input.copy_source_if_none_match.as_ref(),
+            if_modified_since: input.copy_source_if_modified_since.as_ref(),
+            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
         };
-        // s3s checked the destination; the source needs read permission of its own.
-        let readable = match &req.credentials {
-            Some(c) => self
-                .keys
-                .get(&c.access_key)
-                .await?
-                .and_then(|k| k.permission(bucket)),
-            None => None,
-        };
-        if readable.is_none() {
-            return Err(s3s::s3_error!(
-                AccessDenied,
-                "This key may not read bucket {bucket}"
-            ));
-        }
+        let credentials = req.credentials.as_ref();
+        let (bucket, key) =
+            copy_source::name(&input.copy_source, req.headers.get("x-amz-copy-source"))?;
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        if !replace && **bucket == *input.bucket && **key == *input.key {
+        if !replace && bucket == input.bucket && key == input.key {
             return Err(S3Error::InvalidRequest(
                 "This copy request is illegal because it is trying to copy an object to itself \
                  without changing the object's metadata"
@@ -1116,14 +1187,13 @@ impl S3 for Larder {
             )
             .into());
         }
-        let source = self.entry(bucket, key).await?;
-        let source_conditions = Conditions {
-            if_match: input.copy_source_if_match.as_ref(),
-            if_none_match: input.copy_source_if_none_match.as_ref(),
-            if_modified_since: input.copy_source_if_modified_since.as_ref(),
-            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-        };
-        source_conditions.check_copy_source(&source)?;
+        let source = copy_source::read(
+            self,
+            (credentials, &req.headers),
+            &input.copy_source,
+            conditions,
+        )
+        .await?;
         self.index(&input.bucket).await?;
         let (content_type, meta, headers) = match replace {
             true => {
@@ -1187,6 +1257,15 @@ impl S3 for Larder {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+}
+
+/// The `Content-MD5` a request sent: s3s takes an empty header for none, S3 for a digest that
+/// is not one (`InvalidDigest`), so an empty header is kept here as sent.
+fn sent_content_md5<'a>(headers: &http::HeaderMap, parsed: Option<&'a str>) -> Option<&'a str> {
+    match parsed {
+        None if headers.contains_key("content-md5") => Some(""),
+        parsed => parsed,
     }
 }
 

@@ -123,6 +123,11 @@ fn objects_keep_their_standard_headers_and_bound_their_metadata() {
 }
 
 #[test]
+fn parts_copy_ranges_of_objects_attributes_page_parts_and_answers_name_requests() {
+    run_owner_script("part_copies_and_attributes.py");
+}
+
+#[test]
 fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);

@@ -91,6 +91,16 @@ assert error_of(lambda: s3.put_object(Bucket="details", Key="md5", Body=b"new",
                                       ContentMD5=wrong)) == (400, "BadDigest")
 assert error_of(lambda: s3.put_object(Bucket="details", Key="md5", Body=b"new",
                                       ContentMD5="nope")) == (400, "InvalidDigest")
+
+
+def empty_md5(params, **_):
+    params["headers"]["Content-MD5"] = ""  # sent, and signed, as an empty header
+
+
+s3.meta.events.register("before-call.s3.PutObject", empty_md5)
+assert error_of(lambda: s3.put_object(Bucket="details", Key="md5", Body=b"new")) == \
+    (400, "InvalidDigest")
+s3.meta.events.unregister("before-call.s3.PutObject", empty_md5)
 assert s3.get_object(Bucket="details", Key="md5")["Body"].read() == b"body"
 
 step("CompleteMultipartUpload sent again after it succeeded answers the object again")
