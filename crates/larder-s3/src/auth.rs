@@ -11,8 +11,10 @@ use s3s::auth::{S3Auth, SecretKey};
 use s3s::path::S3Path;
 use s3s::{s3_error, S3Result};
 
+use crate::acl;
 use crate::metrics::OperationSlot;
 use crate::records::{bucket_doc, AccessKey, BucketIndex, KeyRing, Permission, KEYS_DOC};
+use crate::service::Larder;
 use crate::store::Records;
 
 /// How long a key ring read is reused: a revoked key stops working within this.
@@ -49,15 +51,16 @@ impl Keys {
         Ok(ring)
     }
 
-    /// Whether `bucket` exists and was made public-read. Read from a quorum for each anonymous
-    /// request (anonymous reads of public buckets are expected to be rare next to signed ones).
-    pub async fn public_read(&self, bucket: &str) -> S3Result<bool> {
+    /// Whether `bucket` was made public-read; `None` if there is no such bucket. Read from a
+    /// quorum for each anonymous request (anonymous reads are expected to be rare next to
+    /// signed ones).
+    pub async fn public_read(&self, bucket: &str) -> S3Result<Option<bool>> {
         let index: Option<BucketIndex> = self
             .records
             .read(&bucket_doc(bucket))
             .await
             .map_err(s3s::S3Error::from)?;
-        Ok(index.is_some_and(|i| i.public_read))
+        Ok(index.map(|i| i.public_read))
     }
 
     /// The key named `access_key`, if it exists (and was not revoked).
@@ -66,14 +69,23 @@ impl Keys {
     }
 }
 
-/// The key ring as s3s's authentication and access control.
+/// The key ring (with the objects' ACLs, for anonymous reads) as s3s's authentication and
+/// access control.
 #[derive(Clone)]
-pub struct Gate(pub Arc<Keys>);
+pub struct Gate(pub Larder);
+
+/// Put in an anonymous GetObject's or HeadObject's extensions by the gate: whether its bucket
+/// is public-read. The operation checks the entry it reads against it, so an object replaced
+/// by a private one after the gate looked is not served.
+#[derive(Clone, Copy, Debug)]
+pub struct AnonymousRead {
+    pub bucket_public: bool,
+}
 
 #[async_trait::async_trait]
 impl S3Auth for Gate {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
-        match self.0.get(access_key).await? {
+        match self.0.keys.get(access_key).await? {
             Some(key) => Ok(SecretKey::from(key.secret)),
             None => Err(s3_error!(
                 InvalidAccessKeyId,
@@ -119,6 +131,7 @@ impl S3Access for Gate {
         };
         let key = self
             .0
+            .keys
             .get(&credentials.access_key)
             .await?
             .ok_or_else(|| s3_error!(InvalidAccessKeyId))?;
@@ -134,27 +147,53 @@ impl S3Access for Gate {
     }
 }
 
-/// What anonymous requests may do in a public-read bucket.
-const PUBLIC_READS: [&str; 5] = [
-    "GetObject",
-    "HeadObject",
-    "HeadBucket",
-    "ListObjects",
-    "ListObjectsV2",
-];
+/// What anonymous requests may do in a public-read bucket besides reading objects.
+const PUBLIC_READS: [&str; 3] = ["HeadBucket", "ListObjects", "ListObjectsV2"];
 
 impl Gate {
-    /// Anonymous requests: reads of a public-read bucket, nothing else.
+    /// Anonymous requests: of a bucket that does not exist, 404 `NoSuchBucket` (as S3); reads
+    /// of an object its ACL (or, without one, its bucket's) makes public-read; listings of a
+    /// public-read bucket; nothing else.
     async fn check_anonymous(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         let refused = || s3_error!(AccessDenied, "Anonymous access is not allowed");
-        let bucket = match cx.s3_path() {
-            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
+        let (bucket, key) = match cx.s3_path() {
+            S3Path::Bucket { bucket } => (bucket.to_string(), None),
+            S3Path::Object { bucket, key } => (bucket.to_string(), Some(key.to_string())),
             S3Path::Root => return Err(refused()),
         };
-        if PUBLIC_READS.contains(&cx.s3_op().name()) && self.0.public_read(&bucket).await? {
+        let Some(bucket_public) = self.0.keys.public_read(&bucket).await? else {
+            return Err(s3_error!(NoSuchBucket));
+        };
+        let operation = cx.s3_op().name();
+        if let (Some(key), "GetObject" | "HeadObject") = (key, operation) {
+            let readable = match self.0.current(&bucket, &key).await? {
+                Some(entry) => acl::readable_anonymously(&entry, bucket_public),
+                None => bucket_public, // then NoSuchKey, as a public bucket lists its names
+            };
+            if !readable {
+                return Err(refused());
+            }
+            cx.extensions_mut().insert(AnonymousRead { bucket_public });
+            return Ok(());
+        }
+        if PUBLIC_READS.contains(&operation) && bucket_public {
             return Ok(());
         }
         Err(refused())
+    }
+}
+
+/// For an anonymous read the gate let through (`AnonymousRead`): refused if the entry the
+/// operation read is not readable anonymously after all. Signed requests pass.
+pub fn check_anonymous_entry(
+    extensions: &http::Extensions,
+    entry: &crate::records::ObjectEntry,
+) -> S3Result<()> {
+    match extensions.get::<AnonymousRead>() {
+        Some(read) if !acl::readable_anonymously(entry, read.bucket_public) => {
+            Err(s3_error!(AccessDenied, "Anonymous access is not allowed"))
+        }
+        _ => Ok(()),
     }
 }
 

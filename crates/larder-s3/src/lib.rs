@@ -6,6 +6,7 @@
 //! object bodies as Larder blobs (`blobs`), access keys stored in the cluster (`auth`, `keys`).
 //! See README.md for the choices and the layout.
 
+mod acl;
 mod answers;
 mod attributes;
 mod auth;

@@ -654,6 +654,7 @@ fn object_entry(
         // Parts are checked one by one; S3's composite checksums of parts are not kept.
         checksum: None,
         headers: upload.headers,
+        public_read: upload.public_read,
     }
 }
 
@@ -858,6 +859,7 @@ pub fn new_upload(
     key: String,
     content_type: Option<String>,
     (meta, headers): (Vec<(String, String)>, ObjectHeaders),
+    public_read: Option<bool>,
 ) -> Upload {
     Upload {
         v: FORMAT,
@@ -866,6 +868,7 @@ pub fn new_upload(
         content_type,
         meta: meta.into_iter().collect(),
         headers,
+        public_read,
         parts: Default::default(),
         completing: None,
     }
@@ -921,7 +924,7 @@ mod tests {
 
     #[test]
     fn parts_must_ascend_exist_match_and_be_large_enough() {
-        let mut upload = new_upload("k".into(), None, Default::default());
+        let mut upload = new_upload("k".into(), None, Default::default(), None);
         for (n, size) in [(1, MIN_PART_SIZE), (2, 1), (3, 1)] {
             upload.parts.insert(
                 n,

@@ -169,6 +169,9 @@ pub struct ObjectEntry {
     /// `Cache-Control` and the other standard headers it answers reads with.
     #[serde(default, skip_serializing_if = "ObjectHeaders::is_empty")]
     pub headers: ObjectHeaders,
+    /// Its own canned ACL's say on anonymous reads; `None`: as its bucket's (`acl.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_read: Option<bool>,
 }
 
 /// The standard headers an object keeps from its upload (`object_headers.rs`), as given.
@@ -239,6 +242,9 @@ pub struct Upload {
     pub meta: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "ObjectHeaders::is_empty")]
     pub headers: ObjectHeaders,
+    /// The object's canned ACL's say on anonymous reads (`acl.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_read: Option<bool>,
     /// Part number → the part's blob, size and MD5 (hex).
     pub parts: BTreeMap<u32, UploadedPart>,
     /// A CompleteMultipartUpload under way (`multipart.rs`, `complete`).
@@ -486,13 +492,16 @@ mod tests {
         }
 
         #[test]
-        fn an_index_round_trips(names in proptest::collection::btree_set("[a-z/]{1,12}", 0..8)) {
+        fn an_index_round_trips(
+            names in proptest::collection::btree_set("[a-z/]{1,12}", 0..8),
+            public_read in proptest::option::of(any::<bool>()),
+        ) {
             let mut index = BucketIndex { v: FORMAT, ..Default::default() };
             for name in names {
                 index.objects.insert(name, ObjectEntry {
                     body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
                     content_type: None, meta: BTreeMap::new(), checksum: None,
-                    headers: Default::default(),
+                    headers: Default::default(), public_read,
                 });
             }
             prop_assert_eq!(BucketIndex::decode(&index.encode()).unwrap(), index);

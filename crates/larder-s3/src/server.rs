@@ -100,8 +100,13 @@ impl S3Api {
             .uri()
             .query()
             .and_then(crate::presign::expiry_out_of_bounds);
-        if let Some(message) = expiry {
-            let response = crate::answers::mend(query_error(message), false, request_id).await;
+        let refusal = match expiry {
+            Some(message) => Some(query_error(message)),
+            None if req.method() == http::Method::OPTIONS => Some(preflight_refusal(&req)),
+            None => None,
+        };
+        if let Some(response) = refusal {
+            let response = crate::answers::mend(response, false, request_id).await;
             self.metrics
                 .observe(slot.get(), response.status(), started.elapsed());
             return response;
@@ -139,11 +144,37 @@ impl S3Api {
 /// S3's 403 `AuthorizationQueryParametersError` (a presigned request's query out of SigV4's
 /// bounds), as S3's XML error.
 fn query_error(message: &str) -> http::Response<S3Body> {
+    error_answer(
+        http::StatusCode::FORBIDDEN,
+        "AuthorizationQueryParametersError",
+        message,
+    )
+}
+
+/// The answer to an `OPTIONS` (a browser's CORS preflight): Larder serves no CORS rules, so
+/// S3's answers for a bucket without them: 400 without an `Origin`, else 403.
+fn preflight_refusal<B>(req: &http::Request<B>) -> http::Response<S3Body> {
+    match req.headers().contains_key(http::header::ORIGIN) {
+        false => error_answer(
+            http::StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "Insufficient information. Origin request header needed.",
+        ),
+        true => error_answer(
+            http::StatusCode::FORBIDDEN,
+            "AccessForbidden",
+            "CORSResponse: CORS is not enabled for this bucket.",
+        ),
+    }
+}
+
+/// An S3 XML error (`message` is a fixed text, not escaped).
+fn error_answer(status: http::StatusCode, code: &str, message: &str) -> http::Response<S3Body> {
     let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AuthorizationQueryParametersError</Code><Message>{message}</Message></Error>"
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"
     );
     let mut response = http::Response::new(s3s::Body::from(body).boxed());
-    *response.status_mut() = http::StatusCode::FORBIDDEN;
+    *response.status_mut() = status;
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/xml"),
@@ -165,9 +196,8 @@ async fn sweep_until(
 
 /// The s3s service over Larder.
 fn service(larder: Larder) -> S3Service {
-    let keys = larder.keys.clone();
-    let mut builder = S3ServiceBuilder::new(larder);
-    builder.set_auth(Gate(keys.clone()));
-    builder.set_access(Gate(keys));
+    let mut builder = S3ServiceBuilder::new(larder.clone());
+    builder.set_auth(Gate(larder.clone()));
+    builder.set_access(Gate(larder));
     builder.build()
 }

@@ -11,6 +11,7 @@ use larder_router::Router;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, TrailingHeaders, S3};
 
+use crate::acl;
 use crate::attributes;
 use crate::blobs::{self, BlobLimits, Stored};
 use crate::checksums::{ObjectChecksum, Requested};
@@ -43,6 +44,16 @@ macro_rules! set_checksum {
         $output.checksum_sha1 = dto.checksum_sha1;
         $output.checksum_sha256 = dto.checksum_sha256;
     }};
+}
+
+/// Whether a request gives any `x-amz-grant-*` header of an object's (`acl.rs`).
+macro_rules! object_grants {
+    ($input:expr) => {
+        $input.grant_full_control.is_some()
+            || $input.grant_read.is_some()
+            || $input.grant_read_acp.is_some()
+            || $input.grant_write_acp.is_some()
+    };
 }
 
 /// Longest object name, in bytes (S3's).
@@ -385,7 +396,10 @@ impl S3 for Larder {
         &self,
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
-        let bucket = req.input.bucket;
+        let input = req.input;
+        let grants = object_grants!(input) || input.grant_write.is_some();
+        let public_read = acl::bucket_public(input.acl.as_ref(), grants)?.unwrap_or(false);
+        let bucket = input.bucket;
         let created_ms = now_ms();
         self.records
             .update(&bucket_doc(&bucket), |index: Option<BucketIndex>| {
@@ -395,6 +409,7 @@ impl S3 for Larder {
                 let index = BucketIndex {
                     v: FORMAT,
                     created_ms,
+                    public_read,
                     ..Default::default()
                 };
                 Ok((Change::Put(index), ()))
@@ -563,6 +578,7 @@ impl S3 for Larder {
         let meta = lower_case(input.metadata.clone());
         object_headers::check_metadata(&meta)?;
         let headers = object_headers::stored(&given_headers!(input))?;
+        let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
         let conditions =
             WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         let requested = Requested::from_headers(&req.headers)?;
@@ -623,6 +639,7 @@ impl S3 for Larder {
             meta: meta.into_iter().collect(),
             checksum: checksum.clone(),
             headers,
+            public_read,
         };
         let tag = entry.etag.clone();
         let size = entry.size;
@@ -649,6 +666,7 @@ impl S3 for Larder {
         let mut input = req.input;
         object_headers::check_overrides(req.credentials.is_none(), any_override!(input))?;
         let entry = self.entry(&input.bucket, &input.key).await?;
+        crate::auth::check_anonymous_entry(&req.extensions, &entry)?;
         let conditions = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
@@ -691,6 +709,7 @@ impl S3 for Larder {
         let mut input = req.input;
         object_headers::check_overrides(req.credentials.is_none(), any_override!(input))?;
         let entry = self.entry(&input.bucket, &input.key).await?;
+        crate::auth::check_anonymous_entry(&req.extensions, &entry)?;
         let conditions = Conditions {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
@@ -802,7 +821,13 @@ impl S3 for Larder {
         let meta = lower_case(input.metadata.clone());
         object_headers::check_metadata(&meta)?;
         let headers = object_headers::stored(&given_headers!(input))?;
-        let upload = multipart::new_upload(input.key.clone(), input.content_type, (meta, headers));
+        let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
+        let upload = multipart::new_upload(
+            input.key.clone(),
+            input.content_type,
+            (meta, headers),
+            public_read,
+        );
         let id = multipart::create(self, &input.bucket, upload).await?;
         let output = CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
@@ -1166,6 +1191,8 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let input = req.input;
         check_key(&input.key)?;
+        // As S3: the copy's ACL is the request's, never the source's.
+        let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
         let conditions = Conditions {
             if_match: input.copy_source_if_match.as_ref(),
             if_none_match: input.copy_source_if_none_match.as_ref(),
@@ -1242,6 +1269,7 @@ impl S3 for Larder {
             // The same bytes: the source's checksum holds.
             checksum: source.checksum.clone(),
             headers,
+            public_read,
         };
         let modified = entry.modified_ms;
         let unconditional = WriteConditions::default();

@@ -84,7 +84,8 @@ fn additional_checksums_are_checked_kept_and_returned() {
     run_owner_script("checksums.py");
 }
 
-/// A PUT with `Expect: 100-continue` refused before its body is read (here: anonymous, 403)
+/// A PUT with `Expect: 100-continue` refused before its body is read (here: anonymous, of a
+/// bucket that does not exist, 404 as S3 answers it)
 /// ends its connection: the client never sends that body, and hyper would read the next
 /// request's first bytes as it (boto3's next PUT arrived as `T /…`, SignatureDoesNotMatch).
 #[test]
@@ -100,11 +101,12 @@ fn a_refused_put_whose_body_was_withheld_closes_its_connection() {
          Content-Length: 2\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).unwrap();
-    // Everything the server sends until it closes: the 403, then end of stream.
+    // Everything the server sends until it closes: the 404, then end of stream.
     let mut answer = Vec::new();
     let read = stream.read_to_end(&mut answer);
     let answer = String::from_utf8_lossy(&answer).to_lowercase();
-    assert!(answer.starts_with("http/1.1 403"), "{answer}");
+    assert!(answer.starts_with("http/1.1 404"), "{answer}");
+    assert!(answer.contains("<code>nosuchbucket</code>"), "{answer}");
     assert!(answer.contains("connection: close"), "{answer}");
     assert!(
         read.is_ok(),
@@ -125,6 +127,11 @@ fn objects_keep_their_standard_headers_and_bound_their_metadata() {
 #[test]
 fn parts_copy_ranges_of_objects_attributes_page_parts_and_answers_name_requests() {
     run_owner_script("part_copies_and_attributes.py");
+}
+
+#[test]
+fn canned_acls_open_and_close_buckets_and_single_objects_to_anonymous_reads() {
+    run_owner_script("canned_acls.py");
 }
 
 #[test]
