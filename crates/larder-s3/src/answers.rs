@@ -75,10 +75,12 @@ fn empty() -> S3Body {
     s3s::Body::empty().boxed()
 }
 
-/// An error's XML with `<RequestId>` added before `</Error>`, unless it has one or no
-/// `</Error>` (then as it was).
+/// An error's XML with `<RequestId>` added before `</Error>`, unless it has one, or no
+/// `</Error>`, or is not UTF-8 (then as it was).
 fn with_request_id(xml: &[u8], id: &str) -> Bytes {
-    let text = String::from_utf8_lossy(xml);
+    let Ok(text) = std::str::from_utf8(xml) else {
+        return Bytes::copy_from_slice(xml);
+    };
     match text.rfind("</Error>") {
         Some(at) if !text.contains("<RequestId>") => {
             let mut out = String::with_capacity(text.len() + id.len() + 24);
@@ -93,9 +95,12 @@ fn with_request_id(xml: &[u8], id: &str) -> Bytes {
     }
 }
 
-/// The XML with the quotes (escaped or not) around the first `<ETag>`'s value taken off.
+/// The XML with the quotes (escaped or not) around the first `<ETag>`'s value taken off (as
+/// it was if it is not UTF-8 or has no quoted `<ETag>`).
 fn unquote_etag(xml: &[u8]) -> Bytes {
-    let text = String::from_utf8_lossy(xml);
+    let Ok(text) = std::str::from_utf8(xml) else {
+        return Bytes::copy_from_slice(xml);
+    };
     let Some(open) = text.find("<ETag>").map(|i| i + "<ETag>".len()) else {
         return Bytes::copy_from_slice(xml);
     };
@@ -149,6 +154,28 @@ mod tests {
             b"<ETag>\"\"</ETag>",
         ] {
             assert_eq!(&unquote_etag(unchanged)[..], unchanged);
+        }
+    }
+
+    proptest::proptest! {
+        /// Any body (an answer s3s wrote, or anything): mended without a panic, and only ever
+        /// by the one addition or removal each makes.
+        #[test]
+        fn any_body_is_mended_or_left(
+            pieces in proptest::collection::vec(proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8),
+                proptest::sample::select(vec![
+                    b"<Error>".to_vec(), b"</Error>".to_vec(), b"<ETag>".to_vec(),
+                    b"</ETag>".to_vec(), b"&quot;".to_vec(), b"\"".to_vec(),
+                    b"<RequestId>".to_vec(),
+                ]),
+            ], 0..40)
+        ) {
+            let body = pieces.concat();
+            let with_id = with_request_id(&body, "ID");
+            proptest::prop_assert!(with_id.len() == body.len() || with_id.len() == body.len() + "<RequestId>ID</RequestId>".len());
+            let unquoted = unquote_etag(&body);
+            proptest::prop_assert!(unquoted.len() <= body.len());
         }
     }
 
