@@ -30,6 +30,8 @@ bench_cargo() {
 
 # bench_build: builds the larder binary with the benchmark profile and sets LARDER to its path.
 bench_build() {
+  # LARDER_BIN: a binary built elsewhere (another commit, for a before/after in one session).
+  if [ -n "${LARDER_BIN:-}" ]; then LARDER=$LARDER_BIN; export LARDER; return; fi
   local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   local profile; profile=$(bench_profile)
   bench_cargo -p larder
