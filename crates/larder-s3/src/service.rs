@@ -46,6 +46,18 @@ macro_rules! set_checksum {
     }};
 }
 
+/// A copy's `x-amz-copy-source-if-*` headers as `Conditions` (CopyObject, UploadPartCopy).
+macro_rules! copy_source_conditions {
+    ($input:expr) => {
+        Conditions {
+            if_match: $input.copy_source_if_match.as_ref(),
+            if_none_match: $input.copy_source_if_none_match.as_ref(),
+            if_modified_since: $input.copy_source_if_modified_since.as_ref(),
+            if_unmodified_since: $input.copy_source_if_unmodified_since.as_ref(),
+        }
+    };
+}
+
 /// Whether a request gives any `x-amz-grant-*` header of an object's (`acl.rs`).
 macro_rules! object_grants {
     ($input:expr) => {
@@ -247,6 +259,26 @@ impl Larder {
         });
         task.await
             .map_err(|e| S3Error::Internal(format!("the part's task ended: {e}")))?
+    }
+
+    /// The bytes `range` of `source` stored as a new blob, held under `journal_name` until the
+    /// name (or part) they are for is settled (CopyObject, UploadPartCopy).
+    async fn copy_bytes(
+        &self,
+        source: &ObjectEntry,
+        range: std::ops::Range<u64>,
+        content_type: Option<String>,
+        journal_name: &str,
+    ) -> Result<Stored, S3Error> {
+        let reading = (&self.bodies, self.limits.chunking.read_ahead);
+        let body = blobs::open_pieces(self.router(), reading, &source.body, range).await?;
+        let props = BlobProperties {
+            content_type,
+            created_ms: now_ms(),
+            ..Default::default()
+        };
+        let limits = &self.limits;
+        blobs::store(self.router(), limits, props, body, None, Some(journal_name)).await
     }
 
     /// The journal name a part's body is held under until the part is recorded.
@@ -896,12 +928,7 @@ impl S3 for Larder {
         let input = req.input;
         let number = multipart::check_part_number(input.part_number)?;
         multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
-        let conditions = Conditions {
-            if_match: input.copy_source_if_match.as_ref(),
-            if_none_match: input.copy_source_if_none_match.as_ref(),
-            if_modified_since: input.copy_source_if_modified_since.as_ref(),
-            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-        };
+        let conditions = copy_source_conditions!(input);
         let credentials = req.credentials.as_ref();
         let source = copy_source::read(
             self,
@@ -911,23 +938,8 @@ impl S3 for Larder {
         )
         .await?;
         let range = copy_source::part_range(input.copy_source_range.as_deref(), source.size)?;
-        let reading = (&self.bodies, self.limits.chunking.read_ahead);
-        let body = blobs::open_pieces(self.router(), reading, &source.body, range).await?;
-        let props = BlobProperties {
-            created_ms: now_ms(),
-            ..Default::default()
-        };
         let name = Self::part_name(&input.bucket, &input.key, &input.upload_id, number);
-        let journal_name = name.name();
-        let stored = blobs::store(
-            self.router(),
-            &self.limits,
-            props,
-            body,
-            None,
-            Some(&journal_name),
-        );
-        let stored = stored.await?;
+        let stored = self.copy_bytes(&source, range, None, &name.name()).await?;
         let md5 = stored.md5.clone();
         let upload = (input.bucket, input.key, input.upload_id);
         self.add_stored_part(upload, number, name, stored).await?;
@@ -1193,12 +1205,7 @@ impl S3 for Larder {
         check_key(&input.key)?;
         // As S3: the copy's ACL is the request's, never the source's.
         let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
-        let conditions = Conditions {
-            if_match: input.copy_source_if_match.as_ref(),
-            if_none_match: input.copy_source_if_none_match.as_ref(),
-            if_modified_since: input.copy_source_if_modified_since.as_ref(),
-            if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-        };
+        let conditions = copy_source_conditions!(input);
         let credentials = req.credentials.as_ref();
         let (bucket, key) =
             copy_source::name(&input.copy_source, req.headers.get("x-amz-copy-source"))?;
@@ -1235,27 +1242,15 @@ impl S3 for Larder {
                 source.headers.clone(),
             ),
         };
-        let reading = (&self.bodies, self.limits.chunking.read_ahead);
-        let body = blobs::open_pieces(self.router(), reading, &source.body, 0..source.size).await?;
-        let props = BlobProperties {
-            content_type: content_type.clone(),
-            created_ms: now_ms(),
-            ..Default::default()
-        };
         let journal_name = held::HeldFor::Object {
             bucket: input.bucket.clone(),
             key: input.key.clone(),
         }
         .name();
-        let stored = blobs::store(
-            self.router(),
-            &self.limits,
-            props,
-            body,
-            None,
-            Some(&journal_name),
-        );
-        let stored = stored.await?;
+        let whole = 0..source.size;
+        let stored = self
+            .copy_bytes(&source, whole, content_type.clone(), &journal_name)
+            .await?;
         let entry = ObjectEntry {
             body: vec![Piece {
                 blob: stored.id.to_string(),
