@@ -63,6 +63,8 @@ const MAX_HELD_NAME: usize = 4096;
 pub struct UploadJournal {
     log: Arc<Log>,
     leftovers: Vec<Leftover>,
+    #[cfg(test)]
+    fault: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl UploadJournal {
@@ -92,7 +94,11 @@ impl UploadJournal {
             snapshot: 0,
             torn: false,
             open: found.open.clone(),
+            #[cfg(test)]
+            fault: Default::default(),
         };
+        #[cfg(test)]
+        let fault = writer.fault.clone();
         writer.rotate(&found.files)?;
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -112,7 +118,12 @@ impl UploadJournal {
                 log: log.clone(),
             })
             .collect();
-        Ok(UploadJournal { log, leftovers })
+        Ok(UploadJournal {
+            log,
+            leftovers,
+            #[cfg(test)]
+            fault,
+        })
     }
 
     /// Starts the record of one upload (nothing is written until its first line).
@@ -440,6 +451,21 @@ struct Writer {
     /// next write starts a new segment first (or fails, if it cannot).
     torn: bool,
     open: BTreeMap<u64, Open>,
+    /// Failures to inject (tests of the failure paths).
+    #[cfg(test)]
+    fault: Arc<std::sync::atomic::AtomicU8>,
+}
+
+/// What the next write of a test's journal does wrong (`Writer::fault`), once.
+#[cfg(test)]
+mod fault {
+    pub const NONE: u8 = 0;
+    /// Half of the batch's bytes are written, then the write fails.
+    pub const PARTIAL_WRITE: u8 = 1;
+    /// The batch is written; its `fdatasync` fails.
+    pub const SYNC: u8 = 2;
+    /// Writing the next segment's snapshot fails.
+    pub const ROTATION: u8 = 3;
 }
 
 impl Writer {
@@ -478,9 +504,28 @@ impl Writer {
             .as_mut()
             .ok_or_else(|| io::Error::other("no segment open"))?;
         let sync = batch.iter().any(|a| a.sync);
-        let written =
-            file.write_all(text.as_bytes())
-                .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        #[cfg(test)]
+        let fault = self.fault.swap(fault::NONE, Ordering::Relaxed);
+        #[cfg(test)]
+        let text = match fault {
+            fault::PARTIAL_WRITE => {
+                let half = &text.as_bytes()[..text.len() / 2];
+                file.write_all(half)?; // then the failure below
+                String::new()
+            }
+            _ => text,
+        };
+        let written = file.write_all(text.as_bytes()).and_then(|()| {
+            #[cfg(test)]
+            if fault == fault::PARTIAL_WRITE || fault == fault::SYNC {
+                return Err(io::Error::other("injected: the disk failed the write"));
+            }
+            if sync {
+                file.sync_data()
+            } else {
+                Ok(())
+            }
+        });
         if let Err(err) = written {
             self.torn = true;
             return Err(err);
@@ -505,8 +550,25 @@ impl Writer {
         let path = self.dir.join(format!("{next:016x}.{SEGMENT_SUFFIX}"));
         let temporary = self.dir.join(format!("{next:016x}.{TEMPORARY_SUFFIX}"));
         let text: String = self.open.iter().map(|(e, o)| o.lines(*e)).collect();
-        let written = write_synced(&temporary, text.as_bytes())
-            .and_then(|file| std::fs::rename(&temporary, &path).map(|()| file));
+        #[cfg(test)]
+        let injected = self
+            .fault
+            .compare_exchange(
+                fault::ROTATION,
+                fault::NONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        #[cfg(not(test))]
+        let injected = false;
+        let written = match injected {
+            true => std::fs::write(&temporary, &text.as_bytes()[..text.len() / 2]).and(Err(
+                io::Error::other("injected: the snapshot's write failed"),
+            )),
+            false => write_synced(&temporary, text.as_bytes())
+                .and_then(|file| std::fs::rename(&temporary, &path).map(|()| file)),
+        };
         let file = match written {
             Ok(file) => file,
             Err(err) => {
@@ -650,6 +712,68 @@ mod tests {
         wait_for_unlock(dir.path());
         let again = UploadJournal::open(dir.path()).unwrap();
         assert!(again.leftovers().unwrap().is_empty());
+    }
+
+    /// The segments and temporary files in `dir`.
+    fn journal_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|f| f.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "LOCK")
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A write, a sync or a rotation that fails is answered as failed (nothing is acknowledged
+    /// that the disk may not have), the next append starts a new segment holding exactly what
+    /// was acknowledged, and a restart finds that: nothing of the failed appends, nothing lost.
+    #[tokio::test]
+    async fn failed_writes_syncs_and_rotations_are_refused_and_leave_what_was_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = ids(8);
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let inject = |fault: u8| journal.fault.store(fault, Ordering::Relaxed);
+        let (kept, closed) = (journal.begin().unwrap(), journal.begin().unwrap());
+        kept.record(&ids[0]).await.unwrap();
+        closed.record(&ids[1]).await.unwrap();
+        let first = journal_files(dir.path());
+        assert_eq!(first.len(), 1, "{first:?}");
+
+        inject(fault::PARTIAL_WRITE);
+        assert!(
+            kept.record(&ids[2]).await.is_err(),
+            "a torn write is refused"
+        );
+        kept.record(&ids[3]).await.unwrap();
+        let second = journal_files(dir.path());
+        assert_eq!(second.len(), 1, "the torn segment is gone: {second:?}");
+        assert_ne!(
+            second, first,
+            "the append after a torn write starts a new segment"
+        );
+
+        inject(fault::SYNC);
+        assert!(
+            closed.remove().await.is_err(),
+            "an unsynced Done is refused"
+        );
+        inject(fault::ROTATION);
+        assert!(
+            kept.record(&ids[4]).await.is_err(),
+            "no segment to append to: refused"
+        );
+        assert_eq!(journal_files(dir.path()), second, "no temporary is left");
+        closed.remove().await.unwrap();
+        kept.record(&ids[5]).await.unwrap();
+
+        drop((kept, closed, journal));
+        wait_for_unlock(dir.path());
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let left = journal.leftovers().unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left[0].ids, [ids[0], ids[3], ids[5]]);
     }
 
     #[tokio::test]
