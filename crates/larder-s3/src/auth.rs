@@ -151,7 +151,8 @@ impl S3Access for Gate {
 const PUBLIC_READS: [&str; 3] = ["HeadBucket", "ListObjects", "ListObjectsV2"];
 
 impl Gate {
-    /// Anonymous requests: of a bucket that does not exist, 404 `NoSuchBucket` (as S3); reads
+    /// Anonymous requests: never CreateBucket; of a bucket that does not exist, 404
+    /// `NoSuchBucket` (as S3); reads
     /// of an object its ACL (or, without one, its bucket's) makes public-read; listings of a
     /// public-read bucket; nothing else.
     async fn check_anonymous(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
@@ -161,10 +162,13 @@ impl Gate {
             S3Path::Object { bucket, key } => (bucket.to_string(), Some(key.to_string())),
             S3Path::Root => return Err(refused()),
         };
+        let operation = cx.s3_op().name();
+        if operation == "CreateBucket" {
+            return Err(refused());
+        }
         let Some(bucket_public) = self.0.keys.public_read(&bucket).await? else {
             return Err(s3_error!(NoSuchBucket));
         };
-        let operation = cx.s3_op().name();
         if let (Some(key), "GetObject" | "HeadObject") = (key, operation) {
             let readable = match self.0.current(&bucket, &key).await? {
                 Some(entry) => acl::readable_anonymously(&entry, bucket_public),

@@ -75,6 +75,8 @@ step("anonymous requests of a bucket that does not exist: 404 NoSuchBucket")
 assert error_of(lambda: anonymous_get("never-made", "k")) == (404, "NoSuchBucket")
 assert error_of(lambda: anonymous.delete_object(Bucket="never-made", Key="k")) == \
     (404, "NoSuchBucket")
+assert error_of(lambda: anonymous.create_bucket(Bucket="never-made")) == (403, "AccessDenied")
+assert error_of(lambda: s3.head_bucket(Bucket="never-made"))[0] == 404
 
 step("ACLs Larder does not take: 501, and nothing is made or stored")
 assert error_of(lambda: s3.create_bucket(Bucket="wide", ACL="public-read-write")) == \
