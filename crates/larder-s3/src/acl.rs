@@ -5,7 +5,7 @@
 //! public-read bucket. Keys and their per-bucket grants (`auth.rs`) decide everything signed;
 //! grants to other accounts, and ACLs that open writes, are not built (501 `NotImplemented`).
 
-use s3s::dto::{BucketCannedACL, ObjectCannedACL};
+use s3s::dto::{BucketCannedACL, Grant, Grantee, ObjectCannedACL, Owner, Permission, Type};
 
 use crate::records::ObjectEntry;
 
@@ -55,6 +55,38 @@ pub fn object_public(
 /// Whether anyone may read `entry` in a bucket that is (or is not) `bucket_public`.
 pub fn readable_anonymously(entry: &ObjectEntry, bucket_public: bool) -> bool {
     entry.public_read.unwrap_or(bucket_public)
+}
+
+/// S3's group of every requester, signed or not.
+const ALL_USERS: &str = "http://acs.amazonaws.com/groups/global/AllUsers";
+
+/// The grants a canned ACL stands for (GetBucketAcl, GetObjectAcl): the owner's
+/// `FULL_CONTROL`, and with `public`, everyone's `READ`.
+pub fn grants(owner: &Owner, public: bool) -> Vec<Grant> {
+    let owner_grant = Grant {
+        grantee: Some(Grantee {
+            display_name: owner.display_name.clone(),
+            email_address: None,
+            id: owner.id.clone(),
+            type_: Type::from_static(Type::CANONICAL_USER),
+            uri: None,
+        }),
+        permission: Some(Permission::from_static(Permission::FULL_CONTROL)),
+    };
+    let everyone = Grant {
+        grantee: Some(Grantee {
+            display_name: None,
+            email_address: None,
+            id: None,
+            type_: Type::from_static(Type::GROUP),
+            uri: Some(ALL_USERS.into()),
+        }),
+        permission: Some(Permission::from_static(Permission::READ)),
+    };
+    match public {
+        true => vec![owner_grant, everyone],
+        false => vec![owner_grant],
+    }
 }
 
 #[cfg(test)]

@@ -102,6 +102,8 @@ fn needs(operation: &str) -> Permission {
         "GetObject"
         | "HeadObject"
         | "GetObjectAttributes"
+        | "GetObjectAcl"
+        | "GetBucketAcl"
         | "HeadBucket"
         | "ListObjects"
         | "ListObjectsV2"

@@ -549,6 +549,34 @@ impl S3 for Larder {
         Ok(S3Response::new(PutBucketAclOutput::default()))
     }
 
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        let index = self.index(&req.input.bucket).await?;
+        let output = GetBucketAclOutput {
+            grants: Some(acl::grants(&owner(), index.public_read)),
+            owner: Some(owner()),
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let input = req.input;
+        let index = self.index(&input.bucket).await?;
+        let entry = self.entry(&input.bucket, &input.key).await?;
+        let public = acl::readable_anonymously(&entry, index.public_read);
+        let output = GetObjectAclOutput {
+            grants: Some(acl::grants(&owner(), public)),
+            owner: Some(owner()),
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
     async fn list_buckets(
         &self,
         req: S3Request<ListBucketsInput>,

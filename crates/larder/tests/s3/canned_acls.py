@@ -71,6 +71,29 @@ s3.complete_multipart_upload(Bucket="shut", Key="big", UploadId=upload,
                              MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]})
 assert anonymous_get("shut", "big") == b"parts"
 
+step("GetBucketAcl and GetObjectAcl answer the grants the canned ACLs stand for")
+ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
+
+
+def public(acl):
+    everyone = [g for g in acl["Grants"] if g["Grantee"].get("URI") == ALL_USERS]
+    owner = [g for g in acl["Grants"] if g["Grantee"]["Type"] == "CanonicalUser"]
+    assert [g["Permission"] for g in owner] == ["FULL_CONTROL"], acl
+    assert acl["Owner"]["ID"] == owner[0]["Grantee"]["ID"], acl
+    assert [g["Permission"] for g in everyone] in ([], ["READ"]), acl
+    return bool(everyone)
+
+
+assert public(s3.get_bucket_acl(Bucket="open")) is True
+assert public(s3.get_bucket_acl(Bucket="shut")) is False
+assert public(s3.get_object_acl(Bucket="shut", Key="poster")) is True
+assert public(s3.get_object_acl(Bucket="shut", Key="diary")) is False
+assert public(s3.get_object_acl(Bucket="open", Key="shared")) is True
+s3.put_object(Bucket="open", Key="closed", Body=b"mine again", ACL="private")
+assert public(s3.get_object_acl(Bucket="open", Key="closed")) is False
+assert error_of(lambda: s3.get_object_acl(Bucket="shut", Key="absent")) == (404, "NoSuchKey")
+assert error_of(lambda: anonymous.get_object_acl(Bucket="open", Key="shared"))[0] == 403
+
 step("anonymous requests of a bucket that does not exist: 404 NoSuchBucket")
 assert error_of(lambda: anonymous_get("never-made", "k")) == (404, "NoSuchBucket")
 assert error_of(lambda: anonymous.delete_object(Bucket="never-made", Key="k")) == \
