@@ -14,17 +14,15 @@ use crate::service::Larder;
 /// S3's bound on the bytes one UploadPartCopy copies (5 GiB).
 pub const MAX_COPY_PART: u64 = 5 << 30;
 
-/// The entry of the copy's source object, once the caller's key may read its bucket and
-/// `conditions` (its `x-amz-copy-source-if-*` headers) hold: s3s checked only the
-/// destination.
+/// The entry of the copy's source object `(bucket, key)` (as `name` reads it), once the
+/// caller's key may read its bucket and `conditions` (its `x-amz-copy-source-if-*` headers)
+/// hold: s3s checked only the destination.
 pub async fn read(
     s3: &Larder,
-    (credentials, headers): (Option<&Credentials>, &http::HeaderMap),
-    source: &CopySource,
+    credentials: Option<&Credentials>,
+    (bucket, key): (&str, &str),
     conditions: Conditions<'_>,
 ) -> Result<ObjectEntry, s3s::S3Error> {
-    let (bucket, key) = name(source, headers.get("x-amz-copy-source"))?;
-    let (bucket, key) = (bucket.as_str(), key.as_str());
     let readable = match credentials {
         Some(c) => s3
             .keys

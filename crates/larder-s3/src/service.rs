@@ -958,13 +958,9 @@ impl S3 for Larder {
         multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
         let conditions = copy_source_conditions!(input);
         let credentials = req.credentials.as_ref();
-        let source = copy_source::read(
-            self,
-            (credentials, &req.headers),
-            &input.copy_source,
-            conditions,
-        )
-        .await?;
+        let (bucket, key) =
+            copy_source::name(&input.copy_source, req.headers.get("x-amz-copy-source"))?;
+        let source = copy_source::read(self, credentials, (&bucket, &key), conditions).await?;
         let range = copy_source::part_range(input.copy_source_range.as_deref(), source.size)?;
         let name = Self::part_name(&input.bucket, &input.key, &input.upload_id, number);
         let stored = self.copy_bytes(&source, range, None, &name.name()).await?;
@@ -1249,13 +1245,7 @@ impl S3 for Larder {
             )
             .into());
         }
-        let source = copy_source::read(
-            self,
-            (credentials, &req.headers),
-            &input.copy_source,
-            conditions,
-        )
-        .await?;
+        let source = copy_source::read(self, credentials, (&bucket, &key), conditions).await?;
         self.index(&input.bucket).await?;
         let (content_type, meta, headers) = match replace {
             true => {

@@ -126,7 +126,13 @@ fn objects_keep_their_standard_headers_and_bound_their_metadata() {
 
 #[test]
 fn parts_copy_ranges_of_objects_attributes_page_parts_and_answers_name_requests() {
-    run_owner_script("part_copies_and_attributes.py");
+    let (cluster, endpoint) = s3_cluster();
+    let (owner, owner_secret) = create_key(&cluster, &["*:owner"]);
+    // May write parts into `dst` but read nothing else: its copies from `src` are refused.
+    let (writer, writer_secret) = create_key(&cluster, &["dst:write"]);
+    let args = [&endpoint, &owner, &owner_secret, &writer, &writer_secret];
+    let args: Vec<&str> = args.iter().map(|a| a.as_str()).collect();
+    run_script("part_copies_and_attributes.py", &args);
 }
 
 #[test]

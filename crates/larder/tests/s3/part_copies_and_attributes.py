@@ -3,13 +3,18 @@ key holds an encoded '?', a source rewritten after its bytes were copied), GetOb
 (a single PUT's and a multipart object's, with pages of parts) and request IDs on answers and
 in error bodies.
 
-Usage: part_copies_and_attributes.py ENDPOINT KEY_ID SECRET
+Usage: part_copies_and_attributes.py ENDPOINT KEY_ID SECRET WRITER_ID WRITER_SECRET
+(the second key may write in bucket dst only)
 Every check asserts; the first failure exits non-zero with its message.
 """
 
 import hashlib
 import os
+import sys
 import xml.etree.ElementTree as ET
+
+import boto3
+from botocore.config import Config
 
 from s3test import client_from_argv, error_of, step
 
@@ -79,6 +84,17 @@ assert error_of(lambda: s3.upload_part_copy(
 assert error_of(lambda: s3.upload_part_copy(
     Bucket="dst", Key="bad", UploadId="A" * 32, PartNumber=1,
     CopySource={"Bucket": "src", "Key": "small"})) == (404, "NoSuchUpload")
+
+step("a key that may not read the source bucket copies nothing from it")
+writer = boto3.client(
+    "s3", endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[4],
+    aws_secret_access_key=sys.argv[5], region_name="us-east-1",
+    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                  retries={"max_attempts": 1}))
+assert error_of(lambda: writer.upload_part_copy(
+    Bucket="dst", Key="bad", UploadId=upload, PartNumber=1,
+    CopySource={"Bucket": "src", "Key": "small"})) == (403, "AccessDenied")
+assert s3.list_parts(Bucket="dst", Key="bad", UploadId=upload).get("Parts", []) == []
 
 step("a source condition that fails is 412 and copies nothing")
 assert error_of(lambda: s3.upload_part_copy(
