@@ -138,6 +138,47 @@ const SLOWDOWN_TOLERATED: f64 = 1.2;
 const SLOWDOWN_PAUSE: f64 = 2.0;
 const MAX_SLOWDOWN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Records a plan scans (and verifies) at idle priority before deciding their fates.
+const PLAN_BATCH: usize = 1024;
+
+/// A record a plan's scan found: its data block that fails its checksum, if one does.
+type Scanned = (crate::scan::Scanned, Option<u64>);
+
+/// Scans records from `pos` into `batch` (at most `PLAN_BATCH`), stepping over what is not a
+/// record; returns where the next batch starts (`len`: the segment's end).
+fn scan_batch(
+    scanner: &mut Scanner,
+    mut pos: u64,
+    len: u64,
+    batch: &mut Vec<Scanned>,
+) -> Result<u64> {
+    while pos < len && batch.len() < PLAN_BATCH {
+        match scanner.read_at(pos, true)? {
+            Found::Valid(rec) => {
+                pos = rec.end;
+                batch.push((rec, None));
+            }
+            Found::BadData(rec, block) => {
+                pos = rec.end;
+                batch.push((rec, Some(block)));
+            }
+            Found::Invalid => match scanner.resync(pos + 1)? {
+                Some(next) => pos = next,
+                None => return Ok(len),
+            },
+        }
+    }
+    Ok(pos)
+}
+
+/// How long a pass waits for readers still holding a replaced segment before leaving its space
+/// to be freed by the last of them, all at once (`release.rs`).
+const READERS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// How fast a rewrite may copy: `rate` bytes per second (0: no limit), counted over the time it
 /// did not spend yielding, and not while `foreground` is busy; and its write-back as it goes.
 struct Pace<'a> {
@@ -339,6 +380,8 @@ impl Engine {
             report.live_bytes_copied += plan.live_bytes();
             report.corrupt_records_dropped += plan.corrupt;
             report.tombstones_dropped += plan.tombstones.len() as u64;
+            // The old generation's name is gone; its blocks go back a few MiB at a time.
+            crate::release::release_gradually(seg.file, READERS_WAIT);
         }
         Ok(report)
     }
@@ -406,44 +449,49 @@ impl Engine {
             len,
         };
         let mut pos = FILE_HEADER_LEN;
+        let mut batch = Vec::with_capacity(PLAN_BATCH);
         while pos < len {
-            match scanner.read_at(pos, true)? {
-                Found::Valid(rec) => {
-                    pos = rec.end;
-                    match self.fate(&rec.info, seg, rec.start, &plan, opts) {
-                        Fate::Keep => plan.keep.push(Keep {
-                            info: rec.info,
-                            start: rec.start,
-                            end: rec.end,
-                        }),
-                        Fate::Drop => {}
-                        Fate::DropShadowed => plan.shadow(rec.info),
-                        Fate::DropTombstone => plan.tombstones.push(rec.info),
-                    }
-                }
-                Found::BadData(rec, block) => {
-                    if matches!(
-                        self.fate(&rec.info, seg, rec.start, &plan, opts),
-                        Fate::DropShadowed
-                    ) {
-                        plan.shadow(rec.info.clone());
-                    }
-                    tracing::warn!(
-                        segment = seg.id,
-                        offset = rec.start,
-                        block,
-                        "compaction drops a record whose data fails its checksum"
-                    );
-                    plan.corrupt += 1;
-                    pos = rec.end;
-                }
-                Found::Invalid => match scanner.resync(pos + 1)? {
-                    Some(next) => pos = next,
-                    None => break,
-                },
+            // Reading and verifying every block is the CPU-heavy part and takes no lock: it
+            // runs idle. The fates take the index's read lock: they run at normal priority.
+            pos = {
+                let _idle = crate::idle_cpu::IdleCpu::enter();
+                scan_batch(&mut scanner, pos, len, &mut batch)?
+            };
+            for found in batch.drain(..) {
+                self.decide(found, seg, &mut plan, opts);
             }
         }
         Ok(plan)
+    }
+
+    /// Adds the record `found` to `plan` as its fate says (`fate`); one whose data fails its
+    /// checksum (`bad_block`) is never kept.
+    fn decide(&self, found: Scanned, seg: &Segment, plan: &mut Plan, opts: &CompactOptions) {
+        let (rec, bad_block) = found;
+        let fate = self.fate(&rec.info, seg, rec.start, plan, opts);
+        let Some(block) = bad_block else {
+            match fate {
+                Fate::Keep => plan.keep.push(Keep {
+                    info: rec.info,
+                    start: rec.start,
+                    end: rec.end,
+                }),
+                Fate::Drop => {}
+                Fate::DropShadowed => plan.shadow(rec.info),
+                Fate::DropTombstone => plan.tombstones.push(rec.info),
+            }
+            return;
+        };
+        if matches!(fate, Fate::DropShadowed) {
+            plan.shadow(rec.info);
+        }
+        tracing::warn!(
+            segment = seg.id,
+            offset = rec.start,
+            block,
+            "compaction drops a record whose data fails its checksum"
+        );
+        plan.corrupt += 1;
     }
 
     /// Writes the next generation of `seg` with the planned records, syncs it, swaps it in.
@@ -457,6 +505,7 @@ impl Engine {
             .create(true)
             .truncate(true)
             .open(&tmp)?;
+        let began = std::time::Instant::now();
         let moved = match self.copy_records(seg, plan, &file, rate) {
             Ok(moved) => moved,
             Err(e) => {
@@ -464,6 +513,7 @@ impl Engine {
                 return Err(e);
             }
         };
+        let copied = began.elapsed();
         self.fail_point(1)?;
         self.record_dropped(plan)?;
         // The commit point is the rename; the checkpoint (whose locations point into the old
@@ -472,9 +522,11 @@ impl Engine {
         self.remove_checkpoint_locked()?;
         std::fs::rename(&tmp, self.dir.join(&final_name))?;
         sync_dir(&self.dir).map_err(io_error)?;
+        let renamed = began.elapsed();
         self.fail_point(2)?;
         std::fs::remove_file(self.dir.join(segment_file_name(seg.id, seg.gen)))?;
         sync_dir(&self.dir).map_err(io_error)?;
+        let unlinked = began.elapsed();
         // Held for a sync (by the log or the journal), the deleted file's space stays in use.
         self.forget_deleted_segment(&seg.file);
         self.fail_point(3)?;
@@ -485,7 +537,18 @@ impl Engine {
             gen,
         };
         self.publish_rewrite(seg, &new, &moved, plan);
-        self.write_checkpoint_locked()
+        let published = began.elapsed();
+        let checkpointed = self.write_checkpoint_locked();
+        tracing::debug!(
+            segment = seg.id,
+            copy_ms = ms(copied),
+            swap_ms = ms(renamed - copied),
+            unlink_ms = ms(unlinked - renamed),
+            publish_ms = ms(published - unlinked),
+            checkpoint_ms = ms(began.elapsed() - published),
+            "segment rewritten"
+        );
+        checkpointed
     }
 
     /// Before a rewrite that drops tombstones commits: `tombstones.dropped` covers them.
@@ -546,7 +609,13 @@ impl Engine {
             copied += k.end - k.start;
         }
         drop(idle);
+        let syncing = std::time::Instant::now();
         file.sync_all()?;
+        tracing::debug!(
+            segment = seg.id,
+            final_sync_ms = ms(syncing.elapsed()),
+            "rewrite synced"
+        );
         Ok(moved)
     }
 

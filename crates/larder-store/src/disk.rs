@@ -30,6 +30,9 @@ use crate::journal::{
 use crate::segment::{fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at};
 use crate::types::{DiskOptions, DiskStats, Error, Result};
 
+/// How long a rotated journal file's release waits for a round sync still holding it.
+const JOURNAL_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The journal and commit thread of one disk directory. Open it once per disk and pass it to
 /// every [`crate::Store`] opened below it ([`crate::Store::open_on`]). Cheap to clone; the
 /// commit thread stops once the last clone and the last store using it are gone, after syncing
@@ -326,8 +329,9 @@ impl JournalFile {
             }
         };
         let old = std::mem::replace(&mut self.file, file);
-        drop(old);
         std::fs::remove_file(self.dir.join(journal_name(self.number)))?;
+        // Not freed here at once: the commit thread's next round sync would wait for it.
+        crate::release::release_in_background(old, JOURNAL_RELEASE_WAIT);
         self.number = next;
         self.len = FILE_HEADER_LEN;
         Ok(())

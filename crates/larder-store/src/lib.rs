@@ -15,7 +15,8 @@
 //! Layout of the implementation, leaves first: `types` (the public types; imports nothing from
 //! the crate), `format` (record encoding), `segment` (files and I/O), `scan` (sequential reading),
 //! `index`, `completion` (a writer's wait for durability), `journal` (the disk journal's format),
-//! `reader` (verified reads), `space` (the free-space reserve); then `engine` (the state of one
+//! `reader` (verified reads), `space` (the free-space reserve), `release` (a deleted file's
+//! space given back a step at a time); then `engine` (the state of one
 //! open store and the decisions of each operation), with its parts `commit` (write path, the log's
 //! side of a commit round), `bulk` (a batch of records made durable by one round), `checkpoint`,
 //! `recovery` (open) and `feed` (change feed); `disk` (the
@@ -42,6 +43,7 @@ mod ledger;
 mod lock;
 mod reader;
 mod recovery;
+mod release;
 mod scan;
 mod segment;
 mod space;

@@ -503,6 +503,58 @@ fn compaction_reclaims_space_and_spares_readers_and_cursors() {
     assert_eq!(compact_all(&store).segments_compacted, 0);
 }
 
+/// A segment big enough to be given back in steps (`release.rs`) is cut down only once the
+/// last reader holding a location in it is done: until then that reader reads it whole.
+#[test]
+fn a_replaced_segment_is_cut_down_only_after_its_last_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options {
+        segment_size: 32 << 20,
+        ..Options::default()
+    };
+    let store = std::sync::Arc::new(Store::open(dir.path(), opts).unwrap());
+    let body = |i: u8| Bytes::from(vec![i; 1 << 20]);
+    for i in 0..12u8 {
+        let key = format!("b{i}").into_bytes();
+        store.put_blob(&key, meta(), &[body(i)]).unwrap();
+        if i % 3 != 0 {
+            store.delete_blob(&key, 20).unwrap();
+        }
+    }
+    let BlobLookup::Found(held) = store.get_blob(b"b0", 0).unwrap() else {
+        panic!("survivor not found")
+    };
+    let old_len = held.location.file.metadata().unwrap().len();
+    assert!(old_len > 8 << 20, "{old_len}");
+    let watch = held.location.file.try_clone().unwrap();
+    let pass = {
+        let store = store.clone();
+        std::thread::spawn(move || compact_all(&store))
+    };
+    // The rewrite is done long before this; the pass now waits for `held`.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        watch.metadata().unwrap().len(),
+        old_len,
+        "cut under a reader"
+    );
+    let pieces: Result<Vec<Bytes>> = store.read_blob(&held, 0..u64::MAX).unwrap().collect();
+    assert_eq!(pieces.unwrap().concat(), body(0)[..]);
+    drop(held);
+    let report = pass.join().unwrap();
+    assert!(report.segments_compacted > 0, "{report:?}");
+    assert!(
+        watch.metadata().unwrap().len() < old_len,
+        "the replaced segment was given back once its reader was done"
+    );
+    for i in (0..12u8).step_by(3) {
+        assert_eq!(
+            read(&store, format!("b{i}").as_bytes()).unwrap(),
+            body(i)[..]
+        );
+    }
+}
+
 /// A record whose data fails its checksum is dropped and reported, never copied forward with a
 /// fresh head that would make it look valid.
 #[test]
