@@ -17,7 +17,9 @@
 #     virtual disk decides a single run's p99.
 # Usage: run.sh [--smoke]   (--smoke: a few MiB, 1 s loads, one round, results to a temp file)
 # Knobs: MIB (default 600), DURATION (s per load, default 8), RPS (default 300), ROUNDS
-# (default 5), BUSY_REQUESTS (the nodes' [compaction] busy_requests; default: theirs), OUT.
+# (default 5), BUSY_REQUESTS (the nodes' [compaction] busy_requests; default: theirs), OUT,
+# KEEP (a directory for the request and node logs; with NODE_LOG=warn,larder_store::compact=debug,
+# `timeline.py KEEP ROUND` lines a round's slow requests up with each node's segment rewrites).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -31,7 +33,8 @@ if [ "${1:-}" = "--smoke" ]; then mib=12; duration=1; rps=50; rounds=1; out=$(mk
 STORAGE_EXTRA=$'[compaction]\nenabled = false'${BUSY_REQUESTS:+$'\nbusy_requests = '$BUSY_REQUESTS}
 bench_build
 work=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/bench-compaction.XXXX")
-trap 'stop_all "$work"; rm -rf "$work"' EXIT
+# KEEP=<dir>: the h2load request logs and the processes' logs are copied there at the end.
+trap 'stop_all "$work"; [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$work"/*.log "$KEEP"/ 2>/dev/null || true; }; rm -rf "$work"' EXIT
 start_cluster "$work" 3 12
 port=$(free_port)
 start_frontend "$work" frontend "$port"
@@ -165,6 +168,7 @@ round() {
     rows_default+=("| $r | $n | $(python3 -c "print(f'{$secs:.2f}')") | $((reclaimed / 1000000)) | **$rate** | $(mbps "$copied" "$secs") |")
   done
   local kind before after idle busy nb nbusy ratio window
+  echo "$began $first_end" > "$work/window$r.log"
   window=$(python3 -c "print(f'{$first_end - $began:.1f}')")
   for kind in get put; do
     read -r before nb < <(p99 "$work/before$r.$kind.log")
