@@ -26,7 +26,7 @@ use crate::StorageNode;
 
 mod cursors;
 
-use cursors::{load_cursor, make_spares, save_cursor, CursorFile, Saved};
+use cursors::{at_start, load_cursor, make_spares, save_cursor, CursorFile, Saved};
 
 /// Why a replication round stopped short (logged and counted, then retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -120,14 +120,14 @@ pub async fn start(
         links_by_peer(&planner, &map, &dir)
     })
     .await;
-    let by_peer = match planned {
-        Ok(by_peer) => by_peer,
+    let (by_peer, new_peers) = match planned {
+        Ok(planned) => planned,
         Err(err) => {
             tracing::error!(%err, "planning replication failed; replication is off");
             return Vec::new();
         }
     };
-    by_peer
+    let mut tasks: Vec<_> = by_peer
         .into_values()
         .map(|links| {
             let worker = Worker {
@@ -137,17 +137,63 @@ pub async fn start(
             };
             tokio::spawn(worker.run(links, stop.clone()))
         })
-        .collect()
+        .collect();
+    if !new_peers.is_empty() {
+        // A retention of 0 (tests) must not make it spin: the floor `keep_starts_fresh` ticks at.
+        let every = quarter_of_retention(&node).max(Duration::from_millis(10));
+        tasks.push(tokio::spawn(keep_new_peers_fresh(new_peers, every, stop)));
+    }
+    tasks
 }
+
+/// The start position in the feed of a peer replica still bootstrapping (`note_new_peer`).
+struct NewPeerFile {
+    path: PathBuf,
+    store: Store,
+}
+
+/// Saves the start positions in new peers' feeds again every quarter of the retention, as
+/// `keep_starts_fresh` does for links: a new peer has no link (it is no source until its copy
+/// is done), and saving them only at a start or a map change left them as old as the copy. A
+/// copy longer than the retention, then a restart of this node with the map that made the
+/// peer live, took this replica for one away from that peer: 503 `ReplicaUnchecked` for good
+/// (the nemesis, seed 1: a replace-node, then a whole-cluster power loss). Ends with
+/// replication (`restart_replication` waits for it before the next map's links read the files).
+async fn keep_new_peers_fresh(
+    files: Vec<NewPeerFile>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let files = Arc::new(files);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let files = files.clone();
+        crate::node::blocking(move || {
+            for file in files.iter() {
+                refresh_start(&file.path, &file.store);
+            }
+        })
+        .await;
+    }
+}
+
+/// Links of every hosted partition by peer, and the start positions of new peers.
+type Planned = (
+    std::collections::BTreeMap<String, Vec<Link>>,
+    Vec<NewPeerFile>,
+);
 
 /// The replication links of every hosted partition, by peer node, each with its saved cursor.
 /// Saves the start cursors of new peers and checks each link's position (`check_link`).
-fn links_by_peer(
-    node: &StorageNode,
-    map: &ClusterMap,
-    dir: &Path,
-) -> std::collections::BTreeMap<String, Vec<Link>> {
+fn links_by_peer(node: &StorageNode, map: &ClusterMap, dir: &Path) -> Planned {
     let mut by_peer: std::collections::BTreeMap<String, Vec<Link>> = Default::default();
+    let mut new_peers = Vec::new();
     for (partition, store) in &node.partitions() {
         let Some(entry) = map.partition(*partition) else {
             continue;
@@ -155,10 +201,12 @@ fn links_by_peer(
         for peer in entry.replicas.iter().filter(|r| {
             r.node != node.node_id && r.state == larder_cluster::ReplicaState::Bootstrapping
         }) {
-            note_new_peer(
-                &dir.join(format!("p{partition}-{}.cursor", peer.node)),
-                store,
-            );
+            let path = dir.join(format!("p{partition}-{}.cursor", peer.node));
+            note_new_peer(&path, store);
+            new_peers.push(NewPeerFile {
+                path,
+                store: store.clone(),
+            });
         }
         let local_is_new = entry.replicas.iter().any(|r| {
             r.node == node.node_id && r.state == larder_cluster::ReplicaState::Bootstrapping
@@ -185,7 +233,7 @@ fn links_by_peer(
             by_peer.entry(peer.node.clone()).or_default().push(link);
         }
     }
-    by_peer
+    (by_peer, new_peers)
 }
 
 /// A peer replica still bootstrapping is new: it has dropped nothing of its feed (its tombstone
@@ -194,8 +242,9 @@ fn links_by_peer(
 /// once live, with no position in its feed and count as behind it (`check_link`): it would
 /// serve its new peer nothing, and writes the new replica missed would never reach it.
 ///
-/// Saved again (with the time) at every start and map change while the peer bootstraps: we
-/// have never pulled the new peer, so it knows no position of ours and drops nothing for us,
+/// Saved again (with the time) at every start and map change while the peer bootstraps, and
+/// every quarter of the retention between them (`keep_new_peers_fresh`): we have never pulled
+/// the new peer, so it knows no position of ours and drops nothing for us,
 /// however long its copy takes. A time from before the copy began would make this replica,
 /// restarted after the retention, take its own start position for one that went back.
 fn note_new_peer(cursor_file: &Path, store: &Store) {
@@ -206,10 +255,10 @@ fn note_new_peer(cursor_file: &Path, store: &Store) {
 /// past the start: a fresh start position (a new peer's, or a new replica's own).
 fn refresh_start(cursor_file: &Path, store: &Store) {
     let (cursor, saved) = load_cursor(cursor_file, store.incarnation());
-    if saved.is_some() && cursor != Cursor::START {
+    if saved.is_some() && !at_start(cursor) {
         return;
     }
-    if let Err(err) = save_cursor(cursor_file, Cursor::START, store.incarnation()) {
+    if let Err(err) = save_cursor(cursor_file, cursor, store.incarnation()) {
         tracing::warn!(file = %cursor_file.display(), %err, "saving a start cursor");
     }
 }
@@ -265,7 +314,7 @@ pub(crate) fn refresh_start_positions(
 /// until rebuilt. A new replica (no data yet) saves its start cursors now, with the time.
 fn check_link(node: &StorageNode, link: &Link, saved: Option<Saved>) {
     let has_data = link.store.stats().durable_cursor.sequence > 0;
-    let at_start = link.cursor.sequence == 0;
+    let at_start = at_start(link.cursor);
     let retention = node.horizons.retention_ms();
     // Saved by this process: the node has been running since, so it was not away.
     let away = saved.is_none_or(|s| !s.here && s.ms.saturating_add(retention) < now_ms());
@@ -780,5 +829,58 @@ fn labels(link: &Link) -> PeerLabels {
     PeerLabels {
         partition: link.partition.to_string(),
         peer: link.peer.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new peer's start position is saved again while its copy runs, with the time, and
+    /// never over a position a link saved; the keeper ends with replication.
+    #[tokio::test]
+    async fn the_start_in_a_new_peers_feed_is_kept_fresh_while_it_copies() {
+        let root = tempfile::tempdir().unwrap();
+        let disk_dir = root.path().join("disk0");
+        let disk = larder_store::Disk::open(&disk_dir, Default::default()).unwrap();
+        let store = Store::open_on(&disk, disk_dir.join("p1"), Default::default()).unwrap();
+        store.delete_blob(b"k", 1).unwrap();
+        let start = root.path().join("p1-s8.cursor");
+        let position = root.path().join("p1-s9.cursor");
+        let old = |cursor: Cursor| {
+            let incarnation = cursors::incarnation_text(store.incarnation());
+            format!("{cursor} {incarnation} 5 other\n")
+        };
+        std::fs::write(&start, old(Cursor::START)).unwrap();
+        let pulled = Cursor {
+            incarnation: 0xabc,
+            sequence: 7,
+        };
+        std::fs::write(&position, old(pulled)).unwrap();
+        let files = [&start, &position].map(|path| NewPeerFile {
+            path: path.to_path_buf(),
+            store: store.clone(),
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let keeper = tokio::spawn(keep_new_peers_fresh(
+            files.into(),
+            Duration::from_millis(10),
+            stop_rx,
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), keeper)
+            .await
+            .expect("the keeper ends with replication")
+            .unwrap();
+        let (cursor, saved) = load_cursor(&start, store.incarnation());
+        assert_eq!(cursor, Cursor::START);
+        assert!(
+            saved.is_some_and(|s| s.here && s.ms > 5),
+            "saved again, now"
+        );
+        let (cursor, saved) = load_cursor(&position, store.incarnation());
+        assert_eq!(cursor, pulled, "a position past the start is left alone");
+        assert_eq!(saved.map(|s| s.ms), Some(5));
     }
 }

@@ -61,6 +61,12 @@ pub(super) fn process_text() -> &'static String {
     })
 }
 
+/// A position before every change of the peer's feed: this replica has applied nothing of
+/// it, so it has never shown the peer a position that let it drop a tombstone.
+pub(super) fn at_start(cursor: Cursor) -> bool {
+    cursor.sequence == 0
+}
+
 pub(super) fn incarnation_text(incarnation: u64) -> String {
     format!("{incarnation:016x}")
 }
@@ -224,8 +230,15 @@ impl CursorFile {
         self.lock().saved_at.is_none_or(|at| at.elapsed() > every)
     }
 
-    /// Saves the start position again, with the time now, if the file holds it, is stale and
-    /// no bootstrap owns it (blocking); whether it wrote.
+    /// Saves a position at the start again, with the time now, if the file holds one, is stale
+    /// and no bootstrap owns it (blocking); whether it wrote.
+    ///
+    /// At the start means sequence 0, in any incarnation of the peer, as `check_link` reads it:
+    /// [`Cursor::START`] (never pulled) or the peer's own `<incarnation>.0` (pulled while its
+    /// feed was empty). Refreshing only the first left the second saved once, at the one pull
+    /// that answered; a peer killed then, and a whole-cluster power loss a retention later, made
+    /// this replica take itself for one that was away from that peer: 503 `ReplicaUnchecked`
+    /// for good (the power-loss regression test, seed 5, on a loaded machine).
     pub(super) fn refresh_start(
         &self,
         every: Duration,
@@ -233,10 +246,10 @@ impl CursorFile {
     ) -> std::io::Result<bool> {
         let mut state = self.lock();
         let stale = state.saved_at.is_none_or(|at| at.elapsed() > every);
-        if state.cursor != Cursor::START || state.paused || !stale {
+        if !at_start(state.cursor) || state.paused || !stale {
             return Ok(false);
         }
-        save_cursor(&self.path, Cursor::START, local_incarnation)?;
+        save_cursor(&self.path, state.cursor, local_incarnation)?;
         state.saved_at = Some(Instant::now());
         Ok(true)
     }
@@ -386,5 +399,35 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert!(file.refresh_start(every, 7).unwrap());
         assert!(load_cursor(&path, 7).1.is_some_and(|s| s.here));
+    }
+
+    /// A pull that found the peer's feed empty leaves `<peer incarnation>.0`: still the start
+    /// of that feed (`check_link` reads sequence 0 as the start), so it is kept fresh as it is,
+    /// its incarnation with it.
+    #[test]
+    fn the_keeper_refreshes_the_start_of_a_peers_empty_feed_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p2-s1.cursor");
+        let empty_feed = Cursor {
+            incarnation: 0xabc,
+            sequence: 0,
+        };
+        let file = CursorFile::new(path.clone(), Cursor::START, false);
+        file.save(empty_feed, 7).unwrap();
+        let every = Duration::from_millis(20);
+        assert!(!file.refresh_start(every, 7).unwrap(), "just written");
+        std::fs::write(
+            &path,
+            format!("{empty_feed} {} 5 other\n", incarnation_text(7)),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(file.refresh_start(every, 7).unwrap(), "stale: saved again");
+        let (cursor, saved) = load_cursor(&path, 7);
+        assert_eq!(cursor, empty_feed, "the peer's incarnation kept");
+        assert!(
+            saved.is_some_and(|s| s.here && s.ms > 5),
+            "with the time now"
+        );
     }
 }
