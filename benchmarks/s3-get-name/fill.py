@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Fills a bucket with names and prints a presigned (SigV4) GET URL of the middle one, or with
 `put`, presigned PUT URLs of 128 of the names spread over the bucket, one per line, or with
-`list`, a presigned ListObjectsV2 URL of the bucket's first 1,000 names.
+`list`, a presigned ListObjectsV2 URL of the bucket's first MAX_KEYS names (environment;
+default 1,000).
 
 usage: fill.py ENDPOINT KEY_ID SECRET BUCKET NAMES SIZE [put|list]
 NAMES objects of SIZE bytes named name-00000, name-00001, ... are put from 16 threads.
 """
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,7 +31,8 @@ if sys.argv[7:] == ["put"]:
                                         Params={"Bucket": bucket, "Key": f"name-{i:05d}"}))
 elif sys.argv[7:] == ["list"]:
     print(s3.generate_presigned_url("list_objects_v2", ExpiresIn=3600,
-                                    Params={"Bucket": bucket, "MaxKeys": 1000}))
+                                    Params={"Bucket": bucket,
+                                            "MaxKeys": int(os.environ.get("MAX_KEYS", 1000))}))
 else:
     print(s3.generate_presigned_url("get_object", ExpiresIn=3600,
                                     Params={"Bucket": bucket, "Key": f"name-{names // 2:05d}"}))

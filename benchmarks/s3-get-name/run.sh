@@ -15,6 +15,8 @@
 #        OUT=<file> (default RESULTS.md, RESULTS-put.md for OP=put, RESULTS-list.md for OP=list)
 #        PYTHON=<one with boto3> CACHE=~/.cache/larder-s3-get-name (the base's worktree and
 #        both release target dirs, kept between runs)
+#        MAX_KEYS=1000 (OP=list: names per page; the page starts at the bucket's first name)
+#        BASE_BIN=<binary> HEAD_BIN=<binary>: release builds made beforehand; nothing is built
 #   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 50 names,
 #   500 requests, one round; nothing is built and nothing kept.
 set -euo pipefail
@@ -55,7 +57,11 @@ if [ -z "${PYTHON:-}" ]; then
   python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
 fi
 
-if [ "$smoke" = 0 ]; then
+base_bin=${BASE_BIN:-}; head_bin=${HEAD_BIN:-}
+if [ -n "$base_bin$head_bin" ] && { [ ! -x "$base_bin" ] || [ ! -x "$head_bin" ]; }; then
+  echo "BASE_BIN and HEAD_BIN go together, each an executable" >&2; exit 2
+fi
+if [ "$smoke" = 0 ] && [ -z "$base_bin" ]; then
   cache=${CACHE:-$HOME/.cache/larder-s3-get-name}
   mkdir -p "$cache"
   base_src=$cache/base-src
@@ -65,7 +71,9 @@ if [ "$smoke" = 0 ]; then
   git -C "$base_src" checkout -q --detach "$base"
   (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
   (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+  base_bin=$cache/base/release/larder head_bin=$cache/head/release/larder
 fi
+export MAX_KEYS=${MAX_KEYS:-1000}
 
 rows=()
 run_one() { # NAME BINARY
@@ -105,19 +113,23 @@ if [ "$smoke" = 1 ]; then
   run_one head "$target/debug/larder"
 else
   for _ in $(seq 1 "$rounds"); do
-    run_one base "$cache/base/release/larder"
-    run_one head "$cache/head/release/larder"
+    run_one base "$base_bin"
+    run_one head "$head_bin"
   done
 fi
 
 {
-  echo "# S3 $what of one name in a bucket of $names: cost per request"
+  if [ "$op" = list ]; then
+    echo "# S3 $what in a bucket of $names names: cost per request"
+  else
+    echo "# S3 $what of one name in a bucket of $names: cost per request"
+  fi
   echo
   if [ "$op" = put ]; then
     echo "h2load (4 connections x 16 streams, $requests requests) PUTs $size-byte objects over 128 of the"
     echo "bucket's names (presigned SigV4 URLs, cycled)"
   elif [ "$op" = list ]; then
-    echo "h2load (4 connections x 16 streams, $requests requests) lists the bucket's first 1,000 names"
+    echo "h2load (4 connections x 16 streams, $requests requests) lists the bucket's first $MAX_KEYS names"
     echo "(ListObjectsV2, one presigned SigV4 URL)"
   else
     echo "h2load (4 connections x 16 streams, $requests requests) GETs one $size-byte object through a"
@@ -133,9 +145,13 @@ fi
   echo
   echo "## Command"
   echo '```'
-  echo "OP=$op BASE=$base NAMES=$names SIZE=$size REQUESTS=$requests ROUNDS=$rounds benchmarks/s3-get-name/run.sh"
+  echo "OP=$op MAX_KEYS=$MAX_KEYS BASE=$base NAMES=$names SIZE=$size REQUESTS=$requests ROUNDS=$rounds benchmarks/s3-get-name/run.sh"
   echo '```'
-  echo "base: $(git -C "$root" rev-parse --short "$base"); head: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo ' with local changes')"
+  if [ -n "${BASE_BIN:-}" ]; then
+    echo "base: $BASE_BIN ($("$BASE_BIN" --version 2>/dev/null || true)); head: $HEAD_BIN ($("$HEAD_BIN" --version 2>/dev/null || true)), built beforehand"
+  else
+    echo "base: $(git -C "$root" rev-parse --short "$base"); head: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo ' with local changes')"
+  fi
   echo
   echo "| build | $op/s | server CPU µs per $op | 2xx |"
   echo "| --- | ---: | ---: | ---: |"

@@ -313,7 +313,7 @@ fn apply<H: Holder>(
             if let Err(why) = record.admits(key) {
                 return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
             }
-            conditions.check(record.objects().get(key))?;
+            conditions.check(record.objects().get(key).map(Arc::as_ref))?;
             let hard_bound = hard_bound(bound);
             if !record.objects().contains_key(key) && record.objects().len() >= hard_bound {
                 return Err(S3Error::IndexFull(format!(
@@ -321,7 +321,11 @@ fn apply<H: Holder>(
                      has not finished; try again"
                 )));
             }
-            unlinked.extend(record.objects_mut().insert(key.clone(), (**entry).clone()));
+            unlinked.extend(
+                record
+                    .objects_mut()
+                    .insert(key.clone(), Arc::new((**entry).clone())),
+            );
             true
         }
         IndexChange::Unlink { keys } => {
@@ -350,7 +354,7 @@ fn apply<H: Holder>(
     if unlinked.is_empty() {
         return Ok((applied, linked));
     }
-    let garbage = unlinked.into_iter().flat_map(|old| old.body);
+    let garbage = unlinked.into_iter().flat_map(|old| old.body.clone());
     record.garbage_mut().extend(garbage.map(|piece| Garbage {
         blob: piece.blob,
         after_ms,

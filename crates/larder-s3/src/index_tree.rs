@@ -39,11 +39,11 @@ use crate::keep::Keep;
 use crate::list::{self, Page};
 use crate::pager::{Pager, Resume, Step};
 use crate::records::{
-    bucket_doc, leaf_doc, BucketIndex, Garbage, Leaf, ObjectEntry, Record, Seal, Split,
+    bucket_doc, leaf_doc, BucketIndex, Garbage, Leaf, ObjectEntry, Objects, Record, Seal, Split,
     FORMAT_SPLIT,
 };
 use crate::service::now_ms;
-use crate::store::{Change, Records};
+use crate::store::{Change, Kept, Records};
 
 /// Leaves a walk from a cached hint follows before it starts again from a fresh root.
 const MAX_HOPS: usize = 64;
@@ -99,8 +99,8 @@ pub enum Reroute {
 pub trait Holder: Record {
     /// Whether a change of `key` belongs here now.
     fn admits(&self, key: &str) -> Result<(), Reroute>;
-    fn objects(&self) -> &BTreeMap<String, ObjectEntry>;
-    fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry>;
+    fn objects(&self) -> &Objects;
+    fn objects_mut(&mut self) -> &mut Objects;
     fn garbage_mut(&mut self) -> &mut Vec<Garbage>;
     fn splitting(&self) -> Option<&Split>;
 }
@@ -108,10 +108,10 @@ pub trait Holder: Record {
 /// The accessors of `Holder`, for a record with `objects`, `garbage` and `splitting` fields.
 macro_rules! holds_names {
     () => {
-        fn objects(&self) -> &BTreeMap<String, ObjectEntry> {
+        fn objects(&self) -> &Objects {
             &self.objects
         }
-        fn objects_mut(&mut self) -> &mut BTreeMap<String, ObjectEntry> {
+        fn objects_mut(&mut self) -> &mut Objects {
             &mut self.objects
         }
         fn garbage_mut(&mut self) -> &mut Vec<Garbage> {
@@ -165,20 +165,73 @@ pub struct Node {
     /// The leaf's ID and first key (empty for a small bucket's root).
     pub id: String,
     pub low: String,
-    pub objects: BTreeMap<String, ObjectEntry>,
+    pub objects: Names,
     /// The first key after this range (`None`: to the end).
     pub high: Option<String>,
     pub right: Option<String>,
 }
 
 impl Node {
-    fn of(id: String, leaf: Leaf) -> Node {
-        Node {
-            id,
-            low: leaf.low,
-            objects: leaf.objects,
-            high: leaf.high,
-            right: leaf.right,
+    fn of(id: String, leaf: Kept<Leaf>) -> Node {
+        match leaf {
+            Kept::Owned(leaf) => Node {
+                id,
+                low: leaf.low,
+                objects: Names::Owned(leaf.objects),
+                high: leaf.high,
+                right: leaf.right,
+            },
+            Kept::Shared(leaf) => Node {
+                id,
+                low: leaf.low.clone(),
+                high: leaf.high.clone(),
+                right: leaf.right.clone(),
+                objects: Names::Leaf(leaf),
+            },
+        }
+    }
+}
+
+/// A node's names: its own, or those of a record the record cache shares with it (a listing
+/// page reads a leaf of up to 1,000 names and clones only the ones it lists).
+#[derive(Debug)]
+pub enum Names {
+    Owned(Objects),
+    Leaf(Arc<Leaf>),
+    Root(Arc<BucketIndex>),
+}
+
+impl Default for Names {
+    fn default() -> Names {
+        Names::Owned(BTreeMap::new())
+    }
+}
+
+impl std::ops::Deref for Names {
+    type Target = Objects;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Names::Owned(names) => names,
+            Names::Leaf(leaf) => &leaf.objects,
+            Names::Root(root) => &root.objects,
+        }
+    }
+}
+
+impl Names {
+    fn of_root(root: Kept<BucketIndex>) -> Names {
+        match root {
+            Kept::Shared(root) => Names::Root(root),
+            Kept::Owned(root) => Names::Owned(root.objects),
+        }
+    }
+
+    /// The entry of `key`, moved out of names of its own, cloned out of shared ones.
+    fn take(self, key: &str) -> Option<ObjectEntry> {
+        match self {
+            Names::Owned(mut names) => names.remove(key).map(Arc::unwrap_or_clone),
+            shared => shared.get(key).map(|entry| ObjectEntry::clone(entry)),
         }
     }
 }
@@ -236,7 +289,8 @@ impl IndexTree {
 
     /// The bucket's root from a quorum (and its hints remembered).
     pub async fn root(&self, records: &Records, bucket: &str) -> Result<BucketIndex, S3Error> {
-        self.root_keeping(records, bucket, &Keep::All).await
+        let root = self.root_keeping(records, bucket, &Keep::All).await?;
+        Ok(root.into_owned())
     }
 
     /// `root`, keeping only what `keep` says of its entries (for reading only: `keep.rs`).
@@ -245,7 +299,7 @@ impl IndexTree {
         records: &Records,
         bucket: &str,
         keep: &Keep,
-    ) -> Result<BucketIndex, S3Error> {
+    ) -> Result<Kept<BucketIndex>, S3Error> {
         let root = records
             .read_keeping::<BucketIndex>(&bucket_doc(bucket), keep)
             .await?
@@ -263,7 +317,12 @@ impl IndexTree {
     ) -> Result<Target, S3Error> {
         let hints = match self.cached(bucket) {
             Some(hints) => hints,
-            None => Arc::new(self.root(records, bucket).await?.leaves),
+            None => Arc::new(
+                self.root_keeping(records, bucket, &Keep::All)
+                    .await?
+                    .leaves
+                    .clone(),
+            ),
         };
         Ok(match hints.is_empty() {
             true => Target::Root,
@@ -368,7 +427,7 @@ impl IndexTree {
         let root = self.root_keeping(records, bucket, keep).await?;
         if !root.is_split() {
             return Ok(Node {
-                objects: root.objects,
+                objects: Names::of_root(root),
                 ..Default::default()
             });
         }
@@ -393,8 +452,8 @@ impl IndexTree {
     ) -> Result<Option<ObjectEntry>, S3Error> {
         // Only this name's entry is built of the record that holds it.
         let keep = Keep::One(key.to_owned());
-        let mut node = self.locate(records, bucket, key, &keep).await?;
-        Ok(node.objects.remove(key))
+        let node = self.locate(records, bucket, key, &keep).await?;
+        Ok(node.objects.take(key))
     }
 
     /// One page of a listing, walking the leaves in key order from where it starts. With
@@ -423,7 +482,9 @@ impl IndexTree {
                     node.high
                 ))
             })?;
-            let leaf = read_leaf(records, bucket, &right).await?;
+            let leaf = records
+                .read_keeping::<Leaf>(&leaf_doc(bucket, &right), &Keep::All)
+                .await?;
             node = Node::of(right, leaf.ok_or(S3Error::NoSuchBucket)?);
         }
     }
@@ -792,7 +853,7 @@ async fn mark<H: Holder + SplitMark>(
 /// Where a record holding `names` splits, if it must: past `bound` names at the middle one,
 /// past `SPLIT_BYTES` of entries at the name that halves the bytes. `None` if it need not, or
 /// cannot (one name is one entry, however large).
-pub fn split_point(names: &BTreeMap<String, ObjectEntry>, bound: usize) -> Option<String> {
+pub fn split_point(names: &Objects, bound: usize) -> Option<String> {
     if names.len() < 2 {
         return None;
     }
@@ -986,10 +1047,10 @@ mod tests {
         }
     }
 
-    fn names(parts: &[usize]) -> BTreeMap<String, ObjectEntry> {
+    fn names(parts: &[usize]) -> Objects {
         let named = parts.iter().enumerate();
         named
-            .map(|(i, p)| (format!("k{i:02}"), object(*p)))
+            .map(|(i, p)| (format!("k{i:02}"), Arc::new(object(*p))))
             .collect()
     }
 

@@ -13,12 +13,13 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::record_cache::Cacheable;
-use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry};
+use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry, Objects};
 
 /// What a decode keeps of an index record's entries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,9 +49,7 @@ pub fn decode_keeping<T>(keep: &Keep, decode: impl FnOnce() -> T) -> T {
 
 /// The `objects` field's deserializer (`#[serde(deserialize_with)]`): every entry, or only
 /// the one `decode_keeping` asks for.
-pub fn objects<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<BTreeMap<String, ObjectEntry>, D::Error> {
+pub fn objects<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Objects, D::Error> {
     let keep = KEEPING.with(|k| k.borrow().clone());
     match keep {
         Keep::All => BTreeMap::deserialize(deserializer),
@@ -74,7 +73,7 @@ struct OneEntry {
 }
 
 impl<'de> Visitor<'de> for OneEntry {
-    type Value = BTreeMap<String, ObjectEntry>;
+    type Value = Objects;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map of names to object entries")
@@ -84,7 +83,10 @@ impl<'de> Visitor<'de> for OneEntry {
         let mut kept = BTreeMap::new();
         while let Some(is_it) = map.next_key_seed(IsName(&self.name))? {
             if is_it {
-                kept.insert(self.name.clone(), map.next_value::<ObjectEntry>()?);
+                kept.insert(
+                    self.name.clone(),
+                    Arc::new(map.next_value::<ObjectEntry>()?),
+                );
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -117,10 +119,7 @@ impl<'de> Visitor<'de> for IsName<'_> {
 }
 
 /// The entries `keep` keeps of `objects`, cloned.
-fn kept_entries(
-    objects: &BTreeMap<String, ObjectEntry>,
-    keep: &Keep,
-) -> BTreeMap<String, ObjectEntry> {
+fn kept_entries(objects: &Objects, keep: &Keep) -> Objects {
     match keep {
         Keep::All => objects.clone(),
         Keep::One(name) => objects
@@ -195,7 +194,8 @@ mod tests {
             ..Default::default()
         };
         for (i, name) in ["a", "b\"quoted\"", "c/é", "d"].iter().enumerate() {
-            leaf.objects.insert((*name).into(), entry(i as u64));
+            leaf.objects
+                .insert((*name).into(), Arc::new(entry(i as u64)));
         }
         let bytes = leaf.encode();
         for name in ["b\"quoted\"", "c/é", "missing"] {
@@ -241,7 +241,7 @@ mod tests {
         ) {
             let mut leaf = Leaf { v: crate::records::FORMAT_SPLIT, ..Default::default() };
             for (i, name) in names.iter().enumerate() {
-                leaf.objects.insert(name.clone(), entry(i as u64));
+                leaf.objects.insert(name.clone(), Arc::new(entry(i as u64)));
             }
             let bytes = leaf.encode();
             let keep = Keep::One(wanted.clone());

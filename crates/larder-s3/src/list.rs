@@ -2,14 +2,14 @@
 //! start-after, continuation tokens and max-keys. The work is a range scan from where the
 //! listing starts, bounded by the page size (plus the keys a common prefix folds away).
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use crate::error::S3Error;
-use crate::records::ObjectEntry;
+use crate::records::{ObjectEntry, Objects};
 
 /// S3's largest page (and its default).
 pub const MAX_KEYS: usize = 1000;
@@ -108,7 +108,7 @@ pub fn marker(m: &str, prefix: &str, delimiter: Option<&str>) -> After {
 /// One page of a listing.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Page {
-    pub objects: Vec<(String, ObjectEntry)>,
+    pub objects: Vec<(String, Arc<ObjectEntry>)>,
     pub prefixes: Vec<String>,
     /// Where the next page starts, when the listing was cut at `max_keys`.
     pub next: Option<After>,
@@ -140,12 +140,7 @@ impl Page {
 
 /// The page of `objects` under the query's prefix after `after`, at most `max_keys` entries
 /// (keys and common prefixes together).
-pub fn page(
-    objects: &BTreeMap<String, ObjectEntry>,
-    query: &Query<'_>,
-    after: Option<&After>,
-    max_keys: usize,
-) -> Page {
+pub fn page(objects: &Objects, query: &Query<'_>, after: Option<&After>, max_keys: usize) -> Page {
     let prefix = query.prefix;
     let start = match after {
         Some(After::At(k)) if k.as_str() >= prefix => Bound::Included(k.as_str()),
@@ -242,20 +237,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn index(names: &[&str]) -> BTreeMap<String, ObjectEntry> {
+    fn index(names: &[&str]) -> Objects {
         names
             .iter()
-            .map(|n| (n.to_string(), ObjectEntry::default()))
+            .map(|n| (n.to_string(), Default::default()))
             .collect()
     }
 
     /// Everything a listing returns, following continuations, with pages of `max`.
-    fn all(
-        objects: &BTreeMap<String, ObjectEntry>,
-        prefix: &str,
-        delimiter: Option<&str>,
-        max: usize,
-    ) -> Vec<String> {
+    fn all(objects: &Objects, prefix: &str, delimiter: Option<&str>, max: usize) -> Vec<String> {
         let mut out = Vec::new();
         let mut after = None;
         loop {

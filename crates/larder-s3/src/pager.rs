@@ -19,10 +19,8 @@
 //!   common prefix extending a prefix of the first leaf's end: a few at most, ~1 KiB of them
 //!   in a contrived bucket.
 
-use std::collections::BTreeMap;
-
 use crate::list::{self, After, Page, Query};
-use crate::records::ObjectEntry;
+use crate::records::Objects;
 
 /// How a page cut short by a run of leaves says where the next one starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,12 +72,7 @@ impl<'q> Pager<'q> {
 
     /// Takes the names of the next leaf in key order, which covers `[low, high)` (`high`
     /// `None`: to the end of the bucket).
-    pub fn visit(
-        &mut self,
-        objects: &BTreeMap<String, ObjectEntry>,
-        low: &str,
-        high: Option<&str>,
-    ) -> Step {
+    pub fn visit(&mut self, objects: &Objects, low: &str, high: Option<&str>) -> Step {
         let query = self.query;
         let remaining = query.max_keys - self.out.len();
         let sub = list::page(objects, query, self.after.as_ref(), remaining);
@@ -151,7 +144,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// A bucket cut into leaves at `bounds` (each a leaf's `low`; the first leaf's is "").
-    struct Leaves(Vec<(String, BTreeMap<String, ObjectEntry>)>);
+    struct Leaves(Vec<(String, Objects)>);
 
     impl Leaves {
         fn new(names: &[String], bounds: &[String]) -> Leaves {
@@ -168,7 +161,7 @@ mod tests {
                     let objects = names
                         .iter()
                         .filter(|n| n.as_str() >= low.as_str() && high.is_none_or(|h| *n < h))
-                        .map(|n| (n.clone(), ObjectEntry::default()))
+                        .map(|n| (n.clone(), Default::default()))
                         .collect();
                     (low.clone(), objects)
                 })

@@ -5,6 +5,7 @@
 //! (those start with `id:`), so the public document API can neither address nor visit them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +41,12 @@ pub fn leaf_doc(bucket: &str, id: &str) -> String {
     format!("larder-s3:leaf:{bucket}:{id}")
 }
 
+/// An index record's names, each with its entry shared: a read-modify-write clones the
+/// record it changes (a leaf of up to `index_leaf_entries` names), and a listing page copies
+/// the entries it answers with, so neither copies every entry's strings (they were a tenth
+/// of the frontend's CPU per PutObject, `benchmarks/s3-compare`).
+pub type Objects = BTreeMap<String, Arc<ObjectEntry>>;
+
 /// A bucket's root record: the decision point for creating and deleting the bucket. While the
 /// bucket is small it is also its only leaf and holds its objects in name order (format 1);
 /// past `index_leaf_entries` it splits, and from then on it lists its leaves by the first key
@@ -51,7 +58,7 @@ pub struct BucketIndex {
     pub created_ms: u64,
     /// The objects, while the root is the bucket's only leaf (empty once split).
     #[serde(deserialize_with = "crate::keep::objects")]
-    pub objects: BTreeMap<String, ObjectEntry>,
+    pub objects: Objects,
     /// Blobs no name points at any more, tombstoned once their grace period is over (a read
     /// that resolved the name just before may still be fetching them). Written in the same
     /// document write that unlinks them, so a crash cannot leak one.
@@ -123,7 +130,7 @@ pub struct Leaf {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub right: Option<String>,
     #[serde(deserialize_with = "crate::keep::objects")]
-    pub objects: BTreeMap<String, ObjectEntry>,
+    pub objects: Objects,
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
@@ -498,11 +505,11 @@ mod tests {
         ) {
             let mut index = BucketIndex { v: FORMAT, ..Default::default() };
             for name in names {
-                index.objects.insert(name, ObjectEntry {
+                index.objects.insert(name, Arc::new(ObjectEntry {
                     body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
                     content_type: None, meta: BTreeMap::new(), checksum: None,
                     headers: Default::default(), public_read,
-                });
+                }));
             }
             prop_assert_eq!(BucketIndex::decode(&index.encode()).unwrap(), index);
         }

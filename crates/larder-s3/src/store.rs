@@ -77,20 +77,21 @@ impl Records {
 
     /// `read`, keeping only what `keep` says of an index record's entries (`keep.rs`): for
     /// reading, never for writing back.
-    /// A copy kept by version answers when no replica of the quorum holds a newer one.
+    /// A copy kept by version answers when no replica of the quorum holds a newer one; with
+    /// `Keep::All` it is shared, not cloned (a listing page reads a leaf of up to 1,000 names).
     pub async fn read_keeping<R: Cacheable>(
         &self,
         id: &str,
         keep: &Keep,
-    ) -> Result<Option<R>, S3Error> {
+    ) -> Result<Option<Kept<R>>, S3Error> {
         match self
             .read_through::<R>(id, Quorum::Read, self.deadline())
             .await?
         {
-            Fresh::Kept(_, record) => Ok(Some(record.keeping(keep))),
-            Fresh::Read(state) => {
-                crate::keep::decode_keeping(keep, || decode(state)).map(|(_, record)| record)
-            }
+            Fresh::Kept(_, record) if *keep == Keep::All => Ok(Some(Kept::Shared(record))),
+            Fresh::Kept(_, record) => Ok(Some(Kept::Owned(record.keeping(keep)))),
+            Fresh::Read(state) => crate::keep::decode_keeping(keep, || decode(state))
+                .map(|(_, record)| record.map(Kept::Owned)),
         }
     }
 
@@ -169,6 +170,35 @@ enum Quorum {
     Read,
     /// A read quorum with the partition's primary in it: the read of a read-modify-write.
     WithPrimary,
+}
+
+/// A record as `Records::read_keeping` read it: the record cache's decoded copy, shared, or
+/// a copy of its own. For reading only, either way.
+#[derive(Debug)]
+pub enum Kept<R> {
+    Shared(Arc<R>),
+    Owned(R),
+}
+
+impl<R> std::ops::Deref for Kept<R> {
+    type Target = R;
+
+    fn deref(&self) -> &R {
+        match self {
+            Kept::Shared(record) => record,
+            Kept::Owned(record) => record,
+        }
+    }
+}
+
+impl<R: Clone> Kept<R> {
+    /// The record as a value of its own (a clone if it is shared).
+    pub fn into_owned(self) -> R {
+        match self {
+            Kept::Shared(record) => Arc::unwrap_or_clone(record),
+            Kept::Owned(record) => record,
+        }
+    }
 }
 
 /// A record read through the copy this frontend kept (`record_cache.rs`).
