@@ -201,25 +201,56 @@ impl Process {
     }
 }
 
+/// A free loopback port for a process that the nemesis kills and restarts on it.
+///
+/// Never one the kernel hands out by itself (`127.0.0.1:0`, or the local end of an outgoing
+/// connection): while a node is down, any connection on the machine (the cluster's own pool
+/// and replication links, a test running beside this one) could take its port from the
+/// ephemeral range and hold it for good, and the node could never listen again (CI: a storage
+/// node silent for three minutes after a whole-cluster power loss). So below that range.
 fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    let port = free_port_run(1)?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
-/// A base port with `n` consecutive free ports after it, for `larder cluster init`.
+/// A base port with `n` consecutive free ports after it (`larder cluster init`), below the
+/// ephemeral range (`free_port`).
 fn free_port_run(n: usize) -> anyhow::Result<u16> {
-    for _ in 0..200 {
-        let first = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        if first as usize + n > 65000 {
-            continue;
-        }
-        let held: Vec<_> = (0..n as u16)
+    let (low, high) = ports_outside_ephemeral_range();
+    let span = u32::from(high - low);
+    let n = u16::try_from(n).context("too many ports")?;
+    anyhow::ensure!(u32::from(n) < span, "no room for {n} ports");
+    for _ in 0..500 {
+        let first = low + (next_pick() % (span - u32::from(n))) as u16;
+        let held: Vec<_> = (0..n)
             .map_while(|i| TcpListener::bind(("127.0.0.1", first + i)).ok())
             .collect();
-        if held.len() == n {
+        if held.len() == usize::from(n) {
             return Ok(first);
         }
     }
-    anyhow::bail!("no run of {n} free ports")
+    anyhow::bail!("no run of {n} free ports in {low}..{high}")
+}
+
+/// Ports from 10000 up to the start of the kernel's ephemeral range.
+fn ports_outside_ephemeral_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    (LOW, start.max(LOW + 1_000))
+}
+
+/// Spread over the range, differently in each process (tests run side by side).
+fn next_pick() -> u32 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // RandomState is keyed from the OS's randomness, once per process.
+    let hash = std::collections::hash_map::RandomState::new().hash_one(n);
+    (hash >> 32) as u32
 }
 
 pub fn wait_for_port(addr: SocketAddr, limit: Duration) -> bool {
@@ -478,11 +509,24 @@ impl Cluster {
         for frontend in &mut self.frontends {
             heal_process(&mut frontend.process)?;
         }
+        let mut silent = Vec::new();
         for i in self.active() {
-            wait_for_port(self.storage[i].internal, Duration::from_secs(60));
+            if !wait_for_port(self.storage[i].internal, Duration::from_secs(60)) {
+                silent.push(&self.storage[i].process);
+            }
         }
         for frontend in &self.frontends {
-            wait_for_port(frontend.addr, Duration::from_secs(60));
+            if !wait_for_port(frontend.addr, Duration::from_secs(60)) {
+                silent.push(&frontend.process);
+            }
+        }
+        // The checks that follow only see "no answer"; the cause is in the process's log.
+        for process in silent {
+            eprintln!(
+                "torture: {} does not listen 60 s after healing; its log: {}",
+                process.name,
+                process.log.display()
+            );
         }
         Ok(())
     }

@@ -22,25 +22,49 @@ pub const LARDER: &str = env!("CARGO_BIN_EXE_larder");
 
 /// `n` loopback addresses with ports free right now.
 ///
-/// The ports are released before the caller's processes bind them, so the kernel may offer one
-/// again meanwhile: tests of one binary run in parallel, and two clusters given the same port
-/// would talk to each other's processes. No port is handed out twice in one test process.
+/// The ports are released before the caller's processes bind them, so another may take one
+/// meanwhile: tests of one binary run in parallel, and two clusters given the same port would
+/// talk to each other's processes. No port is handed out twice in one test process. They lie
+/// below the kernel's ephemeral range, which it never offers by itself: a node killed and
+/// restarted on its port could otherwise find it held for good by the local end of some
+/// outgoing connection made while it was down (a nemesis run lost a node that way in CI).
 pub fn free_addresses(n: usize) -> Vec<SocketAddr> {
+    use std::hash::BuildHasher;
     static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    // Held until all `n` are chosen, so that the kernel offers different ones.
+    let (low, high) = ports_outside_ephemeral_range();
+    // Held until all `n` are chosen, so that none is chosen twice.
     let mut held = Vec::new();
     let mut out = Vec::new();
-    while out.len() < n {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        if !handed_out.contains(&addr.port()) {
-            handed_out.push(addr.port());
-            out.push(addr);
+    // RandomState is keyed from the OS's randomness: each test process starts elsewhere.
+    let seed = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    for attempt in 0u64.. {
+        assert!(attempt < 100_000, "no {n} free ports in {low}..{high}");
+        let pick = seed.wrapping_add(attempt.wrapping_mul(7_919)) % u64::from(high - low);
+        let port = low + pick as u16;
+        if handed_out.contains(&port) {
+            continue;
         }
-        held.push(listener);
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            handed_out.push(port);
+            out.push(listener.local_addr().unwrap());
+            held.push(listener);
+            if out.len() == n {
+                break;
+            }
+        }
     }
     out
+}
+
+/// Ports from 10000 up to the start of the kernel's ephemeral range.
+fn ports_outside_ephemeral_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    (LOW, start.max(LOW + 1_000))
 }
 
 pub struct Cluster {
