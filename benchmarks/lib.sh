@@ -85,6 +85,21 @@ h2load_rps() {
   awk '/^finished in/ {for (i=1;i<=NF;i++) if ($i ~ /req\/s/) {gsub(",","",$(i-1)); print $(i-1)}}'
 }
 
+# pid_and_children PID: "PID+child+child..." (the form the CPU counters take) once PID has
+# children: nginx listens before it forks its workers, whose CPU is most of its own. Asking once
+# too early found none, and `ps` finding none exits 1, which ended a script under `set -e -o
+# pipefail` without a word (CI's cpu-per-request smoke run, 2026-11-27).
+pid_and_children() {
+  local children=""
+  for _ in $(seq 50); do
+    children=$(ps -o pid= --ppid "$1" | awk '{printf "+%s", $1}' || true)
+    [ -n "$children" ] && break
+    sleep 0.1
+  done
+  [ -n "$children" ] || { echo "process $1 started no children" >&2; return 1; }
+  echo "$1$children"
+}
+
 # h2load's count of 2xx answers.
 h2load_2xx() {
   awk '/^status codes:/ {gsub(",","",$3); print $3}'

@@ -125,7 +125,7 @@ NGINX
   server_addr="127.0.0.1:$port"
   get_path=/1k; put_path=/up/blob; put_method=PUT
   h2load -n 200 -c 1 -m 16 "http://$server_addr$get_path" >/dev/null 2>&1 || true
-  server_all="$server_pid$(ps -o pid= --ppid "$server_pid" | awk '{printf "+%s", $1}')"
+  server_all=$(pid_and_children "$server_pid")
 }
 
 server_down() {

@@ -324,7 +324,7 @@ NGINX
   nginx_pid=$!
   pids+=("$nginx_pid")
   wait_port "$hello_port"; wait_port "$nginx_port"
-  nginx_all="$nginx_pid$(ps -o pid= --ppid "$nginx_pid" | awk '{printf "+%s", $1}')"
+  nginx_all=$(pid_and_children "$nginx_pid")
   for load in "${loads[@]}"; do
     size=1024; [[ $load == *1m ]] && size=$((1 << 20))
     file=$work/1k; [[ $load == *1m ]] && file=$work/1m
