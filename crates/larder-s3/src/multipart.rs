@@ -655,6 +655,7 @@ fn object_entry(
         checksum: None,
         headers: upload.headers,
         public_read: upload.public_read,
+        json: Default::default(),
     }
 }
 

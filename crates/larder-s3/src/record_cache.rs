@@ -32,8 +32,9 @@ use crate::use_order::UseOrder;
 const MAX_RECORDS: usize = 4096;
 
 /// What a record is counted at against the budget, per byte of its JSON: the decoded form's
-/// strings, maps and allocations, plus the JSON kept beside it.
-const DECODED_FACTOR: usize = 4;
+/// strings, maps and allocations, plus the JSON kept beside it and each entry's own
+/// (`records::EntryJson`).
+const DECODED_FACTOR: usize = 5;
 
 /// An index record that can be kept here and read from its decoded copy.
 pub trait Cacheable: Record {

@@ -5,9 +5,11 @@
 //! (those start with `id:`), so the public document API can neither address nor visit them.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 use crate::checksums::ObjectChecksum;
 use crate::error::S3Error;
@@ -47,6 +49,17 @@ pub fn leaf_doc(bucket: &str, id: &str) -> String {
 /// of the frontend's CPU per PutObject, `benchmarks/s3-compare`).
 pub type Objects = BTreeMap<String, Arc<ObjectEntry>>;
 
+/// Writes an index record's names with each entry's JSON as it made it once (`EntryJson`): a
+/// batch of links rewrites a leaf of up to 1,000 names, and escaping and formatting every
+/// entry again each time was most of the frontend's CPU per PutObject that was not I/O.
+fn serialize_objects<S: Serializer>(objects: &Objects, serializer: S) -> Result<S::Ok, S::Error> {
+    let mut map = serializer.serialize_map(Some(objects.len()))?;
+    for (key, entry) in objects {
+        map.serialize_entry(key, entry.json())?;
+    }
+    map.end()
+}
+
 /// A bucket's root record: the decision point for creating and deleting the bucket. While the
 /// bucket is small it is also its only leaf and holds its objects in name order (format 1);
 /// past `index_leaf_entries` it splits, and from then on it lists its leaves by the first key
@@ -57,7 +70,10 @@ pub struct BucketIndex {
     pub v: u32,
     pub created_ms: u64,
     /// The objects, while the root is the bucket's only leaf (empty once split).
-    #[serde(deserialize_with = "crate::keep::objects")]
+    #[serde(
+        deserialize_with = "crate::keep::objects",
+        serialize_with = "serialize_objects"
+    )]
     pub objects: Objects,
     /// Blobs no name points at any more, tombstoned once their grace period is over (a read
     /// that resolved the name just before may still be fetching them). Written in the same
@@ -129,7 +145,10 @@ pub struct Leaf {
     pub high: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub right: Option<String>,
-    #[serde(deserialize_with = "crate::keep::objects")]
+    #[serde(
+        deserialize_with = "crate::keep::objects",
+        serialize_with = "serialize_objects"
+    )]
     pub objects: Objects,
     #[serde(
         default,
@@ -179,6 +198,36 @@ pub struct ObjectEntry {
     /// Its own canned ACL's say on anonymous reads; `None`: as its bucket's (`acl.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_read: Option<bool>,
+    /// The entry's JSON once an index record holding it was written (never part of it).
+    #[serde(skip)]
+    pub json: EntryJson,
+}
+
+/// An entry's JSON, made the first time a record holding the entry is written and reused by
+/// every later write of a record that shares the entry (`Objects` holds entries in `Arc`s,
+/// so a shared entry is never changed). A clone starts empty, because a clone is how an entry
+/// is changed; every check of an entry ignores it.
+#[derive(Default)]
+pub struct EntryJson(OnceLock<Box<RawValue>>);
+
+impl Clone for EntryJson {
+    fn clone(&self) -> EntryJson {
+        EntryJson::default()
+    }
+}
+
+impl PartialEq for EntryJson {
+    fn eq(&self, _: &EntryJson) -> bool {
+        true
+    }
+}
+
+impl Eq for EntryJson {}
+
+impl std::fmt::Debug for EntryJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EntryJson")
+    }
 }
 
 /// The standard headers an object keeps from its upload (`object_headers.rs`), as given.
@@ -205,10 +254,29 @@ impl ObjectHeaders {
 }
 
 impl ObjectEntry {
+    /// The entry's JSON as its index record holds it, made once (`EntryJson`).
+    pub fn json(&self) -> &RawValue {
+        let json = self.json.0.get_or_init(|| {
+            serde_json::value::to_raw_value(self).expect("entries are strings and numbers")
+        });
+        // An entry changed after its JSON was made would be written as it was: tests check.
+        #[cfg(debug_assertions)]
+        assert_eq!(
+            json.get(),
+            serde_json::value::to_raw_value(self).unwrap().get(),
+            "an entry changed after its JSON was made"
+        );
+        json
+    }
+
     /// About how many bytes the entry takes in its record's JSON, what an index record's
-    /// split by size counts (`index_tree::split_point`). A multipart object lists every part,
-    /// so this grows with its parts: 10,000 parts are most of a megabyte.
+    /// split by size counts (`index_tree::split_point`): exactly that once it was written. A
+    /// multipart object lists every part, so this grows with its parts: 10,000 parts are most
+    /// of a megabyte.
     pub fn approx_bytes(&self) -> usize {
+        if let Some(json) = self.json.0.get() {
+            return json.get().len();
+        }
         let text = |s: &Option<String>| s.as_ref().map_or(0, |s| s.len() + 24);
         let pieces: usize = self.body.iter().map(|p| p.blob.len() + 32).sum();
         let meta: usize = self.meta.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
@@ -508,11 +576,36 @@ mod tests {
                 index.objects.insert(name, Arc::new(ObjectEntry {
                     body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
                     content_type: None, meta: BTreeMap::new(), checksum: None,
-                    headers: Default::default(), public_read,
+                    headers: Default::default(), public_read, json: Default::default(),
                 }));
             }
-            prop_assert_eq!(BucketIndex::decode(&index.encode()).unwrap(), index);
+            let first = index.encode();
+            prop_assert_eq!(BucketIndex::decode(&first).unwrap(), index.clone());
+            // Written again from the entries' kept JSON: the same bytes.
+            prop_assert_eq!(index.encode(), first);
         }
+    }
+
+    /// Entries are written from their kept JSON in exactly the form the fields make (what
+    /// records written before it was kept hold), and a changed clone is written as changed.
+    #[test]
+    fn kept_entry_json_is_the_entrys_own_form() {
+        let entry = Arc::new(ObjectEntry {
+            body: vec![Piece { blob: "b\"1".into(), size: 3 }],
+            size: 3,
+            etag: "e".into(),
+            modified_ms: 7,
+            ..Default::default()
+        });
+        let mut leaf = Leaf { v: FORMAT_SPLIT, low: "a".into(), ..Default::default() };
+        leaf.objects.insert("k\u{e9}".into(), entry.clone());
+        let expected = r#"{"v":2,"bucket_created_ms":0,"low":"a","objects":{"ké":{"body":[{"blob":"b\"1","size":3}],"size":3,"etag":"e","modified_ms":7}}}"#;
+        assert_eq!(std::str::from_utf8(&leaf.encode()).unwrap(), expected);
+        assert_eq!(entry.approx_bytes(), entry.json().get().len());
+        let mut changed = ObjectEntry::clone(&entry);
+        changed.size = 4;
+        leaf.objects.insert("k\u{e9}".into(), Arc::new(changed));
+        assert!(std::str::from_utf8(&leaf.encode()).unwrap().contains(r#""size":4,"#));
     }
 
     #[test]

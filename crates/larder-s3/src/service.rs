@@ -700,6 +700,7 @@ impl S3 for Larder {
             checksum: checksum.clone(),
             headers,
             public_read,
+            json: Default::default(),
         };
         let tag = entry.etag.clone();
         let size = entry.size;
@@ -1283,6 +1284,7 @@ impl S3 for Larder {
             checksum: source.checksum.clone(),
             headers,
             public_read,
+            json: Default::default(),
         };
         let modified = entry.modified_ms;
         let unconditional = WriteConditions::default();
