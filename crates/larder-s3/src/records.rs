@@ -591,13 +591,20 @@ mod tests {
     #[test]
     fn kept_entry_json_is_the_entrys_own_form() {
         let entry = Arc::new(ObjectEntry {
-            body: vec![Piece { blob: "b\"1".into(), size: 3 }],
+            body: vec![Piece {
+                blob: "b\"1".into(),
+                size: 3,
+            }],
             size: 3,
             etag: "e".into(),
             modified_ms: 7,
             ..Default::default()
         });
-        let mut leaf = Leaf { v: FORMAT_SPLIT, low: "a".into(), ..Default::default() };
+        let mut leaf = Leaf {
+            v: FORMAT_SPLIT,
+            low: "a".into(),
+            ..Default::default()
+        };
         leaf.objects.insert("k\u{e9}".into(), entry.clone());
         let expected = r#"{"v":2,"bucket_created_ms":0,"low":"a","objects":{"ké":{"body":[{"blob":"b\"1","size":3}],"size":3,"etag":"e","modified_ms":7}}}"#;
         assert_eq!(std::str::from_utf8(&leaf.encode()).unwrap(), expected);
@@ -605,7 +612,9 @@ mod tests {
         let mut changed = ObjectEntry::clone(&entry);
         changed.size = 4;
         leaf.objects.insert("k\u{e9}".into(), Arc::new(changed));
-        assert!(std::str::from_utf8(&leaf.encode()).unwrap().contains(r#""size":4,"#));
+        assert!(std::str::from_utf8(&leaf.encode())
+            .unwrap()
+            .contains(r#""size":4,"#));
     }
 
     #[test]
