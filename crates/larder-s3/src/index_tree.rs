@@ -227,10 +227,14 @@ impl Names {
         }
     }
 
-    /// The entry of `key`, moved out of names of its own, cloned out of shared ones.
+    /// The entry of `key`, moved out of names of its own, cloned out of shared ones; either way
+    /// without the JSON its record kept (`records::EntryJson`): the caller owns it and may
+    /// change it.
     fn take(self, key: &str) -> Option<ObjectEntry> {
         match self {
-            Names::Owned(mut names) => names.remove(key).map(Arc::unwrap_or_clone),
+            Names::Owned(mut names) => names
+                .remove(key)
+                .map(|entry| Arc::unwrap_or_clone(entry).without_json()),
             shared => shared.get(key).map(|entry| ObjectEntry::clone(entry)),
         }
     }

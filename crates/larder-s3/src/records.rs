@@ -269,6 +269,12 @@ impl ObjectEntry {
         json
     }
 
+    /// The entry without its kept JSON, to be changed.
+    pub fn without_json(mut self) -> ObjectEntry {
+        self.json = EntryJson::default();
+        self
+    }
+
     /// About how many bytes the entry takes in its record's JSON, what an index record's
     /// split by size counts (`index_tree::split_point`): exactly that once it was written. A
     /// multipart object lists every part, so this grows with its parts: 10,000 parts are most
@@ -609,12 +615,17 @@ mod tests {
         let expected = r#"{"v":2,"bucket_created_ms":0,"low":"a","objects":{"ké":{"body":[{"blob":"b\"1","size":3}],"size":3,"etag":"e","modified_ms":7}}}"#;
         assert_eq!(std::str::from_utf8(&leaf.encode()).unwrap(), expected);
         assert_eq!(entry.approx_bytes(), entry.json().get().len());
-        let mut changed = ObjectEntry::clone(&entry);
+        let mut changed = Arc::unwrap_or_clone(entry.clone());
         changed.size = 4;
+        assert!(changed.json.0.get().is_none(), "a clone keeps no JSON");
         leaf.objects.insert("k\u{e9}".into(), Arc::new(changed));
         assert!(std::str::from_utf8(&leaf.encode())
             .unwrap()
             .contains(r#""size":4,"#));
+        // Moved out of the last record holding it, an entry keeps its JSON until told not to.
+        let moved = Arc::into_inner(entry).expect("the last holder");
+        assert!(moved.json.0.get().is_some());
+        assert!(moved.without_json().json.0.get().is_none());
     }
 
     #[test]
