@@ -8,7 +8,10 @@
 //! appended and synced *before* its blob is sent, so no stored blob is ever missing from the
 //! log; `done` is appended and synced before the upload is acknowledged, so a committed blob is
 //! never cleaned up. A torn last line (crash mid-append) names a blob that was never sent, and
-//! is ignored.
+//! is ignored. The `done` of an entry held for a name (below) is written but not synced on its
+//! own: it reaches the disk with the next sync of its segment (or a rotation's snapshot), and a
+//! power loss that drops it brings back an entry whose holder settles it again, which is
+//! idempotent and never removes a named blob.
 //!
 //! Why a log, not a file per entry (as before): every S3 PutObject holds its body under an
 //! entry, and a file per entry cost a create, a sync, an unlink and a directory sync per PUT,
@@ -39,7 +42,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_cluster::BlobId;
@@ -94,12 +97,14 @@ impl UploadJournal {
             snapshot: 0,
             torn: false,
             open: found.open.clone(),
+            syncs: Arc::default(),
             #[cfg(test)]
             fault: Default::default(),
         };
         #[cfg(test)]
         let fault = writer.fault.clone();
         writer.rotate(&found.files)?;
+        let syncs = writer.syncs.clone();
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("upload-journal".into())
@@ -107,6 +112,7 @@ impl UploadJournal {
         let log = Arc::new(Log {
             tx,
             next_entry: AtomicU64::new(next_entry),
+            syncs,
         });
         let leftovers = found
             .open
@@ -134,8 +140,14 @@ impl UploadJournal {
                 entry,
                 log: self.log.clone(),
                 ids: Mutex::new(Vec::new()),
+                held: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// How many `fdatasync`s appends have cost so far (rotations' syncs not counted).
+    pub fn syncs(&self) -> u64 {
+        self.log.syncs.load(Ordering::Relaxed)
     }
 
     /// Uploads a previous run left unfinished, found when the journal was opened: each entry
@@ -182,9 +194,11 @@ impl Leftover {
         format!("{:016x}", self.entry)
     }
 
-    /// Forgets the entry, durably (settled: its blobs named, or all tombstoned).
+    /// Forgets the entry (settled: its blobs named, or all tombstoned); durably unless it was
+    /// held for a name (see [`JournalEntry::remove`]).
     pub async fn remove(&self) -> io::Result<()> {
-        self.log.append(self.entry, Op::Done, true).await
+        let sync = self.held_for.is_none();
+        self.log.append(self.entry, Op::Done, sync).await
     }
 }
 
@@ -214,6 +228,8 @@ struct Entry {
     log: Arc<Log>,
     /// What the log lists, for cleanup while the process lives.
     ids: Mutex<Vec<BlobId>>,
+    /// Held for a name (`hold` appended): its `done` needs no sync of its own.
+    held: AtomicBool,
 }
 
 impl JournalEntry {
@@ -246,7 +262,9 @@ impl JournalEntry {
         }
         let inner = &self.inner;
         let held = Op::Held(name.to_owned());
-        inner.log.append(inner.entry, held, sync).await
+        inner.log.append(inner.entry, held, sync).await?;
+        inner.held.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Every ID recorded so far: whatever of the upload may exist on storage nodes.
@@ -254,10 +272,14 @@ impl JournalEntry {
         self.inner.ids.lock().clone()
     }
 
-    /// Forgets the upload (committed, or its blobs all tombstoned), durably.
+    /// Forgets the upload (committed, or its blobs all tombstoned): durably, unless the entry
+    /// is held for a name. A held entry's `done` that a power loss drops only brings the entry
+    /// back for its holder to settle again (the name is read before anything is tombstoned),
+    /// so it waits for the next sync instead of costing one (a frontend sync per S3 PUT).
     pub async fn remove(&self) -> io::Result<()> {
         let inner = &self.inner;
-        inner.log.append(inner.entry, Op::Done, true).await
+        let sync = !inner.held.load(Ordering::Relaxed);
+        inner.log.append(inner.entry, Op::Done, sync).await
     }
 }
 
@@ -412,6 +434,8 @@ fn read_legacy(path: &Path) -> io::Result<Open> {
 struct Log {
     tx: mpsc::Sender<Append>,
     next_entry: AtomicU64,
+    /// `fdatasync`s of appends so far (the writer counts them).
+    syncs: Arc<AtomicU64>,
 }
 
 struct Append {
@@ -451,6 +475,7 @@ struct Writer {
     /// next write starts a new segment first (or fails, if it cannot).
     torn: bool,
     open: BTreeMap<u64, Open>,
+    syncs: Arc<AtomicU64>,
     /// Failures to inject (tests of the failure paths).
     #[cfg(test)]
     fault: Arc<std::sync::atomic::AtomicU8>,
@@ -521,6 +546,7 @@ impl Writer {
                 return Err(io::Error::other("injected: the disk failed the write"));
             }
             if sync {
+                self.syncs.fetch_add(1, Ordering::Relaxed);
                 file.sync_data()
             } else {
                 Ok(())
@@ -712,6 +738,37 @@ mod tests {
         wait_for_unlock(dir.path());
         let again = UploadJournal::open(dir.path()).unwrap();
         assert!(again.leftovers().unwrap().is_empty());
+    }
+
+    /// A held entry's `done` rides on a later sync (its loss only brings the entry back for its
+    /// holder to settle); any other entry's `done` is synced before it is acknowledged.
+    #[tokio::test]
+    async fn only_the_done_of_an_entry_not_held_costs_a_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = ids(2);
+        let journal = UploadJournal::open(dir.path()).unwrap();
+        let held = journal.begin().unwrap();
+        held.hold("bucket/key").await.unwrap();
+        assert_eq!(journal.syncs(), 0, "a hold is synced with the first ID");
+        held.record(&ids[0]).await.unwrap();
+        assert_eq!(journal.syncs(), 1);
+        held.remove().await.unwrap();
+        assert_eq!(
+            journal.syncs(),
+            1,
+            "a held entry's done is not synced on its own"
+        );
+        let plain = journal.begin().unwrap();
+        plain.record(&ids[1]).await.unwrap();
+        plain.remove().await.unwrap();
+        assert_eq!(journal.syncs(), 3, "a plain entry's done is synced");
+        drop((held, plain, journal));
+        wait_for_unlock(dir.path());
+        let again = UploadJournal::open(dir.path()).unwrap();
+        assert!(
+            again.leftovers().unwrap().is_empty(),
+            "both done lines were written"
+        );
     }
 
     /// The segments and temporary files in `dir`.
