@@ -203,7 +203,7 @@ pub enum Names {
 
 impl Default for Names {
     fn default() -> Names {
-        Names::Owned(BTreeMap::new())
+        Names::Owned(Objects::new())
     }
 }
 
@@ -529,7 +529,7 @@ impl IndexTree {
         }
         let left_id = split.left.clone().unwrap_or_default();
         let mut lower = root.objects.clone();
-        let upper = lower.split_off(&split.at);
+        let upper = split_off(&mut lower, &split.at);
         let left = Leaf {
             v: FORMAT_SPLIT,
             bucket_created_ms: root.created_ms,
@@ -579,7 +579,7 @@ impl IndexTree {
             low: split.at.clone(),
             high: leaf.high.clone(),
             right: leaf.right.clone(),
-            objects: leaf.objects.clone().split_off(&split.at),
+            objects: split_off(&mut leaf.objects.clone(), &split.at),
             ..Default::default()
         };
         let new_doc = leaf_doc(bucket, &split.right);
@@ -594,7 +594,7 @@ impl IndexTree {
                 if leaf.splitting.as_ref() != Some(&split) {
                     return Ok((Change::Keep, true));
                 }
-                leaf.objects.split_off(&split.at);
+                split_off(&mut leaf.objects, &split.at);
                 leaf.high = Some(split.at.clone());
                 leaf.right = Some(split.right.clone());
                 leaf.splitting = None;
@@ -857,6 +857,19 @@ async fn mark<H: Holder + SplitMark>(
 /// Where a record holding `names` splits, if it must: past `bound` names at the middle one,
 /// past `SPLIT_BYTES` of entries at the name that halves the bytes. `None` if it need not, or
 /// cannot (one name is one entry, however large).
+/// Moves the names from `at` on out of `names` (`BTreeMap::split_off`; imbl's `split` drops
+/// the name at the split point).
+fn split_off(names: &mut Objects, at: &str) -> Objects {
+    let upper: Objects = names
+        .range::<_, str>((Bound::Included(at), Bound::Unbounded))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for key in upper.keys() {
+        names.remove(key);
+    }
+    upper
+}
+
 pub fn split_point(names: &Objects, bound: usize) -> Option<String> {
     if names.len() < 2 {
         return None;
@@ -1056,6 +1069,20 @@ mod tests {
         named
             .map(|(i, p)| (format!("k{i:02}"), Arc::new(object(*p))))
             .collect()
+    }
+
+    #[test]
+    fn split_off_moves_the_split_name_and_those_after_it() {
+        let mut lower = names(&[0; 5]);
+        let kept = lower.clone();
+        let upper = split_off(&mut lower, "k02");
+        let keys = |m: &Objects| m.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&lower), ["k00", "k01"]);
+        assert_eq!(keys(&upper), ["k02", "k03", "k04"]);
+        assert_eq!(kept.len(), 5, "a clone it was made from keeps every name");
+        assert!(split_off(&mut lower, "z").is_empty());
+        assert_eq!(keys(&split_off(&mut lower, "")), ["k00", "k01"]);
+        assert!(lower.is_empty());
     }
 
     #[test]

@@ -11,7 +11,6 @@
 //! only `Records::read_keeping` decodes it, and read-modify-writes always decode in full.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -52,7 +51,7 @@ pub fn decode_keeping<T>(keep: &Keep, decode: impl FnOnce() -> T) -> T {
 pub fn objects<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Objects, D::Error> {
     let keep = KEEPING.with(|k| k.borrow().clone());
     match keep {
-        Keep::All => BTreeMap::deserialize(deserializer),
+        Keep::All => deserializer.deserialize_map(AllEntries),
         Keep::One(name) => deserializer.deserialize_map(OneEntry { name }),
     }
 }
@@ -68,6 +67,25 @@ pub fn garbage<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Garbage
     }
 }
 
+/// Every entry, inserted as read (names come in order, as written).
+struct AllEntries;
+
+impl<'de> Visitor<'de> for AllEntries {
+    type Value = Objects;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map of names to object entries")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut all = Objects::new();
+        while let Some((name, entry)) = map.next_entry::<String, Arc<ObjectEntry>>()? {
+            all.insert(name, entry);
+        }
+        Ok(all)
+    }
+}
+
 struct OneEntry {
     name: String,
 }
@@ -80,7 +98,7 @@ impl<'de> Visitor<'de> for OneEntry {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut kept = BTreeMap::new();
+        let mut kept = Objects::new();
         while let Some(is_it) = map.next_key_seed(IsName(&self.name))? {
             if is_it {
                 kept.insert(
@@ -202,7 +220,11 @@ mod tests {
             let keep = Keep::One(name.into());
             let read: Leaf = decode_keeping(&keep, || Leaf::decode(&bytes)).unwrap();
             let mut want = leaf.clone();
-            want.objects.retain(|k, _| k == name);
+            want.objects = want
+                .objects
+                .into_iter()
+                .filter(|(k, _)| k == name)
+                .collect();
             assert_eq!(read, want);
         }
         // Reset afterwards: the next decode is whole.

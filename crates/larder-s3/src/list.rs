@@ -151,7 +151,7 @@ pub fn page(objects: &Objects, query: &Query<'_>, after: Option<&After>, max_key
     };
     let mut page = Page::default();
     let delimiter = query.delimiter.filter(|d| !d.is_empty());
-    for (name, entry) in objects.range::<str, _>((start, Bound::Unbounded)) {
+    for (name, entry) in objects.range::<_, str>((start, Bound::Unbounded)) {
         if !name.starts_with(prefix) {
             break;
         }
@@ -240,7 +240,7 @@ mod tests {
     fn index(names: &[&str]) -> Objects {
         names
             .iter()
-            .map(|n| (n.to_string(), Default::default()))
+            .map(|n| (n.to_string(), Arc::<ObjectEntry>::default()))
             .collect()
     }
 

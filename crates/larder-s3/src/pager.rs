@@ -161,7 +161,12 @@ mod tests {
                     let objects = names
                         .iter()
                         .filter(|n| n.as_str() >= low.as_str() && high.is_none_or(|h| *n < h))
-                        .map(|n| (n.clone(), Default::default()))
+                        .map(|n| {
+                            (
+                                n.clone(),
+                                std::sync::Arc::<crate::records::ObjectEntry>::default(),
+                            )
+                        })
                         .collect();
                     (low.clone(), objects)
                 })
