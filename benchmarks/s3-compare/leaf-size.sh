@@ -10,6 +10,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../lib.sh"
+source "$here/warp-lib.sh"
 : "${LARDER_BIN:?a release build of larder}"
 rounds=${ROUNDS:-2} duration=${DURATION:-15s} small=${LEAF_SMALL:-50}
 warp=${LARDER_TOOLS_DIR:-$HOME/.cache/larder-tools}/warp-v1.4.0/bin/warp
@@ -21,11 +22,10 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # one_round LEAF: prints "| LEAF | rate | frontend ms | storage ms |".
 one_round() {
-  local leaf=$1 dir=$work/leaf-$1-$RANDOM port s3 port2 s32 dev fe key ak sk node f0 s0 f1 s1 rate
+  local leaf=$1 dir=$work/leaf-$1-$RANDOM port s3 port2 s32 dev fe node f0 s0 f1 s1
   port=$(free_port) s3=$(free_port) port2=$(free_port) s32=$(free_port)
   LARDER_LOG=warn,s3s=off "$LARDER_BIN" dev --data-dir "$dir" --listen "127.0.0.1:$port" \
     --s3-listen "127.0.0.1:$s3" --nodes 1 --replicas 1 > "$dir.log" 2>&1 &
@@ -38,25 +38,15 @@ one_round() {
   LARDER_LOG=warn,s3s=off "$LARDER_BIN" frontend --config "$dir/under-test.toml" > "$dir.fe.log" 2>&1 &
   fe=$!; pids+=("$fe")
   wait_port "$s32"
-  key=$("$LARDER_BIN" s3 key create --config "$dir/under-test.toml" --grant '*:owner')
-  ak=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["access_key_id"])' <<< "$key")
-  sk=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
+  s3_key "$LARDER_BIN" "$dir/under-test.toml"
   node=$(pgrep -P "$dev" | head -1)
   f0=$(ticks "$fe") s0=$(ticks "$node")
-  (cd "$work" && "$warp" put --obj.size 1KiB --host "127.0.0.1:$s32" --access-key "$ak" \
-    --secret-key "$sk" --bucket warp-put --region us-east-1 --duration "$duration" \
+  (cd "$work" && "$warp" put --obj.size 1KiB --host "127.0.0.1:$s32" --access-key "$AK" \
+    --secret-key "$SK" --bucket warp-put --region us-east-1 --duration "$duration" \
     --concurrent 16 --noclear --no-color > "$dir.warp" 2>&1)
   f1=$(ticks "$fe") s1=$(ticks "$node")
   kill "$fe" "$dev"; wait "$fe" "$dev" 2>/dev/null || true
-  rate=$(grep -o '[0-9.]* obj/s' "$dir.warp" | head -1 | cut -d' ' -f1)
-  [ -n "$rate" ] || { echo "warp failed: $(tail -3 "$dir.warp")" >&2; exit 1; }
-  python3 - "$leaf" "$rate" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}" <<'PY'
-import os, sys
-leaf, rate, fe, st, secs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
-ops = rate * secs
-print(f"| {leaf} | {rate:,.1f} | {fe * tick_ms / ops:.3f} | {st * tick_ms / ops:.3f} |")
-PY
+  warp_row "$leaf" "$dir.warp" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}"
 }
 
 {

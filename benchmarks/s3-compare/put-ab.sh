@@ -11,6 +11,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../lib.sh"
+source "$here/warp-lib.sh"
 : "${BASE_BIN:?a release build of the base}" "${HEAD_BIN:?a release build of the head}"
 rounds=${ROUNDS:-3}
 duration=${DURATION:-15s}
@@ -25,35 +26,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # one_round NAME BINARY: prints "NAME rate frontend-ms storage-ms".
 one_round() {
-  local name=$1 bin=$2 dir=$work/$1-$RANDOM port s3 key ak sk node f0 s0 f1 s1 rate
+  local name=$1 bin=$2 dir=$work/$1-$RANDOM port s3 node f0 s0 f1 s1
   port=$(free_port) s3=$(free_port)
   LARDER_LOG=warn,s3s=off "$bin" dev --data-dir "$dir" --listen "127.0.0.1:$port" \
     --s3-listen "127.0.0.1:$s3" --nodes 1 --replicas 1 > "$dir.log" 2>&1 &
   dev=$!
   wait_port "$s3"
-  key=$("$bin" s3 key create --config "$dir/frontend-dc1.toml" --grant '*:owner')
-  ak=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["access_key_id"])' <<< "$key")
-  sk=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
+  s3_key "$bin" "$dir/frontend-dc1.toml"
   node=$(pgrep -P "$dev" | head -1)
   f0=$(ticks "$dev") s0=$(ticks "$node")
-  (cd "$work" && "$warp" put --obj.size "$size" --host "127.0.0.1:$s3" --access-key "$ak" \
-    --secret-key "$sk" --bucket warp-put --region us-east-1 --duration "$duration" \
+  (cd "$work" && "$warp" put --obj.size "$size" --host "127.0.0.1:$s3" --access-key "$AK" \
+    --secret-key "$SK" --bucket warp-put --region us-east-1 --duration "$duration" \
     --concurrent 16 --noclear --no-color > "$dir.warp" 2>&1)
   f1=$(ticks "$dev") s1=$(ticks "$node")
   kill "$dev"; wait "$dev" 2>/dev/null || true; dev=""
-  rate=$(grep -o '[0-9.]* obj/s' "$dir.warp" | head -1 | cut -d' ' -f1)
-  [ -n "$rate" ] || { echo "warp failed: $(tail -3 "$dir.warp")" >&2; exit 1; }
-  python3 - "$name" "$rate" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}" <<'EOF'
-import os, sys
-name, rate, fe, st, secs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
-ops = rate * secs
-print(f"| {name} | {rate:,.1f} | {fe * tick_ms / ops:.3f} | {st * tick_ms / ops:.3f} |")
-EOF
+  warp_row "$name" "$dir.warp" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}"
 }
 
 {

@@ -1,0 +1,28 @@
+# Helpers shared by put-ab.sh and leaf-size.sh (sourced): a key for warp, and a table row of
+# warp's rate with the CPU per operation of two processes.
+
+# s3_key BIN CONFIG: creates an owner key through the frontend config CONFIG; sets AK and SK.
+s3_key() {
+  local key
+  key=$("$1" s3 key create --config "$2" --grant '*:owner')
+  AK=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["access_key_id"])' <<< "$key")
+  SK=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
+}
+
+# ticks PID: user + system clock ticks of process PID so far.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# warp_row NAME WARP_OUTPUT FRONTEND_TICKS STORAGE_TICKS SECONDS: prints
+# "| NAME | ops/s | frontend ms per op | storage ms per op |" from warp's first rate line.
+warp_row() {
+  local rate
+  rate=$(grep -o '[0-9.]* obj/s' "$2" | head -1 | cut -d' ' -f1 || true)
+  [ -n "$rate" ] || { echo "warp failed: $(tail -3 "$2")" >&2; return 1; }
+  python3 - "$1" "$rate" "$3" "$4" "$5" <<'PY'
+import os, sys
+name, rate, fe, st, secs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+ops = rate * secs
+print(f"| {name} | {rate:,.1f} | {fe * tick_ms / ops:.3f} | {st * tick_ms / ops:.3f} |")
+PY
+}
