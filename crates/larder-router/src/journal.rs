@@ -733,6 +733,11 @@ mod tests {
             Some("bucket/a key\nwith a line break")
         );
         left[0].remove().await.unwrap();
+        assert_eq!(
+            journal.syncs(),
+            0,
+            "a held leftover's done is not synced on its own"
+        );
         assert!(UploadJournal::inspect(dir.path()).unwrap().is_empty());
         drop((journal, left));
         wait_for_unlock(dir.path());

@@ -854,9 +854,6 @@ async fn mark<H: Holder + SplitMark>(
         .await
 }
 
-/// Where a record holding `names` splits, if it must: past `bound` names at the middle one,
-/// past `SPLIT_BYTES` of entries at the name that halves the bytes. `None` if it need not, or
-/// cannot (one name is one entry, however large).
 /// Moves the names from `at` on out of `names` (`BTreeMap::split_off`; imbl's `split` drops
 /// the name at the split point).
 fn split_off(names: &mut Objects, at: &str) -> Objects {
@@ -870,6 +867,9 @@ fn split_off(names: &mut Objects, at: &str) -> Objects {
     upper
 }
 
+/// Where a record holding `names` splits, if it must: past `bound` names at the middle one,
+/// past `SPLIT_BYTES` of entries at the name that halves the bytes. `None` if it need not, or
+/// cannot (one name is one entry, however large).
 pub fn split_point(names: &Objects, bound: usize) -> Option<String> {
     if names.len() < 2 {
         return None;
