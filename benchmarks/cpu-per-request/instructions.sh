@@ -5,6 +5,7 @@
 # worth there). Hardware counters (instructions) are used when the machine has them. `larder dev` (3 storage nodes,
 # 32 partitions, frontend in the dev process), one 1 KiB blob, h2load 1 connection x 256 streams.
 #   LARDER=target/release/larder REQUESTS=200000 benchmarks/cpu-per-request/instructions.sh
+# DEV_ARGS adds arguments to `larder dev` (for example `--node-threads 2`).
 # Prints per-GET figures for the frontend and the storage nodes (summed), with syscalls and
 # context switches per GET.
 set -euo pipefail
@@ -23,8 +24,9 @@ cleanup() {
 trap cleanup EXIT
 
 port=$(free_port)
+# shellcheck disable=SC2086 # DEV_ARGS is a list of arguments
 LARDER_LOG=warn "$larder" dev --data-dir "$work/data" --listen "127.0.0.1:$port" --partitions 32 \
-  >"$work/dev.log" 2>&1 &
+  ${DEV_ARGS:-} >"$work/dev.log" 2>&1 &
 dev=$!
 pids+=("$dev")
 wait_port "$port"

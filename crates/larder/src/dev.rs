@@ -3,6 +3,7 @@
 //! process. Everything lives under one data directory and is found again after a restart.
 
 use std::net::{SocketAddr, TcpListener as StdListener};
+use std::num::NonZeroUsize;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -51,6 +52,13 @@ pub struct DevArgs {
     /// dev` can run side by side. Keys: `larder s3 key create --config <data-dir>/frontend-dc1.toml`.
     #[arg(long, default_value = "127.0.0.1:0")]
     s3_listen: SocketAddr,
+    /// Async worker threads of each storage node; default: the machine's cores shared among
+    /// the nodes and the frontend, at least one each (see `worker_share`).
+    #[arg(long)]
+    node_threads: Option<NonZeroUsize>,
+    /// Async worker threads of the frontend process; default: one per core.
+    #[arg(long)]
+    frontend_threads: Option<NonZeroUsize>,
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -69,17 +77,22 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
     configs::ensure_secret_next_to(&data_dir.join("cluster.toml"))?;
     let storage_configs = write_storage_configs(&map.nodes, &data_dir, certs.as_ref())?;
     let frontend_configs = write_frontend_configs(&map, &data_dir, &args, certs.as_ref())?;
+    let node_threads = args
+        .node_threads
+        .map_or_else(|| worker_share(storage_configs.len()), NonZeroUsize::get);
     let mut children = Vec::new();
     for (node, config) in &storage_configs {
-        children.push((node.clone(), spawn_storage(config)?));
+        children.push((node.clone(), spawn_storage(config, node_threads)?));
     }
     let children = Arc::new(Mutex::new(children));
     let stop = Arc::new(AtomicBool::new(false));
     let follower = {
         let (children, stop) = (children.clone(), stop.clone());
-        std::thread::spawn(move || start_added_nodes(&data_dir, certs.as_ref(), &children, &stop))
+        std::thread::spawn(move || {
+            start_added_nodes(&data_dir, certs.as_ref(), node_threads, &children, &stop)
+        })
     };
-    let result = serve_frontends(&frontend_configs, &map);
+    let result = serve_frontends(&frontend_configs, &map, args.frontend_threads);
     stop.store(true, Ordering::Release);
     let _ = follower.join();
     stop_children(&mut children.lock().unwrap_or_else(|e| e.into_inner()));
@@ -92,6 +105,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
 fn start_added_nodes(
     data_dir: &Path,
     certs: Option<&DevCerts>,
+    node_threads: usize,
     children: &Mutex<Vec<(String, Child)>>,
     stop: &AtomicBool,
 ) {
@@ -112,7 +126,7 @@ fn start_added_nodes(
         let started = write_storage_configs(&added, data_dir, certs).and_then(|configs| {
             for (node, config) in configs {
                 eprintln!("larder dev: starting storage node {node} (added to the cluster map)");
-                children.push((node, spawn_storage(&config)?));
+                children.push((node, spawn_storage(&config, node_threads)?));
             }
             Ok(())
         });
@@ -302,10 +316,26 @@ fn write_frontend_configs(
     Ok(out)
 }
 
-fn spawn_storage(config: &Path) -> anyhow::Result<Child> {
+/// Async worker threads for each of `nodes` storage node processes when the machine's cores
+/// are shared by them and a frontend: `larder dev` runs them all on one machine, and a
+/// runtime per process with a worker per core puts several times as many workers as cores
+/// to wake and park each other (futex and epoll wake-ups were a third of a storage node's
+/// CPU under GET; `benchmarks/cpu-per-request/WORKER-THREADS.md`).
+fn worker_share(nodes: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    share_of(cores, nodes)
+}
+
+fn share_of(cores: usize, nodes: usize) -> usize {
+    (cores / (nodes + 1)).max(1)
+}
+
+fn spawn_storage(config: &Path, worker_threads: usize) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding the larder binary")?;
     let mut command = Command::new(exe);
     command.arg("storage").arg("--config").arg(config);
+    // tokio's multi-thread runtime reads its worker count from here (`cli::runtime`).
+    command.env("TOKIO_WORKER_THREADS", worker_threads.to_string());
     // If this process dies without cleaning up (even by SIGKILL), the kernel tells the children.
     unsafe {
         command.pre_exec(|| {
@@ -321,13 +351,21 @@ fn spawn_storage(config: &Path) -> anyhow::Result<Child> {
 }
 
 /// Runs one frontend per datacenter in this process until SIGTERM/SIGINT stops them all.
-fn serve_frontends(config_paths: &[PathBuf], map: &ClusterMap) -> anyhow::Result<()> {
+fn serve_frontends(
+    config_paths: &[PathBuf],
+    map: &ClusterMap,
+    worker_threads: Option<NonZeroUsize>,
+) -> anyhow::Result<()> {
     let configs = config_paths
         .iter()
         .map(|p| configs::frontend(p))
         .collect::<anyhow::Result<Vec<_>>>()?;
     wait_for_storage(map);
-    tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = worker_threads {
+        runtime.worker_threads(threads.get());
+    }
+    runtime
         .enable_all()
         .build()?
         .block_on(async move {
@@ -430,5 +468,18 @@ fn stop_children(children: &mut [(String, Child)]) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_of;
+
+    #[test]
+    fn each_node_gets_its_share_of_the_cores_and_at_least_one_worker() {
+        assert_eq!(share_of(2, 3), 1);
+        assert_eq!(share_of(16, 3), 4);
+        assert_eq!(share_of(64, 1), 32);
+        assert_eq!(share_of(1, 5), 1);
     }
 }
