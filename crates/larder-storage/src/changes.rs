@@ -43,7 +43,12 @@ pub async fn page(
         }
     }
     let head = store.stats().durable_cursor.to_string();
-    let batch = blocking(move || store.changes(after, limit)).await?;
+    // Peers poll every partition every 200 ms: an idle one's empty page is answered here,
+    // without the blocking pool's two thread wake-ups (7 % of a node's CPU under GET load).
+    let batch = match store.idle_page(after) {
+        Some(empty) => empty,
+        None => blocking(move || store.changes(after, limit)).await?,
+    };
     let changes = batch.changes.into_iter().map(change_entry).collect();
     let page = ChangePage {
         changes,

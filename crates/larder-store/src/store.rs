@@ -248,6 +248,18 @@ impl Store {
         self.engine.changes(after, limit)
     }
 
+    /// The page [`Store::changes`] answers `after` when nothing durable follows it (empty, its
+    /// `next` the same cursor); `None` when something may. Cheap, no I/O: a peer that polls an
+    /// idle replica's feed is answered without leaving the async thread.
+    pub fn idle_page(&self, after: Cursor) -> Option<ChangeBatch> {
+        let head = self.stats().durable_cursor;
+        let idle = after.incarnation == head.incarnation && after.sequence >= head.sequence;
+        idle.then(|| ChangeBatch {
+            changes: Vec::new(),
+            next: after,
+        })
+    }
+
     /// A reader paging through the change feed after `after` that keeps its exact place in the
     /// log between pages (pages as [`Store::changes`] gives them): for a pass over a long feed,
     /// such as a bootstrap export, whose every page must start where the last one stopped.

@@ -229,7 +229,7 @@ pub struct Change {
 }
 
 /// A page of the change feed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChangeBatch {
     pub changes: Vec<Change>,
     /// Cursor to pass as `after` to continue; equals the input when nothing new is durable.

@@ -297,6 +297,17 @@ fn change_feed_pages_in_log_order() {
     }
     assert_eq!(got, want);
     assert_eq!(store.stats().durable_cursor, cursor);
+    // At the head the idle page is the page `changes` answers; before it there is none.
+    assert_eq!(
+        store.idle_page(cursor),
+        Some(store.changes(cursor, 7).unwrap())
+    );
+    let before = Cursor {
+        sequence: cursor.sequence - 1,
+        ..cursor
+    };
+    assert_eq!(store.idle_page(before), None);
+    assert_eq!(store.idle_page(Cursor::START), None);
     drop(store);
     // Cursors stay valid across a reopen.
     let store = Store::open(dir.path(), small_opts()).unwrap();
@@ -304,6 +315,11 @@ fn change_feed_pages_in_log_order() {
     store
         .put_doc(b"late", 1, 1, Bytes::from_static(b"{}"))
         .unwrap();
+    assert_eq!(
+        store.idle_page(cursor),
+        None,
+        "a change follows the cursor now"
+    );
     let after = store.changes(cursor, 10).unwrap();
     assert_eq!(after.changes.len(), 1);
     assert_eq!(&after.changes[0].key[..], b"late");

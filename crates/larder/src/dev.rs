@@ -320,7 +320,7 @@ fn write_frontend_configs(
 /// are shared by them and a frontend: `larder dev` runs them all on one machine, and a
 /// runtime per process with a worker per core puts several times as many workers as cores
 /// to wake and park each other (futex and epoll wake-ups were a third of a storage node's
-/// CPU under GET; `benchmarks/cpu-per-request/WORKER-THREADS.md`).
+/// CPU under GET; `benchmarks/cpu-per-request/STORAGE-WAKEUPS.md`).
 fn worker_share(nodes: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
     share_of(cores, nodes)
@@ -365,34 +365,31 @@ fn serve_frontends(
     if let Some(threads) = worker_threads {
         runtime.worker_threads(threads.get());
     }
-    runtime
-        .enable_all()
-        .build()?
-        .block_on(async move {
-            // Listening before the banner: whoever reads it may stop us at once.
-            let terminate = signals::terminate();
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            let mut frontends = Vec::new();
-            for ((config, map), path) in configs.into_iter().zip(config_paths) {
-                let reload = signals::reload();
-                let listeners = cli::bind_frontend(&config).await?;
-                print_urls(&listeners, &config.datacenter, path)?;
-                let mut stop = stop_rx.clone();
-                let shutdown = Box::pin(async move {
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                });
-                let signals = larder_frontend::Signals { shutdown, reload };
-                frontends.push(tokio::spawn(larder_frontend::serve(
-                    config, map, listeners, signals,
-                )));
-            }
-            terminate.await;
-            let _ = stop_tx.send(true);
-            for frontend in frontends {
-                frontend.await?.map_err(anyhow::Error::msg)?;
-            }
-            Ok(())
-        })
+    runtime.enable_all().build()?.block_on(async move {
+        // Listening before the banner: whoever reads it may stop us at once.
+        let terminate = signals::terminate();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut frontends = Vec::new();
+        for ((config, map), path) in configs.into_iter().zip(config_paths) {
+            let reload = signals::reload();
+            let listeners = cli::bind_frontend(&config).await?;
+            print_urls(&listeners, &config.datacenter, path)?;
+            let mut stop = stop_rx.clone();
+            let shutdown = Box::pin(async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            });
+            let signals = larder_frontend::Signals { shutdown, reload };
+            frontends.push(tokio::spawn(larder_frontend::serve(
+                config, map, listeners, signals,
+            )));
+        }
+        terminate.await;
+        let _ = stop_tx.send(true);
+        for frontend in frontends {
+            frontend.await?.map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
+    })
 }
 
 fn print_urls(
