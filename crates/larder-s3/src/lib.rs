@@ -35,6 +35,7 @@ mod record_cache;
 mod records;
 mod server;
 mod service;
+mod sig_checks;
 mod signed_urls;
 mod stall;
 mod store;

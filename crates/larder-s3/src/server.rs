@@ -3,6 +3,7 @@
 //! same as the main port's), this owns each request: the body's stall clock, s3s, metrics.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -103,13 +104,22 @@ impl S3Api {
         let refusal = match expiry {
             Some(message) => Some(query_error(message)),
             None if req.method() == http::Method::OPTIONS => Some(preflight_refusal(&req)),
-            None => None,
+            None => crate::sig_checks::check_time(req.headers(), SystemTime::now())
+                .err()
+                .map(|refusal| {
+                    let (code, message) = refusal.code_and_message();
+                    error_answer(http::StatusCode::FORBIDDEN, code, message)
+                }),
         };
         if let Some(response) = refusal {
             let response = crate::answers::mend(response, false, request_id).await;
             self.metrics
                 .observe(slot.get(), response.status(), started.elapsed());
             return response;
+        }
+        let mut req = req;
+        if let Some(uri) = crate::sig_checks::v2_bucket_uri(req.headers(), req.uri()) {
+            *req.uri_mut() = uri;
         }
         let head = req.method() == http::Method::HEAD;
         let timeout = self.limits.body_read_timeout;

@@ -136,6 +136,11 @@ fn parts_copy_ranges_of_objects_attributes_page_parts_and_answers_name_requests(
 }
 
 #[test]
+fn requests_signed_long_ago_are_refused_and_sigv2_clients_work() {
+    run_owner_script("signature_times.py");
+}
+
+#[test]
 fn canned_acls_open_and_close_buckets_and_single_objects_to_anonymous_reads() {
     run_owner_script("canned_acls.py");
 }
