@@ -319,7 +319,7 @@ fn write_frontend_configs(
 /// Async worker threads for each of `nodes` storage node processes when the machine's cores
 /// are shared by them and a frontend: `larder dev` runs them all on one machine, and a
 /// runtime per process with a worker per core puts several times as many workers as cores
-/// to wake and park each other (futex and epoll wake-ups were a third of a storage node's
+/// to wake and park each other (futex and epoll wake-ups were a sixth of a storage node's
 /// CPU under GET; `benchmarks/cpu-per-request/STORAGE-WAKEUPS.md`).
 fn worker_share(nodes: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
