@@ -42,7 +42,7 @@ pub async fn page(
             Serve::Behind => return Err(Error::MustBeRebuilt { partition }),
         }
     }
-    let head = store.stats().durable_cursor.to_string();
+    let head = store.durable_cursor().to_string();
     // Peers poll every partition every 200 ms: an idle one's empty page is answered here,
     // without the blocking pool's two thread wake-ups (7 % of a node's CPU under GET load).
     let batch = match store.idle_page(after) {

@@ -248,11 +248,20 @@ impl Store {
         self.engine.changes(after, limit)
     }
 
+    /// The durable end of the change feed ([`crate::Stats::durable_cursor`]), read without the locks
+    /// and counters the rest of [`Store::stats`] takes: for every pull of the feed.
+    pub fn durable_cursor(&self) -> Cursor {
+        Cursor {
+            incarnation: self.engine.incarnation,
+            sequence: self.engine.index.read().last_seq,
+        }
+    }
+
     /// The page [`Store::changes`] answers `after` when nothing durable follows it (empty, its
     /// `next` the same cursor); `None` when something may. Cheap, no I/O: a peer that polls an
     /// idle replica's feed is answered without leaving the async thread.
     pub fn idle_page(&self, after: Cursor) -> Option<ChangeBatch> {
-        let head = self.stats().durable_cursor;
+        let head = self.durable_cursor();
         let idle = after.incarnation == head.incarnation && after.sequence >= head.sequence;
         idle.then(|| ChangeBatch {
             changes: Vec::new(),

@@ -297,6 +297,7 @@ fn change_feed_pages_in_log_order() {
     }
     assert_eq!(got, want);
     assert_eq!(store.stats().durable_cursor, cursor);
+    assert_eq!(store.durable_cursor(), cursor);
     // At the head the idle page is the page `changes` answers; before it there is none.
     assert_eq!(
         store.idle_page(cursor),
