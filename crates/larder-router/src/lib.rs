@@ -13,6 +13,7 @@ mod manifest;
 mod map_cell;
 mod order;
 mod parts_manifest;
+mod pick;
 mod read;
 mod replies;
 mod router;

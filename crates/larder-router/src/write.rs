@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, StatusCode, Uri};
-use larder_cluster::{BlobId, BlobKind, PartitionId, PartitionState};
+use larder_cluster::{BlobId, BlobKind, Partition, PartitionId, PartitionState};
 use larder_proto::{blob_path, header as h, BlobProperties};
-use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
 use crate::order::{bootstrapping, count_in, replicas_in};
+use crate::pick::pick_partition;
 use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
 
@@ -74,27 +74,16 @@ impl Router {
     /// A random read-write partition, preferring those whose local replicas are all up.
     fn pick_partition(&self, except: Option<PartitionId>) -> Result<PartitionId, RouterError> {
         let map = self.maps.get();
-        let writable: Vec<_> = map
-            .partitions
-            .iter()
-            .filter(|p| p.state == PartitionState::ReadWrite && Some(p.id) != except)
-            .collect();
+        let writable = |p: &Partition| p.state == PartitionState::ReadWrite && Some(p.id) != except;
         // Node names are compared in place: collecting each partition's local replicas cost an
         // allocation per partition and one per name, for every PUT.
-        let healthy: Vec<_> = writable
-            .iter()
-            .filter(|p| {
-                p.replicas.iter().all(|r| {
-                    map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
-                        || !self.health.is_marked_down(&r.node)
-                })
+        let healthy = |p: &Partition| {
+            p.replicas.iter().all(|r| {
+                map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
+                    || !self.health.is_marked_down(&r.node)
             })
-            .collect();
-        let rng = &mut rand::rng();
-        healthy
-            .choose(rng)
-            .map(|p| p.id)
-            .or_else(|| writable.choose(rng).map(|p| p.id))
+        };
+        pick_partition(&map.partitions, writable, healthy, &mut rand::rng())
             .ok_or_else(|| RouterError::Unavailable("no writable partition".into()))
     }
 
