@@ -152,7 +152,11 @@ async fn wait_for_cursors(cluster: &Cluster) {
     let pulled = |e: &std::fs::DirEntry| {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         e.file_name().to_string_lossy().ends_with(".cursor")
-            && !text.starts_with("0000000000000000.")
+            // Either slot (the file keeps the last two saves) past the start.
+            && text
+                .lines()
+                .filter_map(|slot| slot.split_whitespace().next())
+                .any(|cursor| !cursor.starts_with("0000000000000000."))
     };
     let started = Instant::now();
     while std::fs::read_dir(&cursors).map_or(0, |d| d.flatten().filter(pulled).count()) < 4 {

@@ -1,6 +1,14 @@
 //! The cursor files: this replica's saved position in each peer's feed, with when and by which
 //! process it was saved (`check_link` reads that to tell a replica that was away), written
 //! durably, and into a spare file made ahead of need when the disk is full.
+//!
+//! A file holds two slots, a page apart (`SLOT_STRIDE`), each a checksummed line with a
+//! generation. A save overwrites the older slot in place and syncs its data: one `fdatasync`,
+//! with no new file, rename or directory sync, and a write torn by a crash leaves the other
+//! slot, the position saved before, which is the last one shown to the peer. Saving through a
+//! new file and a rename cost two syncs (each an ext4 journal commit) and four metadata calls,
+//! once per link per replication round: a quarter of a storage node's syncs under 1 KiB PUTs.
+//! The first save of a link, and a save into a spare, still write a whole new file.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,10 +24,24 @@ use crate::validate::now_ms;
 /// The peer's own incarnation is inside the cursor: the peer restarts a cursor of another of its
 /// incarnations. A file without a time (an older build) counts as saved now.
 pub(super) fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Option<Saved>) {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Some(text) = read_bounded(path) else {
         return (Cursor::START, None);
     };
-    let mut parts = text.split_whitespace();
+    let line = if text.len() == SLOTTED_LEN {
+        match newest_slot(&text) {
+            Some((_, slot)) => slot.line,
+            None => return (Cursor::START, None),
+        }
+    } else {
+        text.as_str()
+    };
+    parse_line(line, local_incarnation)
+}
+
+/// `<cursor> <local incarnation> [<ms> [<process mark>]]`, as `save_cursor` writes it (older
+/// builds wrote fewer fields).
+fn parse_line(line: &str, local_incarnation: u64) -> (Cursor, Option<Saved>) {
+    let mut parts = line.split_whitespace();
     let fields = (parts.next(), parts.next(), parts.next(), parts.next());
     match (fields, parts.next()) {
         ((Some(cursor), Some(local), saved, by), None)
@@ -32,6 +54,73 @@ pub(super) fn load_cursor(path: &Path, local_incarnation: u64) -> (Cursor, Optio
         }
         _ => (Cursor::START, None),
     }
+}
+
+/// The file's text, if it is readable, ASCII and no longer than a slotted file: anything else
+/// is no cursor this code wrote (read as none: pull from the start).
+fn read_bounded(path: &Path) -> Option<String> {
+    read_text(&mut std::fs::File::open(path).ok()?)
+}
+
+fn read_text(file: &mut std::fs::File) -> Option<String> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(SLOTTED_LEN);
+    file.take(SLOTTED_LEN as u64 + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    (bytes.len() <= SLOTTED_LEN && bytes.is_ascii())
+        .then(|| String::from_utf8(bytes).ok())
+        .flatten()
+}
+
+/// Bytes of one slot: a line, its generation and checksum, padded with spaces, ending in `\n`.
+const SLOT_LEN: usize = 128;
+/// Where the second slot starts: on another page than the first, so that a torn write of one
+/// cannot touch the other.
+const SLOT_STRIDE: usize = 4096;
+/// The length of a slotted file (a file of the single-line form is never this long).
+const SLOTTED_LEN: usize = SLOT_STRIDE + SLOT_LEN;
+
+/// A slot that reads back whole: its line and generation.
+struct Slot<'a> {
+    line: &'a str,
+    generation: u64,
+}
+
+/// `<line> <generation> <crc32c of "<line> <generation>", 8 hex digits>`, padded.
+fn slot_bytes(line: &str, generation: u64) -> Option<[u8; SLOT_LEN]> {
+    let body = format!("{line} {generation}");
+    let text = format!("{body} {:08x}", crc32c::crc32c(body.as_bytes()));
+    if text.len() >= SLOT_LEN {
+        return None;
+    }
+    let mut slot = [b' '; SLOT_LEN];
+    slot[..text.len()].copy_from_slice(text.as_bytes());
+    slot[SLOT_LEN - 1] = b'\n';
+    Some(slot)
+}
+
+fn read_slot(text: &str) -> Option<Slot<'_>> {
+    let text = text.trim_end();
+    let (body, crc) = text.rsplit_once(' ')?;
+    if crc.len() != 8 || u32::from_str_radix(crc, 16).ok()? != crc32c::crc32c(body.as_bytes()) {
+        return None;
+    }
+    let (line, generation) = body.rsplit_once(' ')?;
+    Some(Slot {
+        line,
+        generation: generation.parse().ok()?,
+    })
+}
+
+/// The slot with the highest generation among those that read back whole, and its index.
+fn newest_slot(text: &str) -> Option<(usize, Slot<'_>)> {
+    let slots = [&text[..SLOT_LEN], &text[SLOT_STRIDE..]];
+    slots
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| read_slot(t).map(|slot| (i, slot)))
+        .max_by_key(|(_, slot)| slot.generation)
 }
 
 /// When a cursor file was saved, and whether by this process.
@@ -72,7 +161,7 @@ pub(super) fn incarnation_text(incarnation: u64) -> String {
 }
 
 /// Saves a cursor durably: a crash must never move it past changes that are not applied here.
-/// (Moving it back is harmless: applying a change twice is a no-op.) The file holds the peer's
+/// (Moving it back is harmless: applying a change twice is a no-op.) A slot holds the peer's
 /// cursor, the local replica's incarnation, when it was saved and by which process:
 /// `<cursor> <local incarnation> <ms since the epoch> <process mark>` (`process_text`).
 pub(super) fn save_cursor(
@@ -80,22 +169,68 @@ pub(super) fn save_cursor(
     cursor: Cursor,
     local_incarnation: u64,
 ) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let text = format!(
-        "{cursor} {} {} {}\n",
+    let line = format!(
+        "{cursor} {} {} {}",
         incarnation_text(local_incarnation),
         now_ms(),
         process_text()
     );
+    match save_in_place(path, &line) {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {}
+        Err(err) => return Err(err),
+    }
+    save_as_new_file(path, &line)
+}
+
+/// Overwrites the older slot of a slotted file in place and syncs it; `false` when the file
+/// is missing or not slotted (nothing written).
+fn save_in_place(path: &Path, line: &str) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(err),
+    };
+    let Some(text) = read_text(&mut file).filter(|t| t.len() == SLOTTED_LEN) else {
+        return Ok(false);
+    };
+    let (index, generation) = match newest_slot(&text) {
+        Some((i, slot)) => (1 - i, slot.generation.saturating_add(1)),
+        None => (0, 1),
+    };
+    let slot = slot_bytes(line, generation).ok_or_else(too_long)?;
+    file.write_all_at(&slot, (index * SLOT_STRIDE) as u64)?;
+    file.sync_data()?;
+    Ok(true)
+}
+
+fn too_long() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, "cursor line too long")
+}
+
+/// Writes a new slotted file (the line in its first slot) through a temporary file and a
+/// rename, both synced; into a spare (the single-line form) when the disk is full.
+fn save_as_new_file(path: &Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut file_bytes = vec![b' '; SLOTTED_LEN];
+    file_bytes[..SLOT_LEN].copy_from_slice(&slot_bytes(line, 1).ok_or_else(too_long)?);
+    file_bytes[SLOT_STRIDE - 1] = b'\n';
+    file_bytes[SLOTTED_LEN - 1] = b'\n';
     let written = std::fs::File::create(&tmp).and_then(|mut file| {
-        file.write_all(text.as_bytes())?;
+        file.write_all(&file_bytes)?;
         file.sync_data()
     });
     match written {
         Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
             let _ = std::fs::remove_file(&tmp);
-            write_into_spare(&tmp, &text)?;
+            write_into_spare(&tmp, &format!("{line}\n"))?;
         }
         other => other?,
     }
@@ -322,6 +457,119 @@ mod tests {
         );
         make_spares(dir.path());
         assert_eq!(spares(), SPARES, "topped up at the next start");
+    }
+
+    fn position(sequence: u64) -> Cursor {
+        Cursor {
+            incarnation: 0xabc,
+            sequence,
+        }
+    }
+
+    #[test]
+    fn saves_alternate_slots_in_place_and_the_newest_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-s2.cursor");
+        save_cursor(&path, position(1), 7).unwrap();
+        let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        let first = inode();
+        for sequence in 2..=5 {
+            save_cursor(&path, position(sequence), 7).unwrap();
+            assert_eq!(load_cursor(&path, 7).0, position(sequence));
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), SLOTTED_LEN as u64);
+        }
+        assert_eq!(inode(), first, "overwritten in place, not replaced");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let generations: Vec<u64> = [&text[..SLOT_LEN], &text[SLOT_STRIDE..]]
+            .iter()
+            .map(|t| read_slot(t).unwrap().generation)
+            .collect();
+        assert_eq!(
+            generations,
+            [5, 4],
+            "five saves: slot 0 holds the 1st, 3rd and 5th"
+        );
+    }
+
+    /// A crash in the middle of a save tears at most the slot being written: the other one
+    /// holds the position saved before, the last one the peer was shown.
+    #[test]
+    fn a_torn_slot_falls_back_to_the_position_saved_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-s2.cursor");
+        save_cursor(&path, position(10), 7).unwrap();
+        save_cursor(&path, position(11), 7).unwrap(); // into slot 1
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[SLOT_STRIDE + 3] ^= 0x01; // one bit of the newest slot
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(load_cursor(&path, 7).0, position(10));
+        // The next save goes over the torn slot, not over the good one.
+        save_cursor(&path, position(12), 7).unwrap();
+        assert_eq!(load_cursor(&path, 7).0, position(12));
+        save_cursor(&path, position(13), 7).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            read_slot(&text[..SLOT_LEN]).is_some() && read_slot(&text[SLOT_STRIDE..]).is_some()
+        );
+        // Both torn: no position at all (pull from the start), as for a lost file.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0x01;
+        bytes[SLOT_STRIDE] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(load_cursor(&path, 7), (Cursor::START, None));
+    }
+
+    #[test]
+    fn a_file_of_the_single_line_form_reads_and_is_rewritten_slotted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p1-s2.cursor");
+        let line = format!(
+            "{} {} 5 {}\n",
+            position(3),
+            incarnation_text(7),
+            process_text()
+        );
+        std::fs::write(&path, line).unwrap();
+        assert_eq!(load_cursor(&path, 7).0, position(3));
+        save_cursor(&path, position(4), 7).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), SLOTTED_LEN as u64);
+        assert_eq!(load_cursor(&path, 7).0, position(4));
+        // Longer than any cursor file, or not text: none.
+        std::fs::write(&path, vec![b' '; SLOTTED_LEN + 1]).unwrap();
+        assert_eq!(load_cursor(&path, 7), (Cursor::START, None));
+        std::fs::write(&path, [0xff, 0xfe]).unwrap();
+        assert_eq!(load_cursor(&path, 7), (Cursor::START, None));
+    }
+
+    proptest::proptest! {
+        /// Whatever the disk holds, reading it never panics; a slot reads back what was put in.
+        #[test]
+        fn slots_read_back_and_any_bytes_are_safe(
+            sequence in 0u64..u64::MAX,
+            generation in 0u64..u64::MAX,
+            noise in proptest::collection::vec(proptest::num::u8::ANY, 0..SLOTTED_LEN + 2),
+            at in 0usize..SLOT_LEN,
+        ) {
+            let line = format!("{} {} 5 {}", position(sequence), incarnation_text(7), process_text());
+            let slot = slot_bytes(&line, generation).unwrap();
+            let read = read_slot(std::str::from_utf8(&slot).unwrap()).unwrap();
+            proptest::prop_assert_eq!((read.line, read.generation), (line.as_str(), generation));
+            let mut flipped = slot;
+            flipped[at] ^= 0x20;
+            if let Ok(text) = std::str::from_utf8(&flipped) {
+                // A changed byte fails the checksum, unless it only turned padding into padding.
+                let same = read_slot(text).is_some_and(|r| r.line == line && r.generation == generation);
+                proptest::prop_assert!(read_slot(text).is_none() || same);
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("p1-s2.cursor");
+            std::fs::write(&path, &noise).unwrap();
+            let _ = load_cursor(&path, 7);
+            let mut slotted = noise.clone();
+            slotted.resize(SLOTTED_LEN, b' ');
+            std::fs::write(&path, &slotted).unwrap();
+            let _ = load_cursor(&path, 7);
+        }
     }
 
     #[test]
