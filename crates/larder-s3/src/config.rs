@@ -53,6 +53,12 @@ pub struct S3Config {
     /// Largest body kept there.
     #[serde(default = "default_body_cache_max_object")]
     pub body_cache_max_object: u64,
+    /// Whether requests signed with AWS Signature Version 2 (HMAC-SHA1, in an `Authorization:
+    /// AWS ...` header or a presigned URL's `Signature`) are taken. `false` refuses them with
+    /// 400 `InvalidRequest` before any key is looked up, as S3 regions that take only SigV4
+    /// do; SigV4 and anonymous requests are unchanged.
+    #[serde(default = "default_signature_v2")]
+    pub signature_v2: bool,
 }
 
 impl S3Config {
@@ -87,6 +93,10 @@ pub fn records_router(
         .acting_in(&home)
         .map_err(|e| format!("[s3] home_datacenter: {e}"))?;
     Ok(std::sync::Arc::new(acting))
+}
+
+fn default_signature_v2() -> bool {
+    true
 }
 
 fn default_leaf_entries() -> usize {

@@ -33,6 +33,8 @@ pub struct S3Api {
     service: S3Service,
     metrics: S3Metrics,
     limits: BlobLimits,
+    /// `[s3] signature_v2`.
+    signature_v2: bool,
 }
 
 impl S3Api {
@@ -88,7 +90,17 @@ impl S3Api {
             service: service(larder),
             metrics: S3Metrics::register(registry),
             limits,
+            signature_v2: config.signature_v2,
         })
+    }
+
+    /// What is checked of a signed request before s3s verifies it (`sig_checks.rs`).
+    fn check_signed<B>(&self, req: &http::Request<B>) -> Result<(), crate::sig_checks::Refusal> {
+        use crate::sig_checks::{check_time, is_signature_v2, Refusal};
+        if !self.signature_v2 && is_signature_v2(req.headers(), req.uri()) {
+            return Err(Refusal::SignatureV2);
+        }
+        check_time(req.headers(), SystemTime::now())
     }
 
     /// Answers one request. A body from which nothing arrives for `body_read_timeout` fails
@@ -104,12 +116,10 @@ impl S3Api {
         let refusal = match expiry {
             Some(message) => Some(query_error(message)),
             None if req.method() == http::Method::OPTIONS => Some(preflight_refusal(&req)),
-            None => crate::sig_checks::check_time(req.headers(), SystemTime::now())
-                .err()
-                .map(|refusal| {
-                    let (code, message) = refusal.code_and_message();
-                    error_answer(http::StatusCode::FORBIDDEN, code, message)
-                }),
+            None => self.check_signed(&req).err().map(|refusal| {
+                let (code, message) = refusal.code_and_message();
+                error_answer(refusal.status(), code, message)
+            }),
         };
         if let Some(response) = refusal {
             let response = crate::answers::mend(response, false, request_id).await;

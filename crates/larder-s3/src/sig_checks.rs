@@ -10,6 +10,7 @@
 //!   (S3's canonical resource for a bucket) and send `/bucket`; s3s signs the path as sent, so
 //!   every SigV2 bucket operation failed with `SignatureDoesNotMatch`. Such a request's path is
 //!   given its slash before s3s reads it (both name the same bucket to s3s).
+//! - **SigV2 at all**, refused with 400 `InvalidRequest` when `[s3] signature_v2 = false`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +23,8 @@ pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 /// Why a signed request is refused before its signature is checked.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refusal {
+    /// Signed with SigV2 where `[s3] signature_v2 = false` (400 InvalidRequest).
+    SignatureV2,
     /// A SigV2 request with no `x-amz-date` or `Date` that reads as a time (403 AccessDenied).
     NoDate,
     /// Signed further than [`MAX_SKEW`] from now (403 RequestTimeTooSkewed).
@@ -29,9 +32,37 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The HTTP status of the refusal.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Refusal::SignatureV2 => http::StatusCode::BAD_REQUEST,
+            Refusal::NoDate | Refusal::Skewed => http::StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+/// Whether the request is signed with SigV2: an `Authorization: AWS <key>:<signature>` header,
+/// or a presigned URL's `AWSAccessKeyId` (SigV4's query names its own `X-Amz-*` parameters).
+pub fn is_signature_v2(headers: &HeaderMap, uri: &Uri) -> bool {
+    let header_v2 = headers
+        .get(AUTHORIZATION)
+        .is_some_and(|a| a.as_bytes().starts_with(b"AWS "));
+    header_v2
+        || uri.query().is_some_and(|q| {
+            q.split('&')
+                .any(|p| p.starts_with("AWSAccessKeyId=") || p.starts_with("Signature="))
+        })
+}
+
+impl Refusal {
     /// The S3 error code and message of the refusal (fixed texts).
     pub fn code_and_message(&self) -> (&'static str, &'static str) {
         match self {
+            Refusal::SignatureV2 => (
+                "InvalidRequest",
+                "The authorization mechanism you have provided is not supported. Please use \
+                 AWS4-HMAC-SHA256.",
+            ),
             Refusal::NoDate => (
                 "AccessDenied",
                 "AWS authentication requires a valid Date or x-amz-date header",
@@ -74,14 +105,8 @@ pub fn check_time(headers: &HeaderMap, now: SystemTime) -> Result<(), Refusal> {
 /// For a SigV2 request (header or query) of a path-style bucket (`/bucket`, with or without a
 /// query): the same request's URI with the bucket's slash (`/bucket/`); `None` otherwise.
 pub fn v2_bucket_uri(headers: &HeaderMap, uri: &Uri) -> Option<Uri> {
-    let header_v2 = headers
-        .get(AUTHORIZATION)
-        .is_some_and(|a| a.as_bytes().starts_with(b"AWS "));
-    let query_v2 = uri
-        .query()
-        .is_some_and(|q| q.split('&').any(|p| p.starts_with("AWSAccessKeyId=")));
     let bucket = uri.path().strip_prefix('/')?;
-    if !(header_v2 || query_v2) || bucket.is_empty() || bucket.contains('/') {
+    if !is_signature_v2(headers, uri) || bucket.is_empty() || bucket.contains('/') {
         return None;
     }
     let path_and_query = match uri.query() {

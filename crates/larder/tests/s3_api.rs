@@ -140,6 +140,20 @@ fn requests_signed_long_ago_are_refused_and_sigv2_clients_work() {
     run_owner_script("signature_times.py");
 }
 
+/// `[s3] signature_v2 = false` refuses SigV2 (headers and presigned URLs) with 400.
+#[test]
+fn sigv2_is_refused_when_switched_off() {
+    let s3 = common::free_addresses(1)[0];
+    let extra = format!("[s3]\nlisten = \"{s3}\"\nsignature_v2 = false\n");
+    let cluster = Cluster::start_with(3, 8, &extra);
+    common::wait_for_port(s3);
+    let (id, secret) = create_key(&cluster, &["*:owner"]);
+    run_script(
+        "signature_v2_off.py",
+        &[&format!("http://{s3}"), &id, &secret],
+    );
+}
+
 #[test]
 fn canned_acls_open_and_close_buckets_and_single_objects_to_anonymous_reads() {
     run_owner_script("canned_acls.py");

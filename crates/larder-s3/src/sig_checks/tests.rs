@@ -171,3 +171,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn sigv2_is_told_from_sigv4_by_header_and_by_query() {
+    let uri = |text: &str| text.parse::<Uri>().unwrap();
+    let none = HeaderMap::new();
+    let v2 = headers(&[("authorization", "AWS AKID:c2lnbmF0dXJl")]);
+    let v4 = headers(&[("authorization", V4)]);
+    assert!(is_signature_v2(&v2, &uri("/b/k")));
+    assert!(!is_signature_v2(&v4, &uri("/b/k")));
+    assert!(!is_signature_v2(&none, &uri("/b/k")), "anonymous");
+    assert!(is_signature_v2(
+        &none,
+        &uri("/b/k?AWSAccessKeyId=AKID&Expires=1&Signature=x")
+    ));
+    assert!(!is_signature_v2(
+        &none,
+        &uri("/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=00")
+    ));
+    assert!(!is_signature_v2(
+        &none,
+        &uri("/b?list-type=2&prefix=Signature")
+    ));
+    assert_eq!(Refusal::SignatureV2.status(), http::StatusCode::BAD_REQUEST);
+    assert_eq!(Refusal::SignatureV2.code_and_message().0, "InvalidRequest");
+}
