@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Syncs and CPU per durable 1 KiB PUT, per process, for two builds side by side: `larder dev`
 # (3 storage nodes, 32 partitions, frontend in the dev process, data on the disk under a fresh
-# temporary directory), h2load 1 connection x 256 streams sending REQUESTS PUTs, counted by
+# directory in the target dir), h2load 1 connection x 256 streams sending REQUESTS PUTs, counted by
 # `perf stat` on each process: fdatasync, fsync, rename and openat calls (counts barely move
 # when other work shares the machine) and task-clock (CPU time, which does). Rounds alternate
 # which build goes first.
@@ -15,14 +15,7 @@ base=${BASE:?set BASE to the baseline larder binary}
 head=${HEAD:?set HEAD to the larder binary under test}
 rounds=${ROUNDS:-3}
 requests=${REQUESTS:-60000}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+bench_workdir put-syncs # $work, and `pids` stopped at exit
 head -c 1024 /dev/urandom > "$work/1k"
 events=task-clock,context-switches
 for call in fdatasync fsync rename renameat2 openat pwritev; do
