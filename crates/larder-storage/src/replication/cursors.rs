@@ -7,7 +7,8 @@
 //! with no new file, rename or directory sync, and a write torn by a crash leaves the other
 //! slot, the position saved before, which is the last one shown to the peer. Saving through a
 //! new file and a rename cost two syncs (each an ext4 journal commit) and four metadata calls,
-//! once per link per replication round: a quarter of a storage node's syncs under 1 KiB PUTs.
+//! once per link per replication round: about a third of a storage node's syncs under 1 KiB
+//! PUTs (`benchmarks/cpu-per-request/PUT-SYNCS.md`).
 //! The first save of a link, and a save into a spare, still write a whole new file.
 
 use std::path::{Path, PathBuf};
@@ -506,6 +507,19 @@ mod tests {
         // The next save goes over the torn slot, not over the good one.
         save_cursor(&path, position(12), 7).unwrap();
         assert_eq!(load_cursor(&path, 7).0, position(12));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let kept = read_slot(&text[..SLOT_LEN]).expect("slot 0 untouched");
+        assert!(
+            kept.line.starts_with(&position(10).to_string()),
+            "{}",
+            kept.line
+        );
+        let new = read_slot(&text[SLOT_STRIDE..]).expect("slot 1 rewritten");
+        assert!(
+            new.line.starts_with(&position(12).to_string()),
+            "{}",
+            new.line
+        );
         save_cursor(&path, position(13), 7).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(
