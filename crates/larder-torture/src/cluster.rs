@@ -220,17 +220,31 @@ fn free_port_run(n: usize) -> anyhow::Result<u16> {
     let span = u32::from(high - low);
     let n = u16::try_from(n).context("too many ports")?;
     anyhow::ensure!(u32::from(n) < span, "no room for {n} ports");
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..500 {
         let first = low + (next_pick() % (span - u32::from(n))) as u16;
-        let held: Vec<_> = (0..n)
-            .map_while(|i| TcpListener::bind(("127.0.0.1", first + i)).ok())
+        let run = first..first + n;
+        if run.clone().any(|port| handed_out.contains(&port)) {
+            continue;
+        }
+        let held: Vec<_> = run
+            .clone()
+            .map_while(|port| TcpListener::bind(("127.0.0.1", port)).ok())
             .collect();
         if held.len() == usize::from(n) {
+            handed_out.extend(run);
             return Ok(first);
         }
     }
     anyhow::bail!("no run of {n} free ports in {low}..{high}")
 }
+
+/// Every port this process has handed out. A port is free when picked but taken only later
+/// (a node's process starts after every port is chosen; the map's addresses are bound by the
+/// proxies one by one), so without this two nodes could be given one port: one of them cannot
+/// listen and the other answers for it (CI: the frontend's "primary s3" answered as s1).
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// Ports from 10000 up to the start of the kernel's ephemeral range.
 fn ports_outside_ephemeral_range() -> (u16, u16) {
