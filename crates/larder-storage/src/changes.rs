@@ -1,6 +1,7 @@
 //! `GET .../changes`: a page of a replica's change feed (durable records only), which peers
-//! replicate from. A peer names itself (`replica=<node id>`): its cursor is its position in
-//! this replica's feed, from which the tombstone horizon is computed (`horizon.rs`).
+//! replicate from. A peer names itself (`replica=<node id>`): its saved cursor (`saved=`, else
+//! `after`) is its position in this replica's feed, from which the tombstone horizon is
+//! computed (`horizon.rs`).
 
 use http::{Response, StatusCode};
 use larder_proto::{ChangeEntry, ChangePage};
@@ -24,6 +25,7 @@ pub async fn page(
 ) -> Result<Response<Body>> {
     let Query {
         after,
+        saved,
         limit,
         replica,
         fresh,
@@ -35,7 +37,8 @@ pub async fn page(
         return Err(Error::Bootstrapping { partition });
     }
     if let Some(peer) = replica {
-        note_peer(node, partition, &store, (peer, fresh), after)?;
+        let saved = saved.map_or(after, |saved| position(saved, after));
+        note_peer(node, partition, &store, (peer, fresh), (after, saved))?;
         match node.horizons.may_serve(partition, peer) {
             Serve::Yes => {}
             Serve::NotChecked => return Err(Error::NotCheckedYet { partition }),
@@ -60,7 +63,8 @@ pub async fn page(
 
 /// A peer replica's pull: refused if it asks from before a tombstone this replica dropped (its
 /// own cursor went back, or it was not a replica when the drop happened: it may hold data that
-/// delete removed, so it must be rebuilt); otherwise its position feeds the horizon.
+/// delete removed, so it must be rebuilt); otherwise its saved position (where its restart
+/// would resume; `after` when it does not say) feeds the horizon.
 ///
 /// Except for a `fresh` copy: a replica its node is rebuilding from an empty store (`fresh=1`),
 /// or any export (a bulk copy into an empty store). Its data is what this feed and its peers'
@@ -76,7 +80,7 @@ pub(crate) fn note_peer(
     partition: u32,
     store: &Store,
     (peer, fresh): (&str, bool),
-    after: Cursor,
+    (after, saved): (Cursor, Cursor),
 ) -> Result<()> {
     let dropped = store.dropped_through();
     if !fresh && after.incarnation == store.incarnation() && after.sequence < dropped {
@@ -84,7 +88,7 @@ pub(crate) fn note_peer(
             "a peer replica is behind tombstones this replica dropped: it must be rebuilt");
         // Its position is that low now: no tombstone after it is dropped.
         node.horizons
-            .pulled(partition, peer, after, store.incarnation());
+            .pulled(partition, peer, saved, store.incarnation());
         return Err(Error::BehindDroppedTombstones {
             partition,
             after: after.sequence,
@@ -92,12 +96,23 @@ pub(crate) fn note_peer(
         });
     }
     node.horizons
-        .pulled(partition, peer, after, store.incarnation());
+        .pulled(partition, peer, saved, store.incarnation());
     Ok(())
+}
+
+/// A peer's saved position, never past where it pulls from.
+fn position(saved: Cursor, after: Cursor) -> Cursor {
+    match saved.incarnation == after.incarnation && saved.sequence > after.sequence {
+        true => after,
+        false => saved,
+    }
 }
 
 struct Query<'a> {
     after: Cursor,
+    /// Where the pulling replica's restart would resume (its last saved cursor): everything
+    /// before it is durably there. Its pulls between saves start further on (`after`).
+    saved: Option<Cursor>,
     limit: usize,
     /// The node id of the peer replica pulling (replication names itself; other readers
     /// don't).
@@ -109,6 +124,7 @@ struct Query<'a> {
 
 fn parse_query(query: &str) -> Result<Query<'_>> {
     let mut after = Cursor::START;
+    let mut saved = None;
     let mut limit = DEFAULT_LIMIT;
     let mut replica = None;
     let mut fresh = false;
@@ -119,6 +135,13 @@ fn parse_query(query: &str) -> Result<Query<'_>> {
                 after = value
                     .parse()
                     .map_err(|_| Error::BadQuery("after is not a cursor"))?
+            }
+            "saved" => {
+                saved = Some(
+                    value
+                        .parse()
+                        .map_err(|_| Error::BadQuery("saved is not a cursor"))?,
+                )
             }
             "limit" => {
                 let asked: usize = value
@@ -133,6 +156,7 @@ fn parse_query(query: &str) -> Result<Query<'_>> {
     }
     Ok(Query {
         after,
+        saved,
         limit,
         replica,
         fresh,
@@ -154,5 +178,41 @@ fn change_entry(change: larder_store::Change) -> ChangeEntry {
         version: change.version,
         size: change.size,
         expires_ms: change.expires_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(incarnation: u64, sequence: u64) -> Cursor {
+        Cursor {
+            incarnation,
+            sequence,
+        }
+    }
+
+    #[test]
+    fn a_pull_names_where_it_reads_from_and_what_it_saved() {
+        let q =
+            parse_query("after=000000000000000a.9&saved=000000000000000a.4&replica=s2").unwrap();
+        assert_eq!(q.after, cursor(10, 9));
+        assert_eq!(q.saved, Some(cursor(10, 4)));
+        assert_eq!(q.replica, Some("s2"));
+        assert!(parse_query("after=000000000000000a.9")
+            .unwrap()
+            .saved
+            .is_none());
+        assert!(parse_query("saved=nonsense").is_err());
+    }
+
+    #[test]
+    fn a_saved_position_never_counts_past_the_pull() {
+        // Behind the pull: that is the position.
+        assert_eq!(position(cursor(10, 4), cursor(10, 9)), cursor(10, 4));
+        // Ahead of it, in the same feed: no further than the pull.
+        assert_eq!(position(cursor(10, 12), cursor(10, 9)), cursor(10, 9));
+        // Saved in another incarnation of this replica: it counts as nothing (`Horizons`).
+        assert_eq!(position(cursor(7, 12), cursor(10, 9)), cursor(7, 12));
     }
 }

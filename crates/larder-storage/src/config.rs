@@ -298,6 +298,10 @@ pub struct ReplicationConfig {
     /// datacenter (`ARCHITECTURE.md`, "The read path").
     #[serde(with = "humantime_serde")]
     pub caught_up_window: Duration,
+    /// A link's position is saved (one `fdatasync`) at most this often while it moves; a
+    /// restart pulls again what came since its last save. 0: after every page.
+    #[serde(with = "humantime_serde")]
+    pub cursor_save_every: Duration,
 }
 
 impl Default for ReplicationConfig {
@@ -311,6 +315,7 @@ impl Default for ReplicationConfig {
             backoff_max: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             caught_up_window: Duration::from_secs(5),
+            cursor_save_every: Duration::from_secs(1),
         }
     }
 }

@@ -50,7 +50,7 @@ pub async fn export(
     if let Some(peer) = replica {
         // The new replica's position holds this partition's tombstones until it has them.
         // An export is always a fresh copy's scan (`changes::note_peer`).
-        crate::changes::note_peer(&node, partition, &store, (peer, true), after)?;
+        crate::changes::note_peer(&node, partition, &store, (peer, true), (after, after))?;
         if node.horizons.may_serve(partition, peer) == Serve::Behind {
             return Err(Error::MustBeRebuilt { partition });
         }

@@ -94,7 +94,15 @@ struct Link {
     partition: PartitionId,
     peer: String,
     store: Store,
+    /// Where the next pull starts: every change before it is applied here (durably).
     cursor: Cursor,
+    /// The position last saved in `file`, where a restart resumes; at or behind `cursor`. The
+    /// peer is told it as this replica's position in its feed (`saved=`), its tombstone
+    /// horizon, which must never be ahead of what a restart here would resume from.
+    saved: Cursor,
+    /// When this link last saved (or loaded) `saved`: the start keeper's writes of the same
+    /// file do not count, or a link whose saved position is a start would never be due.
+    saved_at: std::time::Instant,
     /// Shared with the worker's keeper of start positions (`keep_starts_fresh`). While the
     /// partition's bulk bootstrap runs the link is skipped and the file is the bootstrap's; it
     /// is read again after (the bootstrap saves the source's cursor at its end).
@@ -223,6 +231,8 @@ fn links_by_peer(node: &StorageNode, map: &ClusterMap, dir: &Path) -> Planned {
                 peer: peer.node.clone(),
                 store: store.clone(),
                 cursor,
+                saved: cursor,
+                saved_at: std::time::Instant::now(),
                 file: CursorFile::new(cursor_file, cursor, node.moves.copying(*partition)),
             };
             if !local_is_new {
@@ -488,6 +498,15 @@ impl Worker {
                 _ = stop.changed() => {}
             }
         }
+        // A clean stop saves where each link got to: a restart need not pull it again.
+        for link in links.iter_mut() {
+            if link.saved != link.cursor && !link.file.paused() {
+                if let Err(err) = self.save(link).await {
+                    tracing::warn!(partition = link.partition, peer = %link.peer, %err,
+                        "cannot save the replication cursor at stop");
+                }
+            }
+        }
         let _ = keeper.await;
     }
 
@@ -500,6 +519,8 @@ impl Worker {
         if link.file.paused() {
             let cursor = link.file.resume(link.store.incarnation());
             link.cursor = cursor;
+            link.saved = cursor;
+            link.saved_at = std::time::Instant::now();
             self.node
                 .moves
                 .note_position(link.partition, &link.peer, cursor);
@@ -552,18 +573,13 @@ impl Worker {
                 .next
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
-            let local = link.store.incarnation();
-            link.file
-                .save_off_thread(next, local)
-                .await
-                .map_err(ReplicationError::SaveCursor)?;
-            // Only once saved: the peer reads our next request's cursor as our position in its
-            // feed (its tombstone horizon), which must never be ahead of what a restart of
-            // ours would resume from.
+            // Applied (durably): the next pull starts after it. The peer's horizon moves
+            // only with `saved`, once a save is due.
             link.cursor = next;
             self.node
                 .moves
                 .note_position(link.partition, &link.peer, next);
+            self.save_if_due(link).await?;
             if at_head {
                 // Applied and saved: every change the peer held when we asked is here.
                 self.node
@@ -584,16 +600,37 @@ impl Worker {
             .map_err(|_| ReplicationError::BadCursor(next.to_owned()))?;
         let stale = link.file.stale(quarter_of_retention(&self.node));
         let moved = next != link.cursor;
+        link.cursor = next;
         if moved || stale {
-            link.file
-                .save_off_thread(next, link.store.incarnation())
-                .await
-                .map_err(ReplicationError::SaveCursor)?;
-            link.cursor = next;
+            self.save(link).await?;
+        } else {
+            self.save_if_due(link).await?;
         }
         self.node
             .moves
             .note_position(link.partition, &link.peer, link.cursor);
+        Ok(())
+    }
+
+    /// Saves the link's position if it moved since its last save and that save is at least
+    /// `cursor_save_every` old. Saving after every page cost a node a third of its
+    /// `fdatasync`s under load (64 links, a round each 200 ms). Between saves a restart
+    /// resumes from the saved position and applies some changes again, which changes nothing
+    /// (blobs are immutable, tombstones win, documents keep the newest version).
+    async fn save_if_due(&self, link: &mut Link) -> Result<()> {
+        if link.saved == link.cursor || link.saved_at.elapsed() < self.config.cursor_save_every {
+            return Ok(());
+        }
+        self.save(link).await
+    }
+
+    async fn save(&self, link: &mut Link) -> Result<()> {
+        link.file
+            .save_off_thread(link.cursor, link.store.incarnation())
+            .await
+            .map_err(ReplicationError::SaveCursor)?;
+        link.saved = link.cursor;
+        link.saved_at = std::time::Instant::now();
         Ok(())
     }
 
@@ -657,8 +694,8 @@ impl Worker {
             &link.cursor.to_string(),
             self.config.page_size,
         );
-        // Naming ourselves makes our cursor our position in the peer's feed (its horizon).
-        let mut path = format!("{path}&replica={}", self.node.node_id);
+        // Naming ourselves makes our saved cursor our position in the peer's feed (its horizon).
+        let mut path = format!("{path}&replica={}&saved={}", self.node.node_id, link.saved);
         if is_fresh_copy(&self.node, link.partition) {
             path.push_str("&fresh=1");
         }

@@ -243,3 +243,51 @@ async fn a_rebuilt_replica_pulls_everything_again() {
     cluster.restart_node(0);
     wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
 }
+
+/// Whether a cursor file's text names a position past the start of a feed in either slot (the
+/// file keeps the last two saves).
+fn past_start(text: &str) -> bool {
+    text.lines()
+        .filter_map(|slot| slot.split_whitespace().next())
+        .filter_map(|cursor| cursor.split_once('.'))
+        .any(|(_, sequence)| sequence != "0")
+}
+
+/// Replication saves a link's position (an `fdatasync`) at most once per `cursor_save_every`,
+/// and where every link got to at a clean stop. With an hour between saves, pulls move past
+/// the writes while every file still holds a start position; a clean stop saves them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_are_saved_at_most_once_per_interval_and_at_a_clean_stop() {
+    let storage = "[replication]\ncursor_save_every = \"1h\"\n";
+    let mut cluster = Cluster::start_full(3, 2, "", storage);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(put(&client, i).await);
+    }
+    let expected: Vec<(String, StatusCode)> =
+        ids.iter().map(|id| (id.clone(), StatusCode::OK)).collect();
+    wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
+    // Rounds run every 200 ms: node 0 has pulled past the writes several times over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let replication_dir = cluster
+        .dir
+        .path()
+        .join(&cluster.map.nodes[0].id)
+        .join("replication");
+    let files = cursor_files(&replication_dir);
+    assert_eq!(files.len(), 4, "a file per partition and peer: {files:?}");
+    assert!(
+        files.iter().all(|(_, text)| !past_start(text)),
+        "saved before an hour passed: {files:?}"
+    );
+    cluster.stop_node(0);
+    let files = cursor_files(&replication_dir);
+    assert!(
+        files.iter().all(|(_, text)| past_start(text)),
+        "not saved at the clean stop: {files:?}"
+    );
+    // And the restart resumes from there.
+    cluster.restart_node(0);
+    wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
+}

@@ -320,3 +320,62 @@ async fn a_fresh_replica_scanning_below_the_drops_page_by_page_catches_up() {
     // Its pulls start at the beginning of each peer's feed, whose drops lie pages ahead.
     node_2_comes_back_empty(&mut cluster, &client, &ids, &deleted).await;
 }
+
+/// Pulls each partition's feed on node `i` by hand as peer `peer`, from the feed's head
+/// (`after`) but naming `saved` as the position its restart would resume from: `None` names the
+/// head there too.
+async fn pull_as(cluster: &Cluster, i: usize, peer: &str, saved: Option<&str>) {
+    let client = cluster.node_client(cluster.node_addr(i)).await;
+    for partition in 0..2u32 {
+        let start = larder_proto::changes_path(partition, "0000000000000000.0", 10_000);
+        let (status, body) = client.request(Method::GET, &start, Bytes::new()).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let head = page["head"].as_str().unwrap();
+        let start_of_feed = format!("{}.0", head.split_once('.').unwrap().0);
+        let saved = saved.map_or(head.to_owned(), |s| s.replace("START", &start_of_feed));
+        let path = format!(
+            "{}&replica={peer}&saved={saved}",
+            larder_proto::changes_path(partition, head, 10)
+        );
+        // 200, or 425 while this node has not pulled from that peer since it started: the
+        // position counts either way.
+        let (status, body) = client.request(Method::GET, &path, Bytes::new()).await;
+        assert!(
+            status == StatusCode::OK || status == StatusCode::TOO_EARLY,
+            "{status} {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}
+
+/// A peer's position for the tombstone horizon is the one it says it saved, not where it pulls
+/// from: its pulls run ahead of its saves (`cursor_save_every`), and a restart resumes from the
+/// save. While node 2 (stopped) last said it saved the start of each feed, nothing is dropped
+/// although its pull began at the head; once it says it saved the head, the tombstones go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_horizon_follows_the_position_a_peer_saved_not_the_one_it_pulls_from() {
+    let mut cluster = Cluster::start_full(3, 2, "", STORAGE);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let ids = put_blobs(&client, 8).await;
+    let deleted: Vec<String> = ids[..4].to_vec();
+    delete(&client, &deleted).await;
+    wait_for(&cluster, &[0, 1, 2], &deleted, StatusCode::GONE).await;
+    cluster.stop_node(2);
+    let node2 = cluster.map.nodes[2].id.clone();
+    for i in [0, 1] {
+        pull_as(&cluster, i, &node2, Some("START")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..3 {
+        for i in [0, 1] {
+            assert_eq!(compact(&cluster, i).await, 0, "node {i} dropped tombstones");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    wait_for(&cluster, &[0, 1], &deleted, StatusCode::GONE).await;
+    for i in [0, 1] {
+        pull_as(&cluster, i, &node2, None).await;
+    }
+    compact_until_gone(&cluster, &[0, 1], &deleted).await;
+}
