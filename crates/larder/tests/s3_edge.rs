@@ -214,3 +214,51 @@ print(s3.generate_presigned_url('get_object', Params={{'Bucket': 'secure', 'Key'
     let curl = String::from_utf8_lossy(&curl.stdout);
     assert_eq!(curl.trim(), "over tls\n2", "{curl}");
 }
+
+/// A client's mistakes are not the server's errors: s3s logs every S3 answer that is not a
+/// success at ERROR, and with the default log filter none of that reaches the frontend's log.
+/// With `s3s` named in `LARDER_LOG` it does: the request did take s3s's error path.
+#[test]
+fn client_errors_on_the_s3_port_stay_out_of_the_log_by_default() {
+    let cluster = Cluster::start(3, 8);
+    for (filter, logged) in [(None, false), (Some("info,s3s=error"), true)] {
+        let [listen, s3] = common::free_addresses(2)[..] else {
+            unreachable!()
+        };
+        let config = std::fs::read_to_string(cluster.path("frontend-dc1.toml"))
+            .unwrap()
+            .replace(
+                &format!("listen = \"{}\"", cluster.frontend_addr),
+                &format!("listen = \"{listen}\""),
+            );
+        let path = cluster.path("frontend-logs.toml");
+        std::fs::write(&path, format!("{config}\n[s3]\nlisten = \"{s3}\"\n")).unwrap();
+        let log = cluster.dir.path().join("frontend-logs.log");
+        let mut command = Command::new(common::LARDER);
+        command
+            .args(["frontend", "--config", &path])
+            .env_remove("LARDER_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Some(filter) = filter {
+            command.env("LARDER_LOG", filter);
+        }
+        let mut frontend = command.spawn().unwrap();
+        common::wait_for_port(s3);
+        let url = format!("http://{s3}/no-such-bucket/key");
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &url])
+            .output()
+            .unwrap();
+        let status = String::from_utf8_lossy(&out.stdout).into_owned();
+        frontend.kill().unwrap();
+        frontend.wait().unwrap();
+        assert!(status == "403" || status == "404", "{status}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            text.contains("s3s"),
+            logged,
+            "LARDER_LOG {filter:?}:\n{text}"
+        );
+    }
+}
