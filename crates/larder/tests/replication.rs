@@ -185,6 +185,17 @@ async fn sustained_writes_while_nodes_are_killed_and_restarted() {
     );
 }
 
+/// Puts `n` blobs and waits until every replica has each: the blobs, each with 200.
+async fn put_converged(cluster: &Cluster, n: usize) -> Vec<(String, StatusCode)> {
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let mut expected = Vec::new();
+    for i in 0..n {
+        expected.push((put(&client, i).await, StatusCode::OK));
+    }
+    wait_converged(cluster, &expected, Duration::from_secs(30)).await;
+    expected
+}
+
 /// Every file in `dir` whose name ends with `.cursor`, with its contents.
 fn cursor_files(dir: &std::path::Path) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = std::fs::read_dir(dir)
@@ -209,14 +220,7 @@ fn cursor_files(dir: &std::path::Path) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuilt_replica_pulls_everything_again() {
     let mut cluster = Cluster::start(3, 2);
-    let client = H2Client::connect(cluster.frontend_addr).await;
-    let mut ids = Vec::new();
-    for i in 0..20 {
-        ids.push(put(&client, i).await);
-    }
-    let expected: Vec<(String, StatusCode)> =
-        ids.iter().map(|id| (id.clone(), StatusCode::OK)).collect();
-    wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
+    let expected = put_converged(&cluster, 20).await;
     // Node 0 has pulled its peers' feeds to their ends: its cursors exist and stop moving.
     let data_dir = cluster.dir.path().join(&cluster.map.nodes[0].id);
     let replication_dir = data_dir.join("replication");
@@ -260,14 +264,7 @@ fn past_start(text: &str) -> bool {
 async fn cursors_are_saved_at_most_once_per_interval_and_at_a_clean_stop() {
     let storage = "[replication]\ncursor_save_every = \"1h\"\n";
     let mut cluster = Cluster::start_full(3, 2, "", storage);
-    let client = H2Client::connect(cluster.frontend_addr).await;
-    let mut ids = Vec::new();
-    for i in 0..20 {
-        ids.push(put(&client, i).await);
-    }
-    let expected: Vec<(String, StatusCode)> =
-        ids.iter().map(|id| (id.clone(), StatusCode::OK)).collect();
-    wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
+    let expected = put_converged(&cluster, 20).await;
     // Rounds run every 200 ms: node 0 has pulled past the writes several times over.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let replication_dir = cluster
