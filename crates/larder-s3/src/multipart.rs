@@ -239,7 +239,10 @@ async fn unlist(s3: &Larder, bucket: &str, key: &str, id: &str) {
     }
 }
 
-/// The parts `chosen` names, in order, checked against what was uploaded.
+/// The parts `chosen` names, in order, checked against what was uploaded. A part number listed
+/// twice in a row counts once, as its last listing: a client that sent a part again while the
+/// first upload was still going lists both answers, and the part kept is the upload that
+/// finished last (ceph's `test_multipart_resend_first_finishes_last`).
 pub(crate) fn select(
     upload: &Upload,
     chosen: &[CompletedPart],
@@ -250,8 +253,14 @@ pub(crate) fn select(
         ));
     }
     let mut out: Vec<(u32, UploadedPart)> = Vec::with_capacity(chosen.len());
-    for part in chosen {
+    for (i, part) in chosen.iter().enumerate() {
         let number = check_part_number(part.part_number.unwrap_or(0))?;
+        let listed_again = chosen
+            .get(i + 1)
+            .is_some_and(|next| next.part_number == part.part_number);
+        if listed_again {
+            continue;
+        }
         if out.last().is_some_and(|(last, _)| *last >= number) {
             return Err(S3Error::InvalidPartOrder);
         }
@@ -943,6 +952,21 @@ mod tests {
             ..Default::default()
         };
         assert!(select(&upload, &[part(1), part(2)]).is_ok());
+        // Listed twice in a row: the last listing counts, the first is not checked.
+        let stale = CompletedPart {
+            e_tag: Some(ETag::Strong(format!("{:032}", 9))),
+            ..part(1)
+        };
+        let chosen = select(&upload, &[stale.clone(), part(1), part(2)]).unwrap();
+        assert_eq!(chosen.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 2]);
+        assert!(matches!(
+            select(&upload, &[part(1), stale]),
+            Err(S3Error::InvalidPart)
+        ));
+        assert!(matches!(
+            select(&upload, &[part(2), part(1), part(1)]),
+            Err(S3Error::InvalidPartOrder)
+        ));
         assert!(matches!(
             select(&upload, &[part(2), part(1)]),
             Err(S3Error::InvalidPartOrder)

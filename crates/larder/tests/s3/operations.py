@@ -93,6 +93,20 @@ out = subprocess.run(aws + ["s3api", "list-multipart-uploads", "--bucket", "ops"
 remaining = sorted((u["Key"], u["UploadId"]) for u in json.loads(out)["Uploads"])
 assert remaining == sorted([started[0], started[1], started[3]]), remaining
 
+step("a part number listed twice in a row counts as its last listing")
+# A client that sent a part again while the first upload ran lists both answers (ceph's
+# test_multipart_resend_first_finishes_last); the part kept is the upload that ended last.
+upload = s3.create_multipart_upload(Bucket="ops", Key="twice")["UploadId"]
+first = s3.upload_part(Bucket="ops", Key="twice", UploadId=upload, PartNumber=1, Body=b"first")
+again = s3.upload_part(Bucket="ops", Key="twice", UploadId=upload, PartNumber=1, Body=b"again")
+stale_last = [{"PartNumber": 1, "ETag": again["ETag"]}, {"PartNumber": 1, "ETag": first["ETag"]}]
+assert status_of(lambda: s3.complete_multipart_upload(
+    Bucket="ops", Key="twice", UploadId=upload,
+    MultipartUpload={"Parts": stale_last})) == 400
+s3.complete_multipart_upload(Bucket="ops", Key="twice", UploadId=upload,
+                             MultipartUpload={"Parts": stale_last[::-1]})
+assert s3.get_object(Bucket="ops", Key="twice")["Body"].read() == b"again"
+
 step("larder s3 presign: GET and PUT through curl; an expired URL is refused")
 
 
