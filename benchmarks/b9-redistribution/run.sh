@@ -34,7 +34,7 @@ STORAGE_EXTRA=$'[redistribution]'
 bench_build
 work=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/bench-b9.XXXX")
 trap 'stop_all "$work"; rm -rf "$work"' EXIT
-default_rate=$("$LARDER" config defaults | awk '/^\[redistribution\]/ {r=1} r && /^rate_mb_per_s/ {print $3; exit}')
+default_rate=$("$LARDER" config defaults | awk '/^\[redistribution\]/ {r=1} r && !done && /^rate_mb_per_s/ {print $3; done=1}')
 
 # fresh_cluster: stops whatever runs, starts 3 nodes (1 partition) and a frontend; sets url.
 fresh_cluster() {

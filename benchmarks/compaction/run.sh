@@ -39,7 +39,7 @@ start_cluster "$work" 3 12
 port=$(free_port)
 start_frontend "$work" frontend "$port"
 url="http://127.0.0.1:$port"
-default_rate=$("$LARDER" config defaults | awk '/^rate_mb_per_s/ {print $3; exit}')
+default_rate=$("$LARDER" config defaults | awk '!done && /^rate_mb_per_s/ {print $3; done=1}')
 
 # fill COUNT: uploads COUNT distinct 1 MiB blobs (8 at a time, each answer to its own file), then
 # deletes 2 of every 3.

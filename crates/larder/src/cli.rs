@@ -127,10 +127,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Visit(args) => std::process::exit(crate::visit::run(args)?),
         Command::Compaction(command) => crate::compaction_cmd::run(command),
         Command::S3(command) => crate::s3_cmd::run(command),
-        Command::Config(ConfigCommand::Defaults) => {
-            print_defaults();
-            Ok(())
-        }
+        Command::Config(ConfigCommand::Defaults) => print_defaults(),
     }
 }
 
@@ -267,18 +264,25 @@ const OPTIONAL_SECTIONS: &str = "\
 #   replaced_blob_grace = \"15m\"
 #   sweep_interval = \"1m\"";
 
-fn print_defaults() {
+/// Every setting with its default, on stdout. A reader that stops early (`| head`, an `awk`
+/// that exits at its match) is not an error: a closed pipe ends the output quietly
+/// (`println!` panicked on it, and a benchmark script's smoke run failed CI so).
+fn print_defaults() -> anyhow::Result<()> {
+    use std::io::Write;
     let frontend =
         toml::to_string_pretty(&larder_frontend::FrontendConfig::example()).expect("serialisable");
     let storage =
         toml::to_string_pretty(&larder_storage::StorageConfig::example()).expect("serialisable");
-    println!(
-        "# Frontend (`larder frontend --config F`): every setting with its default.\n{frontend}"
+    let text = format!(
+        "# Frontend (`larder frontend --config F`): every setting with its default.\n{frontend}\n\
+         # Storage node (`larder storage --config F`): every setting with its default.\n{storage}\n\
+         {OPTIONAL_SECTIONS}\n"
     );
-    println!(
-        "# Storage node (`larder storage --config F`): every setting with its default.\n{storage}"
-    );
-    println!("{OPTIONAL_SECTIONS}");
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
 
 #[cfg(test)]

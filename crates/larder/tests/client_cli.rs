@@ -200,3 +200,35 @@ fn endpoint_mistakes_say_what_to_do() {
         assert!(stderr.contains(expected), "{endpoint}: {stderr}");
     }
 }
+
+/// A reader that stops early (`| head`, an `awk` that exits at its match) is not an error:
+/// `larder config defaults` into a pipe whose reader is gone exits 0, quietly.
+#[test]
+fn config_defaults_into_a_closed_pipe_ends_quietly() {
+    let mut child = Command::new(LARDER)
+        .args(["config", "defaults"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And read to its end, it is every setting.
+    let whole = larder(&["config", "defaults"]);
+    let text = String::from_utf8_lossy(&whole.stdout);
+    assert!(
+        text.contains("cursor_save_every") && text.contains("[s3]"),
+        "{text}"
+    );
+}
