@@ -67,6 +67,10 @@ pub mod header {
     /// On an export answer: the source replica's bytes on disk, an estimate of what is left to
     /// copy (for progress and time left).
     pub const EXPORT_ESTIMATE: &str = "x-larder-export-bytes";
+    /// On a change feed page: `1` when the node took the puller's `saved=` cursor as its
+    /// position for the tombstone horizon. A puller whose peer does not say so (an earlier
+    /// release, which reads `after` as that position) saves its cursor before every pull.
+    pub const SAVED_TAKEN: &str = "x-larder-saved-taken";
 }
 
 /// Query flag on internal GET/HEAD: also return expired records (for replication).

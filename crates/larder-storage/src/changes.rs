@@ -4,7 +4,7 @@
 //! computed (`horizon.rs`).
 
 use http::{Response, StatusCode};
-use larder_proto::{ChangeEntry, ChangePage};
+use larder_proto::{header as h, ChangeEntry, ChangePage};
 use larder_store::{Cursor, Op, Store};
 
 use crate::error::{Error, Result};
@@ -37,8 +37,8 @@ pub async fn page(
         return Err(Error::Bootstrapping { partition });
     }
     if let Some(peer) = replica {
-        let saved = saved.map_or(after, |saved| position(saved, after));
-        note_peer(node, partition, &store, (peer, fresh), (after, saved))?;
+        let position = saved.map_or(after, |saved| position(saved, after));
+        note_peer(node, partition, &store, (peer, fresh), (after, position))?;
         match node.horizons.may_serve(partition, peer) {
             Serve::Yes => {}
             Serve::NotChecked => return Err(Error::NotCheckedYet { partition }),
@@ -58,7 +58,12 @@ pub async fn page(
         next: batch.next.to_string(),
         head,
     };
-    Ok(reply::json(StatusCode::OK, &page))
+    let mut response = reply::json(StatusCode::OK, &page);
+    if saved.is_some() && replica.is_some() {
+        let headers = response.headers_mut();
+        headers.insert(h::SAVED_TAKEN, http::HeaderValue::from_static("1"));
+    }
+    Ok(response)
 }
 
 /// A peer replica's pull: refused if it asks from before a tombstone this replica dropped (its

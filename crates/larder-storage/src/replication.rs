@@ -103,6 +103,9 @@ struct Link {
     /// When this link last saved (or loaded) `saved`: the start keeper's writes of the same
     /// file do not count, or a link whose saved position is a start would never be due.
     saved_at: std::time::Instant,
+    /// The peer said (`x-larder-saved-taken`) it takes `saved` as this replica's position. One
+    /// of an earlier release takes `after`: then the cursor is saved before every pull.
+    peer_takes_saved: bool,
     /// Shared with the worker's keeper of start positions (`keep_starts_fresh`). While the
     /// partition's bulk bootstrap runs the link is skipped and the file is the bootstrap's; it
     /// is read again after (the bootstrap saves the source's cursor at its end).
@@ -233,6 +236,7 @@ fn links_by_peer(node: &StorageNode, map: &ClusterMap, dir: &Path) -> Planned {
                 cursor,
                 saved: cursor,
                 saved_at: std::time::Instant::now(),
+                peer_takes_saved: false,
                 file: CursorFile::new(cursor_file, cursor, node.moves.copying(*partition)),
             };
             if !local_is_new {
@@ -573,15 +577,13 @@ impl Worker {
                 .next
                 .parse()
                 .map_err(|_| ReplicationError::BadCursor(page.next.clone()))?;
-            // Applied (durably): the next pull starts after it. The peer's horizon moves
-            // only with `saved`, once a save is due.
+            // Applied (durably): the next pull starts after it. The peer's horizon and a
+            // bootstrap's or rebuild's progress move only with the saved position, once a
+            // save is due (`save`).
             link.cursor = next;
-            self.node
-                .moves
-                .note_position(link.partition, &link.peer, next);
             self.save_if_due(link).await?;
             if at_head {
-                // Applied and saved: every change the peer held when we asked is here.
+                // Applied: every change the peer held when we asked is here.
                 self.node
                     .horizons
                     .reached_head(link.partition, &link.peer, sent);
@@ -608,17 +610,18 @@ impl Worker {
         }
         self.node
             .moves
-            .note_position(link.partition, &link.peer, link.cursor);
+            .note_position(link.partition, &link.peer, link.saved);
         Ok(())
     }
 
     /// Saves the link's position if it moved since its last save and that save is at least
-    /// `cursor_save_every` old. Saving after every page cost a node a third of its
+    /// `cursor_save_every` old. Saving after every page cost a node a tenth of its
     /// `fdatasync`s under load (64 links, a round each 200 ms). Between saves a restart
     /// resumes from the saved position and applies some changes again, which changes nothing
     /// (blobs are immutable, tombstones win, documents keep the newest version).
     async fn save_if_due(&self, link: &mut Link) -> Result<()> {
-        if link.saved == link.cursor || link.saved_at.elapsed() < self.config.cursor_save_every {
+        let recent = link.saved_at.elapsed() < self.config.cursor_save_every;
+        if link.saved == link.cursor || (recent && link.peer_takes_saved) {
             return Ok(());
         }
         self.save(link).await
@@ -631,6 +634,12 @@ impl Worker {
             .map_err(ReplicationError::SaveCursor)?;
         link.saved = link.cursor;
         link.saved_at = std::time::Instant::now();
+        // Only a saved position counts for a bootstrap or a rebuild being caught up: one that
+        // ends its rebuild (no more `fresh=1` pulls) on an unsaved position, then loses power,
+        // would resume from below the peer's dropped tombstones and be refused (409).
+        self.node
+            .moves
+            .note_position(link.partition, &link.peer, link.saved);
         Ok(())
     }
 
@@ -688,7 +697,7 @@ impl Worker {
         self.node.intake.read(body).await.map_err(classify)
     }
 
-    async fn fetch_page(&self, link: &Link) -> Result<ChangePage> {
+    async fn fetch_page(&self, link: &mut Link) -> Result<ChangePage> {
         let path = changes_path(
             link.partition,
             &link.cursor.to_string(),
@@ -726,6 +735,7 @@ impl Worker {
             let what = "change feed".to_owned();
             return Err(ReplicationError::Status { what, status });
         }
+        link.peer_takes_saved = response.headers().contains_key(h::SAVED_TAKEN);
         let body = self.node.intake.read(response.into_body()).await;
         let body = body.map_err(ReplicationError::Local)?;
         Ok(serde_json::from_slice(&body.concat())?)
