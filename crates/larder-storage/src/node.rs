@@ -30,6 +30,7 @@ pub struct StorageNode {
     disks: Mutex<Vec<(String, Disk)>>,
     pub(crate) data_dir: PathBuf,
     store_options: larder_store::Options,
+    disk_options: DiskOptions,
     /// The map this node runs. Every accepted new map is sent here; `membership::follow_map`
     /// reconciles the hosted replicas with it.
     pub(crate) map: watch::Sender<Arc<ClusterMap>>,
@@ -106,6 +107,7 @@ impl StorageNode {
             disks: Mutex::default(),
             data_dir: config.data_dir.clone(),
             store_options: options,
+            disk_options: config.store.disk_options(),
             map: map_tx.clone(),
             moves: crate::bootstrap::Moves::new(&config.redistribution),
             compaction,
@@ -184,7 +186,7 @@ impl StorageNode {
         }
         let dir = self.data_dir.join(name);
         // Opening a disk replays its journal before any replica on it opens.
-        let disk = Disk::open(&dir, DiskOptions::default())
+        let disk = Disk::open(&dir, self.disk_options.clone())
             .map_err(|source| OpenError::Disk { dir, source })?;
         disks.push((name.to_owned(), disk.clone()));
         Ok(disk)

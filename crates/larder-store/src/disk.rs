@@ -482,6 +482,8 @@ fn write_stage(
     tx: Option<&std::sync::mpsc::SyncSender<(u64, Written)>>,
 ) {
     let mut number: u64 = 0;
+    // When the last round started (`DiskOptions::min_round_interval`).
+    let mut last_round: Option<std::time::Instant> = None;
     loop {
         let (dirty, rotations) = {
             let mut queue = shared.queue.lock();
@@ -491,6 +493,18 @@ fn write_stage(
             if queue.dirty.is_empty() && queue.rotations.is_empty() {
                 return;
             }
+            let interval = shared.opts.min_round_interval;
+            let since = last_round.map(|t| t.elapsed());
+            let wait = since.and_then(|s| interval.checked_sub(s));
+            if let Some(wait) = wait.filter(|w| !w.is_zero()) {
+                if !queue.stop {
+                    // More writers join this round meanwhile; none is turned away.
+                    drop(queue);
+                    std::thread::sleep(wait);
+                    queue = shared.queue.lock();
+                }
+            }
+            last_round = Some(std::time::Instant::now());
             let rotations = std::mem::take(&mut queue.rotations);
             (std::mem::take(&mut queue.dirty), rotations)
         };

@@ -894,3 +894,31 @@ fn a_journal_that_cannot_rotate_for_want_of_space_is_emptied_in_place() {
         assert_eq!(read(&a, &[b'k', i]).unwrap(), data(1000, i), "record {i}");
     }
 }
+
+/// Group commit under load (`DiskOptions::min_round_interval`): a round waits out the interval
+/// after the one before it, and the writes that come meanwhile share it.
+#[test]
+fn a_round_waits_out_the_interval_and_gathers_the_writes_that_come_meanwhile() {
+    let root = tempfile::tempdir().unwrap();
+    let interval = std::time::Duration::from_millis(400);
+    let opts = DiskOptions {
+        min_round_interval: interval,
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(root.path(), opts).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    let b = Store::open_on(&disk, root.path().join("b"), Options::default()).unwrap();
+    let started = std::time::Instant::now();
+    a.put_blob(b"first", meta(), &[data(10, 1)]).unwrap();
+    let rounds = disk.stats().rounds;
+    let to_a = a.begin_put_blob(b"second", meta(), &[data(10, 2)]);
+    let to_b = b.begin_put_blob(b"third", meta(), &[data(10, 3)]);
+    to_a.wait().unwrap();
+    to_b.wait().unwrap();
+    assert!(started.elapsed() >= interval, "the next round did not wait");
+    assert_eq!(
+        disk.stats().rounds,
+        rounds + 1,
+        "both writes share one round"
+    );
+}

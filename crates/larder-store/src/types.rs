@@ -294,6 +294,11 @@ pub struct DiskOptions {
     /// while another's sync is in flight starts its own at once instead of waiting for it: a
     /// writer waits about one sync rather than one and a half on average.
     pub sync_threads: usize,
+    /// Group commit under load: a round starts no sooner than this after the one before it
+    /// started, so that its sync covers the writes that came meanwhile. Each round costs an
+    /// `fdatasync` and the wake-ups of its writers whatever it carries. A write that comes
+    /// later than this after the last round (any write at a low rate) starts its round at once.
+    pub min_round_interval: std::time::Duration,
 }
 
 impl Default for DiskOptions {
@@ -301,6 +306,7 @@ impl Default for DiskOptions {
         DiskOptions {
             journal_file_size: 64 << 20,
             sync_threads: 2,
+            min_round_interval: std::time::Duration::ZERO,
         }
     }
 }
