@@ -288,3 +288,29 @@ async fn cursors_are_saved_at_most_once_per_interval_and_at_a_clean_stop() {
     cluster.restart_node(0);
     wait_converged(&cluster, &expected, Duration::from_secs(30)).await;
 }
+
+/// `cursor_save_every = 0`: a link saves its position after every page that moved it, while
+/// it runs (not only at a clean stop, as with an hour between saves above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_interval_of_zero_saves_cursors_while_replication_runs() {
+    let storage = "[replication]\ncursor_save_every = \"0s\"\n";
+    let cluster = Cluster::start_full(3, 2, "", storage);
+    put_converged(&cluster, 20).await;
+    let replication_dir = cluster
+        .dir
+        .path()
+        .join(&cluster.map.nodes[0].id)
+        .join("replication");
+    let started = std::time::Instant::now();
+    loop {
+        let files = cursor_files(&replication_dir);
+        if files.len() == 4 && files.iter().all(|(_, text)| past_start(text)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "positions not saved while running: {files:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
