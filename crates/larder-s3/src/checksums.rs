@@ -47,8 +47,19 @@ impl Algorithm {
     }
 
     /// Its name in `x-amz-sdk-checksum-algorithm` (any case).
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         &self.header()["x-amz-checksum-".len()..]
+    }
+
+    /// As s3s's `ChecksumAlgorithm` (upper case, as S3 names it).
+    pub fn dto(self) -> s3s::dto::ChecksumAlgorithm {
+        s3s::dto::ChecksumAlgorithm::from(self.name().to_ascii_uppercase())
+    }
+
+    /// The algorithm of that name (any case).
+    pub fn named(name: &str) -> Option<Algorithm> {
+        let name = name.trim().to_ascii_lowercase();
+        ALGORITHMS.into_iter().find(|a| a.name() == name)
     }
 
     /// Bytes of a digest.
@@ -61,7 +72,7 @@ impl Algorithm {
         }
     }
 
-    fn hasher(self) -> ChecksumHasher {
+    pub fn hasher(self) -> ChecksumHasher {
         let mut hasher = ChecksumHasher::default();
         match self {
             Algorithm::Crc32 => hasher.crc32 = Some(Crc32::new()),
@@ -82,9 +93,49 @@ pub struct ObjectChecksum {
 }
 
 impl ObjectChecksum {
+    /// How it covers the object: a multipart upload's COMPOSITE checksum ends in `-<parts>`
+    /// (`upload_checksum.rs`; base64 has no `-`), any other is of the whole object's bytes.
+    pub fn checksum_type(&self) -> s3s::dto::ChecksumType {
+        let composite = self.value.contains('-');
+        s3s::dto::ChecksumType::from_static(if composite {
+            s3s::dto::ChecksumType::COMPOSITE
+        } else {
+            s3s::dto::ChecksumType::FULL_OBJECT
+        })
+    }
+
+    /// The value of `algorithm` that a part listed in CompleteMultipartUpload carries.
+    pub fn listed_value(dto: &s3s::dto::CompletedPart, algorithm: Algorithm) -> Option<&str> {
+        match algorithm {
+            Algorithm::Crc32 => dto.checksum_crc32.as_deref(),
+            Algorithm::Crc32c => dto.checksum_crc32c.as_deref(),
+            Algorithm::Crc64nvme => dto.checksum_crc64nvme.as_deref(),
+            Algorithm::Sha1 => dto.checksum_sha1.as_deref(),
+            Algorithm::Sha256 => dto.checksum_sha256.as_deref(),
+        }
+    }
+
+    /// The whole object's checksum a CompleteMultipartUpload sent (`x-amz-checksum-*`).
+    pub fn sent_whole(input: &s3s::dto::CompleteMultipartUploadInput) -> Option<ObjectChecksum> {
+        let sent = [
+            (Algorithm::Crc32, &input.checksum_crc32),
+            (Algorithm::Crc32c, &input.checksum_crc32c),
+            (Algorithm::Crc64nvme, &input.checksum_crc64nvme),
+            (Algorithm::Sha1, &input.checksum_sha1),
+            (Algorithm::Sha256, &input.checksum_sha256),
+        ];
+        sent.into_iter().find_map(|(algorithm, value)| {
+            let value = value.as_ref()?.trim().to_owned();
+            Some(ObjectChecksum { algorithm, value })
+        })
+    }
+
     /// As s3s's output fields (one of them set).
     pub fn to_dto(&self) -> s3s::dto::Checksum {
-        let mut dto = s3s::dto::Checksum::default();
+        let mut dto = s3s::dto::Checksum {
+            checksum_type: Some(self.checksum_type()),
+            ..Default::default()
+        };
         let value = Some(self.value.clone());
         match self.algorithm {
             Algorithm::Crc32 => dto.checksum_crc32 = value,
@@ -180,6 +231,31 @@ impl Requested {
         }
     }
 
+    /// The checksum an UploadPart computes: the upload's algorithm (computed here when the
+    /// request sends no value). A part of an upload without one keeps what it asked for; a
+    /// part naming another algorithm than its upload's is refused.
+    pub fn for_part(
+        requested: Option<Requested>,
+        upload: Option<crate::upload_checksum::UploadChecksum>,
+    ) -> Result<Option<Requested>, S3Error> {
+        let Some(wanted) = upload else {
+            return Ok(requested);
+        };
+        match requested {
+            None => Ok(Some(Requested {
+                algorithm: wanted.algorithm,
+                sent: Sent::Nothing,
+            })),
+            Some(r) if r.algorithm == wanted.algorithm => Ok(Some(r)),
+            Some(r) => Err(S3Error::InvalidRequest(format!(
+                "Checksum Type mismatch occurred, expected checksum Type: {}, actual checksum \
+                 Type: {}",
+                wanted.algorithm.name(),
+                r.algorithm.name()
+            ))),
+        }
+    }
+
     /// A hasher of the body for this checksum.
     pub fn hasher(&self) -> ChecksumHasher {
         self.algorithm.hasher()
@@ -192,18 +268,7 @@ impl Requested {
         computed: ChecksumHasher,
         trailers: Option<&TrailingHeaders>,
     ) -> Result<ObjectChecksum, S3Error> {
-        let dto = computed.finalize();
-        let value = [
-            dto.checksum_crc32,
-            dto.checksum_crc32c,
-            dto.checksum_crc64nvme,
-            dto.checksum_sha1,
-            dto.checksum_sha256,
-        ]
-        .into_iter()
-        .flatten()
-        .next()
-        .ok_or_else(|| S3Error::Internal("no checksum was computed".into()))?;
+        let value = value_of(computed.finalize())?;
         let sent = match &self.sent {
             Sent::Header(value) => Some(value.clone()),
             Sent::Trailer => Some(self.trailer_value(trailers)?),
@@ -238,6 +303,21 @@ impl Requested {
                 S3Error::InvalidRequest(format!("Value for {header} trailer is invalid."))
             })
     }
+}
+
+/// The one value a hasher of one algorithm computed.
+pub fn value_of(dto: s3s::dto::Checksum) -> Result<String, S3Error> {
+    [
+        dto.checksum_crc32,
+        dto.checksum_crc32c,
+        dto.checksum_crc64nvme,
+        dto.checksum_sha1,
+        dto.checksum_sha256,
+    ]
+    .into_iter()
+    .flatten()
+    .next()
+    .ok_or_else(|| S3Error::Internal("no checksum was computed".into()))
 }
 
 /// Whether `value` is standard base64 of exactly `len` bytes.

@@ -79,6 +79,7 @@ fn part_list(data: &[u8]) {
             size: if n == 4 { 1 } else { multipart::MIN_PART_SIZE },
             md5: format!("{n:032}"),
             modified_ms: 0,
+            checksum: None,
         };
         upload.parts.insert(n, part);
     }

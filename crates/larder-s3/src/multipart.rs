@@ -14,6 +14,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use s3s::dto::{CompletedPart, ETag};
 
 use crate::blobs;
+use crate::checksums::ObjectChecksum;
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
 use futures_util::StreamExt;
@@ -27,6 +28,7 @@ use crate::records::{
 };
 use crate::service::{now_ms, Larder};
 use crate::store::Change;
+use crate::upload_checksum::UploadChecksum;
 use crate::upload_list;
 
 /// S3's bounds: part numbers 1..=10,000; every part but the last at least 5 MiB.
@@ -269,6 +271,7 @@ pub(crate) fn select(
         if tag.is_some_and(|t| t != uploaded.md5) {
             return Err(S3Error::InvalidPart);
         }
+        check_listed_checksum(upload, part, uploaded)?;
         out.push((number, uploaded.clone()));
     }
     if let Some((_, small)) = out[..out.len() - 1]
@@ -281,6 +284,68 @@ pub(crate) fn select(
         )));
     }
     Ok(out)
+}
+
+/// A part's checksum listed in CompleteMultipartUpload must be the one it was uploaded with.
+fn check_listed_checksum(
+    upload: &Upload,
+    listed: &CompletedPart,
+    uploaded: &UploadedPart,
+) -> Result<(), S3Error> {
+    let Some(wanted) = upload.checksum else {
+        return Ok(()); // S3 ignores them too
+    };
+    match ObjectChecksum::listed_value(listed, wanted.algorithm) {
+        Some(value) if Some(value) != uploaded.checksum.as_deref() => Err(S3Error::InvalidPart),
+        _ => Ok(()),
+    }
+}
+
+/// The object's checksum, when its upload asked for one (`upload_checksum.rs`).
+fn object_checksum(
+    upload: &Upload,
+    parts: &[(u32, UploadedPart)],
+) -> Result<Option<ObjectChecksum>, S3Error> {
+    let Some(wanted) = upload.checksum else {
+        return Ok(None);
+    };
+    let listed: Option<Vec<(&str, u64)>> = parts
+        .iter()
+        .map(|(_, p)| Some((p.checksum.as_deref()?, p.size)))
+        .collect();
+    let listed = listed
+        .ok_or_else(|| S3Error::Corrupt("a part of an upload with a checksum has none".into()))?;
+    wanted.of_parts(&listed).map(Some)
+}
+
+/// The whole object's checksum a CompleteMultipartUpload sent (`x-amz-checksum-*`), if any,
+/// must be the one its parts make (a COMPOSITE one with or without its `-<parts>`).
+fn check_sent_checksum(
+    made: Option<&ObjectChecksum>,
+    sent: Option<&ObjectChecksum>,
+) -> Result<(), S3Error> {
+    let Some(sent) = sent else {
+        return Ok(());
+    };
+    let Some(made) = made else {
+        return Err(S3Error::InvalidRequest(
+            "The upload was created without a checksum algorithm".into(),
+        ));
+    };
+    if sent.algorithm != made.algorithm {
+        return Err(S3Error::InvalidRequest(format!(
+            "Checksum Type mismatch occurred, expected checksum Type: {}, actual checksum Type: {}",
+            made.algorithm.name(),
+            sent.algorithm.name()
+        )));
+    }
+    let bare = made.value.split('-').next().unwrap_or_default();
+    if sent.value != made.value && sent.value != bare {
+        return Err(S3Error::BadChecksum(
+            made.algorithm.name().to_ascii_uppercase(),
+        ));
+    }
+    Ok(())
 }
 
 /// The ETag S3 gives a multipart object: the MD5 of the parts' MD5s, then `-<parts>`.
@@ -329,7 +394,8 @@ pub async fn complete(
     finishing: &Finishing<'_>,
     chosen: &[CompletedPart],
     conditions: &WriteConditions,
-) -> Result<String, S3Error> {
+    sent_checksum: Option<&ObjectChecksum>,
+) -> Result<(String, Option<ObjectChecksum>), S3Error> {
     let Finishing { bucket, key, id } = *finishing;
     // Checked before anything changes, so a bad request (or a condition that fails now) leaves
     // the upload as it was. The conditions are decided again when the name is linked.
@@ -347,7 +413,8 @@ pub async fn complete(
             .await
             .map_err(|_| S3Error::Unavailable(UNDER_WAY.into()));
     }
-    select(&upload, chosen)?;
+    let parts = select(&upload, chosen)?;
+    check_sent_checksum(object_checksum(&upload, &parts)?.as_ref(), sent_checksum)?;
     if *conditions != WriteConditions::default() {
         let current = s3.current(bucket, key).await?;
         conditions.check(current.as_ref())?;
@@ -480,7 +547,7 @@ impl CompletionStep {
         mut self,
         chosen: &[CompletedPart],
         conditions: &WriteConditions,
-    ) -> Result<String, S3Error> {
+    ) -> Result<(String, Option<ObjectChecksum>), S3Error> {
         let s3 = self.s3.clone();
         let s3 = &s3;
         let marked = mark(s3, &self.completion(), chosen).await;
@@ -511,6 +578,10 @@ impl CompletionStep {
             }
         }
         let etag = multipart_etag(&parts);
+        let checksum = match object_checksum(&upload, &parts) {
+            Ok(checksum) => checksum,
+            Err(err) => return Err(self.settle_later(err)),
+        };
         let chosen_numbers: Vec<u32> = parts.iter().map(|(n, _)| *n).collect();
         let conditions = WriteConditions {
             not_after_ms: since_ms.checked_add(LINK_DEADLINE_MS),
@@ -518,14 +589,14 @@ impl CompletionStep {
         };
         crate::held::crash_point("before-complete-link");
         let completion = self.completion();
-        let entry = object_entry(upload, record, parts, &etag);
+        let entry = object_entry(upload, record, parts, (&etag, checksum.clone()));
         let linked = objects::link(s3, completion.bucket, completion.key, entry, &conditions).await;
         crate::held::crash_point("after-complete-link");
         match linked {
             Ok(()) => {
                 // Before the answer: once it is in, ListParts and Abort say NoSuchUpload.
                 self.finish(chosen_numbers).await;
-                Ok(etag)
+                Ok((etag, checksum))
             }
             Err(failed) if failed.may_have_applied => Err(self.settle_later(failed.error)),
             Err(failed) => {
@@ -647,7 +718,7 @@ fn object_entry(
     upload: Upload,
     record: BlobId,
     parts: Vec<(u32, UploadedPart)>,
-    etag: &str,
+    (etag, checksum): (&str, Option<ObjectChecksum>),
 ) -> ObjectEntry {
     let size = parts.iter().map(|(_, p)| p.size).sum();
     ObjectEntry {
@@ -660,8 +731,7 @@ fn object_entry(
         modified_ms: now_ms(),
         content_type: upload.content_type,
         meta: upload.meta,
-        // Parts are checked one by one; S3's composite checksums of parts are not kept.
-        checksum: None,
+        checksum,
         headers: upload.headers,
         public_read: upload.public_read,
         json: Default::default(),
@@ -838,7 +908,7 @@ async fn already_completed(
     s3: &Larder,
     finishing: &Finishing<'_>,
     chosen: &[CompletedPart],
-) -> Result<String, S3Error> {
+) -> Result<(String, Option<ObjectChecksum>), S3Error> {
     check_id(finishing.id)?;
     let md5s: Option<Vec<(u32, UploadedPart)>> = chosen
         .iter()
@@ -850,6 +920,7 @@ async fn already_completed(
                 size: 0,
                 md5,
                 modified_ms: 0,
+                checksum: None,
             };
             Some((number, part))
         })
@@ -859,7 +930,7 @@ async fn already_completed(
         .ok_or(S3Error::NoSuchUpload)?;
     let etag = multipart_etag(&md5s);
     match s3.current(finishing.bucket, finishing.key).await? {
-        Some(entry) if entry.etag == etag => Ok(etag),
+        Some(entry) if entry.etag == etag => Ok((etag, entry.checksum.clone())),
         _ => Err(S3Error::NoSuchUpload),
     }
 }
@@ -870,6 +941,7 @@ pub fn new_upload(
     content_type: Option<String>,
     (meta, headers): (Vec<(String, String)>, ObjectHeaders),
     public_read: Option<bool>,
+    checksum: Option<UploadChecksum>,
 ) -> Upload {
     Upload {
         v: FORMAT,
@@ -879,6 +951,7 @@ pub fn new_upload(
         meta: meta.into_iter().collect(),
         headers,
         public_read,
+        checksum,
         parts: Default::default(),
         completing: None,
     }
@@ -919,6 +992,7 @@ mod tests {
             size: 1,
             md5: md5.into(),
             modified_ms: 0,
+            checksum: None,
         };
         let parts = [
             (1, part("0cc175b9c0f1b6a831c399e269772661")),
@@ -934,7 +1008,7 @@ mod tests {
 
     #[test]
     fn parts_must_ascend_exist_match_and_be_large_enough() {
-        let mut upload = new_upload("k".into(), None, Default::default(), None);
+        let mut upload = new_upload("k".into(), None, Default::default(), None, None);
         for (n, size) in [(1, MIN_PART_SIZE), (2, 1), (3, 1)] {
             upload.parts.insert(
                 n,
@@ -943,6 +1017,7 @@ mod tests {
                     size,
                     md5: format!("{n:032}"),
                     modified_ms: 0,
+                    checksum: None,
                 },
             );
         }

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 
 use crate::checksums::ObjectChecksum;
 use crate::error::S3Error;
+use crate::upload_checksum::UploadChecksum;
 
 /// The one format version every record below is written in.
 pub const FORMAT: u32 = 1;
@@ -328,6 +329,10 @@ pub struct Upload {
     /// The object's canned ACL's say on anonymous reads (`acl.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_read: Option<bool>,
+    /// The additional checksum its parts carry, and how they make the object's
+    /// (`upload_checksum.rs`); `None`: none asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<UploadChecksum>,
     /// Part number → the part's blob, size and MD5 (hex).
     pub parts: BTreeMap<u32, UploadedPart>,
     /// A CompleteMultipartUpload under way (`multipart.rs`, `complete`).
@@ -358,6 +363,9 @@ pub struct UploadedPart {
     pub size: u64,
     pub md5: String,
     pub modified_ms: u64,
+    /// Its checksum of the upload's algorithm (base64), when the upload has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
 }
 
 /// The document of multipart upload `id` into `bucket`.

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use larder_cluster::BlobId;
 use larder_proto::BlobProperties;
 use larder_router::Router;
+use s3s::checksum::ChecksumHasher;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, TrailingHeaders, S3};
 
@@ -32,6 +33,7 @@ use crate::records::{
 };
 use crate::stall::Stalled;
 use crate::store::{Change, Records};
+use crate::upload_checksum::UploadChecksum;
 use crate::upload_list;
 
 /// Sets an output's `checksum_*` fields from an `ObjectChecksum` (one of them is set).
@@ -240,7 +242,7 @@ impl Larder {
         &self,
         (bucket, key, upload): (String, String, String),
         number: u32,
-        name: held::HeldFor,
+        (name, checksum): (held::HeldFor, Option<String>),
         stored: Stored,
     ) -> Result<(), S3Error> {
         let part = UploadedPart {
@@ -248,6 +250,7 @@ impl Larder {
             size: stored.size,
             md5: stored.md5,
             modified_ms: now_ms(),
+            checksum,
         };
         held::crash_point("before-add-part");
         let s3 = self.clone();
@@ -267,7 +270,7 @@ impl Larder {
         &self,
         source: &ObjectEntry,
         range: std::ops::Range<u64>,
-        content_type: Option<String>,
+        (content_type, hasher): (Option<String>, Option<ChecksumHasher>),
         journal_name: &str,
     ) -> Result<Stored, S3Error> {
         let reading = (&self.bodies, self.limits.chunking.read_ahead);
@@ -278,7 +281,15 @@ impl Larder {
             ..Default::default()
         };
         let limits = &self.limits;
-        blobs::store(self.router(), limits, props, body, None, Some(journal_name)).await
+        blobs::store(
+            self.router(),
+            limits,
+            props,
+            body,
+            hasher,
+            Some(journal_name),
+        )
+        .await
     }
 
     /// The journal name a part's body is held under until the part is recorded.
@@ -715,7 +726,7 @@ impl S3 for Larder {
         };
         if let Some(checksum) = checksum {
             set_checksum!(output, checksum);
-            output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+            output.checksum_type = Some(checksum.checksum_type());
         }
         Ok(S3Response::new(output))
     }
@@ -758,7 +769,7 @@ impl S3 for Larder {
         let asked = asked_checksum(input.checksum_mode.as_ref(), &entry);
         if let (Some(checksum), false) = (asked, partial) {
             set_checksum!(output, checksum);
-            output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+            output.checksum_type = Some(checksum.checksum_type());
         }
         Ok(S3Response::with_status(output, status))
     }
@@ -796,7 +807,7 @@ impl S3 for Larder {
         let asked = asked_checksum(input.checksum_mode.as_ref(), &entry);
         if let (Some(checksum), false) = (asked, partial) {
             set_checksum!(output, checksum);
-            output.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+            output.checksum_type = Some(checksum.checksum_type());
         }
         Ok(S3Response::with_status(output, status))
     }
@@ -883,17 +894,24 @@ impl S3 for Larder {
         object_headers::check_metadata(&meta)?;
         let headers = object_headers::stored(&given_headers!(input))?;
         let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
+        let checksum = UploadChecksum::requested(
+            input.checksum_algorithm.as_ref().map(|a| a.as_str()),
+            input.checksum_type.as_ref().map(|t| t.as_str()),
+        )?;
         let upload = multipart::new_upload(
             input.key.clone(),
             input.content_type,
             (meta, headers),
             public_read,
+            checksum,
         );
         let id = multipart::create(self, &input.bucket, upload).await?;
         let output = CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(id),
+            checksum_algorithm: checksum.map(|c| c.algorithm.dto()),
+            checksum_type: checksum.map(|c| ChecksumType::from(c.combine.name().to_owned())),
             ..Default::default()
         };
         Ok(S3Response::new(output))
@@ -907,7 +925,8 @@ impl S3 for Larder {
         let number = multipart::check_part_number(input.part_number)?;
         let requested = Requested::from_headers(&req.headers)?;
         // Refused before the body is stored when the upload is unknown.
-        multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let upload = multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let requested = Requested::for_part(requested, upload.checksum)?;
         let props = BlobProperties {
             created_ms: now_ms(),
             ..Default::default()
@@ -937,7 +956,9 @@ impl S3 for Larder {
         let checksum = self.check_digests(&mut stored, &digests)?;
         let md5 = stored.md5.clone();
         let upload = (input.bucket, input.key, input.upload_id);
-        self.add_stored_part(upload, number, name, stored).await?;
+        let kept = checksum.as_ref().map(|c| c.value.clone());
+        self.add_stored_part(upload, number, (name, kept), stored)
+            .await?;
         let mut output = UploadPartOutput {
             e_tag: Some(ETag::Strong(md5)),
             ..Default::default()
@@ -956,7 +977,7 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let input = req.input;
         let number = multipart::check_part_number(input.part_number)?;
-        multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
+        let upload = multipart::read(self, &input.bucket, &input.key, &input.upload_id).await?;
         let conditions = copy_source_conditions!(input);
         let credentials = req.credentials.as_ref();
         let (bucket, key) =
@@ -964,10 +985,20 @@ impl S3 for Larder {
         let source = copy_source::read(self, credentials, (&bucket, &key), conditions).await?;
         let range = copy_source::part_range(input.copy_source_range.as_deref(), source.size)?;
         let name = Self::part_name(&input.bucket, &input.key, &input.upload_id, number);
-        let stored = self.copy_bytes(&source, range, None, &name.name()).await?;
+        // A part of an upload with a checksum gets its own, computed from the copied bytes.
+        let requested = Requested::for_part(None, upload.checksum)?;
+        let hasher = requested.as_ref().map(Requested::hasher);
+        let journal_name = name.name();
+        let stored = self.copy_bytes(&source, range, (None, hasher), &journal_name);
+        let mut stored = stored.await?;
+        let checksum = match (&requested, stored.checksum.take()) {
+            (Some(requested), Some(hasher)) => Some(requested.verify(hasher, None)?.value),
+            _ => None,
+        };
         let md5 = stored.md5.clone();
         let upload = (input.bucket, input.key, input.upload_id);
-        self.add_stored_part(upload, number, name, stored).await?;
+        self.add_stored_part(upload, number, (name, checksum), stored)
+            .await?;
         let output = UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(ETag::Strong(md5)),
@@ -984,6 +1015,7 @@ impl S3 for Larder {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let input = req.input;
+        let sent = ObjectChecksum::sent_whole(&input);
         let parts = input
             .multipart_upload
             .and_then(|m| m.parts)
@@ -995,14 +1027,19 @@ impl S3 for Larder {
             key: &input.key,
             id: &input.upload_id,
         };
-        let etag = multipart::complete(self, &upload, &parts, &conditions).await?;
-        let output = CompleteMultipartUploadOutput {
+        let done = multipart::complete(self, &upload, &parts, &conditions, sent.as_ref());
+        let (etag, checksum) = done.await?;
+        let mut output = CompleteMultipartUploadOutput {
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             bucket: Some(input.bucket),
             key: Some(input.key),
             e_tag: Some(ETag::Strong(etag)),
             ..Default::default()
         };
+        if let Some(checksum) = checksum {
+            set_checksum!(output, checksum);
+            output.checksum_type = Some(checksum.checksum_type());
+        }
         Ok(S3Response::new(output))
     }
 
@@ -1030,12 +1067,20 @@ impl S3 for Larder {
             .parts
             .range(after.saturating_add(1)..)
             .take(max + 1)
-            .map(|(n, p)| Part {
-                part_number: Some(*n as i32),
-                e_tag: Some(ETag::Strong(p.md5.clone())),
-                size: i64::try_from(p.size).ok(),
-                last_modified: Some(timestamp(p.modified_ms)),
-                ..Default::default()
+            .map(|(n, p)| {
+                let mut part = Part {
+                    part_number: Some(*n as i32),
+                    e_tag: Some(ETag::Strong(p.md5.clone())),
+                    size: i64::try_from(p.size).ok(),
+                    last_modified: Some(timestamp(p.modified_ms)),
+                    ..Default::default()
+                };
+                let kept = upload.checksum.zip(p.checksum.clone());
+                if let Some((wanted, value)) = kept {
+                    let algorithm = wanted.algorithm;
+                    set_checksum!(part, ObjectChecksum { algorithm, value });
+                }
+                part
             })
             .collect();
         let truncated = parts.len() > max;
@@ -1048,6 +1093,10 @@ impl S3 for Larder {
             next_part_number_marker: parts.last().and_then(|p| p.part_number),
             max_parts: Some(max as i32),
             parts: Some(parts),
+            checksum_algorithm: upload.checksum.map(|c| c.algorithm.dto()),
+            checksum_type: upload
+                .checksum
+                .map(|c| ChecksumType::from(c.combine.name().to_owned())),
             ..Default::default()
         };
         Ok(S3Response::new(output))
@@ -1268,7 +1317,7 @@ impl S3 for Larder {
         .name();
         let whole = 0..source.size;
         let stored = self
-            .copy_bytes(&source, whole, content_type.clone(), &journal_name)
+            .copy_bytes(&source, whole, (content_type.clone(), None), &journal_name)
             .await?;
         let entry = ObjectEntry {
             body: vec![Piece {

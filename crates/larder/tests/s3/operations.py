@@ -1,4 +1,5 @@
 """Conditional GET and HEAD by date and ETag, ListMultipartUploads (boto3 and the aws cli),
+multipart uploads' checksums (COMPOSITE and FULL_OBJECT),
 presigned URLs from `larder s3 presign` fetched with curl, and public-read buckets (PutBucketAcl)
 read by curl without a signature.
 
@@ -6,11 +7,13 @@ Usage: operations.py ENDPOINT KEY_ID SECRET LARDER FRONTEND_CONFIG
 Every check asserts; the first failure exits non-zero with its message.
 """
 
+import base64
 import json
 import os
 import subprocess
 import sys
 import time
+import zlib
 from datetime import timedelta
 
 import boto3
@@ -106,6 +109,65 @@ assert status_of(lambda: s3.complete_multipart_upload(
 s3.complete_multipart_upload(Bucket="ops", Key="twice", UploadId=upload,
                              MultipartUpload={"Parts": stale_last[::-1]})
 assert s3.get_object(Bucket="ops", Key="twice")["Body"].read() == b"again"
+
+step("multipart checksums: COMPOSITE and FULL_OBJECT, checked part by part and whole")
+# A client that sends no checksum unless one is required: the server computes the parts'.
+plain = boto3.client(
+    "s3", endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret,
+    region_name="us-east-1",
+    config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                  retries={"max_attempts": 1}, request_checksum_calculation="when_required",
+                  response_checksum_validation="when_required"))
+
+
+def crc32_b64(data):
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+big, small = os.urandom(5 << 20), b"tail of the object"
+upload = s3.create_multipart_upload(Bucket="ops", Key="sum", ChecksumAlgorithm="CRC32")
+assert upload["ChecksumAlgorithm"] == "CRC32" and upload["ChecksumType"] == "COMPOSITE", upload
+uid = upload["UploadId"]
+one = s3.upload_part(Bucket="ops", Key="sum", UploadId=uid, PartNumber=1, Body=big,
+                     ChecksumAlgorithm="CRC32")
+assert one["ChecksumCRC32"] == crc32_b64(big), one
+two = plain.upload_part(Bucket="ops", Key="sum", UploadId=uid, PartNumber=2, Body=small)
+assert two["ChecksumCRC32"] == crc32_b64(small), two  # computed by the server
+assert status_of(lambda: s3.upload_part(Bucket="ops", Key="sum", UploadId=uid, PartNumber=3,
+                                        Body=b"x", ChecksumAlgorithm="SHA256")) == 400
+listed = s3.list_parts(Bucket="ops", Key="sum", UploadId=uid)
+assert [p["ChecksumCRC32"] for p in listed["Parts"]] == [crc32_b64(big), crc32_b64(small)]
+parts = [{"PartNumber": 1, "ETag": one["ETag"], "ChecksumCRC32": crc32_b64(big)},
+         {"PartNumber": 2, "ETag": two["ETag"], "ChecksumCRC32": crc32_b64(b"other")}]
+assert status_of(lambda: s3.complete_multipart_upload(
+    Bucket="ops", Key="sum", UploadId=uid, MultipartUpload={"Parts": parts})) == 400
+parts[1]["ChecksumCRC32"] = crc32_b64(small)
+done = s3.complete_multipart_upload(Bucket="ops", Key="sum", UploadId=uid,
+                                    MultipartUpload={"Parts": parts})
+joined = base64.b64decode(crc32_b64(big)) + base64.b64decode(crc32_b64(small))
+composite = crc32_b64(joined) + "-2"
+assert done["ChecksumCRC32"] == composite and done["ChecksumType"] == "COMPOSITE", done
+head = s3.head_object(Bucket="ops", Key="sum", ChecksumMode="ENABLED")
+assert head["ChecksumCRC32"] == composite, head
+
+whole = big + small
+upload = s3.create_multipart_upload(Bucket="ops", Key="full", ChecksumAlgorithm="CRC32",
+                                    ChecksumType="FULL_OBJECT")
+uid = upload["UploadId"]
+one = plain.upload_part(Bucket="ops", Key="full", UploadId=uid, PartNumber=1, Body=big)
+two = plain.upload_part(Bucket="ops", Key="full", UploadId=uid, PartNumber=2, Body=small)
+parts = [{"PartNumber": 1, "ETag": one["ETag"]}, {"PartNumber": 2, "ETag": two["ETag"]}]
+assert status_of(lambda: s3.complete_multipart_upload(
+    Bucket="ops", Key="full", UploadId=uid, MultipartUpload={"Parts": parts},
+    ChecksumCRC32=crc32_b64(small), ChecksumType="FULL_OBJECT")) == 400
+done = s3.complete_multipart_upload(Bucket="ops", Key="full", UploadId=uid,
+                                    MultipartUpload={"Parts": parts},
+                                    ChecksumCRC32=crc32_b64(whole), ChecksumType="FULL_OBJECT")
+assert done["ChecksumCRC32"] == crc32_b64(whole) and done["ChecksumType"] == "FULL_OBJECT", done
+got = s3.get_object(Bucket="ops", Key="full", ChecksumMode="ENABLED")
+assert got["ChecksumCRC32"] == crc32_b64(whole) and got["Body"].read() == whole
+assert status_of(lambda: s3.create_multipart_upload(
+    Bucket="ops", Key="no", ChecksumAlgorithm="SHA256", ChecksumType="FULL_OBJECT")) == 400
 
 step("larder s3 presign: GET and PUT through curl; an expired URL is refused")
 
