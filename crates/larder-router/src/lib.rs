@@ -28,7 +28,7 @@ pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, Leftover, UploadJournal};
 pub use manifest::{ChunkSlice, Composite, Manifest, ManifestError};
 pub use map_cell::{revision_in, MapCell};
-pub use parts_manifest::{Part, PartsManifest, MAX_PARTS};
+pub use parts_manifest::{Part, PartChecksums, PartsManifest, MAX_PARTS};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use larder_cluster::{BlobId, BlobKind};
 
-use crate::parts_manifest::{PartsManifest, PARTS_VERSION};
+use crate::parts_manifest::{PartsManifest, PARTS_CHECKSUMS_VERSION, PARTS_VERSION};
 
 pub(crate) const MAGIC: &[u8; 4] = b"LCMP";
 const VERSION: u8 = 1;
@@ -34,14 +34,17 @@ const HEADER_LEN: usize = 4 + 1 + 8 + 8 + 4;
 pub enum Composite {
     /// Version 1: one body cut into chunks of one size.
     Chunks(Manifest),
-    /// Version 2: parts of different sizes, each a simple blob or a version-1 composite.
+    /// Version 2 (3 with each part's checksum): parts of different sizes, each a simple blob
+    /// or a version-1 composite.
     Parts(PartsManifest),
 }
 
 impl Composite {
     pub fn decode(bytes: &[u8]) -> Result<Composite, ManifestError> {
         match bytes.get(4) {
-            Some(&PARTS_VERSION) => PartsManifest::decode(bytes).map(Composite::Parts),
+            Some(&PARTS_VERSION | &PARTS_CHECKSUMS_VERSION) => {
+                PartsManifest::decode(bytes).map(Composite::Parts)
+            }
             _ => Manifest::decode(bytes).map(Composite::Chunks),
         }
     }

@@ -11,6 +11,7 @@ use s3s::dto::{
 };
 
 use crate::blobs;
+use crate::checksums::ObjectChecksum;
 use crate::error::S3Error;
 use crate::records::ObjectEntry;
 
@@ -45,20 +46,21 @@ pub async fn answer(
         output.storage_class = Some(StorageClass::from_static(StorageClass::STANDARD));
     }
     if asked(ObjectAttributes::OBJECT_PARTS) {
-        if let Some(sizes) = part_sizes(router, entry).await? {
-            output.object_parts = Some(page(&sizes, input.part_number_marker, input.max_parts)?);
+        if let Some(parts) = parts(router, entry).await? {
+            output.object_parts = Some(page(&parts, input.part_number_marker, input.max_parts)?);
         }
     }
     Ok(output)
 }
 
-/// The sizes of a multipart object's parts, in order; `None` for an object of one PUT (S3
-/// answers no parts for it). The parts are those of the object's parts record, or its entry's
-/// own pieces (entries written before parts records).
-async fn part_sizes(
+/// The sizes of a multipart object's parts, in order, with each one's checksum when its parts
+/// record keeps them (version 3); `None` for an object of one PUT (S3 answers no parts for
+/// it). The parts are those of the object's parts record, or its entry's own pieces (entries
+/// written before parts records).
+async fn parts(
     router: &Arc<Router>,
     entry: &ObjectEntry,
-) -> Result<Option<Vec<u64>>, S3Error> {
+) -> Result<Option<Vec<(u64, Option<ObjectChecksum>)>>, S3Error> {
     let multipart = entry
         .etag
         .rsplit_once('-')
@@ -66,16 +68,18 @@ async fn part_sizes(
     if !multipart {
         return Ok(None);
     }
-    let sizes = match blobs::parts_of(router, &entry.body).await? {
-        Some(parts) => parts.parts.iter().map(|p| p.size).collect(),
-        None => entry.body.iter().map(|p| p.size).collect(),
+    let parts = match blobs::parts_of(router, &entry.body).await? {
+        Some(record) => (record.parts.iter().enumerate())
+            .map(|(i, p)| (p.size, ObjectChecksum::of_part(&record, i + 1)))
+            .collect(),
+        None => entry.body.iter().map(|p| (p.size, None)).collect(),
     };
-    Ok(Some(sizes))
+    Ok(Some(parts))
 }
 
 /// The page of parts after part number `marker` (0 when absent), of at most `max` parts.
 fn page(
-    sizes: &[u64],
+    sizes: &[(u64, Option<ObjectChecksum>)],
     marker: Option<i32>,
     max: Option<i32>,
 ) -> Result<GetObjectAttributesParts, S3Error> {
@@ -91,10 +95,21 @@ fn page(
     let end = after.saturating_add(max_parts).min(sizes.len());
     let start = after.min(end);
     let parts: Vec<ObjectPart> = (start..end)
-        .map(|i| ObjectPart {
-            part_number: i32::try_from(i + 1).ok(),
-            size: i64::try_from(sizes[i]).ok(),
-            ..Default::default()
+        .map(|i| {
+            let (size, checksum) = &sizes[i];
+            let dto = checksum
+                .as_ref()
+                .map(ObjectChecksum::to_dto)
+                .unwrap_or_default();
+            ObjectPart {
+                part_number: i32::try_from(i + 1).ok(),
+                size: i64::try_from(*size).ok(),
+                checksum_crc32: dto.checksum_crc32,
+                checksum_crc32c: dto.checksum_crc32c,
+                checksum_crc64nvme: dto.checksum_crc64nvme,
+                checksum_sha1: dto.checksum_sha1,
+                checksum_sha256: dto.checksum_sha256,
+            }
         })
         .collect();
     let truncated = end < sizes.len();
@@ -119,7 +134,7 @@ mod tests {
 
     #[test]
     fn parts_are_paged_after_the_marker() {
-        let sizes = [5, 5, 5, 5, 5, 3];
+        let sizes = [5, 5, 5, 5, 5, 3].map(|size| (size, None));
         let first = page(&sizes, None, None).unwrap();
         assert_eq!(numbers(&first), vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(first.is_truncated, Some(false));

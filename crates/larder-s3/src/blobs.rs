@@ -14,7 +14,8 @@ use http_body_util::{BodyExt, Limited};
 use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{BlobProperties, ByteRange};
 use larder_router::{
-    ChunkingConfig, Composite, GetAnswer, JournalEntry, Manifest, Part, PartsManifest, Router,
+    ChunkingConfig, Composite, GetAnswer, JournalEntry, Manifest, Part, PartChecksums,
+    PartsManifest, Router,
 };
 use md5::{Digest, Md5};
 use s3s::checksum::ChecksumHasher;
@@ -565,12 +566,18 @@ pub async fn body_blobs(
 /// it is written (so that a settlement tombstones the record alone if no name points at it).
 pub async fn store_parts(
     router: &Arc<Router>,
-    parts: Vec<Part>,
+    (parts, checksums): (Vec<Part>, Option<PartChecksums>),
     journal: Option<&JournalEntry>,
 ) -> Result<BlobId, S3Error> {
     let manifest = PartsManifest::new(parts).ok_or_else(|| {
         S3Error::Internal("a multipart object's parts do not make a record".into())
     })?;
+    let manifest = match checksums {
+        None => manifest,
+        Some(checksums) => manifest
+            .with_checksums(checksums)
+            .ok_or_else(|| S3Error::Internal("the parts' checksums do not make a record".into()))?,
+    };
     let props = BlobProperties {
         created_ms: crate::service::now_ms(),
         ..Default::default()

@@ -56,6 +56,22 @@ impl Algorithm {
         s3s::dto::ChecksumAlgorithm::from(self.name().to_ascii_uppercase())
     }
 
+    /// Its code in a parts record that keeps each part's checksum (`PartChecksums`): never 0,
+    /// and never changed once written.
+    pub fn code(self) -> u8 {
+        match self {
+            Algorithm::Crc32 => 1,
+            Algorithm::Crc32c => 2,
+            Algorithm::Crc64nvme => 3,
+            Algorithm::Sha1 => 4,
+            Algorithm::Sha256 => 5,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Algorithm> {
+        ALGORITHMS.into_iter().find(|a| a.code() == code)
+    }
+
     /// The algorithm of that name (any case).
     pub fn named(name: &str) -> Option<Algorithm> {
         let name = name.trim().to_ascii_lowercase();
@@ -93,6 +109,14 @@ pub struct ObjectChecksum {
 }
 
 impl ObjectChecksum {
+    /// Part `number`'s checksum as its object's parts record keeps it (version 3).
+    pub fn of_part(parts: &larder_router::PartsManifest, number: usize) -> Option<ObjectChecksum> {
+        let (code, digest) = parts.part_checksum(number)?;
+        let algorithm = Algorithm::from_code(code)?;
+        let value = base64::engine::general_purpose::STANDARD.encode(digest);
+        Some(ObjectChecksum { algorithm, value })
+    }
+
     /// How it covers the object: a multipart upload's COMPOSITE checksum ends in `-<parts>`
     /// (`upload_checksum.rs`; base64 has no `-`), any other is of the whole object's bytes.
     pub fn checksum_type(&self) -> s3s::dto::ChecksumType {

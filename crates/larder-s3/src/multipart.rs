@@ -7,8 +7,9 @@
 //! record stays, marked as completing, until the link is settled (`complete`): no crash leaks
 //! the parts, and no Abort tombstones the bytes of a completed object.
 
+use base64::Engine as _;
 use larder_cluster::BlobId;
-use larder_router::{JournalEntry, Part};
+use larder_router::{JournalEntry, Part, PartChecksums};
 use md5::{Digest, Md5};
 use rand::distr::{Alphanumeric, SampleString};
 use s3s::dto::{CompletedPart, ETag};
@@ -561,7 +562,10 @@ impl CompletionStep {
         // this completion's journal entry before it is written. A settlement tombstones the
         // record alone unless the name points at it: the parts stay the upload's until then.
         let stored = match part_list(&parts) {
-            Ok(list) => blobs::store_parts(s3.router(), list, self.journal.as_ref()).await,
+            Ok(list) => {
+                let listed = (list, part_checksums(&upload, &parts));
+                blobs::store_parts(s3.router(), listed, self.journal.as_ref()).await
+            }
             Err(err) => Err(err),
         };
         let record = match stored {
@@ -711,6 +715,24 @@ fn part_list(parts: &[(u32, UploadedPart)]) -> Result<Vec<Part>, S3Error> {
             Ok(Part { id, size: p.size })
         })
         .collect()
+}
+
+/// The chosen parts' checksums, for the parts record to keep (a GET of one part answers its
+/// own); `None` when the upload has none (or a part lacks one, which no part of such an
+/// upload does).
+fn part_checksums(upload: &Upload, parts: &[(u32, UploadedPart)]) -> Option<PartChecksums> {
+    let algorithm = upload.checksum?.algorithm;
+    let digests: Option<Vec<Vec<u8>>> = parts
+        .iter()
+        .map(|(_, p)| {
+            let value = p.checksum.as_deref()?;
+            base64::engine::general_purpose::STANDARD.decode(value).ok()
+        })
+        .collect();
+    Some(PartChecksums {
+        algorithm: algorithm.code(),
+        digests: digests?,
+    })
 }
 
 /// The object's entry: one piece, the record listing the chosen parts (`record`).

@@ -355,38 +355,76 @@ fn asked_checksum<'e>(
     entry.checksum.as_ref().filter(|_| asked)
 }
 
-/// The bytes a GetObject or HeadObject asks for, and whether that is a part of the object
-/// (206): a `Range`, or a `partNumber` (a multipart object's pieces are its parts; any other
-/// object is one part). Both at once is S3's 400.
+/// What a GetObject or HeadObject answers with: the bytes it asks for, whether that is a
+/// part of the object (206), and the checksum of those bytes when one is kept (the object's,
+/// or a multipart object's part's).
+struct Selected {
+    range: std::ops::Range<u64>,
+    partial: bool,
+    part_checksum: Option<ObjectChecksum>,
+}
+
+/// What a GetObject or HeadObject asks for: a `Range`, or a `partNumber` (a multipart object's
+/// pieces are its parts; any other object is one part), or all of it. Both at once is S3's 400.
 async fn selected_or_part(
     router: &Arc<Router>,
     range: &Option<Range>,
     part: Option<i32>,
     entry: &ObjectEntry,
-) -> Result<(std::ops::Range<u64>, bool), S3Error> {
+) -> Result<Selected, S3Error> {
     match (range, part) {
         (Some(_), Some(_)) => Err(S3Error::InvalidRequest(
             "Cannot specify both Range header and partNumber query parameter".into(),
         )),
-        (None, Some(n)) => Ok((part_range(router, entry, n).await?, true)),
-        (range, None) => Ok((selected(range.as_ref(), entry.size)?, range.is_some())),
+        (None, Some(n)) => {
+            let (range, part_checksum) = part_range(router, entry, n).await?;
+            Ok(Selected {
+                range,
+                partial: true,
+                part_checksum,
+            })
+        }
+        (range, None) => Ok(Selected {
+            range: selected(range.as_ref(), entry.size)?,
+            partial: range.is_some(),
+            part_checksum: None,
+        }),
     }
 }
 
-/// The bytes of part `n`: from the parts record a multipart object's entry names (one read),
-/// or from the entry's own pieces (a single PUT's one part; multipart entries of older builds).
+/// The bytes of part `n` and its checksum: from the parts record a multipart object's entry
+/// names (one read; a record of version 3 keeps each part's checksum), or from the entry's own
+/// pieces (a single PUT's one part; multipart entries of older builds).
 async fn part_range(
     router: &Arc<Router>,
     entry: &ObjectEntry,
     n: i32,
-) -> Result<std::ops::Range<u64>, S3Error> {
+) -> Result<(std::ops::Range<u64>, Option<ObjectChecksum>), S3Error> {
     if parts_count(entry).is_some() {
         if let Some(parts) = blobs::parts_of(router, &entry.body).await? {
             let number = usize::try_from(n).map_err(|_| S3Error::InvalidPart)?;
-            return parts.part_range(number).ok_or(S3Error::InvalidPart);
+            let range = parts.part_range(number).ok_or(S3Error::InvalidPart)?;
+            return Ok((range, ObjectChecksum::of_part(&parts, number)));
         }
     }
-    piece_range(entry, n)
+    Ok((piece_range(entry, n)?, None))
+}
+
+/// The checksum to answer a GetObject or HeadObject with, and its type: the object's for the
+/// whole of it, a part's (with its object's type, as S3 answers) for a `partNumber`; none for
+/// a range, whose bytes neither covers, or when the client did not ask.
+fn answered_checksum(
+    mode: Option<&ChecksumMode>,
+    entry: &ObjectEntry,
+    selected: Selected,
+) -> Option<(ObjectChecksum, ChecksumType)> {
+    let whole = asked_checksum(mode, entry)?;
+    let kind = whole.checksum_type();
+    match (selected.partial, selected.part_checksum) {
+        (false, _) => Some((whole.clone(), kind)),
+        (true, Some(part)) => Some((part, kind)),
+        (true, None) => None,
+    }
 }
 
 fn piece_range(entry: &ObjectEntry, n: i32) -> Result<std::ops::Range<u64>, S3Error> {
@@ -746,8 +784,9 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
-        let (range, partial) =
+        let selected =
             selected_or_part(self.router(), &input.range, input.part_number, &entry).await?;
+        let (range, partial) = (selected.range.clone(), selected.partial);
         let read_ahead = self.limits.chunking.read_ahead;
         let reading = (&self.bodies, read_ahead);
         let body = blobs::open_pieces(self.router(), reading, &entry.body, range.clone()).await?;
@@ -765,11 +804,10 @@ impl S3 for Larder {
             ..Default::default()
         };
         object_headers::answer_headers!(output, &entry.headers, input);
-        // A checksum is of the whole object: a range's bytes are not what it covers.
-        let asked = asked_checksum(input.checksum_mode.as_ref(), &entry);
-        if let (Some(checksum), false) = (asked, partial) {
+        let answered = answered_checksum(input.checksum_mode.as_ref(), &entry, selected);
+        if let Some((checksum, kind)) = answered {
             set_checksum!(output, checksum);
-            output.checksum_type = Some(checksum.checksum_type());
+            output.checksum_type = Some(kind);
         }
         Ok(S3Response::with_status(output, status))
     }
@@ -789,8 +827,9 @@ impl S3 for Larder {
             if_unmodified_since: input.if_unmodified_since.as_ref(),
         };
         conditions.check(&entry)?;
-        let (range, partial) =
+        let selected =
             selected_or_part(self.router(), &input.range, input.part_number, &entry).await?;
+        let (range, partial) = (selected.range.clone(), selected.partial);
         let (content_range, status) = partial_answer(&range, entry.size, partial);
         let mut output = HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
@@ -804,10 +843,10 @@ impl S3 for Larder {
             ..Default::default()
         };
         object_headers::answer_headers!(output, &entry.headers, input);
-        let asked = asked_checksum(input.checksum_mode.as_ref(), &entry);
-        if let (Some(checksum), false) = (asked, partial) {
+        let answered = answered_checksum(input.checksum_mode.as_ref(), &entry, selected);
+        if let Some((checksum, kind)) = answered {
             set_checksum!(output, checksum);
-            output.checksum_type = Some(checksum.checksum_type());
+            output.checksum_type = Some(kind);
         }
         Ok(S3Response::with_status(output, status))
     }

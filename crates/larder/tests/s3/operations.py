@@ -149,6 +149,13 @@ composite = crc32_b64(joined) + "-2"
 assert done["ChecksumCRC32"] == composite and done["ChecksumType"] == "COMPOSITE", done
 head = s3.head_object(Bucket="ops", Key="sum", ChecksumMode="ENABLED")
 assert head["ChecksumCRC32"] == composite, head
+# Each part keeps its own (the parts record, version 3): boto3 checks the part's bytes by it.
+part = s3.get_object(Bucket="ops", Key="sum", PartNumber=2, ChecksumMode="ENABLED")
+assert part["ChecksumCRC32"] == crc32_b64(small) and part["ChecksumType"] == "COMPOSITE", part
+assert part["Body"].read() == small
+attrs = s3.get_object_attributes(Bucket="ops", Key="sum", ObjectAttributes=["ObjectParts"])
+listed = [p["ChecksumCRC32"] for p in attrs["ObjectParts"]["Parts"]]
+assert listed == [crc32_b64(big), crc32_b64(small)], attrs
 
 whole = big + small
 upload = s3.create_multipart_upload(Bucket="ops", Key="full", ChecksumAlgorithm="CRC32",
@@ -166,6 +173,8 @@ done = s3.complete_multipart_upload(Bucket="ops", Key="full", UploadId=uid,
 assert done["ChecksumCRC32"] == crc32_b64(whole) and done["ChecksumType"] == "FULL_OBJECT", done
 got = s3.get_object(Bucket="ops", Key="full", ChecksumMode="ENABLED")
 assert got["ChecksumCRC32"] == crc32_b64(whole) and got["Body"].read() == whole
+part = s3.head_object(Bucket="ops", Key="full", PartNumber=1, ChecksumMode="ENABLED")
+assert part["ChecksumCRC32"] == crc32_b64(big) and part["ChecksumType"] == "FULL_OBJECT", part
 assert status_of(lambda: s3.create_multipart_upload(
     Bucket="ops", Key="no", ChecksumAlgorithm="SHA256", ChecksumType="FULL_OBJECT")) == 400
 
