@@ -1,4 +1,4 @@
-//! Feeds arbitrary bytes to the composite record's decoder, both versions (every GET, delete and
+//! Feeds arbitrary bytes to the composite record's decoder, every version (1; 2 and 3, parts) (every GET, delete and
 //! settlement of a composite blob reads one back from a storage node). It must never panic, and
 //! a record it accepts must encode back to exactly the bytes it came from.
 //!
