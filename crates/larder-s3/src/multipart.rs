@@ -983,6 +983,36 @@ pub fn new_upload(
 mod tests {
     use super::*;
 
+    /// A whole-object checksum sent with Complete: taken when it is what the parts make (a
+    /// COMPOSITE one with or without its `-<parts>`), refused otherwise, and refused for an
+    /// upload made without an algorithm.
+    #[test]
+    fn a_sent_whole_checksum_must_be_the_one_the_parts_make() {
+        use crate::checksums::Algorithm;
+        let sum = |algorithm, value: &str| ObjectChecksum {
+            algorithm,
+            value: value.into(),
+        };
+        let made = sum(Algorithm::Crc32, "AAAAAA==-2");
+        let check = |sent| check_sent_checksum(Some(&made), Some(&sent));
+        assert!(check(sum(Algorithm::Crc32, "AAAAAA==-2")).is_ok());
+        assert!(check(sum(Algorithm::Crc32, "AAAAAA==")).is_ok());
+        assert!(matches!(
+            check(sum(Algorithm::Crc32, "AAAAAQ==")),
+            Err(S3Error::BadChecksum(_))
+        ));
+        assert!(matches!(
+            check(sum(Algorithm::Crc32c, "AAAAAA==")),
+            Err(S3Error::InvalidRequest(_))
+        ));
+        let sent = sum(Algorithm::Crc32, "AAAAAA==");
+        assert!(matches!(
+            check_sent_checksum(None, Some(&sent)),
+            Err(S3Error::InvalidRequest(_))
+        ));
+        assert!(check_sent_checksum(None, None).is_ok());
+    }
+
     #[test]
     fn a_completion_token_goes_stale_long_after_any_request_ends() {
         let token = |age_ms: u64| Completing {

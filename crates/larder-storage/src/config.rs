@@ -182,7 +182,12 @@ impl Default for StoreSettings {
 pub enum ConfigError {
     #[error("store.durability {0:?} is not durable or relaxed-no-sync-for-benchmarks")]
     Durability(String),
+    #[error("store.min_round_interval {0:?} is past {MAX_ROUND_INTERVAL:?}: every write would wait for it")]
+    RoundInterval(Duration),
 }
+
+/// The longest `store.min_round_interval` taken: a write waits up to that long for its round.
+pub const MAX_ROUND_INTERVAL: Duration = Duration::from_millis(100);
 
 impl StoreSettings {
     /// The commit settings of every disk of the node.
@@ -201,6 +206,9 @@ impl StoreSettings {
             }
             other => return Err(ConfigError::Durability(other.to_owned())),
         };
+        if self.min_round_interval > MAX_ROUND_INTERVAL {
+            return Err(ConfigError::RoundInterval(self.min_round_interval));
+        }
         Ok(larder_store::Options {
             segment_size: self.segment_size.as_u64(),
             max_record_size: self.max_record_size.as_u64(),
@@ -373,5 +381,28 @@ impl Default for RedistributionConfig {
             removal_grace: Duration::from_secs(30),
             auto_replace_after: Duration::from_secs(600),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A round interval long enough to hold every write back is refused at load, not served.
+    #[test]
+    fn a_round_interval_past_the_bound_is_refused() {
+        let mut store = StoreSettings::default();
+        assert!(store.to_options().is_ok());
+        assert_eq!(
+            store.disk_options().min_round_interval,
+            store.min_round_interval
+        );
+        store.min_round_interval = MAX_ROUND_INTERVAL;
+        assert!(store.to_options().is_ok());
+        store.min_round_interval = Duration::from_secs(10);
+        assert!(matches!(
+            store.to_options(),
+            Err(ConfigError::RoundInterval(_))
+        ));
     }
 }
