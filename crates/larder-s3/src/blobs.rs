@@ -464,7 +464,7 @@ fn nested(id: &BlobId) -> S3Error {
     S3Error::Corrupt(format!("part {id} is itself a list of parts"))
 }
 
-fn parse_id(id: &str) -> Result<BlobId, S3Error> {
+pub(crate) fn parse_id(id: &str) -> Result<BlobId, S3Error> {
     id.parse()
         .map_err(|e| S3Error::Corrupt(format!("blob id {id}: {e}")))
 }
@@ -482,7 +482,7 @@ async fn read_composite(router: &Arc<Router>, id: &BlobId) -> Result<Option<Comp
 
 /// All of blob `id`, if it is no longer than `limit` bytes (else an error); `None` when the
 /// blob is missing (deleted, or never stored).
-async fn fetch_whole(
+pub(crate) async fn fetch_whole(
     router: &Arc<Router>,
     id: &BlobId,
     limit: usize,

@@ -32,6 +32,11 @@ pub struct S3Config {
     /// what every read and change of a name reads and writes, at ~250 bytes per name.
     #[serde(default = "default_leaf_entries")]
     pub index_leaf_entries: usize,
+    /// Bytes of changed names a write of an index leaf sends as a delta from the leaf's base
+    /// blob, instead of the whole leaf (`leaf_base.rs`); past it the leaf is folded into a new
+    /// base. Leaves smaller than 4 times this are written whole. 0: every leaf whole.
+    #[serde(default = "default_index_delta_bytes")]
+    pub index_delta_bytes: usize,
     /// Blobs of replaced names one index record holds through their grace period. Past it,
     /// the oldest are tombstoned at once by a sweep woken for it (a read still fetching one
     /// of them may fail): a name overwritten without pause would otherwise grow its record by
@@ -101,6 +106,10 @@ fn default_signature_v2() -> bool {
 
 fn default_leaf_entries() -> usize {
     1000
+}
+
+fn default_index_delta_bytes() -> usize {
+    16 << 10
 }
 
 fn default_index_cache_bytes() -> usize {

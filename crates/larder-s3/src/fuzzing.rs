@@ -8,7 +8,8 @@ use s3s::dto::{CompletedPart, ETag};
 use crate::list::{self, After};
 use crate::multipart;
 use crate::records::{
-    BucketIndex, Catalog, KeyRing, Leaf, Record, Upload, UploadList, UploadedPart, FORMAT,
+    BucketIndex, Catalog, KeyRing, Leaf, LeafBaseBlob, Record, Upload, UploadList, UploadedPart,
+    FORMAT,
 };
 use crate::upload_list::{self, Markers};
 
@@ -38,6 +39,12 @@ fn records(data: &[u8]) {
     }
     if let Ok(leaf) = Leaf::decode(data) {
         assert_eq!(Leaf::decode(&leaf.encode()).ok().as_ref(), Some(&leaf));
+    }
+    if let Ok(base) = LeafBaseBlob::decode(data) {
+        assert_eq!(
+            LeafBaseBlob::decode(&base.encode()).ok().as_ref(),
+            Some(&base)
+        );
     }
     if let Ok(uploads) = UploadList::decode(data) {
         assert_eq!(

@@ -38,7 +38,8 @@ use crate::store::Change;
 /// Crash tests' hook: with `LARDER_S3_CRASH` set to `at` (`before-link`, `after-link` of a
 /// PutObject, `before-add-part` of an UploadPart, `after-complete-mark`,
 /// `after-complete-parts-record`, `before-complete-link`, `after-complete-link`,
-/// `after-complete-finish` of a CompleteMultipartUpload), the process exits on the spot there, running no destructor (as
+/// `after-complete-finish` of a CompleteMultipartUpload, `after-base-stored`, `after-base-write`
+/// of a fold of an index leaf, `leaf_base.rs`), the process exits on the spot there, running no destructor (as
 /// a crash would leave things). Read once; unset, one load.
 pub fn crash_point(at: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -76,6 +77,9 @@ pub enum HeldFor {
         /// Its link may have been sent (written before it is; a refusal writes `false` again).
         sent: bool,
     },
+    /// The base blob of index record `doc` (`leaf_base.rs`): a fold's new base until the
+    /// record's write naming it is settled, or the base of a record being removed.
+    Base { doc: String },
 }
 
 impl HeldFor {
@@ -105,6 +109,7 @@ impl HeldFor {
                 let kind = if *sent { "complete-sent" } else { "complete" };
                 format!("{kind}:{bucket}/{upload}/{token}/{key}")
             }
+            HeldFor::Base { doc } => format!("base:{doc}"),
         }
     }
 
@@ -122,6 +127,11 @@ impl HeldFor {
                 key,
                 token,
                 sent,
+            });
+        }
+        if let Some(doc) = name.strip_prefix("base:") {
+            return Some(HeldFor::Base {
+                doc: doc.to_owned(),
             });
         }
         if let Some(rest) = name.strip_prefix("object:") {
@@ -149,6 +159,11 @@ pub struct Held {
 impl Held {
     pub fn new(entry: Option<JournalEntry>) -> Held {
         Held { entry }
+    }
+
+    /// The entry, to be settled by its holder's own rule (`leaf_base.rs`).
+    pub fn into_entry(self) -> Option<JournalEntry> {
+        self.entry
     }
 
     /// The name points at the body: forget the entry (in the background; a crash before it
@@ -244,6 +259,11 @@ async fn settle(s3: &Larder, name: &HeldFor, ids: &[BlobId]) {
                 number,
                 key,
             } => part_named(s3, (bucket, upload, key.as_deref()), *number, ids).await,
+            HeldFor::Base { doc } => {
+                let records_router = s3.records.records_router();
+                crate::leaf_base::settle(records_router, s3.router(), doc, ids).await;
+                return;
+            }
             // Settled by the upload's record, whose parts it keeps or drops itself. The entry
             // lists the parts record(s) the completion wrote: those the name does not point at
             // are tombstoned, alone (their parts are not theirs to drop).
@@ -411,6 +431,10 @@ mod tests {
             };
             assert_eq!(HeldFor::parse(&completion.name()), Some(completion));
         }
+        let base = HeldFor::Base {
+            doc: "larder-s3:leaf:b:L1".into(),
+        };
+        assert_eq!(HeldFor::parse(&base.name()), Some(base));
         assert_eq!(HeldFor::parse("complete:b/U1/t0"), None);
         assert_eq!(HeldFor::parse("part:b/x"), None);
         assert_eq!(HeldFor::parse("other:b/x"), None);

@@ -137,7 +137,7 @@ impl<'de> Visitor<'de> for IsName<'_> {
 }
 
 /// The entries `keep` keeps of `objects`, cloned.
-fn kept_entries(objects: &Objects, keep: &Keep) -> Objects {
+pub(crate) fn kept_entries(objects: &Objects, keep: &Keep) -> Objects {
     match keep {
         Keep::All => objects.clone(),
         Keep::One(name) => objects
@@ -185,6 +185,8 @@ impl Cacheable for Leaf {
             garbage: kept_garbage(&self.garbage, keep),
             splitting: self.splitting.clone(),
             sealed: self.sealed.clone(),
+            base: self.base.clone(),
+            removed: self.removed.clone(),
         }
     }
 }

@@ -24,6 +24,7 @@ mod index_batch;
 mod index_tree;
 mod keep;
 mod keys;
+mod leaf_base;
 mod list;
 mod metrics;
 mod multipart;

@@ -152,6 +152,15 @@ impl RecordCache {
         self.inner.lock().remove(id);
     }
 
+    /// Replaces the decoded copy of version `version` of record `id` (one made whole with its
+    /// base, `leaf_base.rs`), if that version is still kept.
+    pub fn set_decoded<R: Send + Sync + 'static>(&self, id: &str, version: u64, record: Arc<R>) {
+        let mut inner = self.inner.lock();
+        if let Some(kept) = inner.records.get_mut(id).filter(|k| k.version == version) {
+            kept.decoded = Some(record);
+        }
+    }
+
     /// Version `version` of record `id`, decoded (once per version, outside the lock); `None`
     /// when no longer kept at that version (evicted or replaced meanwhile).
     pub fn record<R: Record>(&self, id: &str, version: u64) -> Option<Result<Arc<R>, S3Error>> {

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 
 use crate::checksums::ObjectChecksum;
 use crate::error::S3Error;
+use crate::keep::Keep;
 use crate::upload_checksum::UploadChecksum;
 
 /// The one format version every record below is written in.
@@ -28,6 +29,11 @@ pub const MAX_INDEX_ENTRIES: usize = 10_000;
 /// The format of a bucket's root once it has split into leaves, and of every leaf
 /// (`index_tree.rs`): code that knows only `FORMAT` refuses them rather than misreading them.
 pub const FORMAT_SPLIT: u32 = 2;
+
+/// The format of a leaf whose names are mostly in a base blob (`leaf_base.rs`): its `objects`
+/// are then only the names changed since the base was made, and `removed` the names gone
+/// since. Code that knows only `FORMAT_SPLIT` refuses it rather than misreading it.
+pub const FORMAT_BASED: u32 = 3;
 
 /// The document holding the access keys.
 pub const KEYS_DOC: &str = "larder-s3:keys";
@@ -164,6 +170,77 @@ pub struct Leaf {
     /// Set by a DeleteBucket on an empty leaf: no name is linked here while it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<Seal>,
+    /// The blob holding the leaf's names as of its last fold (`leaf_base.rs`), once the leaf
+    /// grew past `[s3] index_delta_bytes`: a write then sends only what changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<LeafBase>,
+    /// Names of the base removed since it was made, as stored (format 3). Empty in memory
+    /// once the base is read (`Record::resolve_base`): `objects` is then every name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+}
+
+/// A leaf's base: an immutable blob of its names as they were at a fold.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeafBase {
+    pub blob: String,
+    /// The base's names once read (`None`: the leaf as decoded, its `objects` the delta).
+    #[serde(skip)]
+    pub objects: Option<Objects>,
+}
+
+/// Two leaves are the same when they name the same base blob (whose bytes never change).
+impl PartialEq for LeafBase {
+    fn eq(&self, other: &LeafBase) -> bool {
+        self.blob == other.blob
+    }
+}
+
+impl Eq for LeafBase {}
+
+/// The bytes of a leaf's base blob: the leaf's names as they were, and the leaf they belong
+/// to (a base named by another leaf is corruption, never read as its names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeafBaseBlob {
+    pub v: u32,
+    pub leaf: String,
+    #[serde(
+        deserialize_with = "crate::keep::objects",
+        serialize_with = "serialize_objects"
+    )]
+    pub objects: Objects,
+}
+
+/// What the next write of a record does with its base (`leaf_base.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BasePlan {
+    /// Write it as it is: the delta from its base, or every name when it has none.
+    AsIs,
+    /// Write every name into the record again and give up the base (the record is small, or
+    /// bases are off).
+    Inline,
+    /// Write its names as a new base blob first, then the record as an empty delta.
+    Fold,
+}
+
+/// The changes from `base` to `now`: names added or changed, and names removed.
+pub fn delta(base: &Objects, now: &Objects) -> (Objects, Vec<String>) {
+    let mut changed = Objects::new();
+    let mut removed = Vec::new();
+    for item in base.diff(now) {
+        match item {
+            imbl::ordmap::DiffItem::Add(key, entry)
+            | imbl::ordmap::DiffItem::Update {
+                new: (key, entry), ..
+            } => {
+                changed.insert(key.clone(), entry.clone());
+            }
+            imbl::ordmap::DiffItem::Remove(key, _) => removed.push(key.clone()),
+        }
+    }
+    (changed, removed)
 }
 
 /// A DeleteBucket's ticket, on the root and on each empty leaf it sealed.
@@ -492,6 +569,40 @@ pub trait Record:
     fn normalized(self) -> Self {
         self
     }
+
+    /// The blob holding most of the record's names, when it has one (`leaf_base.rs`).
+    fn base_blob(&self) -> Option<&str> {
+        None
+    }
+
+    /// Whether the record is as decoded and its base still to be read (`resolve_base`).
+    fn unresolved(&self) -> bool {
+        false
+    }
+
+    /// Makes the record decoded from `doc` whole with its base's names (as `keep` keeps them).
+    fn resolve_base(
+        &mut self,
+        _doc: &str,
+        _base: &LeafBaseBlob,
+        _keep: &Keep,
+    ) -> Result<(), S3Error> {
+        Ok(())
+    }
+
+    /// What its next write does with its base, with deltas of at most `delta_bytes` (0: none).
+    fn base_plan(&self, _delta_bytes: usize) -> BasePlan {
+        BasePlan::AsIs
+    }
+
+    /// Its names, for a new base blob made at `doc`.
+    fn base_of(&self, _doc: &str) -> Option<LeafBaseBlob> {
+        None
+    }
+
+    /// Takes `base` (the blob `base_of` made, now stored; `None`: no base) in place of its
+    /// base, whose blob goes on its garbage list, to be tombstoned after `after_ms`.
+    fn rebase(&mut self, _base: Option<LeafBase>, _after_ms: u64) {}
 }
 
 /// A stored record in a format this code knows.
@@ -565,7 +676,159 @@ impl Record for Leaf {
     }
 
     fn knows(v: u32) -> bool {
-        v == FORMAT_SPLIT
+        v == FORMAT_SPLIT || v == FORMAT_BASED
+    }
+
+    /// A leaf whose version is not the one its fields call for is refused (a base in format
+    /// 2, none in format 3, or names removed from no base).
+    fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
+        let leaf: Leaf = decode_known(bytes)?;
+        match leaf.v == leaf.format() && (leaf.base.is_some() || leaf.removed.is_empty()) {
+            true => Ok(leaf),
+            false => Err(S3Error::Corrupt(format!(
+                "leaf of format {} with the wrong fields",
+                leaf.v
+            ))),
+        }
+    }
+
+    fn normalized(self) -> Self {
+        Leaf {
+            v: self.format(),
+            ..self
+        }
+    }
+
+    /// With a base read, written as the delta from it; as decoded (a delta, not yet
+    /// resolved), written as it was read; without a base, every name.
+    fn encode(&self) -> bytes::Bytes {
+        let mut stored = Leaf {
+            v: self.format(),
+            ..self.clone()
+        };
+        if let Some(LeafBase {
+            objects: Some(base),
+            ..
+        }) = &self.base
+        {
+            (stored.objects, stored.removed) = delta(base, &self.objects);
+        }
+        serde_json::to_vec(&stored)
+            .expect("records are maps of strings and numbers")
+            .into()
+    }
+
+    fn base_blob(&self) -> Option<&str> {
+        self.base.as_ref().map(|base| base.blob.as_str())
+    }
+
+    fn unresolved(&self) -> bool {
+        self.base
+            .as_ref()
+            .is_some_and(|base| base.objects.is_none())
+    }
+
+    fn resolve_base(&mut self, doc: &str, base: &LeafBaseBlob, keep: &Keep) -> Result<(), S3Error> {
+        let Some(mine) = self.base.as_mut().filter(|b| b.objects.is_none()) else {
+            return Ok(());
+        };
+        if base.leaf != doc {
+            return Err(S3Error::Corrupt(format!(
+                "{doc} names base blob {} of {}",
+                mine.blob, base.leaf
+            )));
+        }
+        let kept = crate::keep::kept_entries(&base.objects, keep);
+        let mut names = kept.clone();
+        for name in std::mem::take(&mut self.removed) {
+            names.remove(&name);
+        }
+        for (name, entry) in std::mem::take(&mut self.objects) {
+            if let Keep::One(wanted) = keep {
+                if *wanted != name {
+                    continue;
+                }
+            }
+            names.insert(name, entry);
+        }
+        self.objects = names;
+        // Read only, and partly, when one name is kept: never written back (`keep.rs`).
+        mine.objects = Some(kept);
+        Ok(())
+    }
+
+    fn base_plan(&self, delta_bytes: usize) -> BasePlan {
+        if self.unresolved() {
+            return BasePlan::AsIs;
+        }
+        let has_base = self.base.is_some();
+        if delta_bytes == 0 || self.objects.is_empty() {
+            return if has_base {
+                BasePlan::Inline
+            } else {
+                BasePlan::AsIs
+            };
+        }
+        if let Some(LeafBase {
+            objects: Some(base),
+            ..
+        }) = &self.base
+        {
+            let (changed, removed) = delta(base, &self.objects);
+            let bytes: usize = changed
+                .values()
+                .map(|e| e.approx_bytes() + 8)
+                .sum::<usize>()
+                + removed.iter().map(|name| name.len() + 4).sum::<usize>();
+            if bytes <= delta_bytes {
+                return BasePlan::AsIs;
+            }
+        }
+        let all: usize = self.objects.values().map(|e| e.approx_bytes()).sum();
+        match (all >= FOLD_FACTOR.saturating_mul(delta_bytes), has_base) {
+            (true, _) => BasePlan::Fold,
+            (false, true) => BasePlan::Inline,
+            (false, false) => BasePlan::AsIs,
+        }
+    }
+
+    fn base_of(&self, doc: &str) -> Option<LeafBaseBlob> {
+        Some(LeafBaseBlob {
+            v: FORMAT,
+            leaf: doc.to_owned(),
+            objects: self.objects.clone(),
+        })
+    }
+
+    fn rebase(&mut self, base: Option<LeafBase>, after_ms: u64) {
+        if let Some(old) = std::mem::replace(&mut self.base, base) {
+            self.garbage.push(Garbage {
+                blob: old.blob,
+                after_ms,
+            });
+        }
+        self.v = self.format();
+    }
+}
+
+/// A leaf keeps a base only once its names take this many times `[s3] index_delta_bytes`:
+/// smaller, writing it whole costs little more than a delta, and a base blob is one more
+/// write and one more read.
+pub const FOLD_FACTOR: usize = 4;
+
+impl Leaf {
+    /// The format this leaf is written in.
+    fn format(&self) -> u32 {
+        match self.base {
+            Some(_) => FORMAT_BASED,
+            None => FORMAT_SPLIT,
+        }
+    }
+}
+
+impl Record for LeafBaseBlob {
+    fn version(&self) -> u32 {
+        self.v
     }
 }
 

@@ -50,13 +50,24 @@ impl S3Api {
         (stop, held): (watch::Receiver<()>, Vec<Leftover>),
     ) -> Result<S3Api, String> {
         let records_router = config.records_router(&router)?;
-        let records =
-            Records::new(router, records_router).with_index_cache(config.index_cache_bytes);
+        let bases = crate::leaf_base::BasePolicy {
+            delta_bytes: config.index_delta_bytes,
+            grace: config.replaced_blob_grace,
+            max_blob: limits.chunking.chunk_size.as_u64() as usize,
+        };
+        let records = Records::new(router, records_router)
+            .with_index_cache(config.index_cache_bytes)
+            .with_leaf_bases(bases);
         registry.sub_registry_with_prefix("s3").register(
             "index_cache_reads",
             "Reads of bucket index records by outcome: unchanged (the copy this frontend kept by \
              version answered), changed (the quorum held another version), unkept (none kept)",
             records.index_cache_reads(),
+        );
+        registry.sub_registry_with_prefix("s3").register(
+            "index_leaf_folds",
+            "Index leaves whose names were stored as a new base blob (`[s3] index_delta_bytes`)",
+            records.leaf_folds(),
         );
         let bodies = crate::body_cache::BodyCache::new(
             config.body_cache_bytes,

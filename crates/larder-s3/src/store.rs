@@ -8,9 +8,11 @@ use larder_router::{Checked, DocRouter, DocState, Router, Written};
 use tokio::time::Instant;
 
 use crate::error::S3Error;
+use crate::held::Held;
 use crate::keep::Keep;
+use crate::leaf_base::{self, BasePolicy};
 use crate::record_cache::{Cacheable, RecordCache};
-use crate::records::Record;
+use crate::records::{BasePlan, Record};
 
 /// How many times a change is read and applied again after losing to a concurrent one.
 const ATTEMPTS: usize = 64;
@@ -30,19 +32,43 @@ pub enum Change<R> {
 pub struct Records {
     docs: DocRouter,
     router: Arc<Router>,
+    records_router: Arc<Router>,
     /// Records read or written here, by version (`record_cache.rs`); none unless
-    /// `with_index_cache`.
+    /// `with_index_cache`. Leaves' base blobs too, by blob ID (`leaf_base.rs`).
     cache: RecordCache,
+    /// How leaves are written: as deltas from a base blob, or whole (`leaf_base.rs`).
+    bases: BasePolicy,
+    /// Bases stored (`larder_frontend_s3_index_leaf_folds_total`).
+    folds: prometheus_client::metrics::counter::Counter,
 }
 
 impl Records {
     /// Records through `records_router`; blobs through `router` (this frontend's datacenter).
     pub fn new(router: Arc<Router>, records_router: Arc<Router>) -> Records {
         Records {
-            docs: DocRouter::new(records_router),
+            docs: DocRouter::new(records_router.clone()),
             router,
+            records_router,
             cache: RecordCache::new(0),
+            bases: BasePolicy::WHOLE,
+            folds: Default::default(),
         }
+    }
+
+    /// The count of leaf bases stored (for `/metrics`).
+    pub fn leaf_folds(&self) -> prometheus_client::metrics::counter::Counter {
+        self.folds.clone()
+    }
+
+    /// Writes leaves as deltas from base blobs, as `policy` says (`leaf_base.rs`).
+    pub fn with_leaf_bases(mut self, policy: BasePolicy) -> Records {
+        self.bases = policy;
+        self
+    }
+
+    /// The router the records go through (the home datacenter's).
+    pub fn records_router(&self) -> &Arc<Router> {
+        &self.records_router
     }
 
     /// Reads of index records by how the cache answered (for `/metrics`).
@@ -72,7 +98,22 @@ impl Records {
     /// The newest state of record `id` a quorum holds (`None`: absent or removed).
     pub async fn read<R: Record>(&self, id: &str) -> Result<Option<R>, S3Error> {
         let state = self.docs.get(id, self.deadline()).await?;
-        decode(state).map(|(_, record)| record)
+        let (_, record) = decode(state)?;
+        self.resolved(id, record, &Keep::All).await
+    }
+
+    /// `record` (decoded from `id`) made whole with its base, as `keep` keeps it.
+    async fn resolved<R: Record>(
+        &self,
+        id: &str,
+        record: Option<R>,
+        keep: &Keep,
+    ) -> Result<Option<R>, S3Error> {
+        let Some(mut record) = record else {
+            return Ok(None);
+        };
+        leaf_base::resolve(&self.router, &self.cache, id, &mut record, keep).await?;
+        Ok(Some(record))
     }
 
     /// `read`, keeping only what `keep` says of an index record's entries (`keep.rs`): for
@@ -90,8 +131,11 @@ impl Records {
         {
             Fresh::Kept(_, record) if *keep == Keep::All => Ok(Some(Kept::Shared(record))),
             Fresh::Kept(_, record) => Ok(Some(Kept::Owned(record.keeping(keep)))),
-            Fresh::Read(state) => crate::keep::decode_keeping(keep, || decode(state))
-                .map(|(_, record)| record.map(Kept::Owned)),
+            Fresh::Read(state) => {
+                let (_, record) = crate::keep::decode_keeping(keep, || decode(state))?;
+                let record = self.resolved(id, record, keep).await?;
+                Ok(record.map(Kept::Owned))
+            }
         }
     }
 
@@ -124,16 +168,24 @@ impl Records {
         let deadline = self.deadline();
         for _ in 0..ATTEMPTS {
             let (seen, current) = self.read_for_update::<R>(id, deadline).await?;
+            let had_base = current.as_ref().and_then(R::base_blob).map(str::to_owned);
             let (what, answer) = change(current)?;
-            let (json, record) = match what {
+            let version = self.docs.next_version(seen)?;
+            let (json, record, base) = match what {
                 Change::Keep => return Ok(answer),
                 Change::Put(record) => {
-                    let record = record.normalized();
-                    (Some(record.encode()), Some(record))
+                    let mut record = record.normalized();
+                    let base = self.plan_base(id, &mut record).await?;
+                    (Some(record.encode()), Some(record), base)
                 }
-                Change::Remove => (None, None),
+                Change::Remove => {
+                    let base = match had_base {
+                        Some(blob) => Some(self.hold_removed_base(id, &blob).await?),
+                        None => None,
+                    };
+                    (None, None, base)
+                }
             };
-            let version = self.docs.next_version(seen)?;
             let written = self
                 .docs
                 .write_serialised(id, seen, version, json.clone(), deadline)
@@ -141,6 +193,12 @@ impl Records {
             *uncertain = written.is_err();
             if written.is_err() {
                 self.cache.forget(id);
+            }
+            if let Some(base) = base {
+                if let (BaseWrite::Folded(_), Ok(Written::Applied)) = (&base, &written) {
+                    crate::held::crash_point("after-base-write");
+                }
+                self.settle_base(id, base, &written);
             }
             match written? {
                 Written::Applied => {
@@ -160,6 +218,88 @@ impl Records {
         Err(S3Error::Unavailable(format!(
             "{id}: every one of {ATTEMPTS} attempts lost to a concurrent change; try again"
         )))
+    }
+}
+
+/// A base blob held in the journal while the write of its record is under way.
+enum BaseWrite {
+    /// A fold's new base, which the record names once the write applies.
+    Folded(leaf_base::Folded),
+    /// The base of a record being removed, tombstoned once the removal applies.
+    Removed(larder_cluster::BlobId, Held),
+}
+
+impl Records {
+    /// Folds `record` into a new base blob, or gives its base up, as its size says
+    /// (`leaf_base.rs`); a new base is stored (and held) before the record is written.
+    async fn plan_base<R: Record>(
+        &self,
+        id: &str,
+        record: &mut R,
+    ) -> Result<Option<BaseWrite>, S3Error> {
+        let after_ms = crate::service::now_ms().saturating_add(self.bases.grace.as_millis() as u64);
+        match record.base_plan(self.bases.delta_bytes) {
+            BasePlan::AsIs => Ok(None),
+            BasePlan::Inline => {
+                record.rebase(None, after_ms);
+                Ok(None)
+            }
+            BasePlan::Fold => {
+                let Some(base) = record.base_of(id) else {
+                    return Ok(None);
+                };
+                let stored = leaf_base::store_base(
+                    (&self.router, &self.cache),
+                    (id, base),
+                    self.bases.max_blob,
+                )
+                .await?;
+                crate::held::crash_point("after-base-stored");
+                match stored {
+                    Some((folded, base)) => {
+                        self.folds.inc();
+                        record.rebase(Some(base), after_ms);
+                        Ok(Some(BaseWrite::Folded(folded)))
+                    }
+                    None => {
+                        record.rebase(None, after_ms);
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Holds the base `blob` of record `id`, which is being removed.
+    async fn hold_removed_base(&self, id: &str, blob: &str) -> Result<BaseWrite, S3Error> {
+        let blob = crate::blobs::parse_id(blob)?;
+        let entry = leaf_base::hold(&self.router, id, Some(&blob)).await?;
+        Ok(BaseWrite::Removed(blob, Held::new(entry)))
+    }
+
+    /// Settles a held base by how the write of its record went.
+    fn settle_base(
+        &self,
+        id: &str,
+        base: BaseWrite,
+        written: &Result<Written, larder_router::DocError>,
+    ) {
+        match (base, written) {
+            (BaseWrite::Folded(folded), Ok(Written::Applied)) => folded.held.linked(),
+            (BaseWrite::Folded(folded), Ok(Written::Superseded(_))) => {
+                folded.held.unlinked(&self.router, Some(folded.blob))
+            }
+            (BaseWrite::Removed(blob, held), Ok(Written::Applied)) => {
+                held.unlinked(&self.router, Some(blob))
+            }
+            (BaseWrite::Removed(_, held), Ok(Written::Superseded(_))) => held.linked(),
+            (BaseWrite::Folded(folded), Err(_)) => {
+                leaf_base::settle_later(&self.records_router, &self.router, id, folded.held)
+            }
+            (BaseWrite::Removed(_, held), Err(_)) => {
+                leaf_base::settle_later(&self.records_router, &self.router, id, held)
+            }
+        }
     }
 }
 
@@ -221,7 +361,10 @@ impl Records {
             .await?
         {
             Fresh::Kept(version, record) => Ok((version, Some(R::clone(&record)))),
-            Fresh::Read(state) => decode(state),
+            Fresh::Read(state) => {
+                let (version, record) = decode(state)?;
+                Ok((version, self.resolved(id, record, &Keep::All).await?))
+            }
         }
     }
 
@@ -247,7 +390,8 @@ impl Records {
                 Checked::Unchanged => {
                     if let Some(record) = self.cache.record::<R>(id, known) {
                         self.cache.count("unchanged");
-                        return Ok(Fresh::Kept(known, record?));
+                        let record = self.kept_whole(id, known, record?).await?;
+                        return Ok(Fresh::Kept(known, record));
                     }
                     // Evicted or replaced meanwhile: read it whole below.
                 }
@@ -263,6 +407,23 @@ impl Records {
             Quorum::WithPrimary => self.docs.get_for_update(id, deadline).await?,
         };
         Ok(Fresh::Read(self.remember(id, state)))
+    }
+
+    /// A kept record made whole with its base (once per version: the whole copy is kept).
+    async fn kept_whole<R: Record>(
+        &self,
+        id: &str,
+        version: u64,
+        record: Arc<R>,
+    ) -> Result<Arc<R>, S3Error> {
+        if !record.unresolved() {
+            return Ok(record);
+        }
+        let mut whole = R::clone(&record);
+        leaf_base::resolve(&self.router, &self.cache, id, &mut whole, &Keep::All).await?;
+        let whole = Arc::new(whole);
+        self.cache.set_decoded(id, version, whole.clone());
+        Ok(whole)
     }
 
     /// Keeps the JSON of a state read whole by its version (or forgets a removed record).

@@ -374,14 +374,15 @@ impl Cluster {
             let config = dir.join(format!("frontend-{dc}.toml"));
             // A short `replaced_blob_grace`, so overwritten and deleted objects' blobs are
             // tombstoned (and compacted away) within the run; small index leaves, so buckets
-            // split into many under the faults.
+            // split into many under the faults, written as deltas from base blobs past ~1 KB
+            // and folded again every second change or so (`larder-s3/src/leaf_base.rs`).
             std::fs::write(
                 &config,
                 format!(
                     "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n\
                      upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n\n\
                      [s3]\nlisten = \"{s3_addr}\"\nreplaced_blob_grace = \"5s\"\nsweep_interval = \"2s\"\n\
-                     index_leaf_entries = 8\n"
+                     index_leaf_entries = 8\nindex_delta_bytes = 256\n"
                 ),
             )?;
             let mut journal = LossyDir::new(dir, &format!("frontend-{dc}-uploads"))?;

@@ -1,0 +1,433 @@
+//! A leaf's names in an immutable base blob, so that a write of the leaf sends only what
+//! changed since (its delta) instead of every name.
+//!
+//! A leaf of `index_leaf_entries` names is ~220 KB of JSON. A bucket written at random names
+//! changes a different leaf with nearly every PUT, so batching gathers little, and each PUT
+//! rewrote a whole leaf: encoded on the frontend, sent, written and synced on every replica
+//! (`benchmarks/s3-compare/RESULTS-leaf-size.md`: leaves of 50 names ran at 1.27× the rate
+//! with 0.75× the CPU). Smaller leaves would make the root's list of leaves 20× longer; this
+//! keeps the leaves and writes less of them:
+//!
+//! - **A fold** writes the leaf's names as a blob (`LeafBaseBlob`, naming its leaf), stored
+//!   like an object body, at quorum, before the leaf's record names it. The record is then
+//!   format 3: its fields as before, `base` (the blob), `objects` only the names changed
+//!   since and `removed` the names gone since. Every later write of the leaf sends that delta.
+//! - **When**: a write whose delta would pass `[s3] index_delta_bytes` folds, if the leaf's
+//!   names take `FOLD_FACTOR` times that; a smaller leaf is written whole again and gives its
+//!   base up (as does an empty one, so a sealed leaf holds no base). 0 turns bases off: every
+//!   leaf is written whole, as before (and a based one whole at its next write).
+//! - **Reads** read the record from a quorum as before (it is small now), then the base by
+//!   its blob ID. A blob's bytes never change, so a frontend keeps a base it read in the record
+//!   cache under its ID, with no check against storage, and applies the record's delta to it
+//!   (shared structure: `Objects` is a persistent map).
+//! - **Nothing leaks**: the new base is held in the upload journal (`HeldFor::Base`) from
+//!   before it is stored until the record's write is settled. Applied: the entry goes. Lost to
+//!   a concurrent change, or refused: the blob is tombstoned (nothing named it). Outcome
+//!   unknown, or the process died: a fence (the record written again as it is, at its
+//!   primary), then the blob is kept only if the record names it as its base or holds it on
+//!   its garbage list. The base a fold replaces goes on the leaf's garbage list, in the same
+//!   write, and is tombstoned after `replaced_blob_grace` like a replaced object's body (a
+//!   read that read the record just before may still be reading the old base). A leaf removed
+//!   while it has a base (none should: an empty leaf gives its base up) holds it the same way
+//!   and tombstones it once the removal applied.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use larder_cluster::{BlobId, BlobKind};
+use larder_proto::BlobProperties;
+use larder_router::{DocRouter, DocState, JournalEntry, Router, Written};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::blobs;
+use crate::error::S3Error;
+use crate::held::{Held, HeldFor};
+use crate::keep::Keep;
+use crate::record_cache::RecordCache;
+use crate::records::{LeafBase, LeafBaseBlob, Record, MAX_RECORD_BYTES};
+
+/// How a frontend writes leaves: deltas of at most `delta_bytes` (0: whole), the bases it
+/// replaces tombstoned after `grace`.
+#[derive(Clone, Copy, Debug)]
+pub struct BasePolicy {
+    pub delta_bytes: usize,
+    pub grace: Duration,
+    /// Longest base stored (one simple blob: a chunk); a leaf whose names take more is
+    /// written whole.
+    pub max_blob: usize,
+}
+
+impl BasePolicy {
+    /// Leaves written whole (what a `Records` without `with_leaf_bases` does).
+    pub const WHOLE: BasePolicy = BasePolicy {
+        delta_bytes: 0,
+        grace: Duration::ZERO,
+        max_blob: 0,
+    };
+}
+
+/// The cache key of base blob `blob` (a blob ID has no `:`, so no record's ID is this).
+fn cache_key(blob: &str) -> String {
+    format!("base:{blob}")
+}
+
+/// Base blob `blob`: the copy kept in `cache` (a blob never changes), else read and kept.
+pub async fn read_base(
+    router: &Arc<Router>,
+    cache: &RecordCache,
+    blob: &str,
+) -> Result<Arc<LeafBaseBlob>, S3Error> {
+    let key = cache_key(blob);
+    if let Some(kept) = cache.record::<LeafBaseBlob>(&key, 0) {
+        return kept;
+    }
+    let id = blobs::parse_id(blob)?;
+    let Some(bytes) = blobs::fetch_whole(router, &id, MAX_RECORD_BYTES).await? else {
+        // Stored at a quorum before any record named it: a read of a record that was
+        // replaced long ago (past the grace period), or a replica not yet caught up.
+        return Err(S3Error::Unavailable(format!(
+            "index base blob {blob} not found; try again"
+        )));
+    };
+    let base = Arc::new(LeafBaseBlob::decode(&bytes)?);
+    cache.keep_written(&key, 0, bytes, LeafBaseBlob::clone(&base));
+    Ok(base)
+}
+
+/// Makes `record` (decoded from `doc`) whole with its base's names, as `keep` keeps them.
+pub async fn resolve<R: Record>(
+    router: &Arc<Router>,
+    cache: &RecordCache,
+    doc: &str,
+    record: &mut R,
+    keep: &Keep,
+) -> Result<(), S3Error> {
+    if !record.unresolved() {
+        return Ok(());
+    }
+    let blob = record.base_blob().unwrap_or_default().to_owned();
+    let base = read_base(router, cache, &blob).await?;
+    record.resolve_base(doc, &base, keep)
+}
+
+/// A new base stored for a write, held until the write is settled.
+pub struct Folded {
+    pub blob: BlobId,
+    pub held: Held,
+}
+
+/// Stores `base` as a blob held for `doc`'s base in the journal; `None` when it is longer than
+/// one simple blob may be (the leaf is then written whole).
+/// Kept in `cache` too: the reads after the write find it there.
+pub async fn store_base(
+    (router, cache): (&Arc<Router>, &RecordCache),
+    (doc, base): (&str, LeafBaseBlob),
+    max_blob: usize,
+) -> Result<Option<(Folded, LeafBase)>, S3Error> {
+    let bytes = base.encode();
+    if bytes.len() > max_blob {
+        return Ok(None);
+    }
+    let journal = hold(router, doc, None).await?;
+    let props = BlobProperties {
+        created_ms: crate::service::now_ms(),
+        ..Default::default()
+    };
+    let put = router.put_blob_kind(BlobKind::Simple, &props, bytes.clone(), journal.as_ref());
+    let blob = match put.await {
+        Ok(blob) => blob,
+        Err(err) => {
+            Held::new(journal).unlinked(router, None);
+            return Err(err.into());
+        }
+    };
+    let leaf_base = LeafBase {
+        blob: blob.to_string(),
+        objects: Some(base.objects.clone()),
+    };
+    cache.keep_written(&cache_key(&leaf_base.blob), 0, bytes, base);
+    let held = Held::new(journal);
+    Ok(Some((Folded { blob, held }, leaf_base)))
+}
+
+/// A journal entry held for `doc`'s base, listing `existing` (a base already stored) when
+/// given; `None` without a journal.
+pub async fn hold(
+    router: &Arc<Router>,
+    doc: &str,
+    existing: Option<&BlobId>,
+) -> Result<Option<JournalEntry>, S3Error> {
+    let name = HeldFor::Base {
+        doc: doc.to_owned(),
+    }
+    .name();
+    let Some(entry) = router.begin_journal_entry()? else {
+        return Ok(None);
+    };
+    let failed =
+        |e: std::io::Error| S3Error::Unavailable(format!("cannot write the upload journal: {e}"));
+    entry.hold(&name).await.map_err(failed)?;
+    if let Some(id) = existing {
+        entry.record(id).await.map_err(failed)?;
+    }
+    Ok(Some(entry))
+}
+
+/// What a record's bytes say of base blobs, read leniently (any record, any version): the
+/// one it names and those on its garbage list.
+#[derive(Deserialize, Default)]
+struct BlobsNamed {
+    #[serde(default)]
+    base: Option<Named>,
+    #[serde(default)]
+    garbage: Vec<Named>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    blob: String,
+}
+
+/// Whether `json` (a record's bytes; `None`: removed or absent) names one of `ids` as its
+/// base or holds it on its garbage list.
+fn names_any(json: Option<&[u8]>, ids: &[BlobId]) -> Result<bool, S3Error> {
+    let Some(json) = json else {
+        return Ok(false);
+    };
+    let named: BlobsNamed = serde_json::from_slice(json)
+        .map_err(|e| S3Error::Corrupt(format!("an index record: {e}")))?;
+    let ids: Vec<String> = ids.iter().map(BlobId::to_string).collect();
+    let mut blobs = named.base.into_iter().chain(named.garbage);
+    Ok(blobs.any(|n| ids.contains(&n.blob)))
+}
+
+/// Until storage answers: fences record `doc` (written again as it is, at its primary, after
+/// which no write based on an older state applies), then tombstones `ids` unless it names
+/// one of them as its base or holds it as garbage.
+pub async fn settle(records_router: &Arc<Router>, router: &Arc<Router>, doc: &str, ids: &[BlobId]) {
+    let docs = DocRouter::new(records_router.clone());
+    let mut pause = Duration::from_millis(500);
+    loop {
+        match fence(&docs, records_router, doc).await {
+            Ok(json) => match names_any(json.as_deref(), ids) {
+                Ok(true) => return,
+                Ok(false) => {
+                    let failed = router
+                        .delete_chunks(ids.to_vec(), "S3 index base never named")
+                        .await;
+                    if failed == 0 {
+                        return;
+                    }
+                }
+                Err(err) => tracing::warn!(%err, doc, "cannot settle an index base yet"),
+            },
+            Err(err) => tracing::warn!(%err, doc, "cannot settle an index base yet"),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Writes record `doc` again as the primary holds it (a tombstone if it holds none); returns
+/// what it wrote.
+async fn fence(
+    docs: &DocRouter,
+    records_router: &Arc<Router>,
+    doc: &str,
+) -> Result<Option<Bytes>, S3Error> {
+    let deadline = Instant::now() + records_router.config().operation_timeout;
+    loop {
+        let state = docs.get_for_update(doc, deadline).await?;
+        let seen = state.version();
+        let json = match state {
+            DocState::Found { json, .. } => Some(json),
+            DocState::Removed { .. } | DocState::NotFound => None,
+        };
+        let version = docs.next_version(seen)?;
+        let written = docs
+            .write_serialised(doc, seen, version, json.clone(), deadline)
+            .await?;
+        if let Written::Applied = written {
+            return Ok(json);
+        }
+    }
+}
+
+/// Settles a held base's entry in the background (the write naming it had no answer).
+pub fn settle_later(records_router: &Arc<Router>, router: &Arc<Router>, doc: &str, held: Held) {
+    let Some(entry) = held.into_entry() else {
+        return;
+    };
+    let (records_router, router, doc) = (records_router.clone(), router.clone(), doc.to_owned());
+    tokio::spawn(async move {
+        settle(&records_router, &router, &doc, &entry.ids()).await;
+        if let Err(err) = entry.remove().await {
+            tracing::warn!(%err, "cannot remove a settled journal entry");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{delta, BasePlan, Leaf, ObjectEntry, Objects, FOLD_FACTOR, FORMAT_BASED};
+    use proptest::prelude::*;
+
+    fn entry(size: u64) -> Arc<ObjectEntry> {
+        Arc::new(ObjectEntry {
+            size,
+            etag: format!("e{size}"),
+            ..Default::default()
+        })
+    }
+
+    fn names(pairs: &[(String, u64)]) -> Objects {
+        pairs.iter().map(|(k, v)| (k.clone(), entry(*v))).collect()
+    }
+
+    const DOC: &str = "larder-s3:leaf:b:L1";
+
+    /// A leaf as a fold leaves it: its names in a base (here not stored anywhere).
+    fn based(objects: Objects) -> (Leaf, LeafBaseBlob) {
+        let base = LeafBaseBlob {
+            v: 1,
+            leaf: DOC.into(),
+            objects: objects.clone(),
+        };
+        let mut leaf = Leaf {
+            v: FORMAT_BASED,
+            low: String::new(),
+            objects,
+            ..Default::default()
+        };
+        leaf.rebase(
+            Some(LeafBase {
+                blob: "B1".into(),
+                objects: Some(base.objects.clone()),
+            }),
+            0,
+        );
+        (leaf, base)
+    }
+
+    proptest! {
+        /// Any base and any changes: the record written as a delta, read back and resolved
+        /// with the base, is every name as changed; one name kept reads as in full.
+        #[test]
+        fn a_delta_applied_to_its_base_is_the_leaf(
+            before in proptest::collection::btree_map("[a-c]{1,3}", 0u64..4, 0..24),
+            changes in proptest::collection::vec(("[a-c]{1,3}", proptest::option::of(0u64..4)), 0..12),
+        ) {
+            let before: Vec<(String, u64)> = before.into_iter().collect();
+            let (mut leaf, base) = based(names(&before));
+            for (name, change) in changes {
+                match change {
+                    Some(size) => { leaf.objects.insert(name, entry(size)); }
+                    None => { leaf.objects.remove(&name); }
+                }
+            }
+            let stored = leaf.encode();
+            let (changed, removed) = delta(&base.objects, &leaf.objects);
+            let read = Leaf::decode(&stored).unwrap();
+            prop_assert!(read.unresolved());
+            prop_assert_eq!(read.objects.len(), changed.len());
+            prop_assert_eq!(read.removed.len(), removed.len());
+            // Written again unresolved: the same bytes.
+            prop_assert_eq!(read.encode(), stored.clone());
+            let mut whole = read.clone();
+            whole.resolve_base(DOC, &base, &Keep::All).unwrap();
+            prop_assert_eq!(&whole.objects, &leaf.objects);
+            prop_assert_eq!(whole.encode(), stored.clone());
+            for name in ["a", "b", "ab", "ccc"] {
+                let mut one = read.clone();
+                one.resolve_base(DOC, &base, &Keep::One(name.into())).unwrap();
+                prop_assert_eq!(one.objects.get(name), leaf.objects.get(name));
+                prop_assert!(one.objects.len() <= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_base_of_another_leaf_is_refused() {
+        let (leaf, mut base) = based(names(&[("a".into(), 1)]));
+        let mut read = Leaf::decode(&leaf.encode()).unwrap();
+        base.leaf = "larder-s3:leaf:b:other".into();
+        assert!(read.resolve_base(DOC, &base, &Keep::All).is_err());
+    }
+
+    #[test]
+    fn formats_and_fields_must_agree() {
+        let two_with_base =
+            br#"{"v":2,"bucket_created_ms":0,"low":"","objects":{},"base":{"blob":"B"}}"#;
+        assert!(Leaf::decode(two_with_base).is_err());
+        let three_without = br#"{"v":3,"bucket_created_ms":0,"low":"","objects":{}}"#;
+        assert!(Leaf::decode(three_without).is_err());
+        let removed_without_base =
+            br#"{"v":2,"bucket_created_ms":0,"low":"","objects":{},"removed":["a"]}"#;
+        assert!(Leaf::decode(removed_without_base).is_err());
+        let three = br#"{"v":3,"bucket_created_ms":0,"low":"","objects":{},"base":{"blob":"B"},"removed":["a"]}"#;
+        assert!(Leaf::decode(three).unwrap().unresolved());
+    }
+
+    #[test]
+    fn the_plan_follows_the_sizes() {
+        let many: Vec<(String, u64)> = (0..400).map(|i| (format!("k{i:04}"), i)).collect();
+        let per = entry(1).approx_bytes();
+        let limit = 20 * per;
+        // Big enough and no base: fold. Bases off: as it is (whole).
+        let (mut leaf, _) = based(names(&many));
+        leaf.base = None;
+        assert!(400 * per >= FOLD_FACTOR * limit);
+        assert_eq!(leaf.base_plan(limit), BasePlan::Fold);
+        assert_eq!(leaf.base_plan(0), BasePlan::AsIs);
+        // A base and a small delta: as it is; a delta past the limit: fold again.
+        let (mut leaf, _) = based(names(&many));
+        leaf.objects.insert("new".into(), entry(9));
+        assert_eq!(leaf.base_plan(limit), BasePlan::AsIs);
+        assert_eq!(leaf.base_plan(0), BasePlan::Inline);
+        for i in 0..30 {
+            leaf.objects.insert(format!("n{i:04}"), entry(i));
+        }
+        assert_eq!(leaf.base_plan(limit), BasePlan::Fold);
+        // Small again, or empty: written whole, the base given up.
+        let (mut leaf, _) = based(names(&many[..10]));
+        for i in 0..4 {
+            leaf.objects.remove(&format!("k{i:04}"));
+        }
+        for i in 4..9 {
+            leaf.objects.insert(format!("k{i:04}"), entry(100 + i));
+        }
+        assert_eq!(leaf.base_plan(2 * per), BasePlan::Inline);
+        leaf.objects.clear();
+        assert_eq!(leaf.base_plan(limit), BasePlan::Inline);
+    }
+
+    #[test]
+    fn a_replaced_base_goes_on_the_garbage_list() {
+        let (mut leaf, _) = based(names(&[("a".into(), 1)]));
+        leaf.rebase(None, 77);
+        assert_eq!(leaf.base, None);
+        assert_eq!(leaf.garbage.len(), 1);
+        assert_eq!(leaf.garbage[0].blob, "B1");
+        assert_eq!(leaf.garbage[0].after_ms, 77);
+        assert_eq!(
+            Leaf::decode(&leaf.encode()).unwrap().v,
+            crate::records::FORMAT_SPLIT
+        );
+    }
+
+    #[test]
+    fn a_record_names_a_base_as_base_or_garbage() {
+        let id = BlobId::mint(BlobKind::Simple, 0, 3);
+        let text = id.to_string();
+        let as_base = format!(r#"{{"v":3,"base":{{"blob":"{text}"}},"objects":{{}}}}"#);
+        let as_garbage = format!(r#"{{"v":2,"garbage":[{{"blob":"{text}","after_ms":1}}]}}"#);
+        let neither = r#"{"v":3,"base":{"blob":"other"},"objects":{}}"#;
+        assert!(names_any(Some(as_base.as_bytes()), &[id]).unwrap());
+        assert!(names_any(Some(as_garbage.as_bytes()), &[id]).unwrap());
+        assert!(!names_any(Some(neither.as_bytes()), &[id]).unwrap());
+        assert!(!names_any(None, &[id]).unwrap());
+    }
+}
