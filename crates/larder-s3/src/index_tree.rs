@@ -630,7 +630,9 @@ impl IndexTree {
         records: &Records,
         bucket: &str,
     ) -> Result<Vec<(Target, Vec<Garbage>)>, S3Error> {
-        let Some(root) = records.read::<BucketIndex>(&bucket_doc(bucket)).await? else {
+        // Garbage and links only: no base is read (a sweep passes every leaf of every bucket).
+        let doc = bucket_doc(bucket);
+        let Some(root) = records.read_unresolved::<BucketIndex>(&doc).await? else {
             return Ok(Vec::new());
         };
         let mut found = vec![(Target::Root, root.garbage.clone())];
@@ -639,7 +641,8 @@ impl IndexTree {
             if found.len() > MAX_LEAVES {
                 return Err(too_many_leaves(bucket));
             }
-            let Some(leaf) = read_leaf(records, bucket, &id).await? else {
+            let doc = leaf_doc(bucket, &id);
+            let Some(leaf) = records.read_unresolved::<Leaf>(&doc).await? else {
                 break;
             };
             next = leaf.right.clone();
@@ -774,10 +777,6 @@ fn too_many_leaves(bucket: &str) -> S3Error {
     S3Error::Corrupt(format!(
         "bucket {bucket}: more than {MAX_LEAVES} index leaves in a row (a cycle?)"
     ))
-}
-
-async fn read_leaf(records: &Records, bucket: &str, id: &str) -> Result<Option<Leaf>, S3Error> {
-    records.read::<Leaf>(&leaf_doc(bucket, id)).await
 }
 
 /// From leaf `id` rightwards to the leaf holding `key`, with the leaves passed. `None`: a leaf

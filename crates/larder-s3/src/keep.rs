@@ -169,6 +169,8 @@ impl Cacheable for BucketIndex {
             leaves: self.leaves.clone(),
             splitting: self.splitting.clone(),
             deleting: self.deleting.clone(),
+            base: self.base.clone(),
+            removed: self.removed.clone(),
         }
     }
 }

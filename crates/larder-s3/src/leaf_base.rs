@@ -1,5 +1,7 @@
 //! A leaf's names in an immutable base blob, so that a write of the leaf sends only what
-//! changed since (its delta) instead of every name.
+//! changed since (its delta) instead of every name. A small bucket's root, which holds its
+//! names itself, takes a base the same way (format 3 of the root; a split root is format 2
+//! and holds no names).
 //!
 //! A leaf of `index_leaf_entries` names is ~220 KB of JSON. A bucket written at random names
 //! changes a different leaf with nearly every PUT, so batching gathers little, and each PUT
@@ -26,7 +28,7 @@
 //!   unknown, or the process died: a fence (the record written again as it is, at its
 //!   primary), then the blob is kept only if the record names it as its base or holds it on
 //!   its garbage list. The base a fold replaces goes on the leaf's garbage list, in the same
-//!   write, and is tombstoned after `replaced_blob_grace` like a replaced object's body (a
+//!   write, and is tombstoned after a grace of a few operation timeouts (`base_grace`: a
 //!   read that read the record just before may still be reading the old base). A leaf removed
 //!   while it has a base (none should: an empty leaf gives its base up) holds it the same way
 //!   and tombstones it once the removal applied.
@@ -68,16 +70,32 @@ impl BasePolicy {
     };
 }
 
+/// How long a replaced base stays readable: `BASE_GRACE_OPERATIONS` times the router's
+/// operation timeout, at most `replaced_blob_grace`. Only a read that read the record just
+/// before its base was replaced fetches that base (the record cache keeps leaves with their
+/// names merged, and a kept record found unchanged names the current base), and it does so
+/// within its operation; a replaced object body, by contrast, may be streamed for minutes.
+pub fn base_grace(replaced_blob_grace: Duration, router: &Router) -> Duration {
+    (router.config().operation_timeout * BASE_GRACE_OPERATIONS).min(replaced_blob_grace)
+}
+
+/// See `base_grace`.
+const BASE_GRACE_OPERATIONS: u32 = 4;
+
 /// The cache key of base blob `blob` (a blob ID has no `:`, so no record's ID is this).
 fn cache_key(blob: &str) -> String {
     format!("base:{blob}")
 }
 
-/// Base blob `blob`: the copy kept in `cache` (a blob never changes), else read and kept.
+/// Base blob `blob` as `keep` keeps its names: the copy kept in `cache` (a blob never
+/// changes), else read. Read for every name, it is kept decoded; read for one, it is kept as
+/// its JSON and decoded whole by the next read that finds it there (as records are,
+/// `record_cache.rs`), and this read builds only the name it wants.
 pub async fn read_base(
     router: &Arc<Router>,
     cache: &RecordCache,
     blob: &str,
+    keep: &Keep,
 ) -> Result<Arc<LeafBaseBlob>, S3Error> {
     let key = cache_key(blob);
     if let Some(kept) = cache.record::<LeafBaseBlob>(&key, 0) {
@@ -91,9 +109,12 @@ pub async fn read_base(
             "index base blob {blob} not found; try again"
         )));
     };
-    let base = Arc::new(LeafBaseBlob::decode(&bytes)?);
-    cache.keep_written(&key, 0, bytes, LeafBaseBlob::clone(&base));
-    Ok(base)
+    let base = crate::keep::decode_keeping(keep, || LeafBaseBlob::decode(&bytes))?;
+    match keep {
+        Keep::All => cache.keep_written(&key, 0, (bytes, 0), base.clone()),
+        Keep::One(_) => cache.keep(&key, 0, bytes),
+    }
+    Ok(Arc::new(base))
 }
 
 /// Makes `record` (decoded from `doc`) whole with its base's names, as `keep` keeps them.
@@ -108,7 +129,7 @@ pub async fn resolve<R: Record>(
         return Ok(());
     }
     let blob = record.base_blob().unwrap_or_default().to_owned();
-    let base = read_base(router, cache, &blob).await?;
+    let base = read_base(router, cache, &blob, keep).await?;
     record.resolve_base(doc, &base, keep)
 }
 
@@ -116,13 +137,24 @@ pub async fn resolve<R: Record>(
 pub struct Folded {
     pub blob: BlobId,
     pub held: Held,
+    /// Its bytes and names, kept in the record cache once the write naming it applied.
+    stored: (Bytes, LeafBaseBlob),
+}
+
+impl Folded {
+    /// The write naming the base applied: keeps it in `cache` (the reads after the write find
+    /// it there) and forgets its journal entry.
+    pub fn named(self, cache: &RecordCache) {
+        let (bytes, base) = self.stored;
+        cache.keep_written(&cache_key(&self.blob.to_string()), 0, (bytes, 0), base);
+        self.held.linked();
+    }
 }
 
 /// Stores `base` as a blob held for `doc`'s base in the journal; `None` when it is longer than
-/// one simple blob may be (the leaf is then written whole).
-/// Kept in `cache` too: the reads after the write find it there.
+/// `max_blob` (the leaf is then written whole).
 pub async fn store_base(
-    (router, cache): (&Arc<Router>, &RecordCache),
+    router: &Arc<Router>,
     (doc, base): (&str, LeafBaseBlob),
     max_blob: usize,
 ) -> Result<Option<(Folded, LeafBase)>, S3Error> {
@@ -146,10 +178,11 @@ pub async fn store_base(
     let leaf_base = LeafBase {
         blob: blob.to_string(),
         objects: Some(base.objects.clone()),
+        bytes: bytes.len(),
     };
-    cache.keep_written(&cache_key(&leaf_base.blob), 0, bytes, base);
     let held = Held::new(journal);
-    Ok(Some((Folded { blob, held }, leaf_base)))
+    let stored = (bytes, base);
+    Ok(Some((Folded { blob, held, stored }, leaf_base)))
 }
 
 /// A journal entry held for `doc`'s base, listing `existing` (a base already stored) when
@@ -295,6 +328,7 @@ mod tests {
             v: 1,
             leaf: DOC.into(),
             objects: objects.clone(),
+            bytes: 0,
         };
         let mut leaf = Leaf {
             v: FORMAT_BASED,
@@ -306,6 +340,7 @@ mod tests {
             Some(LeafBase {
                 blob: "B1".into(),
                 objects: Some(base.objects.clone()),
+                bytes: 0,
             }),
             0,
         );
@@ -349,6 +384,56 @@ mod tests {
         }
     }
 
+    /// A small bucket's root takes a base the same way, in format 3; once split it is
+    /// format 2 again and gives the base up at its next write.
+    #[test]
+    fn a_roots_names_take_a_base_too() {
+        use crate::records::{BucketIndex, FORMAT, FORMAT_SPLIT};
+        let doc = "larder-s3:bucket:b";
+        let many: Vec<(String, u64)> = (0..400).map(|i| (format!("k{i:04}"), i)).collect();
+        let mut root = BucketIndex {
+            v: FORMAT,
+            objects: names(&many),
+            ..Default::default()
+        };
+        let limit = 20 * entry(1).approx_bytes();
+        assert_eq!(root.base_plan((limit, usize::MAX)), BasePlan::Fold);
+        let base = root.base_of(doc).unwrap();
+        let stored = LeafBase {
+            blob: "R1".into(),
+            objects: Some(base.objects.clone()),
+            bytes: 0,
+        };
+        root.rebase(Some(stored), 0);
+        root.objects.remove("k0007");
+        root.objects.insert("new".into(), entry(7));
+        let bytes = root.encode();
+        assert!(bytes.len() < 1024, "the delta only: {} bytes", bytes.len());
+        let mut read = BucketIndex::decode(&bytes).unwrap();
+        assert_eq!(read.v, FORMAT_BASED);
+        assert!(read.unresolved());
+        read.resolve_base(doc, &base, &Keep::All).unwrap();
+        assert_eq!(read.objects, root.objects);
+        assert!(read
+            .resolve_base("larder-s3:bucket:other", &base, &Keep::All)
+            .is_ok());
+        let mut other = BucketIndex::decode(&bytes).unwrap();
+        assert!(other
+            .resolve_base("larder-s3:bucket:other", &base, &Keep::All)
+            .is_err());
+        // Split: the names move out, and the base goes on the garbage list.
+        read.objects.clear();
+        read.leaves.insert(String::new(), "L1".into());
+        assert_eq!(read.base_plan((limit, usize::MAX)), BasePlan::Inline);
+        read.rebase(None, 5);
+        assert_eq!(read.v, FORMAT_SPLIT);
+        assert_eq!(read.garbage.last().map(|g| g.blob.as_str()), Some("R1"));
+        assert_eq!(BucketIndex::decode(&read.encode()).unwrap(), read);
+        // Format 1 with a base is no record this code wrote.
+        let one_with_base = br#"{"v":1,"created_ms":0,"objects":{},"base":{"blob":"B"}}"#;
+        assert!(BucketIndex::decode(one_with_base).is_err());
+    }
+
     #[test]
     fn a_base_of_another_leaf_is_refused() {
         let (leaf, mut base) = based(names(&[("a".into(), 1)]));
@@ -380,17 +465,17 @@ mod tests {
         let (mut leaf, _) = based(names(&many));
         leaf.base = None;
         assert!(400 * per >= FOLD_FACTOR * limit);
-        assert_eq!(leaf.base_plan(limit), BasePlan::Fold);
-        assert_eq!(leaf.base_plan(0), BasePlan::AsIs);
+        assert_eq!(leaf.base_plan((limit, usize::MAX)), BasePlan::Fold);
+        assert_eq!(leaf.base_plan((0, usize::MAX)), BasePlan::AsIs);
         // A base and a small delta: as it is; a delta past the limit: fold again.
         let (mut leaf, _) = based(names(&many));
         leaf.objects.insert("new".into(), entry(9));
-        assert_eq!(leaf.base_plan(limit), BasePlan::AsIs);
-        assert_eq!(leaf.base_plan(0), BasePlan::Inline);
+        assert_eq!(leaf.base_plan((limit, usize::MAX)), BasePlan::AsIs);
+        assert_eq!(leaf.base_plan((0, usize::MAX)), BasePlan::Inline);
         for i in 0..30 {
             leaf.objects.insert(format!("n{i:04}"), entry(i));
         }
-        assert_eq!(leaf.base_plan(limit), BasePlan::Fold);
+        assert_eq!(leaf.base_plan((limit, usize::MAX)), BasePlan::Fold);
         // Small again, or empty: written whole, the base given up.
         let (mut leaf, _) = based(names(&many[..10]));
         for i in 0..4 {
@@ -399,9 +484,67 @@ mod tests {
         for i in 4..9 {
             leaf.objects.insert(format!("k{i:04}"), entry(100 + i));
         }
-        assert_eq!(leaf.base_plan(2 * per), BasePlan::Inline);
+        assert_eq!(leaf.base_plan((2 * per, usize::MAX)), BasePlan::Inline);
         leaf.objects.clear();
-        assert_eq!(leaf.base_plan(limit), BasePlan::Inline);
+        assert_eq!(leaf.base_plan((limit, usize::MAX)), BasePlan::Inline);
+        // Names past the largest base: written whole, never folded.
+        let (mut leaf, _) = based(names(&many));
+        leaf.base = None;
+        assert_eq!(leaf.base_plan((limit, 100 * per)), BasePlan::AsIs);
+        let (mut leaf, _) = based(names(&many));
+        for i in 0..30 {
+            leaf.objects.insert(format!("n{i:04}"), entry(i));
+        }
+        assert_eq!(leaf.base_plan((limit, 100 * per)), BasePlan::Inline);
+    }
+
+    /// A change that made a record anew (no base) leaks not the base it had.
+    #[test]
+    fn a_base_dropped_by_a_change_goes_on_the_garbage_list_once() {
+        let (mut leaf, _) = based(names(&[("a".into(), 1)]));
+        leaf.remember_base("B1", 5);
+        assert!(leaf.garbage.is_empty(), "still its base");
+        leaf.base = None;
+        leaf.remember_base("B1", 5);
+        leaf.remember_base("B1", 6);
+        assert_eq!(leaf.garbage.len(), 1);
+        assert_eq!(
+            (leaf.garbage[0].blob.as_str(), leaf.garbage[0].after_ms),
+            ("B1", 5)
+        );
+    }
+
+    /// Deltas of a leaf of a thousand names (a B-tree of several levels: the nodes a change
+    /// does not touch are shared with the base, and `OrdMap::diff` skips them), one change
+    /// at each position: the delta holds exactly it (imbl before 7.0.2 lost changes next to
+    /// shared nodes).
+    #[test]
+    fn a_delta_of_a_big_leaf_holds_exactly_its_change() {
+        let many: Vec<(String, u64)> = (0..1000).map(|i| (format!("k{i:04}"), i)).collect();
+        let (leaf, base) = based(names(&many));
+        for i in 0..1000 {
+            let name = format!("k{i:04}");
+            for removing in [false, true] {
+                let mut changed = leaf.clone();
+                if removing {
+                    changed.objects.remove(&name);
+                } else {
+                    changed.objects.insert(name.clone(), entry(5000 + i));
+                }
+                let (objects, removed) = delta(&base.objects, &changed.objects);
+                let read = Leaf::decode(&changed.encode()).unwrap();
+                match removing {
+                    true => assert_eq!((objects.len(), removed), (0, vec![name.clone()])),
+                    false => {
+                        assert_eq!(objects.keys().collect::<Vec<_>>(), [&name]);
+                        assert!(removed.is_empty());
+                    }
+                }
+                let mut whole = read;
+                whole.resolve_base(DOC, &base, &Keep::All).unwrap();
+                assert_eq!(whole.objects, changed.objects, "{name} removing={removing}");
+            }
+        }
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub async fn create(s3: &Larder, bucket: &str, upload: Upload) -> Result<String,
     // sees the other).
     let bucket_exists = s3
         .records
-        .read::<BucketIndex>(&bucket_doc(bucket))
+        .read_unresolved::<BucketIndex>(&bucket_doc(bucket))
         .await?
         .is_some();
     if !bucket_exists {

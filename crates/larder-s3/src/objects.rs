@@ -219,7 +219,8 @@ async fn sweep_hurried(records: &Records) {
 
 /// The garbage list of record `doc` (empty if there is none).
 async fn read_garbage<H: Holder>(records: &Records, doc: &str) -> Result<Vec<Garbage>, S3Error> {
-    let record: Option<H> = records.read(doc).await?;
+    // Its garbage only: a base, which may be most of a megabyte, is not read for it.
+    let record: Option<H> = records.read_unresolved(doc).await?;
     Ok(record
         .map(|mut r| std::mem::take(r.garbage_mut()))
         .unwrap_or_default())

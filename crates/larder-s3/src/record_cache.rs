@@ -63,12 +63,22 @@ struct Kept {
     version: u64,
     json: Bytes,
     decoded: Option<Arc<dyn Any + Send + Sync>>,
+    /// Bytes of JSON the decoded copy holds beyond `json`'s: an index record's base, whose
+    /// names it holds merged (`leaf_base.rs`), counted again even if the base is kept too.
+    extra: usize,
     used: u64,
+}
+
+/// What a record of `json_bytes` bytes of JSON, holding `extra` more decoded, counts.
+fn cost(json_bytes: usize, extra: usize) -> usize {
+    json_bytes
+        .saturating_add(extra)
+        .saturating_mul(DECODED_FACTOR)
 }
 
 impl Kept {
     fn cost(&self) -> usize {
-        self.json.len().saturating_mul(DECODED_FACTOR)
+        cost(self.json.len(), self.extra)
     }
 }
 
@@ -98,19 +108,20 @@ impl RecordCache {
 
     /// Keeps `json`, version `version` of record `id`, in place of any other version.
     pub fn keep(&self, id: &str, version: u64, json: Bytes) {
-        self.keep_with(id, version, json, None);
+        self.keep_with(id, version, json, None, 0);
     }
 
     /// Keeps version `version` of record `id` as this frontend wrote it: its JSON and the
-    /// record it was encoded from, so the next read of it decodes nothing.
+    /// record it was encoded from (holding `extra` bytes of a base's JSON more), so the next
+    /// read of it decodes nothing.
     pub fn keep_written<R: Send + Sync + 'static>(
         &self,
         id: &str,
         version: u64,
-        json: Bytes,
+        (json, extra): (Bytes, usize),
         record: R,
     ) {
-        self.keep_with(id, version, json, Some(Arc::new(record)));
+        self.keep_with(id, version, json, Some(Arc::new(record)), extra);
     }
 
     fn keep_with(
@@ -119,16 +130,20 @@ impl RecordCache {
         version: u64,
         json: Bytes,
         decoded: Option<Arc<dyn Any + Send + Sync>>,
+        extra: usize,
     ) {
-        let cost = json.len().saturating_mul(DECODED_FACTOR);
+        let cost = cost(json.len(), extra);
         if cost > self.budget / 4 {
             // One record never takes most of the cache (nor any of a cache of 0).
             self.forget(id);
             return;
         }
         let mut inner = self.inner.lock();
-        if let Some(kept) = inner.records.get_mut(id).filter(|k| k.version == version) {
-            kept.decoded = kept.decoded.take().or(decoded);
+        if inner
+            .records
+            .get(id)
+            .is_some_and(|k| k.version == version && k.decoded.is_some())
+        {
             return;
         }
         inner.remove(id);
@@ -143,6 +158,7 @@ impl RecordCache {
             version,
             json,
             decoded,
+            extra,
             used,
         };
         inner.records.insert(id.to_owned(), kept);
@@ -152,12 +168,31 @@ impl RecordCache {
         self.inner.lock().remove(id);
     }
 
-    /// Replaces the decoded copy of version `version` of record `id` (one made whole with its
-    /// base, `leaf_base.rs`), if that version is still kept.
-    pub fn set_decoded<R: Send + Sync + 'static>(&self, id: &str, version: u64, record: Arc<R>) {
+    /// Replaces the decoded copy of version `version` of record `id` with `record`, holding
+    /// `extra` bytes of a base's JSON more (one made whole with its base, `leaf_base.rs`), if
+    /// that version is still kept; forgets it if it no longer fits.
+    pub fn set_decoded<R: Send + Sync + 'static>(
+        &self,
+        id: &str,
+        version: u64,
+        (record, extra): (Arc<R>, usize),
+    ) {
         let mut inner = self.inner.lock();
-        if let Some(kept) = inner.records.get_mut(id).filter(|k| k.version == version) {
-            kept.decoded = Some(record);
+        let Some(kept) = inner.records.get_mut(id).filter(|k| k.version == version) else {
+            return;
+        };
+        let before = kept.cost();
+        kept.decoded = Some(record);
+        kept.extra = extra;
+        let after = kept.cost();
+        inner.bytes = inner.bytes.saturating_sub(before).saturating_add(after);
+        if after > self.budget / 4 {
+            inner.remove(id);
+        }
+        while inner.bytes > self.budget {
+            if !inner.evict_least_recent() {
+                break;
+            }
         }
     }
 

@@ -110,6 +110,12 @@ pub struct BucketIndex {
     /// delete happens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleting: Option<Seal>,
+    /// The blob holding the root's names as of its last fold, as a leaf's (`Leaf::base`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<LeafBase>,
+    /// Names of the base removed since it was made, as stored (as a leaf's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
 }
 
 impl BucketIndex {
@@ -118,13 +124,14 @@ impl BucketIndex {
         !self.leaves.is_empty()
     }
 
-    /// The format this root is written in.
+    /// The format this root is written in: 2 once anything of a split is in it, else 3 with
+    /// a base, else 1 (what code before splits and bases reads).
     fn format(&self) -> u32 {
         let split = self.is_split() || self.splitting.is_some() || self.deleting.is_some();
-        if split {
-            FORMAT_SPLIT
-        } else {
-            FORMAT
+        match (split, self.base.is_some()) {
+            (true, _) => FORMAT_SPLIT,
+            (false, true) => FORMAT_BASED,
+            (false, false) => FORMAT,
         }
     }
 }
@@ -188,6 +195,9 @@ pub struct LeafBase {
     /// The base's names once read (`None`: the leaf as decoded, its `objects` the delta).
     #[serde(skip)]
     pub objects: Option<Objects>,
+    /// The length of the base's JSON, once read (what the record cache counts for it).
+    #[serde(skip)]
+    pub bytes: usize,
 }
 
 /// Two leaves are the same when they name the same base blob (whose bytes never change).
@@ -201,7 +211,7 @@ impl Eq for LeafBase {}
 
 /// The bytes of a leaf's base blob: the leaf's names as they were, and the leaf they belong
 /// to (a base named by another leaf is corruption, never read as its names).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeafBaseBlob {
     pub v: u32,
@@ -211,7 +221,20 @@ pub struct LeafBaseBlob {
         serialize_with = "serialize_objects"
     )]
     pub objects: Objects,
+    /// The length of the JSON it was decoded from (0: not decoded).
+    #[serde(skip)]
+    pub bytes: usize,
 }
+
+/// Two bases are the same when they hold the same names for the same leaf, however long the
+/// JSON they were read from.
+impl PartialEq for LeafBaseBlob {
+    fn eq(&self, other: &LeafBaseBlob) -> bool {
+        (self.v, &self.leaf, &self.objects) == (other.v, &other.leaf, &other.objects)
+    }
+}
+
+impl Eq for LeafBaseBlob {}
 
 /// What the next write of a record does with its base (`leaf_base.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -575,6 +598,11 @@ pub trait Record:
         None
     }
 
+    /// Bytes of JSON of the base whose names the record holds merged (0: none).
+    fn base_bytes(&self) -> usize {
+        0
+    }
+
     /// Whether the record is as decoded and its base still to be read (`resolve_base`).
     fn unresolved(&self) -> bool {
         false
@@ -590,10 +618,15 @@ pub trait Record:
         Ok(())
     }
 
-    /// What its next write does with its base, with deltas of at most `delta_bytes` (0: none).
-    fn base_plan(&self, _delta_bytes: usize) -> BasePlan {
+    /// What its next write does with its base, with deltas of at most `bounds.0` bytes (0:
+    /// none) and bases of at most `bounds.1`.
+    fn base_plan(&self, _bounds: (usize, usize)) -> BasePlan {
         BasePlan::AsIs
     }
+
+    /// Puts base `blob`, which the record had when read, on its garbage list unless it still
+    /// names it (as base or garbage): a change that made a record anew leaks no base.
+    fn remember_base(&mut self, _blob: &str, _after_ms: u64) {}
 
     /// Its names, for a new base blob made at `doc`.
     fn base_of(&self, _doc: &str) -> Option<LeafBaseBlob> {
@@ -617,6 +650,208 @@ fn decode_known<R: Record>(bytes: &[u8]) -> Result<R, S3Error> {
     }
 }
 
+/// The names of an index record that holds them (a leaf, or the root of a small bucket) and
+/// what of them a base blob holds (`leaf_base.rs`).
+struct Names<'a> {
+    objects: &'a mut Objects,
+    base: &'a mut Option<LeafBase>,
+    removed: &'a mut Vec<String>,
+    garbage: &'a mut Vec<Garbage>,
+}
+
+impl Names<'_> {
+    fn resolve(self, doc: &str, base: &LeafBaseBlob, keep: &Keep) -> Result<(), S3Error> {
+        let Some(mine) = self.base.as_mut().filter(|b| b.objects.is_none()) else {
+            return Ok(());
+        };
+        if base.leaf != doc {
+            return Err(S3Error::Corrupt(format!(
+                "{doc} names base blob {} of {}",
+                mine.blob, base.leaf
+            )));
+        }
+        let kept = crate::keep::kept_entries(&base.objects, keep);
+        let mut names = kept.clone();
+        for name in std::mem::take(self.removed) {
+            names.remove(&name);
+        }
+        for (name, entry) in std::mem::take(self.objects) {
+            if let Keep::One(wanted) = keep {
+                if *wanted != name {
+                    continue;
+                }
+            }
+            names.insert(name, entry);
+        }
+        *self.objects = names;
+        // Read only, and partly, when one name is kept: never written back (`keep.rs`).
+        mine.objects = Some(kept);
+        mine.bytes = base.bytes;
+        Ok(())
+    }
+
+    fn remember(self, blob: &str, after_ms: u64) {
+        let named = self.base.as_ref().is_some_and(|b| b.blob == blob);
+        if !named && !self.garbage.iter().any(|g| g.blob == blob) {
+            self.garbage.push(Garbage {
+                blob: blob.to_owned(),
+                after_ms,
+            });
+        }
+    }
+
+    fn rebase(self, base: Option<LeafBase>, after_ms: u64) {
+        if let Some(old) = std::mem::replace(self.base, base) {
+            self.garbage.push(Garbage {
+                blob: old.blob,
+                after_ms,
+            });
+        }
+    }
+}
+
+/// What the next write of a record holding `objects` does with its base `base`, with deltas
+/// of at most `delta_bytes` and bases of at most `max_base` bytes.
+fn plan_base(
+    objects: &Objects,
+    base: &Option<LeafBase>,
+    (delta_bytes, max_base): (usize, usize),
+) -> BasePlan {
+    if base.as_ref().is_some_and(|b| b.objects.is_none()) {
+        return BasePlan::AsIs;
+    }
+    let has_base = base.is_some();
+    if delta_bytes == 0 || objects.is_empty() {
+        return if has_base {
+            BasePlan::Inline
+        } else {
+            BasePlan::AsIs
+        };
+    }
+    if let Some(LeafBase {
+        objects: Some(base),
+        ..
+    }) = base
+    {
+        let (changed, removed) = delta(base, objects);
+        if names_bytes(&changed).saturating_add(removed_bytes(&removed)) <= delta_bytes {
+            return BasePlan::AsIs;
+        }
+    }
+    let all = names_bytes(objects);
+    let fits = all >= FOLD_FACTOR.saturating_mul(delta_bytes) && all <= max_base;
+    match (fits, has_base) {
+        (true, _) => BasePlan::Fold,
+        (false, true) => BasePlan::Inline,
+        (false, false) => BasePlan::AsIs,
+    }
+}
+
+/// About how many bytes `objects` take in a record's JSON: names and entries.
+fn names_bytes(objects: &Objects) -> usize {
+    objects
+        .iter()
+        .map(|(name, entry)| name.len() + entry.approx_bytes() + 4)
+        .sum()
+}
+
+/// About how many bytes a list of removed names takes in a record's JSON.
+fn removed_bytes(removed: &[String]) -> usize {
+    removed.iter().map(|name| name.len() + 3).sum()
+}
+
+/// The `Record` hooks of bases for a record with `objects`, `base`, `removed` and `garbage`
+/// fields and a `format()`.
+macro_rules! based_record_hooks {
+    () => {
+        fn base_blob(&self) -> Option<&str> {
+            self.base.as_ref().map(|base| base.blob.as_str())
+        }
+
+        fn unresolved(&self) -> bool {
+            self.base
+                .as_ref()
+                .is_some_and(|base| base.objects.is_none())
+        }
+
+        fn base_bytes(&self) -> usize {
+            self.base.as_ref().map_or(0, |base| base.bytes)
+        }
+
+        fn resolve_base(
+            &mut self,
+            doc: &str,
+            base: &LeafBaseBlob,
+            keep: &Keep,
+        ) -> Result<(), S3Error> {
+            self.names().resolve(doc, base, keep)
+        }
+
+        fn base_plan(&self, bounds: (usize, usize)) -> BasePlan {
+            plan_base(&self.objects, &self.base, bounds)
+        }
+
+        fn remember_base(&mut self, blob: &str, after_ms: u64) {
+            self.names().remember(blob, after_ms);
+        }
+
+        fn base_of(&self, doc: &str) -> Option<LeafBaseBlob> {
+            Some(LeafBaseBlob {
+                v: FORMAT,
+                leaf: doc.to_owned(),
+                objects: self.objects.clone(),
+                bytes: 0,
+            })
+        }
+
+        fn rebase(&mut self, base: Option<LeafBase>, after_ms: u64) {
+            self.names().rebase(base, after_ms);
+            self.v = self.format();
+        }
+    };
+}
+
+/// The fields `Names` works on, of a record that holds names.
+macro_rules! names_of {
+    ($t:ty) => {
+        impl $t {
+            fn names(&mut self) -> Names<'_> {
+                Names {
+                    objects: &mut self.objects,
+                    base: &mut self.base,
+                    removed: &mut self.removed,
+                    garbage: &mut self.garbage,
+                }
+            }
+
+            /// The record as stored: with a base read, the delta from it.
+            fn stored_json(&self) -> serde_json::Result<Vec<u8>> {
+                match &self.base {
+                    Some(LeafBase {
+                        objects: Some(base),
+                        ..
+                    }) => {
+                        let (objects, removed) = delta(base, &self.objects);
+                        serde_json::to_vec(&Self {
+                            v: self.format(),
+                            objects,
+                            removed,
+                            ..self.clone()
+                        })
+                    }
+                    _ if self.v == self.format() => serde_json::to_vec(self),
+                    _ => serde_json::to_vec(&Self {
+                        v: self.format(),
+                        ..self.clone()
+                    }),
+                }
+            }
+        }
+    };
+}
+names_of!(Leaf);
+names_of!(BucketIndex);
+
 macro_rules! record {
     ($($t:ty),*) => {$(
         impl Record for $t {
@@ -634,14 +869,15 @@ impl Record for BucketIndex {
     }
 
     fn knows(v: u32) -> bool {
-        v == FORMAT || v == FORMAT_SPLIT
+        v == FORMAT || v == FORMAT_SPLIT || v == FORMAT_BASED
     }
 
     /// A root whose version is not the one its contents call for is refused (format 1 with
-    /// the fields of a split is no record this code wrote).
+    /// the fields of a split or a base is no record this code wrote), as are names removed
+    /// from no base.
     fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
         let root: BucketIndex = decode_known(bytes)?;
-        match root.v == root.format() {
+        match root.v == root.format() && (root.base.is_some() || root.removed.is_empty()) {
             true => Ok(root),
             false => Err(S3Error::Corrupt(format!(
                 "format {} with the wrong fields",
@@ -658,16 +894,15 @@ impl Record for BucketIndex {
     }
 
     /// Written as format 1 while it is the bucket's only leaf (what code before the split
-    /// reads), as format 2 once anything of the split is in it.
+    /// reads), as format 2 once anything of the split is in it, as format 3 with a base (the
+    /// delta from it, as a leaf's).
     fn encode(&self) -> bytes::Bytes {
-        let v = self.format();
-        let json = match v == self.v {
-            true => serde_json::to_vec(self),
-            false => serde_json::to_vec(&BucketIndex { v, ..self.clone() }),
-        };
-        json.expect("records are maps of strings and numbers")
+        self.stored_json()
+            .expect("records are maps of strings and numbers")
             .into()
     }
+
+    based_record_hooks!();
 }
 
 impl Record for Leaf {
@@ -702,113 +937,12 @@ impl Record for Leaf {
     /// With a base read, written as the delta from it; as decoded (a delta, not yet
     /// resolved), written as it was read; without a base, every name.
     fn encode(&self) -> bytes::Bytes {
-        let mut stored = Leaf {
-            v: self.format(),
-            ..self.clone()
-        };
-        if let Some(LeafBase {
-            objects: Some(base),
-            ..
-        }) = &self.base
-        {
-            (stored.objects, stored.removed) = delta(base, &self.objects);
-        }
-        serde_json::to_vec(&stored)
+        self.stored_json()
             .expect("records are maps of strings and numbers")
             .into()
     }
 
-    fn base_blob(&self) -> Option<&str> {
-        self.base.as_ref().map(|base| base.blob.as_str())
-    }
-
-    fn unresolved(&self) -> bool {
-        self.base
-            .as_ref()
-            .is_some_and(|base| base.objects.is_none())
-    }
-
-    fn resolve_base(&mut self, doc: &str, base: &LeafBaseBlob, keep: &Keep) -> Result<(), S3Error> {
-        let Some(mine) = self.base.as_mut().filter(|b| b.objects.is_none()) else {
-            return Ok(());
-        };
-        if base.leaf != doc {
-            return Err(S3Error::Corrupt(format!(
-                "{doc} names base blob {} of {}",
-                mine.blob, base.leaf
-            )));
-        }
-        let kept = crate::keep::kept_entries(&base.objects, keep);
-        let mut names = kept.clone();
-        for name in std::mem::take(&mut self.removed) {
-            names.remove(&name);
-        }
-        for (name, entry) in std::mem::take(&mut self.objects) {
-            if let Keep::One(wanted) = keep {
-                if *wanted != name {
-                    continue;
-                }
-            }
-            names.insert(name, entry);
-        }
-        self.objects = names;
-        // Read only, and partly, when one name is kept: never written back (`keep.rs`).
-        mine.objects = Some(kept);
-        Ok(())
-    }
-
-    fn base_plan(&self, delta_bytes: usize) -> BasePlan {
-        if self.unresolved() {
-            return BasePlan::AsIs;
-        }
-        let has_base = self.base.is_some();
-        if delta_bytes == 0 || self.objects.is_empty() {
-            return if has_base {
-                BasePlan::Inline
-            } else {
-                BasePlan::AsIs
-            };
-        }
-        if let Some(LeafBase {
-            objects: Some(base),
-            ..
-        }) = &self.base
-        {
-            let (changed, removed) = delta(base, &self.objects);
-            let bytes: usize = changed
-                .values()
-                .map(|e| e.approx_bytes() + 8)
-                .sum::<usize>()
-                + removed.iter().map(|name| name.len() + 4).sum::<usize>();
-            if bytes <= delta_bytes {
-                return BasePlan::AsIs;
-            }
-        }
-        let all: usize = self.objects.values().map(|e| e.approx_bytes()).sum();
-        match (all >= FOLD_FACTOR.saturating_mul(delta_bytes), has_base) {
-            (true, _) => BasePlan::Fold,
-            (false, true) => BasePlan::Inline,
-            (false, false) => BasePlan::AsIs,
-        }
-    }
-
-    fn base_of(&self, doc: &str) -> Option<LeafBaseBlob> {
-        Some(LeafBaseBlob {
-            v: FORMAT,
-            leaf: doc.to_owned(),
-            objects: self.objects.clone(),
-        })
-    }
-
-    fn rebase(&mut self, base: Option<LeafBase>, after_ms: u64) {
-        if let Some(old) = std::mem::replace(&mut self.base, base) {
-            self.garbage.push(Garbage {
-                blob: old.blob,
-                after_ms,
-            });
-        }
-        self.v = self.format();
-    }
+    based_record_hooks!();
 }
 
 /// A leaf keeps a base only once its names take this many times `[s3] index_delta_bytes`:
@@ -829,6 +963,14 @@ impl Leaf {
 impl Record for LeafBaseBlob {
     fn version(&self) -> u32 {
         self.v
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
+        let base: LeafBaseBlob = decode_known(bytes)?;
+        Ok(LeafBaseBlob {
+            bytes: bytes.len(),
+            ..base
+        })
     }
 }
 

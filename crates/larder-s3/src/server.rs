@@ -52,8 +52,9 @@ impl S3Api {
         let records_router = config.records_router(&router)?;
         let bases = crate::leaf_base::BasePolicy {
             delta_bytes: config.index_delta_bytes,
-            grace: config.replaced_blob_grace,
-            max_blob: limits.chunking.chunk_size.as_u64() as usize,
+            grace: crate::leaf_base::base_grace(config.replaced_blob_grace, &router),
+            max_blob: (limits.chunking.chunk_size.as_u64() as usize)
+                .min(crate::records::MAX_RECORD_BYTES),
         };
         let records = Records::new(router, records_router)
             .with_index_cache(config.index_cache_bytes)

@@ -102,6 +102,14 @@ impl Records {
         self.resolved(id, record, &Keep::All).await
     }
 
+    /// `read`, without reading the record's base (`leaf_base.rs`): an index record's names
+    /// are then only those changed since its base was made. For its other fields (garbage,
+    /// links, marks) only, never for its names, never written back.
+    pub async fn read_unresolved<R: Record>(&self, id: &str) -> Result<Option<R>, S3Error> {
+        let state = self.docs.get(id, self.deadline()).await?;
+        decode(state).map(|(_, record)| record)
+    }
+
     /// `record` (decoded from `id`) made whole with its base, as `keep` keeps it.
     async fn resolved<R: Record>(
         &self,
@@ -176,6 +184,9 @@ impl Records {
                 Change::Put(record) => {
                     let mut record = record.normalized();
                     let base = self.plan_base(id, &mut record).await?;
+                    if let Some(blob) = &had_base {
+                        record.remember_base(blob, self.base_garbage_after());
+                    }
                     (Some(record.encode()), Some(record), base)
                 }
                 Change::Remove => {
@@ -206,7 +217,8 @@ impl Records {
                     // is then a 304 and a clone, unless another frontend wrote meanwhile.
                     match (json, record) {
                         (Some(json), Some(record)) => {
-                            self.cache.keep_written(id, version, json, record)
+                            let extra = record.base_bytes();
+                            self.cache.keep_written(id, version, (json, extra), record)
                         }
                         _ => self.cache.forget(id),
                     }
@@ -237,8 +249,8 @@ impl Records {
         id: &str,
         record: &mut R,
     ) -> Result<Option<BaseWrite>, S3Error> {
-        let after_ms = crate::service::now_ms().saturating_add(self.bases.grace.as_millis() as u64);
-        match record.base_plan(self.bases.delta_bytes) {
+        let after_ms = self.base_garbage_after();
+        match record.base_plan((self.bases.delta_bytes, self.bases.max_blob)) {
             BasePlan::AsIs => Ok(None),
             BasePlan::Inline => {
                 record.rebase(None, after_ms);
@@ -248,12 +260,8 @@ impl Records {
                 let Some(base) = record.base_of(id) else {
                     return Ok(None);
                 };
-                let stored = leaf_base::store_base(
-                    (&self.router, &self.cache),
-                    (id, base),
-                    self.bases.max_blob,
-                )
-                .await?;
+                let stored =
+                    leaf_base::store_base(&self.router, (id, base), self.bases.max_blob).await?;
                 crate::held::crash_point("after-base-stored");
                 match stored {
                     Some((folded, base)) => {
@@ -268,6 +276,11 @@ impl Records {
                 }
             }
         }
+    }
+
+    /// When a base replaced now may be tombstoned.
+    fn base_garbage_after(&self) -> u64 {
+        crate::service::now_ms().saturating_add(self.bases.grace.as_millis() as u64)
     }
 
     /// Holds the base `blob` of record `id`, which is being removed.
@@ -285,7 +298,7 @@ impl Records {
         written: &Result<Written, larder_router::DocError>,
     ) {
         match (base, written) {
-            (BaseWrite::Folded(folded), Ok(Written::Applied)) => folded.held.linked(),
+            (BaseWrite::Folded(folded), Ok(Written::Applied)) => folded.named(&self.cache),
             (BaseWrite::Folded(folded), Ok(Written::Superseded(_))) => {
                 folded.held.unlinked(&self.router, Some(folded.blob))
             }
@@ -422,7 +435,8 @@ impl Records {
         let mut whole = R::clone(&record);
         leaf_base::resolve(&self.router, &self.cache, id, &mut whole, &Keep::All).await?;
         let whole = Arc::new(whole);
-        self.cache.set_decoded(id, version, whole.clone());
+        let extra = whole.base_bytes();
+        self.cache.set_decoded(id, version, (whole.clone(), extra));
         Ok(whole)
     }
 

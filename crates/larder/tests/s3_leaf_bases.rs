@@ -72,13 +72,16 @@ fn between(text: &str, open: &str, close: &str) -> Vec<String> {
         .collect()
 }
 
-const EXTRA: &str = "index_leaf_entries = 64\nindex_delta_bytes = 512\n\
+const EXTRA: &str = "index_delta_bytes = 512\n\
                      replaced_blob_grace = \"1s\"\nsweep_interval = \"1s\"\n";
 
-fn start() -> (Cluster, Arc<Signer>, std::net::SocketAddr) {
+/// A cluster whose frontend splits index records past `leaf_entries` names.
+fn start(leaf_entries: usize) -> (Cluster, Arc<Signer>, std::net::SocketAddr) {
     let s3 = common::free_addresses(1)[0];
-    let extra =
-        format!("upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n{EXTRA}");
+    let extra = format!(
+        "upload_journal_dir = \"frontend-uploads\"\n[s3]\nlisten = \"{s3}\"\n{EXTRA}\
+         index_leaf_entries = {leaf_entries}\n"
+    );
     let cluster = Cluster::start_with(3, 4, &extra);
     common::wait_for_port(s3);
     let signer = Signer {
@@ -119,7 +122,7 @@ fn check(signer: &Signer, expected: &BTreeMap<String, String>) {
 
 #[test]
 fn leaves_written_as_deltas_read_and_list_as_written_even_from_a_cold_frontend() {
-    let (mut cluster, signer, s3) = start();
+    let (mut cluster, signer, s3) = start(64);
     let names = 300;
     let mut threads = Vec::new();
     for t in 0..8 {
@@ -167,6 +170,44 @@ fn leaves_written_as_deltas_read_and_list_as_written_even_from_a_cold_frontend()
     // Bases replaced by folds are tombstoned after their grace; every name still reads.
     std::thread::sleep(Duration::from_secs(3));
     check(&signer, &expected);
+}
+
+/// A bucket that never splits: its root holds its names, in a base past ~2 KB of them.
+#[test]
+fn a_small_buckets_root_is_written_as_deltas_too() {
+    let (mut cluster, signer, s3) = start(1000);
+    let mut expected = BTreeMap::new();
+    for i in 0..60 {
+        assert_eq!(signer.put(&name(i), &format!("one {i}")), 200);
+        expected.insert(name(i), format!("one {i}"));
+    }
+    for i in (0..60).step_by(4) {
+        assert_eq!(signer.put(&name(i), &format!("two {i}")), 200);
+        expected.insert(name(i), format!("two {i}"));
+    }
+    for i in (1..60).step_by(6) {
+        assert_eq!(signer.delete(&name(i)), 204);
+        expected.remove(&name(i));
+    }
+    assert!(folds(&cluster) > 0, "the root was never folded into a base");
+    check(&signer, &expected);
+    cluster.kill_and_restart_frontend();
+    common::wait_for_port(s3);
+    check(&signer, &expected);
+    // Emptied, the bucket deletes (its root removed with its base) and is made again empty.
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    for key in keys {
+        assert_eq!(signer.delete(&key), 204);
+    }
+    let bucket = signer.url("DELETE", "", &[]);
+    assert_eq!(
+        common::curl(&signer.dir, &["-X", "DELETE", &bucket]).status,
+        204
+    );
+    let made = common::curl(&signer.dir, &["-X", "PUT", &signer.url("PUT", "", &[])]);
+    assert_eq!(made.status, 200);
+    assert!(signer.list(100).is_empty());
+    assert_eq!(signer.get(&name(0)).0, 404);
 }
 
 /// The journal's open entries held for a leaf's base: their blob IDs.
@@ -247,7 +288,7 @@ fn wait_until_no_base_is_held(journal: &Path) {
 
 #[test]
 fn a_crash_after_a_base_is_stored_leaks_it_not_and_loses_no_name() {
-    let (mut cluster, signer, s3) = start();
+    let (mut cluster, signer, s3) = start(64);
     let journal = cluster.dir.path().join("frontend-uploads");
 
     // Died with the new base stored, before its leaf was written: the base goes.
