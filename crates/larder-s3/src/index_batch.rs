@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::conditions::WriteConditions;
 use crate::error::S3Error;
-use crate::index_tree::{split_point, Holder, IndexTree, Reroute, Target};
+use crate::index_tree::{split_of, Holder, IndexTree, Reroute, Target};
 use crate::objects::hurry;
 use crate::records::{BucketIndex, Garbage, Leaf, ObjectEntry};
 use crate::store::{Change, Records};
@@ -254,7 +254,7 @@ async fn write_batch<H: Holder>(
                     changed |= matches!(outcome, Ok((_, true)));
                     outcomes.push(outcome.map(|(applied, _)| applied));
                 }
-                split_due = split_point(record.objects(), bound).is_some();
+                split_due = split_of(&record, bound).is_some();
                 let now = crate::service::now_ms();
                 hurried = changed && hurry(record.garbage_mut(), max_held_garbage, now);
                 let what = if changed {

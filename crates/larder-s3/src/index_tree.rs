@@ -839,7 +839,7 @@ async fn mark<H: Holder + SplitMark>(
             if let Some(split) = holder.splitting() {
                 return Ok((Change::Keep, Some(split.clone())));
             }
-            let Some(at) = split_point(holder.objects(), bound) else {
+            let Some(at) = split_of(&holder, bound) else {
                 return Ok((Change::Keep, None));
             };
             let split = Split {
@@ -864,6 +864,20 @@ fn split_off(names: &mut Objects, at: &str) -> Objects {
         names.remove(key);
     }
     upper
+}
+
+/// Where `holder` splits, if it must (`split_point`), without adding up the size of every
+/// entry when its base's size and the entries changed since already show it need not split
+/// by size (that sum over up to 1,000 entries was ~5 % of the frontend's CPU per PutObject).
+pub fn split_of<H: Holder>(holder: &H, bound: usize) -> Option<String> {
+    let names = holder.objects();
+    let small = holder
+        .names_bytes_at_most()
+        .is_some_and(|b| b <= SPLIT_BYTES);
+    if names.len() <= bound && small {
+        return None;
+    }
+    split_point(names, bound)
 }
 
 /// Where a record holding `names` splits, if it must: past `bound` names at the middle one,

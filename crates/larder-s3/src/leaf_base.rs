@@ -181,6 +181,10 @@ pub async fn store_base(
         bytes: bytes.len(),
     };
     let held = Held::new(journal);
+    let base = LeafBaseBlob {
+        bytes: bytes.len(),
+        ..base
+    };
     let stored = (bytes, base);
     Ok(Some((Folded { blob, held, stored }, leaf_base)))
 }
@@ -496,6 +500,35 @@ mod tests {
             leaf.objects.insert(format!("n{i:04}"), entry(i));
         }
         assert_eq!(leaf.base_plan((limit, 100 * per)), BasePlan::Inline);
+    }
+
+    /// The split check takes a based leaf's size from its base and what changed since, and
+    /// adds up every entry only when that does not settle it.
+    #[test]
+    fn a_based_leafs_split_check_reads_its_size_from_the_base() {
+        use crate::index_tree::{split_of, split_point, SPLIT_BYTES};
+        let many: Vec<(String, u64)> = (0..300).map(|i| (format!("k{i:04}"), i)).collect();
+        let (mut leaf, _) = based(names(&many));
+        leaf.objects.insert("new".into(), entry(1));
+        assert_eq!(
+            leaf.names_bytes_at_most(),
+            None,
+            "the base's size unknown: no bound"
+        );
+        leaf.base.as_mut().unwrap().bytes = 40_000;
+        let at_most = leaf.names_bytes_at_most().unwrap();
+        assert!(at_most > 40_000 && at_most < 41_000, "{at_most}");
+        assert_eq!(split_of(&leaf, 1000), None);
+        // Past the count bound: split at the middle name, as without a base.
+        assert_eq!(split_of(&leaf, 200), split_point(&leaf.objects, 200));
+        // A base that says it is past the size bound: every entry is added up, as without one.
+        leaf.base.as_mut().unwrap().bytes = SPLIT_BYTES + 1;
+        assert_eq!(split_of(&leaf, 1000), split_point(&leaf.objects, 1000));
+        assert_eq!(
+            split_of(&leaf, 1000),
+            None,
+            "the entries themselves are small"
+        );
     }
 
     /// A change that made a record anew (no base) leaks not the base it had.

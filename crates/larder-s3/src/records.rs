@@ -248,6 +248,20 @@ pub enum BasePlan {
     Fold,
 }
 
+/// About how many bytes the changes from `base` to `now` take in a record's JSON (`delta`'s
+/// names and entries, and its removed names), without building them.
+fn delta_bytes(base: &Objects, now: &Objects) -> usize {
+    base.diff(now)
+        .map(|item| match item {
+            imbl::ordmap::DiffItem::Add(name, entry)
+            | imbl::ordmap::DiffItem::Update {
+                new: (name, entry), ..
+            } => name.len() + entry.approx_bytes() + 4,
+            imbl::ordmap::DiffItem::Remove(name, _) => name.len() + 3,
+        })
+        .sum()
+}
+
 /// The changes from `base` to `now`: names added or changed, and names removed.
 pub fn delta(base: &Objects, now: &Objects) -> (Objects, Vec<String>) {
     let mut changed = Objects::new();
@@ -603,6 +617,12 @@ pub trait Record:
         0
     }
 
+    /// About how many bytes its names take at most, when that is known without adding up
+    /// every entry: its base's JSON and the entries changed since (`index_tree::split_of`).
+    fn names_bytes_at_most(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether the record is as decoded and its base still to be read (`resolve_base`).
     fn unresolved(&self) -> bool {
         false
@@ -733,8 +753,7 @@ fn plan_base(
         ..
     }) = base
     {
-        let (changed, removed) = delta(base, objects);
-        if names_bytes(&changed).saturating_add(removed_bytes(&removed)) <= delta_bytes {
+        if self::delta_bytes(base, objects) <= delta_bytes {
             return BasePlan::AsIs;
         }
     }
@@ -755,11 +774,6 @@ fn names_bytes(objects: &Objects) -> usize {
         .sum()
 }
 
-/// About how many bytes a list of removed names takes in a record's JSON.
-fn removed_bytes(removed: &[String]) -> usize {
-    removed.iter().map(|name| name.len() + 3).sum()
-}
-
 /// The `Record` hooks of bases for a record with `objects`, `base`, `removed` and `garbage`
 /// fields and a `format()`.
 macro_rules! based_record_hooks {
@@ -776,6 +790,12 @@ macro_rules! based_record_hooks {
 
         fn base_bytes(&self) -> usize {
             self.base.as_ref().map_or(0, |base| base.bytes)
+        }
+
+        fn names_bytes_at_most(&self) -> Option<usize> {
+            let base = self.base.as_ref().filter(|base| base.bytes > 0)?;
+            let changed = delta_bytes(base.objects.as_ref()?, &self.objects);
+            Some(base.bytes.saturating_add(changed))
         }
 
         fn resolve_base(
