@@ -3,7 +3,10 @@
 //! DELETEs through two datacenters at once each wrote a whole new index from what they had
 //! seen, and last-writer-wins replication kept one and dropped the other's names (and brought
 //! back deleted ones: the nemesis found it through the sweeper of another datacenter). Now
-//! every datacenter's frontend reads and changes S3 records in one home datacenter.
+//! every datacenter's frontend reads and changes S3 records in one home datacenter. The
+//! frontends fold the bucket's names into a base blob every change or two (`index_delta_bytes =
+//! 256`, `larder-s3/src/leaf_base.rs`), so each reads bases the other wrote, and their folds
+//! race at the primary.
 
 mod common;
 
@@ -87,7 +90,8 @@ fn two_datacenters_with_a_bucket() -> (Cluster, Vec<SocketAddr>, Key) {
     let s3 = common::free_addresses(2);
     for (i, addr) in s3.iter().enumerate() {
         let extra = format!(
-            "[s3]\nlisten = \"{addr}\"\nsweep_interval = \"1s\"\nreplaced_blob_grace = \"1s\"\n"
+            "[s3]\nlisten = \"{addr}\"\nsweep_interval = \"1s\"\nreplaced_blob_grace = \"1s\"\n\
+             index_delta_bytes = 256\n"
         );
         cluster.reconfigure_frontend(i, &extra);
         common::wait_for_port(*addr);
@@ -210,6 +214,10 @@ fn two_datacenters_writing_one_bucket_lose_no_name_and_bring_back_no_delete() {
         }
         std::thread::sleep(Duration::from_secs(3));
     }
+    let folds: u64 = (0..2)
+        .map(|i| counted(&cluster, i, "larder_frontend_s3_index_leaf_folds_total"))
+        .sum();
+    assert!(folds > 0, "the bucket's names were never folded into a base");
     // Each object reads back through the other datacenter.
     for name in expected.iter().step_by(7) {
         let other = if name.starts_with("dc1") {
