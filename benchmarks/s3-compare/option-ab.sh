@@ -43,9 +43,7 @@ one_round() {
   s3_key "$LARDER_BIN" "$dir/under-test.toml"
   node=$(pgrep -P "$dev" | head -1)
   f0=$(ticks "$fe") s0=$(ticks "$node")
-  (cd "$work" && "$warp" put --obj.size "$size" --host "127.0.0.1:$s32" --access-key "$AK" \
-    --secret-key "$SK" --bucket warp-put --region us-east-1 --duration "$duration" \
-    --concurrent 16 --noclear --no-color > "$dir.warp" 2>&1)
+  warp_put "127.0.0.1:$s32" "$work" "$dir.warp" "$size" "$duration"
   f1=$(ticks "$fe") s1=$(ticks "$node")
   kill "$fe" "$dev"; wait "$fe" "$dev" 2>/dev/null || true
   warp_row "\`$option\`" "$dir.warp" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}"

@@ -38,9 +38,7 @@ one_round() {
   s3_key "$bin" "$dir/frontend-dc1.toml"
   node=$(pgrep -P "$dev" | head -1)
   f0=$(ticks "$dev") s0=$(ticks "$node")
-  (cd "$work" && "$warp" put --obj.size "$size" --host "127.0.0.1:$s3" --access-key "$AK" \
-    --secret-key "$SK" --bucket warp-put --region us-east-1 --duration "$duration" \
-    --concurrent 16 --noclear --no-color > "$dir.warp" 2>&1)
+  warp_put "127.0.0.1:$s3" "$work" "$dir.warp" "$size" "$duration"
   f1=$(ticks "$dev") s1=$(ticks "$node")
   kill "$dev"; wait "$dev" 2>/dev/null || true; dev=""
   warp_row "$name" "$dir.warp" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}"

@@ -1,5 +1,5 @@
-# Helpers shared by put-ab.sh and leaf-size.sh (sourced): a key for warp, and a table row of
-# warp's rate with the CPU per operation of two processes.
+# Helpers shared by put-ab.sh and option-ab.sh (sourced): a key for warp, a warp put run, and a
+# table row of warp's rate with the CPU per operation of two processes.
 
 # s3_key BIN CONFIG: creates an owner key through the frontend config CONFIG; sets AK and SK.
 s3_key() {
@@ -25,4 +25,13 @@ tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
 ops = rate * secs
 print(f"| {name} | {rate:,.1f} | {fe * tick_ms / ops:.3f} | {st * tick_ms / ops:.3f} |")
 PY
+}
+
+# warp_put HOST WORKDIR OUTPUT SIZE DURATION: `warp put` of SIZE objects at new names (16
+# clients, SigV4 headers, bucket warp-put, no cleanup) with $warp, $AK and $SK, its report in
+# OUTPUT.
+warp_put() {
+  (cd "$2" && "$warp" put --obj.size "$4" --host "$1" --access-key "$AK" --secret-key "$SK" \
+    --bucket warp-put --region us-east-1 --duration "$5" --concurrent 16 --noclear --no-color \
+    > "$3" 2>&1)
 }

@@ -774,10 +774,38 @@ fn names_bytes(objects: &Objects) -> usize {
         .sum()
 }
 
-/// The `Record` hooks of bases for a record with `objects`, `base`, `removed` and `garbage`
-/// fields and a `format()`.
+/// The `Record` methods of a record that holds names, with `objects`, `base`, `removed` and
+/// `garbage` fields and a `format()` (`what` names it in errors): written in the format its
+/// fields call for, with a base read as the delta from it (as decoded, a delta not yet
+/// resolved, as it was read); read back only in the format its fields call for, and with no
+/// names removed from no base.
 macro_rules! based_record_hooks {
-    () => {
+    ($what:literal) => {
+        fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
+            let record: Self = decode_known(bytes)?;
+            let fields_agree = record.base.is_some() || record.removed.is_empty();
+            match record.v == record.format() && fields_agree {
+                true => Ok(record),
+                false => Err(S3Error::Corrupt(format!(
+                    "{} of format {} with the wrong fields",
+                    $what, record.v
+                ))),
+            }
+        }
+
+        fn normalized(self) -> Self {
+            Self {
+                v: self.format(),
+                ..self
+            }
+        }
+
+        fn encode(&self) -> bytes::Bytes {
+            self.stored_json()
+                .expect("records are maps of strings and numbers")
+                .into()
+        }
+
         fn base_blob(&self) -> Option<&str> {
             self.base.as_ref().map(|base| base.blob.as_str())
         }
@@ -892,37 +920,11 @@ impl Record for BucketIndex {
         v == FORMAT || v == FORMAT_SPLIT || v == FORMAT_BASED
     }
 
-    /// A root whose version is not the one its contents call for is refused (format 1 with
-    /// the fields of a split or a base is no record this code wrote), as are names removed
-    /// from no base.
-    fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
-        let root: BucketIndex = decode_known(bytes)?;
-        match root.v == root.format() && (root.base.is_some() || root.removed.is_empty()) {
-            true => Ok(root),
-            false => Err(S3Error::Corrupt(format!(
-                "format {} with the wrong fields",
-                root.v
-            ))),
-        }
-    }
-
-    fn normalized(self) -> Self {
-        BucketIndex {
-            v: self.format(),
-            ..self
-        }
-    }
-
-    /// Written as format 1 while it is the bucket's only leaf (what code before the split
-    /// reads), as format 2 once anything of the split is in it, as format 3 with a base (the
-    /// delta from it, as a leaf's).
-    fn encode(&self) -> bytes::Bytes {
-        self.stored_json()
-            .expect("records are maps of strings and numbers")
-            .into()
-    }
-
-    based_record_hooks!();
+    // Written as format 1 while it is the bucket's only leaf (what code before the split
+    // reads), as format 2 once anything of the split is in it, as format 3 with a base (the
+    // delta from it, as a leaf's). Format 1 with the fields of a split or a base is no record
+    // this code wrote: refused.
+    based_record_hooks!("bucket index");
 }
 
 impl Record for Leaf {
@@ -934,35 +936,8 @@ impl Record for Leaf {
         v == FORMAT_SPLIT || v == FORMAT_BASED
     }
 
-    /// A leaf whose version is not the one its fields call for is refused (a base in format
-    /// 2, none in format 3, or names removed from no base).
-    fn decode(bytes: &[u8]) -> Result<Self, S3Error> {
-        let leaf: Leaf = decode_known(bytes)?;
-        match leaf.v == leaf.format() && (leaf.base.is_some() || leaf.removed.is_empty()) {
-            true => Ok(leaf),
-            false => Err(S3Error::Corrupt(format!(
-                "leaf of format {} with the wrong fields",
-                leaf.v
-            ))),
-        }
-    }
-
-    fn normalized(self) -> Self {
-        Leaf {
-            v: self.format(),
-            ..self
-        }
-    }
-
-    /// With a base read, written as the delta from it; as decoded (a delta, not yet
-    /// resolved), written as it was read; without a base, every name.
-    fn encode(&self) -> bytes::Bytes {
-        self.stored_json()
-            .expect("records are maps of strings and numbers")
-            .into()
-    }
-
-    based_record_hooks!();
+    // Format 2 without a base, 3 with one (a base in format 2 or none in format 3: refused).
+    based_record_hooks!("index leaf");
 }
 
 /// A leaf keeps a base only once its names take this many times `[s3] index_delta_bytes`:

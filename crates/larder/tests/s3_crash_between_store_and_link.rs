@@ -104,21 +104,6 @@ fn put_url_through_a_crash(
     held[0].1.clone()
 }
 
-/// How many storage nodes hold blob `id` live (asked on their internal port, so this works
-/// while the frontend is down).
-fn replicas_holding(cluster: &Cluster, id: &str) -> usize {
-    let blob: larder_cluster::BlobId = id.parse().unwrap();
-    let path = larder_proto::blob_path(blob.partition, id);
-    (0..cluster.map.nodes.len())
-        .filter(|i| {
-            cluster
-                .internal_request(cluster.node_addr(*i), "GET", &path)
-                .0
-                == 200
-        })
-        .count()
-}
-
 /// A cluster whose frontend keeps an upload journal, an S3 port (returned), a key that may do
 /// anything and a bucket `crashes`.
 fn start() -> (Cluster, Signer, std::net::SocketAddr) {
@@ -141,14 +126,14 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     // Died after the body was stored, before the name was linked: the body goes.
     let ids = put_through_a_crash(&mut cluster, &signer, &journal, ("lost", "before-link"));
     assert!(
-        replicas_holding(&cluster, &ids[0]) >= 2,
+        cluster.replicas_holding(&ids[0]) >= 2,
         "stored before the crash"
     );
     cluster.restart_frontend_with_env(&[]);
     common::wait_for_port(s3);
     wait_until_settled(&journal);
     assert_eq!(
-        replicas_holding(&cluster, &ids[0]),
+        cluster.replicas_holding(&ids[0]),
         0,
         "the unnamed body was tombstoned"
     );
@@ -161,7 +146,7 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     common::wait_for_port(s3);
     wait_until_settled(&journal);
     assert!(
-        replicas_holding(&cluster, &ids[0]) >= 2,
+        cluster.replicas_holding(&ids[0]) >= 2,
         "a named body is kept"
     );
     let got = common::curl(&dir, &[&signer.url("GET", "kept")]);
@@ -195,14 +180,14 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
         (&part_url, "multi", "before-add-part"),
     );
     assert!(
-        replicas_holding(&cluster, &ids[0]) >= 2,
+        cluster.replicas_holding(&ids[0]) >= 2,
         "the part was stored before the crash"
     );
     cluster.restart_frontend_with_env(&[]);
     common::wait_for_port(s3);
     wait_until_settled(&journal);
     assert_eq!(
-        replicas_holding(&cluster, &ids[0]),
+        cluster.replicas_holding(&ids[0]),
         0,
         "the part no upload lists was tombstoned"
     );
@@ -302,21 +287,7 @@ fn complete(dir: &Path, signer: &Signer, (key, upload, etag): (&str, &str, &str)
          </CompleteMultipartUpload>"
     );
     let url = signer.url_with("POST", key, &[("uploadId", upload)]);
-    let out = std::process::Command::new("curl")
-        .args([
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "30",
-        ])
-        .args(["-X", "POST", "--data-binary", &xml, &url])
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+    common::status_if_answered(dir, &["-X", "POST", "--data-binary", &xml, &url]).unwrap_or(0)
 }
 
 #[test]
@@ -377,11 +348,11 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         "the record goes",
     );
     wait_for(
-        || replicas_holding(&cluster, &parts[1].1) == 0,
+        || cluster.replicas_holding(&parts[1].1) == 0,
         "the unused part goes",
     );
     assert!(
-        replicas_holding(&cluster, &parts[0].1) >= 2,
+        cluster.replicas_holding(&parts[0].1) >= 2,
         "the used part stays"
     );
 
@@ -400,11 +371,11 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
         "the upload is given back",
     );
     wait_for(
-        || replicas_holding(&cluster, &records[0]) == 0,
+        || cluster.replicas_holding(&records[0]) == 0,
         "the parts record no name points at goes",
     );
     for (_, blob) in &parts {
-        assert!(replicas_holding(&cluster, blob) >= 2, "part {blob} stays");
+        assert!(cluster.replicas_holding(blob) >= 2, "part {blob} stays");
     }
     assert_eq!(
         complete(&dir, &signer, ("record-dropped", &upload, &etag)),
@@ -433,7 +404,7 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     );
     for blob in parts.iter().map(|(_, b)| b).chain(&records) {
         assert_eq!(
-            replicas_holding(&cluster, blob),
+            cluster.replicas_holding(blob),
             0,
             "no part and no parts record is left behind"
         );
@@ -458,16 +429,16 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     assert_eq!(got.status, 200);
     assert_eq!(got.body, b"part 1 of linked");
     assert_eq!(
-        replicas_holding(&cluster, &parts[1].1),
+        cluster.replicas_holding(&parts[1].1),
         0,
         "the unused part went"
     );
     assert!(
-        replicas_holding(&cluster, &parts[0].1) >= 2,
+        cluster.replicas_holding(&parts[0].1) >= 2,
         "the used part stays"
     );
     assert!(
-        replicas_holding(&cluster, &records[0]) >= 2,
+        cluster.replicas_holding(&records[0]) >= 2,
         "the parts record the name points at stays"
     );
     // The client's retry of the lost answer is answered with the object.
@@ -496,10 +467,10 @@ fn a_crash_while_completing_an_upload_leaks_no_part_and_loses_no_object() {
     assert_eq!(got.status, 200);
     assert_eq!(got.body, b"part 1 of finished");
     for blob in [&parts[0].1, &records[0]] {
-        assert!(replicas_holding(&cluster, blob) >= 2, "{blob} stays");
+        assert!(cluster.replicas_holding(blob) >= 2, "{blob} stays");
     }
     assert_eq!(
-        replicas_holding(&cluster, &parts[1].1),
+        cluster.replicas_holding(&parts[1].1),
         0,
         "the unused part went"
     );

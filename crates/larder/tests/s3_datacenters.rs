@@ -217,7 +217,10 @@ fn two_datacenters_writing_one_bucket_lose_no_name_and_bring_back_no_delete() {
     let folds: u64 = (0..2)
         .map(|i| counted(&cluster, i, "larder_frontend_s3_index_leaf_folds_total"))
         .sum();
-    assert!(folds > 0, "the bucket's names were never folded into a base");
+    assert!(
+        folds > 0,
+        "the bucket's names were never folded into a base"
+    );
     // Each object reads back through the other datacenter.
     for name in expected.iter().step_by(7) {
         let other = if name.starts_with("dc1") {

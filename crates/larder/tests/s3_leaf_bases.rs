@@ -223,20 +223,6 @@ fn base_entries(journal: &Path) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// How many storage nodes hold blob `id` live.
-fn replicas_holding(cluster: &Cluster, id: &str) -> usize {
-    let blob: larder_cluster::BlobId = id.parse().unwrap();
-    let path = larder_proto::blob_path(blob.partition, id);
-    (0..cluster.map.nodes.len())
-        .filter(|i| {
-            cluster
-                .internal_request(cluster.node_addr(*i), "GET", &path)
-                .0
-                == 200
-        })
-        .count()
-}
-
 /// PUTs new names through a frontend that exits at `crash` until one PUT is not answered;
 /// returns the names answered (and so linked) and the base blob held in the journal.
 fn put_until_the_crash(
@@ -251,23 +237,10 @@ fn put_until_the_crash(
     for i in from..from + 400 {
         let key = format!("crash/{i:04}");
         let url = signer.url("PUT", &key, &[]);
-        let out = std::process::Command::new("curl")
-            .args([
-                "-sS",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "30",
-            ])
-            .args(["-X", "PUT", "--data-binary", "x", &url])
-            .output()
-            .unwrap();
-        match (out.status.success(), out.stdout.as_slice()) {
-            (true, b"200") => linked.push(key),
-            (true, other) => panic!("{key}: {}", String::from_utf8_lossy(other)),
-            (false, _) => {
+        match common::status_if_answered(&signer.dir, &["-X", "PUT", "--data-binary", "x", &url]) {
+            Some(200) => linked.push(key),
+            Some(other) => panic!("{key}: {other}"),
+            None => {
                 let held = base_entries(&journal);
                 assert_eq!(held.len(), 1, "one held base: {held:?}");
                 assert_eq!(held[0].len(), 1, "{held:?}");
@@ -295,14 +268,14 @@ fn a_crash_after_a_base_is_stored_leaks_it_not_and_loses_no_name() {
     let (mut linked, base) =
         put_until_the_crash(&mut cluster, &signer, (s3, "after-base-stored", 0));
     assert!(
-        replicas_holding(&cluster, &base) >= 2,
+        cluster.replicas_holding(&base) >= 2,
         "stored before the crash"
     );
     cluster.restart_frontend_with_env(&[]);
     common::wait_for_port(s3);
     wait_until_no_base_is_held(&journal);
     assert_eq!(
-        replicas_holding(&cluster, &base),
+        cluster.replicas_holding(&base),
         0,
         "the unnamed base was tombstoned"
     );
@@ -315,10 +288,7 @@ fn a_crash_after_a_base_is_stored_leaks_it_not_and_loses_no_name() {
     cluster.restart_frontend_with_env(&[]);
     common::wait_for_port(s3);
     wait_until_no_base_is_held(&journal);
-    assert!(
-        replicas_holding(&cluster, &base) >= 2,
-        "a named base is kept"
-    );
+    assert!(cluster.replicas_holding(&base) >= 2, "a named base is kept");
     let listed = signer.list(1000);
     for key in &linked {
         assert!(listed.contains(key), "{key} lost: {listed:?}");

@@ -294,6 +294,16 @@ impl Cluster {
         h2::H2Client::connect_authenticated(addr, &self.dir.path().join(SECRET_FILE)).await
     }
 
+    /// How many storage nodes hold blob `id` live (asked on their internal port, so this
+    /// works while the frontend is down).
+    pub fn replicas_holding(&self, id: &str) -> usize {
+        let blob: larder_cluster::BlobId = id.parse().unwrap();
+        let path = larder_proto::blob_path(blob.partition, id);
+        (0..self.map.nodes.len())
+            .filter(|i| self.internal_request(self.node_addr(*i), "GET", &path).0 == 200)
+            .count()
+    }
+
     /// One request to a storage node's internal port (authenticated), from synchronous tests.
     pub fn internal_request(&self, addr: SocketAddr, method: &str, path: &str) -> (u16, Vec<u8>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -488,6 +498,29 @@ impl CurlResponse {
             .as_str()
             .unwrap_or_default()
             .to_owned()
+    }
+}
+
+/// The status of a curl request that may get no answer at all (a server that exits in the
+/// middle of it): `None` then. The body is dropped; 30 s at most.
+pub fn status_if_answered(dir: &Path, args: &[&str]) -> Option<u16> {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "30",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    match out.status.success() {
+        true => String::from_utf8_lossy(&out.stdout).parse().ok(),
+        false => None,
     }
 }
 
