@@ -8,7 +8,11 @@ nodes). Their user + system CPU ticks are summed every 0.2 s while warp runs; wa
 (`warp analyze --json` of the run's --benchdata file) gives the measured window (first start to
 last end of the counted operations), and the CPU used in that window (interpolated between
 samples) is divided by the operations in it. Warp's preparation (uploads before a GET or list) and
-cleanup fall outside the window and are not counted. One row is appended to RESULTS_TSV.
+cleanup fall outside the window and are not counted. warp's own CPU (the client shares the
+machine) and how busy the whole machine was (from /proc/stat) are taken over the same window:
+a run whose machine was busy throughout is bound by the CPU of server and client together, and
+its rate says as much about the client's cost per operation as the server's. One row is appended
+to RESULTS_TSV.
 """
 
 import bisect
@@ -24,7 +28,7 @@ import time
 TICK = os.sysconf("SC_CLK_TCK")
 COLUMNS = [
     "server", "workload", "ops", "seconds", "ops_per_s", "mib_per_s", "p50_ms", "p99_ms",
-    "errors", "cpu_s", "cpu_ms_per_op",
+    "errors", "cpu_s", "cpu_ms_per_op", "client_cpu_ms_per_op", "machine_busy_pct",
 ]
 
 
@@ -46,22 +50,45 @@ def cpu_seconds(pids):
     return total / TICK
 
 
-def sample(pids, samples, stop):
+def machine_busy_seconds():
+    """CPU seconds every core of the machine spent busy (neither idle nor waiting on I/O)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / TICK
+
+
+def never_falling(read):
+    """A counter reader that keeps its highest reading: a process reaped (warp, at its end)
+    reads as 0 from then on, which would look like CPU time given back."""
+    highest = 0.0
+
+    def reading():
+        nonlocal highest
+        highest = max(highest, read())
+        return highest
+
+    return reading
+
+
+def sample(sources, samples, stop):
+    """Appends (time, [reading of each source]) every 0.2 s until stopped, and once more."""
     while not stop.is_set():
-        samples.append((time.time(), cpu_seconds(pids)))
+        samples.append((time.time(), [read() for read in sources]))
         stop.wait(0.2)
-    samples.append((time.time(), cpu_seconds(pids)))
+    samples.append((time.time(), [read() for read in sources]))
 
 
-def at(samples, t):
-    """CPU seconds at wall time t, interpolated between the samples around it."""
+def at(samples, source, t):
+    """Source's reading at wall time t, interpolated between the samples around it."""
     times = [s[0] for s in samples]
     i = bisect.bisect_left(times, t)
     if i == 0:
-        return samples[0][1]
+        return samples[0][1][source]
     if i == len(samples):
-        return samples[-1][1]
+        return samples[-1][1][source]
     (t0, c0), (t1, c1) = samples[i - 1], samples[i]
+    c0, c1 = c0[source], c1[source]
     return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
 
 
@@ -91,18 +118,24 @@ def main():
     assert sys.argv[6] == "--"
     warp = sys.argv[7:]
     pids = read_pids(pids_file)
+    client = subprocess.Popen(warp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sources = [never_falling(lambda: cpu_seconds(pids)),
+               never_falling(lambda: cpu_seconds([client.pid])), machine_busy_seconds]
     samples, stop = [], threading.Event()
-    sampler = threading.Thread(target=sample, args=(pids, samples, stop))
+    sampler = threading.Thread(target=sample, args=(sources, samples, stop))
     sampler.start()
     try:
-        run = subprocess.run(warp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    finally:
+        stdout = client.communicate()[0]
         stop.set()
         sampler.join()
+    finally:
+        stop.set()
+        client.kill()
+        client.wait()
     with open(f"{benchdata}.log", "w") as f:
-        f.write(run.stdout)
-    if run.returncode != 0:
-        sys.exit(f"{server} {workload}: warp exited {run.returncode}:\n{run.stdout[-3000:]}")
+        f.write(stdout)
+    if client.returncode != 0:
+        sys.exit(f"{server} {workload}: warp exited {client.returncode}:\n{stdout[-3000:]}")
     analysis = subprocess.run(
         [warp[0], "analyze", "--json", f"{benchdata}.json.zst"],
         stdout=subprocess.PIPE, text=True, check=True,
@@ -123,8 +156,9 @@ def main():
     # to the last one's end.
     start, end = parse_time(op["start_time"]), parse_time(op["end_time"])
     all_ops = op["total_requests"]
-    cpu = at(samples, end) - at(samples, start)
-    section = run.stdout.partition(f"Report: {wanted}.")[2]
+    server_cpu, client_cpu, busy = (
+        at(samples, i, end) - at(samples, i, start) for i in range(3))
+    section = stdout.partition(f"Report: {wanted}.")[2]
     p50, p99 = percentiles(section)
     row = {
         "server": server,
@@ -136,8 +170,11 @@ def main():
         "p50_ms": p50,
         "p99_ms": p99,
         "errors": op["total_errors"],
-        "cpu_s": f"{cpu:.2f}",
-        "cpu_ms_per_op": f"{cpu * 1000 / all_ops:.3f}" if all_ops else "",
+        "cpu_s": f"{server_cpu:.2f}",
+        "cpu_ms_per_op": f"{server_cpu * 1000 / all_ops:.3f}" if all_ops else "",
+        "client_cpu_ms_per_op": f"{client_cpu * 1000 / all_ops:.3f}" if all_ops else "",
+        "machine_busy_pct": f"{100 * busy / (end - start) / os.cpu_count():.0f}"
+        if end > start else "",
     }
     new = not os.path.exists(results) or os.path.getsize(results) == 0
     with open(results, "a") as f:

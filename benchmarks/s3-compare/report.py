@@ -30,7 +30,8 @@ def load(path):
 def num(rows, server, workload, column):
     row = rows.get((server, workload))
     try:
-        return float(row[column]) if row and row[column] != "" else None
+        value = row.get(column) if row else None
+        return float(value) if value not in (None, "") else None
     except ValueError:
         return None
 
@@ -159,6 +160,11 @@ def main():
         if (s, w) in rows else "–"))
     table(rows, "Server CPU per operation (ms; user + system of every server process)",
           lambda s, w: fmt(num(rows, s, w, "cpu_ms_per_op"), 3))
+    if any(r.get("client_cpu_ms_per_op") for r in rows.values()):  # since 2026-11-29 03:40
+        table(rows, "warp's own CPU per operation (ms; the client shares the 2 cores)",
+              lambda s, w: fmt(num(rows, s, w, "client_cpu_ms_per_op"), 3))
+        table(rows, "Machine busy in the measured window (% of all cores; near 100: CPU-bound)",
+              lambda s, w: fmt(num(rows, s, w, "machine_busy_pct")))
     table(rows, "Errors counted by warp", lambda s, w: fmt(num(rows, s, w, "errors")))
     ratios(rows)
     print("![ops/s and CPU per operation by workload](plot.png)")

@@ -7,7 +7,9 @@
 # 64 KiB and 4 MiB objects, and listing (`warp list`). For each: ops/s, p50/p99 latency (warp's
 # analysis of its --benchdata), errors, and the servers' CPU seconds per operation (user + system
 # from /proc/<pid>/stat of every server process, sampled while warp runs, over the window warp
-# measured: preparation uploads and cleanup are not counted). measure.py runs each command;
+# measured: preparation uploads and cleanup are not counted), with warp's own CPU and how busy
+# the whole machine was over the same window (a 2-core machine shared with the client: a run at
+# ~100 % busy is bound by server and client CPU together). measure.py runs each command;
 # report.py renders RESULTS.md (machine, versions, tables; then reading.md, the notes written by
 # hand after a run: re-read them when the numbers change) and plot.png.
 #
@@ -16,6 +18,7 @@
 #   with report.py into a temp file, and nothing else. The real run is not in the test command:
 #   it needs Go builds of MinIO and warp (minutes each) and a quiet machine.
 # Knobs (environment): DURATION (warp --duration, default 20s), CONCURRENT (default 16),
+#   WORKLOADS (a space-separated subset of the workloads above, e.g. "put-64KiB list"),
 #   OUT_DIR (where RESULTS.md, results.tsv, machine.txt, plot.png and runs/ go; default this
 #   folder), WARP_SRC (a git directory of
 #   github.com/minio/warp, used when `go install` of warp fails: the Go module proxy here refuses
@@ -242,14 +245,20 @@ warp_run() {
     --no-color --benchdata "$data" || { log "$server $workload failed (see runs/$server-$workload.log)"; failures+=("$server $workload"); }
 }
 
+# chosen WORKLOAD: whether WORKLOADS (space-separated; default every one) names it.
+chosen() { [ -z "${WORKLOADS:-}" ] || [[ " $WORKLOADS " == *" $1 "* ]]; }
+
 workloads() { # SERVER
-  warp_run "$1" put-1KiB put --obj.size 1KiB
-  warp_run "$1" get-1KiB get --obj.size 1KiB --objects 1000
-  warp_run "$1" put-64KiB put --obj.size 64KiB
-  warp_run "$1" get-64KiB get --obj.size 64KiB --objects 1000
-  warp_run "$1" put-4MiB put --obj.size 4MiB
-  warp_run "$1" get-4MiB get --obj.size 4MiB --objects 100
-  warp_run "$1" list list --obj.size 1KiB --objects 3200 --max-keys 100
+  local w
+  for w in put-1KiB get-1KiB put-64KiB get-64KiB put-4MiB get-4MiB list; do
+    chosen "$w" || continue
+    case $w in
+      put-*) warp_run "$1" "$w" put --obj.size "${w#put-}" ;;
+      get-4MiB) warp_run "$1" "$w" get --obj.size 4MiB --objects 100 ;;
+      get-*) warp_run "$1" "$w" get --obj.size "${w#get-}" --objects 1000 ;;
+      list) warp_run "$1" "$w" list --obj.size 1KiB --objects 3200 --max-keys 100 ;;
+    esac
+  done
 }
 
 for s in "${servers[@]}"; do
