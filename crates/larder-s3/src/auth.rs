@@ -109,6 +109,8 @@ fn needs(operation: &str) -> Permission {
         | "ListObjectsV2"
         | "ListObjectVersions"
         | "GetBucketLocation"
+        | "GetBucketVersioning"
+        | "GetObjectLockConfiguration"
         | "ListParts"
         | "ListMultipartUploads" => Permission::Read,
         _ => Permission::Write,

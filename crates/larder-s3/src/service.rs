@@ -520,6 +520,30 @@ impl S3 for Larder {
         Ok(S3Response::new(GetBucketLocationOutput::default()))
     }
 
+    /// Larder keeps no versions: every bucket is one that was never versioned, which S3
+    /// answers with no `Status` (clients such as warp, rclone and Terraform ask).
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        self.index(&req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
+    /// No bucket has Object Lock: S3's answer for such a bucket, 404
+    /// `ObjectLockConfigurationNotFoundError` (not 501: a client asking whether a bucket
+    /// locks objects gets its answer).
+    async fn get_object_lock_configuration(
+        &self,
+        req: S3Request<GetObjectLockConfigurationInput>,
+    ) -> S3Result<S3Response<GetObjectLockConfigurationOutput>> {
+        self.index(&req.input.bucket).await?;
+        Err(s3s::s3_error!(
+            ObjectLockConfigurationNotFoundError,
+            "Object Lock configuration does not exist for this bucket"
+        ))
+    }
+
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,

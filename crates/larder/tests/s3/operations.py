@@ -68,6 +68,21 @@ for call in (s3.get_object, s3.head_object):
     assert status_of(lambda: call(Bucket="ops", Key="k", IfNoneMatch='"other"',
                                   IfModifiedSince=later)) == 200
 
+step("GetBucketVersioning and GetObjectLockConfiguration: a bucket with neither")
+assert "Status" not in s3.get_bucket_versioning(Bucket="ops")
+try:
+    s3.get_object_lock_configuration(Bucket="ops")
+    raise AssertionError("an Object Lock configuration was answered")
+except ClientError as err:
+    assert err.response["Error"]["Code"] == "ObjectLockConfigurationNotFoundError", err.response
+    assert err.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+for call in (s3.get_bucket_versioning, s3.get_object_lock_configuration):
+    try:
+        call(Bucket="ops-never-made")
+        raise AssertionError(f"{call.__name__} of a missing bucket answered")
+    except ClientError as err:
+        assert err.response["Error"]["Code"] == "NoSuchBucket", err.response
+
 step("ListMultipartUploads: every upload in progress, paged, by prefix and delimiter")
 started = [(k, s3.create_multipart_upload(Bucket="ops", Key=k)["UploadId"])
            for k in ["a/1", "a/2", "b", "b", "c"]]
