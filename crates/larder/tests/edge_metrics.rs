@@ -5,12 +5,12 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::metrics::{scrape_frontend, value, wait_for};
 use common::tls::{client_config, connect};
-use common::Cluster;
+use common::{connect_from, Cluster};
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -245,22 +245,6 @@ fn get_healthz(stream: &mut TcpStream) {
         answer.extend_from_slice(&buf[..n]);
     }
     assert!(answer.starts_with(b"HTTP/1.1 200"));
-}
-
-/// A connection to `addr` from the local address `ip` (any 127.0.0.0/8 address works on Linux).
-fn connect_from(ip: IpAddr, addr: SocketAddr) -> TcpStream {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let stream = rt.block_on(async {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind(SocketAddr::new(ip, 0)).unwrap();
-        socket.connect(addr).await.unwrap()
-    });
-    let stream = stream.into_std().unwrap();
-    stream.set_nonblocking(false).unwrap();
-    stream
 }
 
 /// The server closes `stream` (EOF or reset) within `limit`, without sending an HTTP answer.

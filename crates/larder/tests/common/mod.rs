@@ -658,6 +658,22 @@ pub fn python() -> PathBuf {
 }
 
 /// Resident memory of a process in KiB (VmRSS from /proc).
+/// A connection to `addr` from the local address `ip` (any 127.0.0.0/8 address works on Linux).
+pub fn connect_from(ip: std::net::IpAddr, addr: SocketAddr) -> std::net::TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stream = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(ip, 0)).unwrap();
+        socket.connect(addr).await.unwrap()
+    });
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
