@@ -51,7 +51,8 @@ def cpu_seconds(pids):
 
 
 def machine_busy_seconds():
-    """CPU seconds every core of the machine spent busy (neither idle nor waiting on I/O)."""
+    """CPU seconds every core of the machine spent busy (neither idle nor waiting on I/O; a VM's
+    steal, time the host took, counts as busy: it was not there for server or client)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle, iowait = fields[3], fields[4]

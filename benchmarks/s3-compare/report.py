@@ -3,7 +3,8 @@
 
 Usage: report.py RESULTS_TSV MACHINE_TXT READING_MD [PNG]
 
-Tables: ops/s, p50/p99 latency and CPU milliseconds per operation for each server and workload;
+Tables: ops/s, p50/p99 latency and CPU milliseconds per operation for each server and workload
+(the server's; warp's own and the machine's busy share where results.tsv has them);
 then, at equal copies (Larder with 1 replica against the better of MinIO and Garage for each
 workload), Larder's ops/s ratio and CPU-per-operation ratio with the issue's target beside them
 (ops/s >= 1.5x the better peer, CPU per operation <= the peers').
@@ -136,6 +137,9 @@ ops/s and p50/p99 are warp's (ops/s over the whole seconds it keeps; latency of 
 CPU per operation: user + system seconds of every server process (`/proc/<pid>/stat`, sampled
 every 0.2 s by `measure.py`), from the first operation's start to the last one's end, divided by
 the operations in that span; warp's preparation uploads and its cleanup fall outside it.
+warp's own CPU per operation is taken the same way, and the machine's busy share from
+`/proc/stat` (all cores, time neither idle nor waiting on I/O; a VM's steal counts as busy)
+over the same span: a row near 100 % is bound by server and client CPU together.
 """
 
 

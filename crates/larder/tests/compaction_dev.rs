@@ -371,10 +371,10 @@ fn full_disk_takes_uploads_again_once_deletes_are_compacted() {
     let mut dev = Dev::start(&data_dir, free_addresses(1)[0]);
     let mut stored = Vec::new();
     // Full is two refusals in a row, the second after the nodes asked the file system again: a
-    // node counts every put it admits as written until its next `statvfs` (100 ms), so a
-    // replica write it admitted and the frontend then cancelled (the partition's other replicas
-    // refused) can refuse one upload that fits. Under load that upload was the fill's last, and
-    // the next one, after the deletes, was taken (CI, 2026-11-29).
+    // node counts every put it admits as written until its next `statvfs` (100 ms), so a count
+    // above what reached the disk (a replica write admitted, then not made: the likely case,
+    // not shown) can refuse one upload that fits. Under load the fill once stopped at such a
+    // refusal, and the upload after the deletes was taken (CI, 2026-11-29).
     let mut refused = 0;
     for i in 0..60 {
         let (status, body) = upload(&dev, tmp.path(), i..i + 1).remove(0);

@@ -657,7 +657,6 @@ pub fn python() -> PathBuf {
     venv
 }
 
-/// Resident memory of a process in KiB (VmRSS from /proc).
 /// A connection to `addr` from the local address `ip` (any 127.0.0.0/8 address works on Linux).
 pub fn connect_from(ip: std::net::IpAddr, addr: SocketAddr) -> std::net::TcpStream {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -674,6 +673,7 @@ pub fn connect_from(ip: std::net::IpAddr, addr: SocketAddr) -> std::net::TcpStre
     stream
 }
 
+/// Resident memory of a process in KiB (VmRSS from /proc).
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
