@@ -50,15 +50,15 @@ one_round() {
 }
 
 {
-  echo "## $(date -u +%Y-%m-%dT%H:%MZ): warp put $size, $duration, 16 clients, \`$OPTION_A\` against \`$OPTION_B\`, $rounds rounds"
+  echo "## $(date -u +%Y-%m-%dT%H:%MZ): warp put $size, $duration, ${CONCURRENT:-16} clients, \`$OPTION_A\` against \`$OPTION_B\`, $rounds rounds"
   echo
   echo '```'
   echo "LARDER_BIN=$LARDER_BIN OPTION_A='$OPTION_A' OPTION_B='$OPTION_B' ROUNDS=$rounds DURATION=$duration SIZE=$size benchmarks/s3-compare/option-ab.sh"
   echo '```'
   machine_description "$work"
   echo
-  echo "| [s3] setting | PUT/s | frontend CPU ms per PUT | storage CPU ms per PUT |"
-  echo "| --- | ---: | ---: | ---: |"
+  echo "| [s3] setting | PUT/s | p50 ms | p99 ms | frontend CPU ms per PUT | storage CPU ms per PUT |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
   for r in $(seq 1 "$rounds"); do
     if [ $((r % 2)) = 1 ]; then order=("$OPTION_A" "$OPTION_B"); else order=("$OPTION_B" "$OPTION_A"); fi
     for option in "${order[@]}"; do one_round "$option"; done

@@ -6,7 +6,7 @@
 # before and after warp's run (its preparation is a bucket creation; --noclear: no cleanup).
 #
 # usage: BASE_BIN=<larder> HEAD_BIN=<larder> benchmarks/s3-compare/put-ab.sh
-#   env: ROUNDS=3 DURATION=15s SIZE=1KiB OUT=<file> (default: stdout only)
+#   env: ROUNDS=3 DURATION=15s SIZE=1KiB CONCURRENT=16 OUT=<file> (default: stdout only)
 # warp comes from run.sh's tool directory (run.sh installs it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,15 +45,15 @@ one_round() {
 }
 
 {
-  echo "## $(date -u +%Y-%m-%dT%H:%MZ): warp put $size, $duration, 16 clients, $rounds rounds"
+  echo "## $(date -u +%Y-%m-%dT%H:%MZ): warp put $size, $duration, ${CONCURRENT:-16} clients, $rounds rounds"
   echo
   echo '```'
-  echo "BASE_BIN=$BASE_BIN HEAD_BIN=$HEAD_BIN ROUNDS=$rounds DURATION=$duration SIZE=$size benchmarks/s3-compare/put-ab.sh"
+  echo "CONCURRENT=${CONCURRENT:-16} BASE_BIN=$BASE_BIN HEAD_BIN=$HEAD_BIN ROUNDS=$rounds DURATION=$duration SIZE=$size benchmarks/s3-compare/put-ab.sh"
   echo '```'
   machine_description "$work"
   echo
-  echo "| build | PUT/s | frontend CPU ms per PUT | storage CPU ms per PUT |"
-  echo "| --- | ---: | ---: | ---: |"
+  echo "| build | PUT/s | p50 ms | p99 ms | frontend CPU ms per PUT | storage CPU ms per PUT |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
   for r in $(seq 1 "$rounds"); do
     # Alternate which build goes first: the machine drifts over a run.
     if [ $((r % 2)) = 1 ]; then order=(base head); else order=(head base); fi

@@ -93,9 +93,11 @@ pub async fn serve(
     let unfinished = router
         .unfinished_uploads()
         .map_err(|e| format!("cannot read the upload journal: {e}"))?;
-    // Entries held for S3 names are settled by the S3 API (their bodies may be named).
-    let (held, unfinished): (Vec<_>, Vec<_>) =
-        unfinished.into_iter().partition(|u| u.held_for.is_some());
+    // Entries held for S3 names, or reserved for them, are settled by the S3 API (their
+    // bodies may be named).
+    let (held, unfinished): (Vec<_>, Vec<_>) = unfinished
+        .into_iter()
+        .partition(|u| u.held_for.is_some() || u.reserved);
     tokio::spawn(router.clone().clean_up_uploads(unfinished));
     let follower = tokio::spawn(crate::map_follow::follow(
         router.clone(),

@@ -206,13 +206,14 @@ impl Router {
         }
     }
 
-    /// Tombstones the blobs of `uploads` (from `unfinished_uploads`, none held for a name) and
+    /// Tombstones the blobs of `uploads` (from `unfinished_uploads`, none held for a name or
+    /// reserved: their holder settles those) and
     /// forgets each entry once storage nodes have taken every delete, retrying the rest every
     /// few seconds. Runs in the background from start-up.
     pub async fn clean_up_uploads(self: Arc<Self>, uploads: Vec<crate::journal::Leftover>) {
         let mut uploads: Vec<crate::journal::Leftover> = uploads
             .into_iter()
-            .filter(|u| u.held_for.is_none())
+            .filter(|u| u.held_for.is_none() && !u.reserved)
             .collect();
         while !uploads.is_empty() {
             let mut unfinished = Vec::new();

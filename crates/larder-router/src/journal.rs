@@ -56,7 +56,7 @@ const TEMPORARY_SUFFIX: &str = "tmp";
 const LEGACY_SUFFIX: &str = "upload";
 /// A segment past this many bytes is replaced by a new one holding only the open entries.
 const ROTATE_BYTES: u64 = 1 << 20;
-/// Most appends one write carries (a segment ends at most this many lines past its bound).
+/// Most appends one write carries (a segment ends at most this many appends past its bound).
 const MAX_BATCH: usize = 4096;
 /// Longest name an entry is held for (hex doubles it); longer ones are refused.
 const MAX_HELD_NAME: usize = 4096;
@@ -121,6 +121,7 @@ impl UploadJournal {
                 entry,
                 ids: open.ids,
                 held_for: open.held_for,
+                reserved: open.reserved,
                 log: log.clone(),
             })
             .collect();
@@ -134,15 +135,36 @@ impl UploadJournal {
 
     /// Starts the record of one upload (nothing is written until its first line).
     pub fn begin(&self) -> io::Result<JournalEntry> {
+        Ok(self.entry(None))
+    }
+
+    /// Entries that each list one of `ids` already, marked *reserved*, appended and synced in
+    /// one write: an upload under one sends its blob as that ID without waiting on the
+    /// journal ([`JournalEntry::reserved`]). A reserved leftover is not the router's to clean
+    /// up, as a held one: its blob, if stored, says what it was held for (the S3 layer's
+    /// `held.rs`), and if no quorum stored it, nothing can name it.
+    pub async fn reserve(&self, ids: &[BlobId]) -> io::Result<Vec<JournalEntry>> {
+        let entries: Vec<JournalEntry> = ids.iter().map(|id| self.entry(Some(*id))).collect();
+        let lines = entries
+            .iter()
+            .zip(ids)
+            .map(|(e, id)| (e.inner.entry, Op::Reserved(*id)))
+            .collect();
+        self.log.append_lines(lines, true).await?;
+        Ok(entries)
+    }
+
+    fn entry(&self, reserved: Option<BlobId>) -> JournalEntry {
         let entry = self.log.next_entry.fetch_add(1, Ordering::Relaxed);
-        Ok(JournalEntry {
+        JournalEntry {
             inner: Arc::new(Entry {
                 entry,
                 log: self.log.clone(),
-                ids: Mutex::new(Vec::new()),
-                held: AtomicBool::new(false),
+                ids: Mutex::new(reserved.into_iter().collect()),
+                held: AtomicBool::new(reserved.is_some()),
+                reserved,
             }),
-        })
+        }
     }
 
     /// How many `fdatasync`s appends have cost so far (rotations' syncs not counted).
@@ -158,13 +180,28 @@ impl UploadJournal {
 
     /// The entries open in the journal in `dir` as its files say, for tests and tools: read
     /// only, without the lock (a running frontend may be appending).
-    pub fn inspect(dir: &Path) -> io::Result<Vec<(Option<String>, Vec<BlobId>)>> {
+    pub fn inspect(dir: &Path) -> io::Result<Vec<OpenEntry>> {
         Ok(replay(dir)?
             .open
             .into_values()
-            .map(|open| (open.held_for, open.ids))
+            .map(|open| OpenEntry {
+                held_for: open.held_for,
+                ids: open.ids,
+                reserved: open.reserved,
+            })
             .collect())
     }
+}
+
+/// An entry open in a journal, as [`UploadJournal::inspect`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenEntry {
+    /// The name it is held for, if any.
+    pub held_for: Option<String>,
+    /// Every blob of it that may exist on storage nodes.
+    pub ids: Vec<BlobId>,
+    /// Reserved ahead of need (`UploadJournal::reserve`).
+    pub reserved: bool,
 }
 
 /// An entry a previous run left.
@@ -175,6 +212,9 @@ pub struct Leftover {
     pub ids: Vec<BlobId>,
     /// The name it was held for (`JournalEntry::hold`), if any.
     pub held_for: Option<String>,
+    /// Reserved ahead of need (`UploadJournal::reserve`): like a held entry, its holder's to
+    /// settle; its blob, if a quorum stored it, says what it was held for.
+    pub reserved: bool,
     log: Arc<Log>,
 }
 
@@ -184,6 +224,7 @@ impl std::fmt::Debug for Leftover {
             .field("entry", &self.name())
             .field("ids", &self.ids)
             .field("held_for", &self.held_for)
+            .field("reserved", &self.reserved)
             .finish()
     }
 }
@@ -195,9 +236,9 @@ impl Leftover {
     }
 
     /// Forgets the entry (settled: its blobs named, or all tombstoned); durably unless it was
-    /// held for a name (see [`JournalEntry::remove`]).
+    /// held for a name or reserved (see [`JournalEntry::remove`]).
     pub async fn remove(&self) -> io::Result<()> {
-        let sync = self.held_for.is_none();
+        let sync = self.held_for.is_none() && !self.reserved;
         self.log.append(self.entry, Op::Done, sync).await
     }
 }
@@ -228,14 +269,21 @@ struct Entry {
     log: Arc<Log>,
     /// What the log lists, for cleanup while the process lives.
     ids: Mutex<Vec<BlobId>>,
-    /// Held for a name (`hold` appended): its `done` needs no sync of its own.
+    /// Held for a name (`hold` appended) or reserved: its `done` needs no sync of its own
+    /// (lost, it brings back an entry its holder settles again).
     held: AtomicBool,
+    /// The ID listed (and synced) before the entry was handed out (`UploadJournal::reserve`).
+    reserved: Option<BlobId>,
 }
 
 impl JournalEntry {
-    /// Appends `id` and waits until it is on disk. Call before the blob is sent.
+    /// Appends `id` and waits until it is on disk. Call before the blob is sent. The entry's
+    /// reserved ID is on disk already: recording it costs nothing.
     pub async fn record(&self, id: &BlobId) -> io::Result<()> {
         let inner = &self.inner;
+        if inner.reserved == Some(*id) {
+            return Ok(());
+        }
         inner.log.append(inner.entry, Op::Id(*id), true).await?;
         inner.ids.lock().push(*id);
         Ok(())
@@ -248,6 +296,12 @@ impl JournalEntry {
         self.hold_synced(name, false).await
     }
 
+    /// The ID this entry was reserved with (`UploadJournal::reserve`), if any: a blob sent as
+    /// it needs no `record` first.
+    pub fn reserved(&self) -> Option<BlobId> {
+        self.inner.reserved
+    }
+
     /// [`hold`](Self::hold) for an entry that will list no ID, whose existence is the record
     /// (a CompleteMultipartUpload's): synced now.
     pub async fn hold_durably(&self, name: &str) -> io::Result<()> {
@@ -255,11 +309,7 @@ impl JournalEntry {
     }
 
     async fn hold_synced(&self, name: &str, sync: bool) -> io::Result<()> {
-        if name.len() > MAX_HELD_NAME {
-            return Err(io::Error::other(
-                "the name to hold the entry for is too long",
-            ));
-        }
+        check_held_name(name)?;
         let inner = &self.inner;
         let held = Op::Held(name.to_owned());
         inner.log.append(inner.entry, held, sync).await?;
@@ -283,10 +333,21 @@ impl JournalEntry {
     }
 }
 
+fn check_held_name(name: &str) -> io::Result<()> {
+    if name.len() > MAX_HELD_NAME {
+        return Err(io::Error::other(
+            "the name to hold the entry for is too long",
+        ));
+    }
+    Ok(())
+}
+
 /// One change to an entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Op {
     Id(BlobId),
+    /// The first ID of a reserved entry (`UploadJournal::reserve`).
+    Reserved(BlobId),
     Held(String),
     Done,
 }
@@ -295,6 +356,7 @@ impl Op {
     fn line(&self, entry: u64) -> String {
         match self {
             Op::Id(id) => format!("{entry:016x} id {id}\n"),
+            Op::Reserved(id) => format!("{entry:016x} reserved {id}\n"),
             Op::Held(name) => format!("{entry:016x} held {}\n", to_hex(name)),
             Op::Done => format!("{entry:016x} done\n"),
         }
@@ -306,6 +368,7 @@ impl Op {
         let entry = u64::from_str_radix(entry, 16).ok()?;
         let op = match rest.split_once(' ') {
             Some(("id", id)) => Op::Id(id.parse().ok()?),
+            Some(("reserved", id)) => Op::Reserved(id.parse().ok()?),
             Some(("held", hex)) => Op::Held(from_hex(hex)?),
             None if rest == "done" => Op::Done,
             _ => return None,
@@ -319,6 +382,8 @@ impl Op {
 struct Open {
     held_for: Option<String>,
     ids: Vec<BlobId>,
+    /// Reserved: its first ID was minted before any request (`UploadJournal::reserve`).
+    reserved: bool,
 }
 
 impl Open {
@@ -330,6 +395,11 @@ impl Open {
             Op::Held(name) => open.entry(entry).or_default().held_for = Some(name),
             // Duplicates (replayed twice) are removed at the end of `replay`.
             Op::Id(id) => open.entry(entry).or_default().ids.push(id),
+            Op::Reserved(id) => {
+                let open = open.entry(entry).or_default();
+                open.reserved = true;
+                open.ids.push(id);
+            }
         }
     }
 
@@ -339,7 +409,14 @@ impl Open {
             .held_for
             .iter()
             .map(|n| Op::Held(n.clone()).line(entry));
-        let ids = self.ids.iter().map(|id| Op::Id(*id).line(entry));
+        let ids = self
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| match i == 0 && self.reserved {
+                true => Op::Reserved(*id).line(entry),
+                false => Op::Id(*id).line(entry),
+            });
         held.chain(ids).collect()
     }
 }
@@ -439,8 +516,8 @@ struct Log {
 }
 
 struct Append {
-    entry: u64,
-    op: Op,
+    /// Lines of one or more entries, written together.
+    lines: Vec<(u64, Op)>,
     sync: bool,
     done: oneshot::Sender<io::Result<()>>,
 }
@@ -448,13 +525,13 @@ struct Append {
 impl Log {
     /// Appends `op` for `entry`; resolves once it is written (and synced, with `sync`).
     async fn append(&self, entry: u64, op: Op, sync: bool) -> io::Result<()> {
+        self.append_lines(vec![(entry, op)], sync).await
+    }
+
+    /// Appends `lines` in one write (and one sync, with `sync`).
+    async fn append_lines(&self, lines: Vec<(u64, Op)>, sync: bool) -> io::Result<()> {
         let (done, answer) = oneshot::channel();
-        let append = Append {
-            entry,
-            op,
-            sync,
-            done,
-        };
+        let append = Append { lines, sync, done };
         let stopped = || io::Error::other("the upload journal's writer has stopped");
         self.tx.send(append).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
@@ -523,7 +600,8 @@ impl Writer {
             }
             self.torn = false;
         }
-        let text: String = batch.iter().map(|a| a.op.line(a.entry)).collect();
+        let lines = || batch.iter().flat_map(|a| &a.lines);
+        let text: String = lines().map(|(entry, op)| op.line(*entry)).collect();
         let file = self
             .file
             .as_mut()
@@ -558,8 +636,8 @@ impl Writer {
         }
         self.written += text.len() as u64;
         // Applied once written: the state a rotation copies is what the disk says.
-        for append in batch {
-            Open::apply(&mut self.open, append.entry, append.op.clone());
+        for (entry, op) in lines() {
+            Open::apply(&mut self.open, *entry, op.clone());
         }
         Ok(())
     }
@@ -776,6 +854,52 @@ mod tests {
         );
     }
 
+    /// Reserved entries cost one sync for the batch, none when their ID is recorded and none
+    /// for their `done`; a restart finds each unfinished one reserved, listing its IDs, also
+    /// after a rotation carried it into a new segment.
+    #[tokio::test]
+    async fn reserved_entries_cost_one_sync_per_batch_and_a_crash_finds_each_reserved() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = ids(4);
+        {
+            let journal = UploadJournal::open(dir.path()).unwrap();
+            let reserved = journal.reserve(&ids[..3]).await.unwrap();
+            assert_eq!(journal.syncs(), 1, "one sync for the batch");
+            assert_eq!(reserved.len(), 3);
+            let used = &reserved[1];
+            assert_eq!(used.reserved(), Some(ids[1]));
+            used.record(&ids[1]).await.unwrap();
+            assert_eq!(
+                journal.syncs(),
+                1,
+                "recording the reserved ID writes nothing"
+            );
+            used.record(&ids[3]).await.unwrap(); // a second attempt's ID
+            assert_eq!(journal.syncs(), 2);
+            assert_eq!(used.ids(), [ids[1], ids[3]]);
+            reserved[2].remove().await.unwrap();
+            assert_eq!(journal.syncs(), 2, "a reserved entry's done is not synced");
+        }
+        for round in 0..2 {
+            wait_for_unlock(dir.path());
+            let journal = UploadJournal::open(dir.path()).unwrap(); // rotates
+            let left: Vec<(Vec<BlobId>, bool, Option<String>)> = journal
+                .leftovers()
+                .unwrap()
+                .into_iter()
+                .map(|l| (l.ids, l.reserved, l.held_for))
+                .collect();
+            assert_eq!(
+                left,
+                [
+                    (vec![ids[0]], true, None),
+                    (vec![ids[1], ids[3]], true, None)
+                ],
+                "round {round}"
+            );
+        }
+    }
+
     /// The segments and temporary files in `dir`.
     fn journal_files(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -874,7 +998,12 @@ mod tests {
         assert_eq!(segments.len(), 1, "older segments are deleted");
         assert!(segments[0] <= 2 * ROTATE_BYTES, "{segments:?}");
         let open = UploadJournal::inspect(dir.path()).unwrap();
-        assert_eq!(open, vec![(Some("kept".to_owned()), vec![kept_id])]);
+        let kept = OpenEntry {
+            held_for: Some("kept".to_owned()),
+            ids: vec![kept_id],
+            reserved: false,
+        };
+        assert_eq!(open, [kept]);
     }
 
     /// The number of the one segment in `dir`.

@@ -141,6 +141,8 @@ pub struct Router {
     pub(crate) metrics: RouterMetrics,
     /// Where chunked uploads in progress are recorded, if anywhere (see `journal`).
     pub(crate) journal: Option<UploadJournal>,
+    /// Journal entries recorded ahead of need (`reserve.rs`).
+    pub(crate) reserved: crate::reserve::Reserved,
 }
 
 /// Why a request ended at its operation's deadline.
@@ -182,6 +184,7 @@ impl Router {
             latency,
             metrics: RouterMetrics::default(),
             journal: None,
+            reserved: Default::default(),
         })
     }
 
@@ -212,6 +215,7 @@ impl Router {
             ),
             metrics: self.metrics.clone(),
             journal: None,
+            reserved: Default::default(),
         })
     }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, StatusCode, Uri};
-use larder_cluster::{BlobId, BlobKind, Partition, PartitionId, PartitionState};
+use larder_cluster::{BlobId, BlobKind, ClusterMap, Partition, PartitionId, PartitionState};
 use larder_proto::{blob_path, header as h, BlobProperties};
 use tokio::time::Instant;
 
@@ -47,9 +47,15 @@ impl Router {
             crc: crc32c::crc32c(&data).into(),
             length: data.len().into(),
         };
-        let first = self.pick_partition(None)?;
+        // A reserved journal entry's ID was recorded before the request came: sent as it, the
+        // blob waits on no journal sync.
+        let first_id = match journal.and_then(JournalEntry::reserved) {
+            Some(id) if id.kind == kind && self.may_write_to(&id) => id,
+            _ => BlobId::mint(kind, self.datacenter_id, self.pick_partition(None)?),
+        };
+        let first = first_id.partition;
         let first_error = match self
-            .put_on(kind, first, &put, data.clone(), deadline, journal)
+            .put_on(first_id, &put, data.clone(), deadline, journal)
             .await
         {
             Ok(id) => return Ok(id),
@@ -59,7 +65,8 @@ impl Router {
         // A storage node runs a newer map than ours (it answered 421, or said so): retry on it.
         self.maps.catch_up().await;
         let second = self.pick_partition(Some(first))?;
-        self.put_on(kind, second, &put, data, deadline, journal).await.map_err(|second_error| {
+        let second_id = BlobId::mint(kind, self.datacenter_id, second);
+        self.put_on(second_id, &put, data, deadline, journal).await.map_err(|second_error| {
             let message = format!(
                 "not enough storage replicas acknowledged the write (partition {first}: {first_error}; partition {second}: {second_error})"
             );
@@ -72,31 +79,44 @@ impl Router {
     }
 
     /// A random read-write partition, preferring those whose local replicas are all up.
-    fn pick_partition(&self, except: Option<PartitionId>) -> Result<PartitionId, RouterError> {
+    pub(crate) fn pick_partition(
+        &self,
+        except: Option<PartitionId>,
+    ) -> Result<PartitionId, RouterError> {
         let map = self.maps.get();
         let writable = |p: &Partition| p.state == PartitionState::ReadWrite && Some(p.id) != except;
-        // Node names are compared in place: collecting each partition's local replicas cost an
-        // allocation per partition and one per name, for every PUT.
-        let healthy = |p: &Partition| {
-            p.replicas.iter().all(|r| {
-                map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
-                    || !self.health.is_marked_down(&r.node)
-            })
-        };
+        let healthy = |p: &Partition| self.local_replicas_up(&map, p);
         pick_partition(&map.partitions, writable, healthy, &mut rand::rng())
             .ok_or_else(|| RouterError::Unavailable("no writable partition".into()))
     }
 
+    /// Whether `id`'s partition takes writes and has all its local replicas up: one
+    /// `pick_partition` would prefer now.
+    pub(crate) fn may_write_to(&self, id: &BlobId) -> bool {
+        let map = self.maps.get();
+        map.partition(id.partition).is_some_and(|p| {
+            p.state == PartitionState::ReadWrite && self.local_replicas_up(&map, p)
+        })
+    }
+
+    fn local_replicas_up(&self, map: &ClusterMap, p: &Partition) -> bool {
+        // Node names are compared in place: collecting each partition's local replicas cost an
+        // allocation per partition and one per name, for every PUT.
+        p.replicas.iter().all(|r| {
+            map.datacenter_of(&r.node) != Some(self.datacenter.as_str())
+                || !self.health.is_marked_down(&r.node)
+        })
+    }
+
     async fn put_on(
         self: &Arc<Self>,
-        kind: BlobKind,
-        partition: PartitionId,
+        id: BlobId,
         put: &PutHeaders,
         data: Bytes,
         deadline: Instant,
         journal: Option<&JournalEntry>,
     ) -> Result<BlobId, QuorumError> {
-        let id = BlobId::mint(kind, self.datacenter_id, partition);
+        let partition = id.partition;
         if let Some(journal) = journal {
             journal.record(&id).await.map_err(|e| {
                 QuorumError::other(format!("cannot record the upload in its journal: {e}"))

@@ -66,8 +66,9 @@ pub async fn store(
     let mut reader = Chunks::new(body, chunk_size, limits.max_object_size, checksum);
     let first = reader.next_chunk().await?;
     let more = reader.has_more().await?;
+    let mut props = props;
     let journal = match held_for {
-        Some(name) => hold(router, name).await?,
+        Some(name) => hold(router, name, !more, &mut props).await?,
         None => None,
     };
     if !more {
@@ -113,16 +114,33 @@ pub async fn store(
     })
 }
 
-/// A journal entry held for `name`, when the router keeps a journal.
-async fn hold(router: &Arc<Router>, name: &str) -> Result<Option<JournalEntry>, S3Error> {
-    let Some(entry) = router.begin_journal_entry()? else {
+/// A journal entry held for `name`, when the router keeps a journal. For a body of one blob
+/// (`simple`), a reserved entry when the router has one ready: its ID is on disk already, so
+/// nothing is written now, and the body carries the name instead (`held::HELD_META`), which
+/// is how a crash's leftover finds what it was held for (`held::settle_leftovers`).
+async fn hold(
+    router: &Arc<Router>,
+    name: &str,
+    simple: bool,
+    props: &mut BlobProperties,
+) -> Result<Option<JournalEntry>, S3Error> {
+    let begun = match simple {
+        true => router.begin_simple_journal_entry()?,
+        false => router.begin_journal_entry()?,
+    };
+    let Some(entry) = begun else {
         return Ok(None);
     };
-    entry
-        .hold(name)
-        .await
-        .map_err(|e| S3Error::Unavailable(format!("cannot write the upload journal: {e}")))?;
+    if entry.reserved().is_some() {
+        props.user_meta.push(crate::held::held_meta(name));
+        return Ok(Some(entry));
+    }
+    entry.hold(name).await.map_err(journal_error)?;
     Ok(Some(entry))
+}
+
+fn journal_error(err: std::io::Error) -> S3Error {
+    S3Error::Unavailable(format!("cannot write the upload journal: {err}"))
 }
 
 /// Cuts a body stream into chunks of `chunk_size` (the last may be shorter), hashing it.

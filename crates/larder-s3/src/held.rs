@@ -4,7 +4,10 @@
 //! - PutObject and CopyObject store the body under a journal entry held for the name
 //!   (`object:<bucket>/<key>`), UploadPart under one held for the part
 //!   (`part:<bucket>/<upload>/<number>`), its IDs synced before anything is sent
-//!   (`larder-router`'s `journal.rs`).
+//!   (`larder-router`'s `journal.rs`). A body of one blob takes a *reserved* entry when one
+//!   is ready (`larder-router`'s `reserve.rs`), whose ID was synced before the request came:
+//!   then nothing is written at request time, and the body carries its held name in its
+//!   metadata (`HELD_META`) for a crash's leftover to be settled by (`settle_reserved`).
 //! - The name linked: the entry goes. The link refused: the body is tombstoned, then the
 //!   entry goes.
 //! - CompleteMultipartUpload holds an entry for the completion
@@ -25,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use larder_cluster::BlobId;
-use larder_router::{JournalEntry, Leftover, Router};
+use larder_router::{GetAnswer, JournalEntry, Leftover, Missing, Router};
 
 use crate::blobs;
 use crate::error::S3Error;
@@ -39,15 +42,21 @@ use crate::store::Change;
 /// PutObject, `before-add-part` of an UploadPart, `after-complete-mark`,
 /// `after-complete-parts-record`, `before-complete-link`, `after-complete-link`,
 /// `after-complete-finish` of a CompleteMultipartUpload, `after-base-stored`, `after-base-write`
-/// of a fold of an index leaf, `leaf_base.rs`), the process exits on the spot there, running no destructor (as
-/// a crash would leave things). Read once; unset, one load.
+/// of a fold of an index leaf, `leaf_base.rs`), the process exits on the spot there, running
+/// no destructor (as a crash would leave things); with `LARDER_S3_CRASH_SKIP=n`, only the
+/// (n+1)th time it gets there. Read once; unset, one load.
 pub fn crash_point(at: &str) {
-    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT
-        .get_or_init(|| std::env::var("LARDER_S3_CRASH").ok())
-        .as_deref()
-        == Some(at)
-    {
+    static AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    static PASSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let armed = AT.get_or_init(|| {
+        let at = std::env::var("LARDER_S3_CRASH").ok()?;
+        let skip = std::env::var("LARDER_S3_CRASH_SKIP").ok();
+        Some((at, skip.and_then(|n| n.parse().ok()).unwrap_or(0)))
+    });
+    let Some((armed_at, skip)) = armed else {
+        return;
+    };
+    if armed_at == at && PASSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= *skip {
         eprintln!("LARDER_S3_CRASH={at}: exiting in the middle of a request");
         std::process::exit(101);
     }
@@ -220,12 +229,40 @@ async fn forget(entry: &JournalEntry) {
     }
 }
 
-/// Settles the entries a previous run of this frontend left held (found at start-up), each in
-/// a task of its own: one that cannot be settled yet holds up no other.
+/// The user-metadata name under which a body stored under a reserved journal entry carries
+/// what it is held for (hex of `HeldFor::name`: any key is text, not every key is a header).
+pub const HELD_META: &str = "larder-held";
+
+/// The metadata entry a body held for `name` under a reserved entry carries.
+pub fn held_meta(name: &str) -> (String, String) {
+    (HELD_META.to_owned(), blobs::hex(name.as_bytes()))
+}
+
+fn from_held_meta(props: &larder_proto::BlobProperties) -> Option<HeldFor> {
+    let (_, hex) = props.user_meta.iter().find(|(n, _)| n == HELD_META)?;
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    HeldFor::parse(&String::from_utf8(bytes?).ok()?)
+}
+
+/// Settles the entries a previous run of this frontend left held or reserved (found at
+/// start-up), each in a task of its own: one that cannot be settled yet holds up no other.
 pub fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
     for leftover in leftovers {
         let s3 = s3.clone();
         tokio::spawn(async move {
+            if leftover.held_for.is_none() && leftover.reserved {
+                settle_reserved(&s3, &leftover.ids).await;
+                if let Err(err) = leftover.remove().await {
+                    tracing::warn!(%err, "cannot remove a settled journal entry");
+                }
+                return;
+            }
             let Some(name) = leftover.held_for.as_deref().and_then(HeldFor::parse) else {
                 let entry = leftover.name();
                 tracing::warn!(%entry, "a held journal entry of an unknown kind stays");
@@ -242,6 +279,50 @@ pub fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
                 tracing::warn!(%err, "cannot remove a settled journal entry");
             }
         });
+    }
+}
+
+/// A reserved entry's blobs, each: if no quorum stored it, no name can point at it (a name is
+/// linked only after its body's write reached a quorum), so it is tombstoned (a write that
+/// reached fewer replicas goes too); if it is stored, its metadata says what it was held for,
+/// and it is settled as a held entry's body. Until storage answers.
+async fn settle_reserved(s3: &Larder, ids: &[BlobId]) {
+    for id in ids {
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let found = s3.router().get_blob(id, http::Method::HEAD, None).await;
+            match found {
+                Ok(GetAnswer::Found(found)) => match from_held_meta(&found.properties) {
+                    Some(name) => {
+                        tracing::info!(?name, "settling an S3 body a crash left, named or not");
+                        settle(s3, &name, &[*id]).await;
+                    }
+                    // Not a body this layer stored: nothing is known of it, nothing is done.
+                    None => tracing::warn!(%id, "a reserved blob carries no held name; kept"),
+                },
+                Ok(GetAnswer::Missing(Missing::NotFound)) => {
+                    if s3
+                        .router()
+                        .delete_chunks(vec![*id], "S3 body never named")
+                        .await
+                        > 0
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(30));
+                        continue;
+                    }
+                }
+                // Tombstoned already (or expired): nothing left to settle.
+                Ok(GetAnswer::Missing(_)) => {}
+                Err(err) => {
+                    tracing::warn!(%err, %id, "cannot settle a reserved S3 body yet");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            }
+            break;
+        }
     }
 }
 
@@ -438,5 +519,39 @@ mod tests {
         assert_eq!(HeldFor::parse("complete:b/U1/t0"), None);
         assert_eq!(HeldFor::parse("part:b/x"), None);
         assert_eq!(HeldFor::parse("other:b/x"), None);
+    }
+
+    fn props_with(meta: Vec<(String, String)>) -> larder_proto::BlobProperties {
+        larder_proto::BlobProperties {
+            user_meta: meta,
+            ..Default::default()
+        }
+    }
+
+    proptest::proptest! {
+        /// Any key (line breaks, non-ASCII) goes through a body's metadata and its compact
+        /// header form and comes back as what the body was held for.
+        #[test]
+        fn a_held_name_survives_the_blob_metadata(bucket in "[a-z0-9.-]{3,20}", key in "\\PC{1,60}") {
+            let held = HeldFor::Object { bucket, key };
+            let props = props_with(vec![held_meta(&held.name())]);
+            let header = props.to_compact().expect("hex is a header value");
+            let back = larder_proto::BlobProperties::from_compact(&header).unwrap();
+            proptest::prop_assert_eq!(from_held_meta(&back), Some(held));
+        }
+
+        /// Metadata a store hands back is read without panicking, whatever it holds.
+        #[test]
+        fn any_held_metadata_is_read_without_panic(value in "\\PC{0,40}", other in "[a-f0-9]{0,40}") {
+            let _ = from_held_meta(&props_with(vec![(HELD_META.into(), value)]));
+            let _ = from_held_meta(&props_with(vec![(HELD_META.into(), other)]));
+        }
+    }
+
+    #[test]
+    fn a_body_without_the_held_name_says_nothing() {
+        assert_eq!(from_held_meta(&props_with(Vec::new())), None);
+        let odd = vec![(HELD_META.to_owned(), "6f6".to_owned())];
+        assert_eq!(from_held_meta(&props_with(odd)), None);
     }
 }

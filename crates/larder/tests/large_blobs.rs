@@ -378,7 +378,7 @@ fn journalled_ids(dir: &std::path::Path) -> (usize, usize) {
         return (0, 0);
     }
     let open = larder_router::UploadJournal::inspect(dir).unwrap();
-    (open.len(), open.iter().map(|(_, ids)| ids.len()).sum())
+    (open.len(), open.iter().map(|e| e.ids.len()).sum())
 }
 
 /// A frontend SIGKILLed mid-upload cannot clean up after itself; its upload journal lists the

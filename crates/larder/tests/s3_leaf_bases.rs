@@ -218,8 +218,12 @@ fn base_entries(journal: &Path) -> Vec<Vec<String>> {
     larder_router::UploadJournal::inspect(journal)
         .unwrap()
         .into_iter()
-        .filter(|(held, _)| held.as_deref().is_some_and(|h| h.starts_with("base:")))
-        .map(|(_, ids)| ids.iter().map(|id| id.to_string()).collect())
+        .filter(|e| {
+            e.held_for
+                .as_deref()
+                .is_some_and(|h| h.starts_with("base:"))
+        })
+        .map(|e| e.ids.iter().map(|id| id.to_string()).collect())
         .collect()
 }
 
