@@ -5,6 +5,7 @@
 mod chunked;
 mod config;
 mod documents;
+mod find;
 mod health;
 mod hlc;
 mod journal;
@@ -24,6 +25,7 @@ mod write;
 pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
 pub use documents::{Checked, DocError, DocRouter, DocState, Written};
+pub use find::Everywhere;
 pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};
 pub use journal::{JournalEntry, Leftover, OpenEntry, UploadJournal};

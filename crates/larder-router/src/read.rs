@@ -382,7 +382,8 @@ impl<'a> Reask<'a> {
 }
 
 /// Why a replica's answer is not a `GetAnswer`.
-enum Undecoded {
+#[derive(Debug)]
+pub(crate) enum Undecoded {
     /// 404: this replica does not have the blob.
     NotFound,
     /// Not a definite answer (5xx, transport error, headers that do not decode): ask another.
@@ -396,7 +397,7 @@ enum Undecoded {
 
 /// Turns a replica's answer into what it means, from its status and headers (the body of a
 /// found blob is passed on unread).
-async fn decode(
+pub(crate) async fn decode(
     response: Response<Incoming>,
     range: Option<ByteRange>,
     deadline: Instant,

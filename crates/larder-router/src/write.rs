@@ -90,13 +90,19 @@ impl Router {
             .ok_or_else(|| RouterError::Unavailable("no writable partition".into()))
     }
 
-    /// Whether `id`'s partition takes writes and has all its local replicas up: one
-    /// `pick_partition` would prefer now.
+    /// Whether `id`'s partition is one `pick_partition` could choose now: it takes writes,
+    /// and its local replicas are all up unless no writable partition's are.
     pub(crate) fn may_write_to(&self, id: &BlobId) -> bool {
         let map = self.maps.get();
-        map.partition(id.partition).is_some_and(|p| {
-            p.state == PartitionState::ReadWrite && self.local_replicas_up(&map, p)
-        })
+        let writable = |p: &Partition| p.state == PartitionState::ReadWrite;
+        let Some(p) = map.partition(id.partition).filter(|p| writable(p)) else {
+            return false;
+        };
+        self.local_replicas_up(&map, p)
+            || !map
+                .partitions
+                .iter()
+                .any(|q| writable(q) && self.local_replicas_up(&map, q))
     }
 
     fn local_replicas_up(&self, map: &ClusterMap, p: &Partition) -> bool {

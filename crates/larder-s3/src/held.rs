@@ -7,7 +7,8 @@
 //!   (`larder-router`'s `journal.rs`). A body of one blob takes a *reserved* entry when one
 //!   is ready (`larder-router`'s `reserve.rs`), whose ID was synced before the request came:
 //!   then nothing is written at request time, and the body carries its held name in its
-//!   metadata (`HELD_META`) for a crash's leftover to be settled by (`settle_reserved`).
+//!   metadata (`HELD_META`), which settles a crash's leftover (`settle_reserved`: the blob
+//!   asked of every replica, then the name as below).
 //! - The name linked: the entry goes. The link refused: the body is tombstoned, then the
 //!   entry goes.
 //! - CompleteMultipartUpload holds an entry for the completion
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use larder_cluster::BlobId;
-use larder_router::{GetAnswer, JournalEntry, Leftover, Missing, Router};
+use larder_router::{Everywhere, JournalEntry, Leftover, Router};
 
 use crate::blobs;
 use crate::error::S3Error;
@@ -282,17 +283,18 @@ pub fn settle_leftovers(s3: Larder, leftovers: Vec<Leftover>) {
     }
 }
 
-/// A reserved entry's blobs, each: if no quorum stored it, no name can point at it (a name is
-/// linked only after its body's write reached a quorum), so it is tombstoned (a write that
-/// reached fewer replicas goes too); if it is stored, its metadata says what it was held for,
-/// and it is settled as a held entry's body. Until storage answers.
+/// A reserved entry's blobs, each asked of every replica of its partition: stored on any, its
+/// metadata says what it was held for, and it is settled as a held entry's body (tombstoned,
+/// on every replica, unless the name points at it); on none, or tombstoned, there is nothing
+/// to settle. Nothing is tombstoned without that name check: a read that counts a quorum of
+/// "not found" answers would rest on the quorum and map of today, not of the write's day.
+/// Until every replica answers.
 async fn settle_reserved(s3: &Larder, ids: &[BlobId]) {
     for id in ids {
         let mut pause = Duration::from_millis(500);
         loop {
-            let found = s3.router().get_blob(id, http::Method::HEAD, None).await;
-            match found {
-                Ok(GetAnswer::Found(found)) => match from_held_meta(&found.properties) {
+            match s3.router().find_everywhere(id).await {
+                Ok(Everywhere::Found(properties)) => match from_held_meta(&properties) {
                     Some(name) => {
                         tracing::info!(?name, "settling an S3 body a crash left, named or not");
                         settle(s3, &name, &[*id]).await;
@@ -300,20 +302,8 @@ async fn settle_reserved(s3: &Larder, ids: &[BlobId]) {
                     // Not a body this layer stored: nothing is known of it, nothing is done.
                     None => tracing::warn!(%id, "a reserved blob carries no held name; kept"),
                 },
-                Ok(GetAnswer::Missing(Missing::NotFound)) => {
-                    if s3
-                        .router()
-                        .delete_chunks(vec![*id], "S3 body never named")
-                        .await
-                        > 0
-                    {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(30));
-                        continue;
-                    }
-                }
-                // Tombstoned already (or expired): nothing left to settle.
-                Ok(GetAnswer::Missing(_)) => {}
+                // Never sent (most reserved entries a crash leaves), or settled already.
+                Ok(Everywhere::Nowhere | Everywhere::Gone) => {}
                 Err(err) => {
                     tracing::warn!(%err, %id, "cannot settle a reserved S3 body yet");
                     tokio::time::sleep(pause).await;

@@ -156,9 +156,12 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     // The same two crashes for a PutObject under a reserved entry (the process's second PUT:
     // its first finds none ready and reserves), whose body carries its name and whose entry
     // gets no line at all: the leftover's blob is read to find the name, then settled.
-    for (name, crash, named) in [
-        ("lost-reserved", "before-link", false),
-        ("kept-reserved", "after-link", true),
+    // A third body is tombstoned on every node before the restart: its leftover finds it
+    // gone and is forgotten.
+    for (name, crash, named, tombstoned) in [
+        ("lost-reserved", "before-link", false, false),
+        ("kept-reserved", "after-link", true, false),
+        ("gone-reserved", "before-link", false, true),
     ] {
         cluster.restart_frontend_with_env(&[
             ("LARDER_S3_CRASH", crash),
@@ -203,6 +206,14 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
             .collect();
         assert_eq!(stored.len(), 1, "one reserved ID was stored: {crashed:?}");
         let stored = stored[0].clone();
+        if tombstoned {
+            let blob: larder_cluster::BlobId = stored.parse().unwrap();
+            let path = larder_proto::blob_path(blob.partition, &stored);
+            for i in 0..3 {
+                let (status, _) = cluster.internal_request(cluster.node_addr(i), "DELETE", &path);
+                assert_eq!(status, 202, "tombstoned on node {i}");
+            }
+        }
         cluster.restart_frontend_with_env(&[]);
         common::wait_for_port(s3);
         let deadline = Instant::now() + Duration::from_secs(60);
