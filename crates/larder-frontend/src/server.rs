@@ -189,6 +189,7 @@ pub async fn serve(
         _ = stop_tx.closed() => {}
         _ = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing anyway"),
     }
+    state.router.release_reserved().await;
     Ok(())
 }
 

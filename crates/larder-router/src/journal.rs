@@ -154,6 +154,12 @@ impl UploadJournal {
         Ok(entries)
     }
 
+    /// Forgets `entries` (reserved and never used) in one write and one sync.
+    pub async fn release(&self, entries: &[JournalEntry]) -> io::Result<()> {
+        let lines = entries.iter().map(|e| (e.inner.entry, Op::Done)).collect();
+        self.log.append_lines(lines, true).await
+    }
+
     fn entry(&self, reserved: Option<BlobId>) -> JournalEntry {
         let entry = self.log.next_entry.fetch_add(1, Ordering::Relaxed);
         JournalEntry {
@@ -860,7 +866,7 @@ mod tests {
     #[tokio::test]
     async fn reserved_entries_cost_one_sync_per_batch_and_a_crash_finds_each_reserved() {
         let dir = tempfile::tempdir().unwrap();
-        let ids = ids(4);
+        let ids = ids(6);
         {
             let journal = UploadJournal::open(dir.path()).unwrap();
             let reserved = journal.reserve(&ids[..3]).await.unwrap();
@@ -879,6 +885,9 @@ mod tests {
             assert_eq!(used.ids(), [ids[1], ids[3]]);
             reserved[2].remove().await.unwrap();
             assert_eq!(journal.syncs(), 2, "a reserved entry's done is not synced");
+            let unused = journal.reserve(&ids[4..]).await.unwrap();
+            journal.release(&unused).await.unwrap();
+            assert_eq!(journal.syncs(), 4, "a batch and its release, a sync each");
         }
         for round in 0..2 {
             wait_for_unlock(dir.path());

@@ -13,6 +13,7 @@
 //!
 //! What a crash leaves: reserved entries, used or not, which the router leaves to their holder
 //! as it does held ones; at most `TARGET` of them were never used (an ID never written each).
+//! A clean shutdown releases the unused ones (`release_reserved`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,6 +77,20 @@ impl Router {
             }
         }
         (None, ready.len())
+    }
+
+    /// A clean shutdown: forgets the entries still ready, in one synced write, and starts no
+    /// refill from now on, so the next start has none of them to settle (every replica asked,
+    /// and asked again while one is down).
+    pub async fn release_reserved(&self) {
+        self.reserved.refilling.store(true, Ordering::Release);
+        let ready: Vec<JournalEntry> = self.reserved.ready.lock().drain(..).collect();
+        let Some(journal) = self.journal.as_ref().filter(|_| !ready.is_empty()) else {
+            return;
+        };
+        if let Err(err) = journal.release(&ready).await {
+            tracing::warn!(%err, "cannot release the reserved upload journal entries; the next start settles them");
+        }
     }
 
     async fn refill_reserved(self: Arc<Self>) {

@@ -92,6 +92,16 @@ fn put_url_through_a_crash(
     common::wait_for_port(signer.0.s3);
     let dir = cluster.dir.path().to_path_buf();
     let body = format!("the body of {name}");
+    put_unanswered(&dir, url, &body);
+    let held = entries(journal);
+    assert_eq!(held.len(), 1, "one held entry: {held:?}");
+    assert!(held[0].0, "the entry is held for the name");
+    assert_eq!(held[0].1.len(), 1, "a one-chunk body is one blob");
+    held[0].1.clone()
+}
+
+/// PUTs `body` at `url` and checks that the frontend exited before answering.
+fn put_unanswered(dir: &Path, url: &str, body: &str) {
     let out = std::process::Command::new("curl")
         .args([
             "-sS",
@@ -100,21 +110,16 @@ fn put_url_through_a_crash(
             "-X",
             "PUT",
             "--data-binary",
-            &body,
+            body,
             url,
         ])
-        .current_dir(&dir)
+        .current_dir(dir)
         .output()
         .unwrap();
     assert!(
         !out.status.success() || out.stdout.is_empty(),
         "the PUT was answered although the frontend exited: {out:?}"
     );
-    let held = entries(journal);
-    assert_eq!(held.len(), 1, "one held entry: {held:?}");
-    assert!(held[0].0, "the entry is held for the name");
-    assert_eq!(held[0].1.len(), 1, "a one-chunk body is one blob");
-    held[0].1.clone()
 }
 
 /// A cluster whose frontend keeps an upload journal, an S3 port (returned), a key that may do
@@ -171,29 +176,9 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
         wait_until_settled(&journal);
         let warm = common::curl(&dir, &["-X", "PUT", "-d", "x", &signer.url("PUT", "warm")]);
         assert_eq!(warm.status, 200, "the first PUT passes the crash point");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while reserved_ids(&journal).is_empty() {
-            assert!(Instant::now() < deadline, "no entry was reserved");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(|| !reserved_ids(&journal).is_empty(), "entries reserved");
         let body = format!("the body of {name}");
-        let put = std::process::Command::new("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "30",
-                "-X",
-                "PUT",
-                "--data-binary",
-                &body,
-            ])
-            .arg(signer.url("PUT", name))
-            .output()
-            .unwrap();
-        assert!(
-            !put.status.success() || put.stdout.is_empty(),
-            "answered although the frontend exited at {crash}: {put:?}"
-        );
+        put_unanswered(&dir, &signer.url("PUT", name), &body);
         assert!(
             entries(&journal).is_empty(),
             "no line held it: {:?}",
@@ -312,6 +297,13 @@ fn a_crash_before_the_link_leaks_no_body_and_one_after_it_loses_no_name() {
     );
     assert_eq!(put.status, 200);
     wait_until_settled(&journal);
+
+    // A clean shutdown releases the entries it reserved and never used.
+    wait_for(|| !reserved_ids(&journal).is_empty(), "entries reserved");
+    common::signal(cluster.frontend_mut(), common::libc_sigterm());
+    let exited = common::wait_timeout(cluster.frontend_mut(), Duration::from_secs(30));
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+    assert_eq!(reserved_ids(&journal), Vec::<String>::new());
 }
 
 /// The upload's record as storage holds it (read on every node's internal port, once all
