@@ -141,8 +141,8 @@ impl UploadJournal {
     /// Entries that each list one of `ids` already, marked *reserved*, appended and synced in
     /// one write: an upload under one sends its blob as that ID without waiting on the
     /// journal ([`JournalEntry::reserved`]). A reserved leftover is not the router's to clean
-    /// up, as a held one: its blob, if stored, says what it was held for (the S3 layer's
-    /// `held.rs`), and if no quorum stored it, nothing can name it.
+    /// up, as a held one: its blob, if any replica stored it, says what it was held for (the
+    /// S3 layer's `held.rs`).
     pub async fn reserve(&self, ids: &[BlobId]) -> io::Result<Vec<JournalEntry>> {
         let entries: Vec<JournalEntry> = ids.iter().map(|id| self.entry(Some(*id))).collect();
         let lines = entries
@@ -219,7 +219,7 @@ pub struct Leftover {
     /// The name it was held for (`JournalEntry::hold`), if any.
     pub held_for: Option<String>,
     /// Reserved ahead of need (`UploadJournal::reserve`): like a held entry, its holder's to
-    /// settle; its blob, if a quorum stored it, says what it was held for.
+    /// settle; its blob, if any replica stored it, says what it was held for.
     pub reserved: bool,
     log: Arc<Log>,
 }
@@ -315,7 +315,11 @@ impl JournalEntry {
     }
 
     async fn hold_synced(&self, name: &str, sync: bool) -> io::Result<()> {
-        check_held_name(name)?;
+        if name.len() > MAX_HELD_NAME {
+            return Err(io::Error::other(
+                "the name to hold the entry for is too long",
+            ));
+        }
         let inner = &self.inner;
         let held = Op::Held(name.to_owned());
         inner.log.append(inner.entry, held, sync).await?;
@@ -337,15 +341,6 @@ impl JournalEntry {
         let sync = !inner.held.load(Ordering::Relaxed);
         inner.log.append(inner.entry, Op::Done, sync).await
     }
-}
-
-fn check_held_name(name: &str) -> io::Result<()> {
-    if name.len() > MAX_HELD_NAME {
-        return Err(io::Error::other(
-            "the name to hold the entry for is too long",
-        ));
-    }
-    Ok(())
 }
 
 /// One change to an entry.

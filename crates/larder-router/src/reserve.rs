@@ -26,7 +26,7 @@ use crate::journal::JournalEntry;
 use crate::Router;
 
 /// Reserved entries kept ready: enough for the concurrent PUTs of a busy frontend between two
-/// refills, few enough that a crash leaves little to tombstone.
+/// refills, few enough that a crash leaves little to settle (every replica asked of each).
 const TARGET: usize = 64;
 /// A refill starts when fewer than this many are left, and tops up to `TARGET` in one sync.
 const LOW: usize = TARGET / 2;
@@ -71,7 +71,8 @@ impl Router {
             match entry.reserved() {
                 Some(id) if self.may_write_to(&id) => return (Some(entry), ready.len()),
                 _ => {
-                    // Never sent: its `done` forgets it (lost, the ID is only tombstoned).
+                    // Never sent: its `done` forgets it (lost, the next start finds the ID
+                    // nowhere and forgets it then).
                     tokio::spawn(async move { entry.remove().await });
                 }
             }

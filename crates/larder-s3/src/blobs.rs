@@ -135,12 +135,11 @@ async fn hold(
         props.user_meta.push(crate::held::held_meta(name));
         return Ok(Some(entry));
     }
-    entry.hold(name).await.map_err(journal_error)?;
+    entry
+        .hold(name)
+        .await
+        .map_err(|e| S3Error::Unavailable(format!("cannot write the upload journal: {e}")))?;
     Ok(Some(entry))
-}
-
-fn journal_error(err: std::io::Error) -> S3Error {
-    S3Error::Unavailable(format!("cannot write the upload journal: {err}"))
 }
 
 /// Cuts a body stream into chunks of `chunk_size` (the last may be shorter), hashing it.
