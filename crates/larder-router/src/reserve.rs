@@ -37,9 +37,19 @@ const TRIES: usize = 4;
 /// The ready entries and whether a refill is under way.
 #[derive(Default)]
 pub(crate) struct Reserved {
-    ready: Mutex<VecDeque<JournalEntry>>,
+    ready: Mutex<Ready>,
     refilling: AtomicBool,
 }
+
+#[derive(Default)]
+struct Ready {
+    entries: VecDeque<JournalEntry>,
+    /// Set by a clean shutdown: no refill starts, and one under way hands its entries back.
+    closed: bool,
+}
+
+/// How long a clean shutdown waits for a refill under way, whose entries it then releases too.
+const REFILL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Router {
     /// A journal entry for an upload of one simple blob: a reserved one when one is ready (its
@@ -51,8 +61,8 @@ impl Router {
         if self.journal.is_none() {
             return Ok(None);
         }
-        let (taken, left) = self.take_reserved();
-        if left < LOW && !self.reserved.refilling.swap(true, Ordering::AcqRel) {
+        let (taken, left, closed) = self.take_reserved();
+        if !closed && left < LOW && !self.reserved.refilling.swap(true, Ordering::AcqRel) {
             tokio::spawn(self.clone().refill_reserved());
         }
         match taken {
@@ -61,15 +71,19 @@ impl Router {
         }
     }
 
-    /// The first ready entry whose partition takes writes now; those passed over are given up.
-    fn take_reserved(self: &Arc<Self>) -> (Option<JournalEntry>, usize) {
+    /// The first ready entry whose partition takes writes now (those passed over are given
+    /// up), how many are left, and whether the pool is closed.
+    fn take_reserved(self: &Arc<Self>) -> (Option<JournalEntry>, usize, bool) {
         let mut ready = self.reserved.ready.lock();
+        let closed = ready.closed;
         for _ in 0..TRIES {
-            let Some(entry) = ready.pop_front() else {
+            let Some(entry) = ready.entries.pop_front() else {
                 break;
             };
             match entry.reserved() {
-                Some(id) if self.may_write_to(&id) => return (Some(entry), ready.len()),
+                Some(id) if self.may_write_to(&id) => {
+                    return (Some(entry), ready.entries.len(), closed)
+                }
                 _ => {
                     // Never sent: its `done` forgets it (lost, the next start finds the ID
                     // nowhere and forgets it then).
@@ -77,15 +91,22 @@ impl Router {
                 }
             }
         }
-        (None, ready.len())
+        (None, ready.entries.len(), closed)
     }
 
     /// A clean shutdown: forgets the entries still ready, in one synced write, and starts no
     /// refill from now on, so the next start has none of them to settle (every replica asked,
-    /// and asked again while one is down).
+    /// and asked again while one is down). A refill under way is waited for (a while), so
+    /// that its entries are released too.
     pub async fn release_reserved(&self) {
-        self.reserved.refilling.store(true, Ordering::Release);
-        let ready: Vec<JournalEntry> = self.reserved.ready.lock().drain(..).collect();
+        self.reserved.ready.lock().closed = true;
+        let waiting_since = std::time::Instant::now();
+        while self.reserved.refilling.load(Ordering::Acquire)
+            && waiting_since.elapsed() < REFILL_WAIT
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let ready: Vec<JournalEntry> = self.reserved.ready.lock().entries.drain(..).collect();
         let Some(journal) = self.journal.as_ref().filter(|_| !ready.is_empty()) else {
             return;
         };
@@ -95,7 +116,20 @@ impl Router {
     }
 
     async fn refill_reserved(self: Arc<Self>) {
-        let wanted = TARGET.saturating_sub(self.reserved.ready.lock().len());
+        let wanted = {
+            let ready = self.reserved.ready.lock();
+            // Closed after this refill was asked for: the shutdown saw it under way (it was
+            // marked before the spawn) or sees it now ended; either way it adds nothing.
+            if ready.closed {
+                0
+            } else {
+                TARGET.saturating_sub(ready.entries.len())
+            }
+        };
+        if wanted == 0 {
+            self.reserved.refilling.store(false, Ordering::Release);
+            return;
+        }
         let ids: Result<Vec<BlobId>, _> = (0..wanted)
             .map(|_| {
                 let partition = self.pick_partition(None)?;
@@ -112,7 +146,9 @@ impl Router {
             (_, None) => Ok(Vec::new()),
         };
         match reserved {
-            Ok(entries) => self.reserved.ready.lock().extend(entries),
+            // Added even when closed meanwhile: the shutdown waiting for this refill releases
+            // them with the rest.
+            Ok(entries) => self.reserved.ready.lock().entries.extend(entries),
             Err(err) => tracing::warn!(%err, "cannot reserve upload journal entries"),
         }
         self.reserved.refilling.store(false, Ordering::Release);

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
 use crate::order::{bootstrapping, count_in, replicas_in};
-use crate::pick::pick_partition;
+use crate::pick::{could_pick, pick_partition};
 use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
 
@@ -95,14 +95,9 @@ impl Router {
     pub(crate) fn may_write_to(&self, id: &BlobId) -> bool {
         let map = self.maps.get();
         let writable = |p: &Partition| p.state == PartitionState::ReadWrite;
-        let Some(p) = map.partition(id.partition).filter(|p| writable(p)) else {
-            return false;
-        };
-        self.local_replicas_up(&map, p)
-            || !map
-                .partitions
-                .iter()
-                .any(|q| writable(q) && self.local_replicas_up(&map, q))
+        let healthy = |p: &Partition| self.local_replicas_up(&map, p);
+        map.partition(id.partition)
+            .is_some_and(|p| could_pick(&map.partitions, p, writable, healthy))
     }
 
     fn local_replicas_up(&self, map: &ClusterMap, p: &Partition) -> bool {
