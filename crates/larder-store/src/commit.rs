@@ -11,7 +11,11 @@
 //! never see a write that could be lost.
 //!
 //! A record too large to batch is written to its segment by its writer (a blocking `pwrite`, as
-//! before) and its segment file is synced by the next round instead of being journaled.
+//! before, not copied into a batch under the mutex). The round then either journals it too (from
+//! the writer's buffers, no copy) or syncs its segment file: journaled while the round's large
+//! records add up to little (`JOURNALED_LARGE_PER_ROUND`), so that a few 64 KiB records cost no
+//! `fdatasync` of their own; synced once they add up to more, so that many writers of large
+//! records do not all funnel through the commit thread's one journal write.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -32,6 +36,9 @@ use crate::types::{Durability, Error, Location, LogPos, Op, Result};
 pub(crate) const BATCH_RECORD_MAX: u64 = 64 << 10;
 /// A batch is written out once it would grow past this, without waiting for the sync round.
 const BATCH_MAX: usize = 1 << 20;
+/// Most bytes of large (unbatched) records one round journals; past this, the round syncs their
+/// segment files instead. Larger records are never journaled.
+pub(crate) const JOURNALED_LARGE_PER_ROUND: usize = 1 << 20;
 
 /// What a not-yet-durable blob record will do once published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,14 +59,23 @@ pub(crate) struct Frame {
     pub segment: u32,
     pub offset: u64,
     pub file: Arc<File>,
-    pub bytes: Vec<u8>,
+    /// The bytes, in order: a batch, or a large record's head and its writer's buffers.
+    pub pieces: Vec<Bytes>,
+}
+
+impl Frame {
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(Bytes::len).sum()
+    }
 }
 
 /// What one log hands to a commit round.
 pub(crate) struct Collected {
     pub frames: Vec<Frame>,
-    /// Segment files to sync in the round (a record written unbatched, or a sealed segment).
+    /// Segment files to sync in the round (a sealed segment, a record too large to journal).
     pub sync: Vec<Arc<File>>,
+    /// Large records written to their segment, for the round to journal or sync (`disk.rs`).
+    pub large: Vec<Frame>,
     /// The end of the last record the round covers.
     pub goal: LogPos,
 }
@@ -89,6 +105,8 @@ pub(crate) struct LogState {
     pub(crate) batch: Vec<u8>,
     /// Batches written to their segment but not yet journaled.
     frames: Vec<Frame>,
+    /// Large records written to their segment: their round journals them or syncs their files.
+    large: Vec<Frame>,
     /// End of the last record known durable and published.
     pub(crate) durable: LogPos,
     /// Segment files the next round must sync (sealed ones, and one that got an unbatched record).
@@ -122,6 +140,7 @@ impl LogState {
             written: end,
             batch: Vec::new(),
             frames: Vec::new(),
+            large: Vec::new(),
             durable: end,
             unsynced: Vec::new(),
             dirty: false,
@@ -224,6 +243,7 @@ impl Engine {
         Collected {
             frames: std::mem::take(&mut st.frames),
             sync: std::mem::take(&mut st.unsynced),
+            large: std::mem::take(&mut st.large),
             goal: st.written,
         }
     }
@@ -392,7 +412,7 @@ impl Engine {
                 segment: st.active.id,
                 offset: start,
                 file: st.active.file.clone(),
-                bytes,
+                pieces: vec![Bytes::from(bytes)],
             };
             st.frames.push(frame);
             return Ok(());
@@ -453,11 +473,27 @@ impl Engine {
             }
             return Err(io_error(e));
         }
-        st.active_len = start + bufs.iter().map(|b| b.len() as u64).sum::<u64>();
-        if self.opts.durability == Durability::Durable {
-            let file = st.active.file.clone();
-            st.needs_sync(&file);
+        let len = bufs.iter().map(|b| b.len()).sum::<usize>();
+        st.active_len = start + len as u64;
+        if self.opts.durability != Durability::Durable {
+            return Ok(start);
         }
+        let file = st.active.file.clone();
+        if len > JOURNALED_LARGE_PER_ROUND {
+            st.needs_sync(&file);
+            return Ok(start);
+        }
+        // Kept for the round, which may journal it: the head copied (small), the data shared.
+        let mut pieces = Vec::with_capacity(data.len() + 1);
+        pieces.push(Bytes::copy_from_slice(head));
+        pieces.extend(data.iter().cloned());
+        let frame = Frame {
+            segment: st.active.id,
+            offset: start,
+            file,
+            pieces,
+        };
+        st.large.push(frame);
         Ok(start)
     }
 

@@ -21,11 +21,11 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::commit::Collected;
+use crate::commit::{Collected, Frame, JOURNALED_LARGE_PER_ROUND};
 use crate::engine::Engine;
 use crate::journal::{
-    encode_file_header, encode_frame_head, journal_name, parse_journal_name, JournalReader, Target,
-    FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
+    encode_file_header, encode_frame_head_of_pieces, journal_name, parse_journal_name,
+    JournalReader, Target, FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
 };
 use crate::segment::{fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at};
 use crate::types::{DiskOptions, DiskStats, Error, Result};
@@ -278,6 +278,9 @@ struct JournalFile {
     number: u32,
     file: Arc<File>,
     len: u64,
+    /// The previous file, rotated out when it grew full: its segment files being synced, then
+    /// it is deleted (`rotate_when_full`). At most one at a time.
+    retiring: Option<std::thread::JoinHandle<()>>,
     _lock: File,
 }
 
@@ -289,6 +292,7 @@ impl JournalFile {
             number,
             file,
             len: FILE_HEADER_LEN,
+            retiring: None,
             _lock: lock,
         })
     }
@@ -300,12 +304,14 @@ impl JournalFile {
             number,
             file: Arc::new(file),
             len: FILE_HEADER_LEN,
+            retiring: None,
             _lock: lock,
         }
     }
 
     /// Syncs every segment file this journal file covers: after that nothing needs it.
     fn sync_touched(&mut self, shared: &Shared) -> io::Result<()> {
+        self.wait_retired();
         let mut touched = shared.touched.lock();
         for file in touched.values() {
             shared.sync_segment(file)?;
@@ -337,6 +343,58 @@ impl JournalFile {
         Ok(())
     }
 
+    /// Waits until the file rotated out before this one is retired (synced away and deleted, or
+    /// kept for recovery when a sync failed: the disk then refuses writes).
+    fn wait_retired(&mut self) {
+        if let Some(thread) = self.retiring.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// `rotate` for a file grown to `journal_file_size`, without holding up the rounds: the
+    /// next file is started at once, and this one's segment files are synced and it is deleted
+    /// on a thread of its own, while later rounds go to the next file. Until then both files
+    /// are on disk, and recovery replays both, in order. Syncing a file's segments (one
+    /// `fdatasync` per partition log written since the last rotation) stalled every writer of
+    /// the disk for as long, once per 64 MiB journaled.
+    fn rotate_when_full(&mut self, shared: &Arc<Shared>) -> io::Result<()> {
+        self.wait_retired();
+        let next = self.number + 1;
+        let Ok(file) = self.create_next(shared, next) else {
+            return self.rotate(shared); // which empties this file in place instead
+        };
+        let touched = std::mem::take(&mut *shared.touched.lock());
+        let old = std::mem::replace(&mut self.file, Arc::new(file));
+        let old_path = self.dir.join(journal_name(self.number));
+        self.number = next;
+        self.len = FILE_HEADER_LEN;
+        let shared = shared.clone();
+        let retire = move || {
+            for file in touched.values() {
+                if let Err(e) = shared.sync_segment(file) {
+                    // The journal file stays: recovery replays it.
+                    shared.fail(format!("syncing a rotated journal's segments failed: {e}"));
+                    return;
+                }
+            }
+            if let Err(e) = std::fs::remove_file(&old_path) {
+                tracing::warn!(error = %e, journal = %old_path.display(), "cannot delete a rotated journal file");
+            }
+            crate::release::release_in_background(old, JOURNAL_RELEASE_WAIT);
+        };
+        // Kept reachable so that it runs here when no thread can be started.
+        let work = Arc::new(Mutex::new(Some(retire)));
+        let for_thread = work.clone();
+        let spawned = std::thread::Builder::new()
+            .name("larder-journal-retire".into())
+            .spawn(move || for_thread.lock().take().map_or((), |retire| retire()));
+        match spawned {
+            Ok(thread) => self.retiring = Some(thread),
+            Err(_) => work.lock().take().map_or((), |retire| retire()),
+        }
+        Ok(())
+    }
+
     fn create_next(&self, shared: &Shared, next: u32) -> Result<File> {
         #[cfg(test)]
         if shared.fail.journal_create_fails() {
@@ -355,7 +413,7 @@ impl JournalFile {
         Ok(())
     }
 
-    /// Appends one frame per batch with one `pwritev` (no copy of the batches).
+    /// Appends one frame per batch (or large record) with one `pwritev` (no copy of the bytes).
     fn append(&mut self, shared: &Shared, rounds: &[(Arc<Engine>, Collected)]) -> io::Result<()> {
         let mut heads = Vec::new();
         let mut touched = shared.touched.lock();
@@ -366,7 +424,8 @@ impl JournalFile {
                     segment: frame.segment,
                     offset: frame.offset,
                 };
-                heads.push(encode_frame_head(&target, &frame.bytes));
+                let pieces: Vec<&[u8]> = frame.pieces.iter().map(|p| &p[..]).collect();
+                heads.push(encode_frame_head_of_pieces(&target, &pieces));
                 touched
                     .entry(Arc::as_ptr(&frame.file) as usize)
                     .or_insert_with(|| frame.file.clone());
@@ -380,7 +439,7 @@ impl JournalFile {
         let frames = rounds.iter().flat_map(|(_, c)| c.frames.iter());
         for (head, frame) in heads.iter().zip(frames) {
             bufs.push(head);
-            bufs.push(&frame.bytes);
+            bufs.extend(frame.pieces.iter().map(|p| &p[..]));
         }
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         #[cfg(test)]
@@ -477,7 +536,7 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
 
 /// Collects and writes rounds until stopped with nothing queued.
 fn write_stage(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     journal: &mut JournalFile,
     tx: Option<&std::sync::mpsc::SyncSender<(u64, Written)>>,
 ) {
@@ -516,13 +575,14 @@ fn write_stage(
         if dirty.is_empty() {
             continue;
         }
-        let collected: Vec<(Arc<Engine>, Collected)> = dirty
+        let mut collected: Vec<(Arc<Engine>, Collected)> = dirty
             .into_iter()
             .map(|engine| {
                 let c = engine.collect_for_round();
                 (engine, c)
             })
             .collect();
+        journal_or_sync_large(&mut collected);
         let (failed, unjournaled) = match shared.failed() {
             Some(why) => (Some(why), false),
             None => write_round(shared, journal, &collected),
@@ -543,6 +603,36 @@ fn write_stage(
             None => {
                 let why = shared.failed();
                 finish(shared, written, why);
+            }
+        }
+    }
+}
+
+/// Decides for the round's large records (written to their segments by their writers): all go to
+/// the journal when that saves `fdatasync`s and costs little, otherwise none does and their
+/// segment files are synced.
+///
+/// Journaled, the round costs one `fdatasync` (the journal's) instead of one per segment file
+/// besides the journal's, in series: a storage node's PUTs of 64 KiB land on a different
+/// partition log each. But every journaled byte is written twice, by the one commit thread, so
+/// only while the large records add up to at most `JOURNALED_LARGE_PER_ROUND`; and not when
+/// they are all in one segment file and nothing else needs the journal, where syncing that file
+/// is the round's only `fdatasync` anyway (one log with many writers of large records: journaling
+/// them cost it a quarter of its rate).
+fn journal_or_sync_large(collected: &mut [(Arc<Engine>, Collected)]) {
+    let large = collected.iter().flat_map(|(_, c)| &c.large);
+    let bytes: usize = large.clone().map(Frame::len).sum();
+    let mut files: Vec<*const File> = large.map(|f| Arc::as_ptr(&f.file)).collect();
+    files.sort_unstable();
+    files.dedup();
+    let journal_written = collected.iter().any(|(_, c)| !c.frames.is_empty());
+    let journaled = bytes <= JOURNALED_LARGE_PER_ROUND && (files.len() > 1 || journal_written);
+    for (_, c) in collected.iter_mut() {
+        for frame in std::mem::take(&mut c.large) {
+            if journaled {
+                c.frames.push(frame);
+            } else if !c.sync.iter().any(|f| Arc::ptr_eq(f, &frame.file)) {
+                c.sync.push(frame.file);
             }
         }
     }
@@ -575,7 +665,7 @@ fn rotate_for(
 /// is cut back so no frame of the failed append stays in it. Only a failed sync (the page
 /// cache's state is then unknown) or a journal that cannot be cut back stops the disk.
 fn write_round(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     journal: &mut JournalFile,
     collected: &[(Arc<Engine>, Collected)],
 ) -> (Option<String>, bool) {
@@ -584,7 +674,7 @@ fn write_round(
         (Some(why), false)
     };
     if journal.len >= shared.opts.journal_file_size {
-        if let Err(e) = journal.rotate(shared) {
+        if let Err(e) = journal.rotate_when_full(shared) {
             return fail(format!("journal rotation failed: {e}"));
         }
     }

@@ -19,8 +19,8 @@ const FRAME_MAGIC: &[u8; 4] = b"LJnl";
 pub(crate) const FRAME_HEAD_LEN: usize = 32;
 /// Longest store path (relative to the disk root) a frame may name.
 pub(crate) const MAX_PATH_LEN: usize = 1024;
-/// Most data one frame carries (a log's batch is at most 1 MiB; a record batched alone at most
-/// 64 KiB): anything larger is not a frame this build wrote.
+/// Most data one frame carries (a log's batch is at most 1 MiB, a large record journaled alone at
+/// most 1 MiB): anything larger is not a frame this build wrote.
 pub(crate) const MAX_FRAME_DATA: usize = 4 << 20;
 
 pub(crate) fn journal_name(n: u32) -> String {
@@ -63,15 +63,24 @@ pub(crate) struct Target<'a> {
 
 /// Encodes everything of a frame before its data: the fixed head and the path.
 pub(crate) fn encode_frame_head(target: &Target<'_>, data: &[u8]) -> Vec<u8> {
-    debug_assert!(target.path.len() <= MAX_PATH_LEN && data.len() <= MAX_FRAME_DATA);
+    encode_frame_head_of_pieces(target, &[data])
+}
+
+/// `encode_frame_head` of data given in pieces (their concatenation is the frame's data).
+pub(crate) fn encode_frame_head_of_pieces(target: &Target<'_>, pieces: &[&[u8]]) -> Vec<u8> {
+    let data_len: usize = pieces.iter().map(|p| p.len()).sum();
+    let data_crc = pieces
+        .iter()
+        .fold(0, |crc, p| crc32c::crc32c_append(crc, p));
+    debug_assert!(target.path.len() <= MAX_PATH_LEN && data_len <= MAX_FRAME_DATA);
     let mut b = Vec::with_capacity(FRAME_HEAD_LEN + target.path.len());
     b.extend_from_slice(FRAME_MAGIC);
     b.extend_from_slice(&(target.path.len() as u16).to_le_bytes());
     b.extend_from_slice(&0u16.to_le_bytes());
     b.extend_from_slice(&target.segment.to_le_bytes());
     b.extend_from_slice(&target.offset.to_le_bytes());
-    b.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    b.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    b.extend_from_slice(&(data_len as u32).to_le_bytes());
+    b.extend_from_slice(&data_crc.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(target.path);
     let crc = head_crc(&b);

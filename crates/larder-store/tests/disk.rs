@@ -152,19 +152,33 @@ fn segment_len(dir: &Path) -> u64 {
 #[test]
 fn after_a_power_loss_the_journal_brings_back_every_acknowledged_write() {
     let root = tempfile::tempdir().unwrap();
-    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
+    // Rounds 50 ms apart at least: writes begun together share a round.
+    let disk_opts = DiskOptions {
+        min_round_interval: std::time::Duration::from_millis(50),
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(root.path(), disk_opts).unwrap();
     let stores = open_all(&disk, root.path());
-    // A record too large to batch is synced in its segment by its round: what follows it is
-    // only in the journal and the page cache.
-    let large: Vec<String> = (0..STORES).map(|i| format!("large-{i}")).collect();
-    for (store, key) in stores.iter().zip(&large) {
-        store
-            .put_blob(key.as_bytes(), meta(key), &[content(key, 100_000)])
-            .unwrap();
-    }
     let synced: Vec<u64> = (0..STORES)
         .map(|i| segment_len(&store_dir(root.path(), i)))
         .collect();
+    // A record too large to batch is written to its segment by its writer; a round carrying
+    // few such bytes over several logs journals them too rather than sync each segment: they
+    // are only in the journal and the page cache, as everything after them.
+    stores[0]
+        .put_blob(b"first", meta("first"), &[content("first", 10)])
+        .unwrap();
+    let large: Vec<String> = (0..STORES).map(|i| format!("large-{i}")).collect();
+    let commits: Vec<_> = (stores.iter().zip(&large))
+        .map(|(store, key)| {
+            store.begin_put_blob(key.as_bytes(), meta(key), &[content(key, 100_000)])
+        })
+        .collect();
+    for commit in commits {
+        assert_eq!(commit.wait().unwrap(), PutOutcome::Stored);
+    }
+    let stats = disk.stats();
+    assert_eq!(stats.segment_syncs, 0, "large records journaled: {stats:?}");
     let written = write_spread(&stores, 16, 40);
     let deleted = "k-3-5";
     let s = (3 + 5) % STORES;
@@ -172,6 +186,25 @@ fn after_a_power_loss_the_journal_brings_back_every_acknowledged_write() {
         stores[s].delete_blob(deleted.as_bytes(), 9).unwrap(),
         DeleteOutcome::Deleted
     );
+    // Alone in its segment and its round, a large record is synced there, not journaled.
+    let before = disk.stats();
+    let alone = "alone";
+    stores[1]
+        .put_blob(alone.as_bytes(), meta(alone), &[content(alone, 100_000)])
+        .unwrap();
+    let after = disk.stats();
+    assert_eq!(after.segment_syncs, before.segment_syncs + 1, "{after:?}");
+    let synced_1 = segment_len(&store_dir(root.path(), 1));
+    let synced: Vec<u64> = (synced.iter().enumerate())
+        .map(|(i, &len)| if i == 1 { synced_1 } else { len })
+        .collect();
+    stores[1]
+        .put_blob(
+            b"after-alone",
+            meta("after-alone"),
+            &[content("after-alone", 700)],
+        )
+        .unwrap();
     // Power goes out now: the stores are still open, nothing was closed or synced further.
     let after = tempfile::tempdir().unwrap();
     power_loss_copy(root.path(), after.path(), &synced);
@@ -180,6 +213,13 @@ fn after_a_power_loss_the_journal_brings_back_every_acknowledged_write() {
     for (i, store) in stores.iter().enumerate() {
         assert_eq!(store.stats().corrupt_records_found, 0, "store {i}");
         assert_eq!(read(store, &large[i]).unwrap(), content(&large[i], 100_000));
+        if i == 1 {
+            assert_eq!(read(store, alone).unwrap(), content(alone, 100_000));
+            assert_eq!(
+                read(store, "after-alone").unwrap(),
+                content("after-alone", 700)
+            );
+        }
         for key in &written[i] {
             if key == deleted {
                 assert!(matches!(
@@ -268,7 +308,7 @@ fn journal_files_rotate_and_the_old_ones_go() {
     .unwrap();
     let stores = open_all(&disk, root.path());
     let written = write_spread(&stores, 8, 60);
-    let journals = || {
+    let journal_count = || {
         std::fs::read_dir(root.path())
             .unwrap()
             .filter(|e| {
@@ -281,7 +321,16 @@ fn journal_files_rotate_and_the_old_ones_go() {
             })
             .count()
     };
-    assert_eq!(journals(), 1, "a rotated journal file is deleted");
+    // The file rotated out last is retired (its segments synced, then deleted) by a thread of
+    // its own, while rounds go on in the next one.
+    let rotated = std::time::Instant::now();
+    while journal_count() > 1 {
+        assert!(
+            rotated.elapsed() < std::time::Duration::from_secs(20),
+            "a rotated journal file is never deleted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let stats = disk.stats();
     assert!(
         stats.segment_syncs > 0,
@@ -290,7 +339,7 @@ fn journal_files_rotate_and_the_old_ones_go() {
     drop(stores);
     drop(disk);
     assert_eq!(
-        journals(),
+        journal_count(),
         1,
         "a clean close empties the journal, and keeps it"
     );
@@ -574,4 +623,59 @@ fn a_store_created_again_after_a_journal_rotation_gets_no_old_frames() {
         assert_eq!(read(&store2, key).as_deref(), Some(&body[..]), "{key}");
     }
     assert_eq!(read(&store2, "old0"), None);
+}
+
+#[test]
+fn large_records_past_a_rounds_budget_sync_their_segments_instead_of_the_journal() {
+    let root = tempfile::tempdir().unwrap();
+    // Rounds at least 300 ms apart: the writes begun meanwhile all share the next round.
+    let disk = Disk::open(
+        root.path(),
+        DiskOptions {
+            min_round_interval: std::time::Duration::from_millis(300),
+            ..DiskOptions::default()
+        },
+    )
+    .unwrap();
+    let stores = open_all(&disk, root.path());
+    stores[0]
+        .put_blob(b"first", meta("first"), &[content("first", 10)])
+        .unwrap();
+    let journal_len = || {
+        let file = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_str().unwrap().ends_with(".jnl"))
+            .unwrap();
+        std::fs::metadata(file).unwrap().len()
+    };
+    let (before, journaled_before) = (disk.stats(), journal_len());
+    // 16 x 100 KB in one round: past the 1 MiB a round journals, so none is journaled and each
+    // store's segment is synced once. One record of 1.5 MiB is never journaled.
+    let keys: Vec<(usize, String, usize)> = (0..16)
+        .map(|i| (i % STORES, format!("large-{i}"), 100_000))
+        .chain(std::iter::once((3, "huge".to_string(), 1_500_000)))
+        .collect();
+    let commits: Vec<_> = keys
+        .iter()
+        .map(|(s, key, len)| {
+            stores[*s].begin_put_blob(key.as_bytes(), meta(key), &[content(key, *len)])
+        })
+        .collect();
+    for commit in commits {
+        assert_eq!(commit.wait().unwrap(), PutOutcome::Stored);
+    }
+    let after = disk.stats();
+    assert!(
+        after.segment_syncs - before.segment_syncs >= STORES as u64,
+        "{before:?} {after:?}"
+    );
+    assert!(
+        journal_len() - journaled_before < 100_000,
+        "large records were journaled: {} bytes",
+        journal_len() - journaled_before
+    );
+    for (s, key, len) in &keys {
+        assert_eq!(read(&stores[*s], key), Some(content(key, *len)), "{key}");
+    }
 }
