@@ -279,8 +279,8 @@ struct JournalFile {
     file: Arc<File>,
     len: u64,
     /// The previous file, rotated out when it grew full: its segment files being synced, then
-    /// it is deleted (`rotate_when_full`). At most one at a time.
-    retiring: Option<std::thread::JoinHandle<()>>,
+    /// it is deleted (`rotate_when_full`); why that failed, if it did. At most one at a time.
+    retiring: Option<std::thread::JoinHandle<std::result::Result<(), String>>>,
     _lock: File,
 }
 
@@ -311,7 +311,7 @@ impl JournalFile {
 
     /// Syncs every segment file this journal file covers: after that nothing needs it.
     fn sync_touched(&mut self, shared: &Shared) -> io::Result<()> {
-        self.wait_retired();
+        self.wait_retired()?;
         let mut touched = shared.touched.lock();
         for file in touched.values() {
             shared.sync_segment(file)?;
@@ -343,11 +343,17 @@ impl JournalFile {
         Ok(())
     }
 
-    /// Waits until the file rotated out before this one is retired (synced away and deleted, or
-    /// kept for recovery when a sync failed: the disk then refuses writes).
-    fn wait_retired(&mut self) {
-        if let Some(thread) = self.retiring.take() {
-            let _ = thread.join();
+    /// Waits until the file rotated out before this one is retired: synced away and deleted,
+    /// or, when that failed, kept (for recovery to replay) with the disk refusing writes, and
+    /// the error returned, so that no rotation reports success while its frames remain.
+    fn wait_retired(&mut self) -> io::Result<()> {
+        let Some(thread) = self.retiring.take() else {
+            return Ok(());
+        };
+        match thread.join() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(io::Error::other(why)),
+            Err(_) => Err(io::Error::other("the journal retiring thread panicked")),
         }
     }
 
@@ -358,7 +364,7 @@ impl JournalFile {
     /// `fdatasync` per partition log written since the last rotation) stalled every writer of
     /// the disk for as long, once per 64 MiB journaled.
     fn rotate_when_full(&mut self, shared: &Arc<Shared>) -> io::Result<()> {
-        self.wait_retired();
+        self.wait_retired()?;
         let next = self.number + 1;
         let Ok(file) = self.create_next(shared, next) else {
             return self.rotate(shared); // which empties this file in place instead
@@ -370,27 +376,41 @@ impl JournalFile {
         self.len = FILE_HEADER_LEN;
         let shared = shared.clone();
         let retire = move || {
+            let failed = |why: String| {
+                // The journal file stays: recovery replays it.
+                shared.fail(why.clone());
+                Err(why)
+            };
+            #[cfg(test)]
+            if shared.fail.retirement_fails() {
+                return failed("syncing a rotated journal's segments failed: (test)".into());
+            }
             for file in touched.values() {
                 if let Err(e) = shared.sync_segment(file) {
-                    // The journal file stays: recovery replays it.
-                    shared.fail(format!("syncing a rotated journal's segments failed: {e}"));
-                    return;
+                    return failed(format!("syncing a rotated journal's segments failed: {e}"));
                 }
             }
             if let Err(e) = std::fs::remove_file(&old_path) {
-                tracing::warn!(error = %e, journal = %old_path.display(), "cannot delete a rotated journal file");
+                // Its frames would be replayed after a crash over whatever a store rebuilt in
+                // place wrote since (`Disk::rotate_journal`).
+                let journal = old_path.display();
+                return failed(format!("cannot delete rotated journal file {journal}: {e}"));
             }
             crate::release::release_in_background(old, JOURNAL_RELEASE_WAIT);
+            Ok(())
         };
         // Kept reachable so that it runs here when no thread can be started.
         let work = Arc::new(Mutex::new(Some(retire)));
         let for_thread = work.clone();
         let spawned = std::thread::Builder::new()
             .name("larder-journal-retire".into())
-            .spawn(move || for_thread.lock().take().map_or((), |retire| retire()));
+            .spawn(move || for_thread.lock().take().map_or(Ok(()), |retire| retire()));
         match spawned {
             Ok(thread) => self.retiring = Some(thread),
-            Err(_) => work.lock().take().map_or((), |retire| retire()),
+            Err(_) => {
+                let retired = work.lock().take().map_or(Ok(()), |retire| retire());
+                retired.map_err(io::Error::other)?;
+            }
         }
         Ok(())
     }
@@ -508,7 +528,9 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
         let e = spawn_error.map_or_else(String::new, |e| e.to_string());
         shared.fail(format!("cannot start a sync thread: {e}"));
         // Without a sync stage every round fails at once, here.
-        return write_stage(&shared, &mut journal, None);
+        write_stage(&shared, &mut journal, None);
+        let _ = journal.wait_retired();
+        return;
     }
     write_stage(&shared, &mut journal, Some(&tx));
     drop(tx);
@@ -516,7 +538,10 @@ fn run(shared: Arc<Shared>, mut journal: JournalFile) {
         let _ = thread.join();
     }
     if shared.failed().is_some() {
-        return; // the journal stays for recovery to replay
+        // The journal stays for recovery to replay; a retirement under way ends first, so that
+        // nothing of this disk is still at work once its last handle is gone.
+        let _ = journal.wait_retired();
+        return;
     }
     // Every store is gone: make their segments durable so the journal is no longer needed.
     match journal.sync_touched(&shared) {
@@ -628,12 +653,18 @@ fn journal_or_sync_large(collected: &mut [(Arc<Engine>, Collected)]) {
     let journal_written = collected.iter().any(|(_, c)| !c.frames.is_empty());
     let journaled = bytes <= JOURNALED_LARGE_PER_ROUND && (files.len() > 1 || journal_written);
     for (_, c) in collected.iter_mut() {
+        let journal_large = journaled && !c.large.is_empty();
         for frame in std::mem::take(&mut c.large) {
             if journaled {
                 c.frames.push(frame);
             } else if !c.sync.iter().any(|f| Arc::ptr_eq(f, &frame.file)) {
                 c.sync.push(frame.file);
             }
+        }
+        if journal_large {
+            // In log order: replay stops a log at the first frame past its segment's end, so a
+            // batch written after a large record must not come before it in the journal.
+            c.frames.sort_by_key(|f| (f.segment, f.offset));
         }
     }
 }

@@ -895,6 +895,49 @@ fn a_journal_that_cannot_rotate_for_want_of_space_is_emptied_in_place() {
     }
 }
 
+#[test]
+fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_rotations() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = DiskOptions {
+        journal_file_size: 4096,
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(root.path(), opts.clone()).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    // Retirements fail, 300 ms after they start: the disk still writes meanwhile.
+    disk.shared()
+        .fail
+        .fail_retirements_after(Some(std::time::Duration::from_millis(300)));
+    let mut acknowledged = Vec::new();
+    for i in 0..40u8 {
+        a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
+        acknowledged.push(i);
+        if journal_files(root.path()).len() > 1 {
+            break; // rotated: the old file is being retired
+        }
+    }
+    assert!(journal_files(root.path()).len() > 1, "never rotated");
+    // A rotation asked for now waits for that retirement, and must not report success.
+    assert!(
+        disk.rotate_journal().is_err(),
+        "a rotation reported success"
+    );
+    assert!(disk.refusing_writes().is_some(), "the disk kept writing");
+    assert!(a.put_blob(b"after", meta(), &[data(10, 1)]).is_err());
+    assert!(
+        journal_files(root.path()).len() > 1,
+        "the unretired file is gone"
+    );
+    drop(a);
+    drop(disk);
+    // Everything acknowledged comes back: the kept file is replayed with the newer one.
+    let disk = Disk::open(root.path(), opts).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    for i in acknowledged {
+        assert_eq!(read(&a, &[b'k', i]).unwrap(), data(1000, i), "record {i}");
+    }
+}
+
 /// Group commit under load (`DiskOptions::min_round_interval`): a round waits out the interval
 /// after the one before it, and the writes that come meanwhile share it.
 #[test]
