@@ -336,6 +336,9 @@ impl JournalFile {
         };
         let old = std::mem::replace(&mut self.file, file);
         std::fs::remove_file(self.dir.join(journal_name(self.number)))?;
+        // The deletion made durable: a store rebuilt in place after this rotation must never
+        // meet the old file's frames in a replay after a power loss.
+        sync_dir(&self.dir)?;
         // Not freed here at once: the commit thread's next round sync would wait for it.
         crate::release::release_in_background(old, JOURNAL_RELEASE_WAIT);
         self.number = next;
@@ -371,7 +374,7 @@ impl JournalFile {
         };
         let touched = std::mem::take(&mut *shared.touched.lock());
         let old = std::mem::replace(&mut self.file, Arc::new(file));
-        let old_path = self.dir.join(journal_name(self.number));
+        let (dir, old_path) = (self.dir.clone(), self.dir.join(journal_name(self.number)));
         self.number = next;
         self.len = FILE_HEADER_LEN;
         let shared = shared.clone();
@@ -390,9 +393,10 @@ impl JournalFile {
                     return failed(format!("syncing a rotated journal's segments failed: {e}"));
                 }
             }
-            if let Err(e) = std::fs::remove_file(&old_path) {
-                // Its frames would be replayed after a crash over whatever a store rebuilt in
-                // place wrote since (`Disk::rotate_journal`).
+            // Its frames would be replayed after a crash over whatever a store rebuilt in place
+            // wrote since (`Disk::rotate_journal`): deleted durably, or the disk stops.
+            let deleted = std::fs::remove_file(&old_path).and_then(|()| sync_dir(&dir));
+            if let Err(e) = deleted {
                 let journal = old_path.display();
                 return failed(format!("cannot delete rotated journal file {journal}: {e}"));
             }
@@ -855,6 +859,9 @@ fn replay(root: &Path) -> Result<Replayed> {
     };
     for &n in older {
         std::fs::remove_file(dir.join(journal_name(n)))?;
+    }
+    if !older.is_empty() {
+        sync_dir(dir)?;
     }
     // The newest file is emptied in place rather than replaced by a new one: shrinking needs
     // no free space, so a node whose disk is full still opens (and serves reads, refusing
