@@ -14,9 +14,9 @@ pub(crate) struct FailPoints {
     truncate_fails: AtomicBool,
     /// Creating the next journal file fails with ENOSPC (a full disk at rotation).
     journal_create_fails: AtomicBool,
-    /// Retiring a journal file rotated out when full waits this long, then fails, as if syncing
-    /// its segments had.
-    retire_fails_after: Mutex<Option<std::time::Duration>>,
+    /// Retiring a journal file rotated out when full waits this long first, then fails (as if
+    /// syncing its segments had) when the flag says so.
+    retire_delay: Mutex<Option<(std::time::Duration, bool)>>,
     /// Every fdatasync waits this long, then fails with EIO (so writers pile up behind it).
     sync_fails_after: Mutex<Option<std::time::Duration>>,
     /// The next fdatasync (only it) waits this long, then fails with EIO.
@@ -100,17 +100,17 @@ impl FailPoints {
         self.journal_create_fails.load(Ordering::SeqCst)
     }
 
-    pub fn fail_retirements_after(&self, delay: Option<std::time::Duration>) {
-        *self.retire_fails_after.lock() = delay;
+    pub fn delay_retirements(&self, delay: Option<std::time::Duration>, then_fail: bool) {
+        *self.retire_delay.lock() = delay.map(|d| (d, then_fail));
     }
 
     /// Whether a retirement fails (after waiting as told).
     pub fn retirement_fails(&self) -> bool {
-        let Some(delay) = *self.retire_fails_after.lock() else {
+        let Some((delay, then_fail)) = *self.retire_delay.lock() else {
             return false;
         };
         std::thread::sleep(delay);
-        true
+        then_fail
     }
 
     pub fn truncate_fails(&self) -> bool {

@@ -907,7 +907,7 @@ fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_ro
     // Retirements fail, 300 ms after they start: the disk still writes meanwhile.
     disk.shared()
         .fail
-        .fail_retirements_after(Some(std::time::Duration::from_millis(300)));
+        .delay_retirements(Some(std::time::Duration::from_millis(300)), true);
     let mut acknowledged = Vec::new();
     for i in 0..40u8 {
         a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
@@ -936,6 +936,33 @@ fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_ro
     for i in acknowledged {
         assert_eq!(read(&a, &[b'k', i]).unwrap(), data(1000, i), "record {i}");
     }
+}
+
+/// A replica rebuilt in place needs `Disk::rotate_journal` to leave no journal file with the
+/// old store's frames: one rotated out when full and still being retired included.
+#[test]
+fn an_explicit_rotation_waits_for_the_retirement_of_the_file_before() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = DiskOptions {
+        journal_file_size: 4096,
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(root.path(), opts).unwrap();
+    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
+    disk.shared()
+        .fail
+        .delay_retirements(Some(std::time::Duration::from_millis(300)), false);
+    for i in 0..40u8 {
+        a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
+        if journal_files(root.path()).len() > 1 {
+            break; // rotated when full: the old file is being retired
+        }
+    }
+    assert!(journal_files(root.path()).len() > 1, "never rotated");
+    disk.rotate_journal().unwrap();
+    let files = journal_files(root.path());
+    assert_eq!(files.len(), 1, "a file was left behind: {files:?}");
+    assert!(disk.refusing_writes().is_none());
 }
 
 /// Group commit under load (`DiskOptions::min_round_interval`): a round waits out the interval
