@@ -82,15 +82,22 @@ fn usable() -> bool {
     root && fuse
 }
 
+/// A fresh layer mounted in a temporary directory: the directory, the backing directory, the
+/// mount point and the mount.
+fn mounted() -> (tempfile::TempDir, PathBuf, PathBuf, Mount) {
+    let dir = tempfile::tempdir().unwrap();
+    let (backing, point) = (dir.path().join("backing"), dir.path().join("mnt"));
+    fs::create_dir_all(&point).unwrap();
+    let mount = Mount::start(&backing, &point);
+    (dir, backing, point, mount)
+}
+
 #[test]
 fn a_power_loss_keeps_what_was_synced_and_drops_the_rest() {
     if !usable() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (backing, point) = (dir.path().join("backing"), dir.path().join("mnt"));
-    fs::create_dir_all(&point).unwrap();
-    let mount = Mount::start(&backing, &point);
+    let (_dir, backing, point, mount) = mounted();
     let d = point.join("d");
     fs::create_dir(&d).unwrap();
     write(&d.join("synced"), b"kept", true);
@@ -138,10 +145,7 @@ fn a_store_journal_rotation_is_not_undone_by_a_power_loss() {
     if !usable() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (backing, point) = (dir.path().join("backing"), dir.path().join("mnt"));
-    fs::create_dir_all(&point).unwrap();
-    let mount = Mount::start(&backing, &point);
+    let (_dir, backing, point, mount) = mounted();
     let root = point.join("disk");
     fs::create_dir(&root).unwrap();
     sync_dir(&point);

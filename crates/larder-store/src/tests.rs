@@ -895,28 +895,35 @@ fn a_journal_that_cannot_rotate_for_want_of_space_is_emptied_in_place() {
     }
 }
 
-#[test]
-fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_rotations() {
-    let root = tempfile::tempdir().unwrap();
+/// Journal files of 4 KiB, and a store on the disk whose retirements of full journal files take
+/// 300 ms and then fail or not; the store is written until its journal rotates. Returns the
+/// keys written.
+fn rotate_with_slow_retirement(root: &std::path::Path, then_fail: bool) -> (Disk, Store, Vec<u8>) {
     let opts = DiskOptions {
         journal_file_size: 4096,
         ..DiskOptions::default()
     };
-    let disk = Disk::open(root.path(), opts.clone()).unwrap();
-    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
-    // Retirements fail, 300 ms after they start: the disk still writes meanwhile.
-    disk.shared()
-        .fail
-        .delay_retirements(Some(std::time::Duration::from_millis(300)), true);
-    let mut acknowledged = Vec::new();
+    let disk = Disk::open(root, opts).unwrap();
+    let a = Store::open_on(&disk, root.join("a"), Options::default()).unwrap();
+    let delay = std::time::Duration::from_millis(300);
+    disk.shared().fail.delay_retirements(Some(delay), then_fail);
+    let mut written = Vec::new();
     for i in 0..40u8 {
         a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
-        acknowledged.push(i);
-        if journal_files(root.path()).len() > 1 {
-            break; // rotated: the old file is being retired
+        written.push(i);
+        if journal_files(root).len() > 1 {
+            break; // rotated when full: the old file is being retired
         }
     }
-    assert!(journal_files(root.path()).len() > 1, "never rotated");
+    assert!(journal_files(root).len() > 1, "never rotated");
+    (disk, a, written)
+}
+
+#[test]
+fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_rotations() {
+    let root = tempfile::tempdir().unwrap();
+    // Retirements fail, 300 ms after they start: the disk still writes meanwhile.
+    let (disk, a, acknowledged) = rotate_with_slow_retirement(root.path(), true);
     // A rotation asked for now waits for that retirement, and must not report success.
     assert!(
         disk.rotate_journal().is_err(),
@@ -931,7 +938,7 @@ fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_ro
     drop(a);
     drop(disk);
     // Everything acknowledged comes back: the kept file is replayed with the newer one.
-    let disk = Disk::open(root.path(), opts).unwrap();
+    let disk = Disk::open(root.path(), DiskOptions::default()).unwrap();
     let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
     for i in acknowledged {
         assert_eq!(read(&a, &[b'k', i]).unwrap(), data(1000, i), "record {i}");
@@ -943,22 +950,7 @@ fn a_failed_retirement_of_a_full_journal_file_keeps_it_and_fails_the_disk_and_ro
 #[test]
 fn an_explicit_rotation_waits_for_the_retirement_of_the_file_before() {
     let root = tempfile::tempdir().unwrap();
-    let opts = DiskOptions {
-        journal_file_size: 4096,
-        ..DiskOptions::default()
-    };
-    let disk = Disk::open(root.path(), opts).unwrap();
-    let a = Store::open_on(&disk, root.path().join("a"), Options::default()).unwrap();
-    disk.shared()
-        .fail
-        .delay_retirements(Some(std::time::Duration::from_millis(300)), false);
-    for i in 0..40u8 {
-        a.put_blob(&[b'k', i], meta(), &[data(1000, i)]).unwrap();
-        if journal_files(root.path()).len() > 1 {
-            break; // rotated when full: the old file is being retired
-        }
-    }
-    assert!(journal_files(root.path()).len() > 1, "never rotated");
+    let (disk, _a, _) = rotate_with_slow_retirement(root.path(), false);
     disk.rotate_journal().unwrap();
     let files = journal_files(root.path());
     assert_eq!(files.len(), 1, "a file was left behind: {files:?}");

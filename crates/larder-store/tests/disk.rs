@@ -44,6 +44,18 @@ fn open_all(disk: &Disk, root: &Path) -> Vec<Store> {
         .collect()
 }
 
+/// A disk whose rounds are at least `ms` apart (writes begun together share the next round),
+/// with its stores.
+fn open_with_rounds_apart(root: &Path, ms: u64) -> (Disk, Vec<Store>) {
+    let opts = DiskOptions {
+        min_round_interval: std::time::Duration::from_millis(ms),
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(root, opts).unwrap();
+    let stores = open_all(&disk, root);
+    (disk, stores)
+}
+
 fn read(store: &Store, key: &str) -> Option<Bytes> {
     let BlobLookup::Found(rec) = store.get_blob(key.as_bytes(), 0).unwrap() else {
         return None;
@@ -152,13 +164,7 @@ fn segment_len(dir: &Path) -> u64 {
 #[test]
 fn after_a_power_loss_the_journal_brings_back_every_acknowledged_write() {
     let root = tempfile::tempdir().unwrap();
-    // Rounds 50 ms apart at least: writes begun together share a round.
-    let disk_opts = DiskOptions {
-        min_round_interval: std::time::Duration::from_millis(50),
-        ..DiskOptions::default()
-    };
-    let disk = Disk::open(root.path(), disk_opts).unwrap();
-    let stores = open_all(&disk, root.path());
+    let (disk, stores) = open_with_rounds_apart(root.path(), 50);
     let synced: Vec<u64> = (0..STORES)
         .map(|i| segment_len(&store_dir(root.path(), i)))
         .collect();
@@ -628,16 +634,7 @@ fn a_store_created_again_after_a_journal_rotation_gets_no_old_frames() {
 #[test]
 fn large_records_past_a_rounds_budget_sync_their_segments_instead_of_the_journal() {
     let root = tempfile::tempdir().unwrap();
-    // Rounds at least 300 ms apart: the writes begun meanwhile all share the next round.
-    let disk = Disk::open(
-        root.path(),
-        DiskOptions {
-            min_round_interval: std::time::Duration::from_millis(300),
-            ..DiskOptions::default()
-        },
-    )
-    .unwrap();
-    let stores = open_all(&disk, root.path());
+    let (disk, stores) = open_with_rounds_apart(root.path(), 300);
     stores[0]
         .put_blob(b"first", meta("first"), &[content("first", 10)])
         .unwrap();
@@ -686,15 +683,7 @@ fn large_records_past_a_rounds_budget_sync_their_segments_instead_of_the_journal
 #[test]
 fn a_small_record_after_a_journaled_large_one_in_its_round_survives_a_power_loss() {
     let root = tempfile::tempdir().unwrap();
-    let disk = Disk::open(
-        root.path(),
-        DiskOptions {
-            min_round_interval: std::time::Duration::from_millis(300),
-            ..DiskOptions::default()
-        },
-    )
-    .unwrap();
-    let stores = open_all(&disk, root.path());
+    let (disk, stores) = open_with_rounds_apart(root.path(), 300);
     let dir = store_dir(root.path(), 0);
     let synced = segment_len(&dir);
     let store = &stores[0];
