@@ -37,6 +37,18 @@ for condition in ({"CopySourceIfMatch": etag}, {"CopySourceIfNoneMatch": '"0123"
     s3.copy_object(Bucket="cond", Key="dst", CopySource=source, **condition)
     assert s3.get_object(Bucket="cond", Key="dst")["Body"].read() == b"source", condition
 
+step("An unquoted ETag in a condition is an ETag, as S3 takes it (not 400 InvalidArgument)")
+bare = etag.strip('"')
+assert bare != etag
+assert error_of(lambda: s3.get_object(Bucket="cond", Key="src", IfNoneMatch=bare))[0] == 304
+assert s3.get_object(Bucket="cond", Key="src", IfMatch=bare)["Body"].read() == b"source"
+assert s3.get_object(Bucket="cond", Key="src", IfNoneMatch="ABCORZ")["Body"].read() == b"source"
+for condition in ({"CopySourceIfMatch": "ABCORZ"}, {"CopySourceIfNoneMatch": bare}):
+    got = error_of(lambda: s3.copy_object(Bucket="cond", Key="bare", CopySource=source,
+                                          **condition))
+    assert got == FAILED, (condition, got)
+    assert error_of(lambda: s3.head_object(Bucket="cond", Key="bare"))[0] == 404, condition
+
 step("PutObject If-Match: the current ETag writes, another is 412, an absent name 404")
 put = s3.put_object(Bucket="cond", Key="src", Body=b"v2", IfMatch=etag)
 assert error_of(lambda: s3.put_object(Bucket="cond", Key="src", Body=b"v3",
