@@ -41,6 +41,8 @@ one_round() {
   warp_put "127.0.0.1:$s3" "$work" "$dir.warp" "$size" "$duration"
   f1=$(ticks "$dev") s1=$(ticks "$node")
   kill "$dev"; wait "$dev" 2>/dev/null || true; dev=""
+  # A round's data goes with it: 4 MiB rounds write tens of GB between them.
+  rm -rf "$dir"
   warp_row "$name" "$dir.warp" "$((f1 - f0))" "$((s1 - s0))" "${duration%s}"
 }
 

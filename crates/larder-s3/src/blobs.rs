@@ -7,6 +7,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::etag_lanes::EtagHasher;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use http::Method;
@@ -17,7 +18,6 @@ use larder_router::{
     ChunkingConfig, Composite, GetAnswer, JournalEntry, Manifest, Part, PartChecksums,
     PartsManifest, Router,
 };
-use md5::{Digest, Md5};
 use s3s::checksum::ChecksumHasher;
 use s3s::dto::StreamingBlob;
 
@@ -86,7 +86,7 @@ pub async fn store(
             id,
             held: Held::new(journal),
             size,
-            md5: reader.md5(),
+            md5: hex(&reader.etag.finish().await),
             checksum: reader.checksum,
         });
     }
@@ -102,7 +102,7 @@ pub async fn store(
         }
         upload.push(chunk).await?;
     }
-    let md5 = reader.md5();
+    let md5 = hex(&reader.etag.finish().await);
     // An upload dropped before this point (error, client gone) tombstones its chunks.
     let (id, size) = upload.finish().await?;
     Ok(Stored {
@@ -149,7 +149,8 @@ struct Chunks {
     chunk_size: usize,
     max: u64,
     total: u64,
-    md5: Md5,
+    /// The body's MD5 (its ETag), in SIMD lanes once it is large (`etag_lanes.rs`).
+    etag: EtagHasher,
     checksum: Option<ChecksumHasher>,
 }
 
@@ -166,7 +167,7 @@ impl Chunks {
             chunk_size,
             max,
             total: 0,
-            md5: Md5::new(),
+            etag: EtagHasher::default(),
             checksum,
         }
     }
@@ -184,7 +185,7 @@ impl Chunks {
                     self.max
                 )));
             }
-            self.md5.update(&piece);
+            self.etag.update(&piece).await;
             if let Some(checksum) = &mut self.checksum {
                 checksum.update(&piece);
             }
@@ -194,7 +195,11 @@ impl Chunks {
     }
 
     async fn next_chunk(&mut self) -> Result<Bytes, S3Error> {
-        let mut buf = BytesMut::new();
+        // The pieces are kept and copied once into a chunk of their exact size: a buffer grown
+        // piece by piece was copied again at every doubling (6 % of a frontend's CPU under
+        // 4 MiB PUTs).
+        let mut parts = Vec::new();
+        let mut len = 0;
         let mut pending = std::mem::take(&mut self.leftover);
         loop {
             if pending.is_empty() {
@@ -203,22 +208,22 @@ impl Chunks {
                     None => break,
                 }
             }
-            let room = self.chunk_size - buf.len();
-            if buf.is_empty() && pending.len() >= room {
+            let room = self.chunk_size - len;
+            if len == 0 && pending.len() >= room {
                 // A piece that covers the whole chunk is sliced, not copied.
                 let chunk = pending.split_to(room);
                 self.leftover = pending;
                 return Ok(chunk);
             }
             if pending.len() >= room {
-                buf.extend_from_slice(&pending.split_to(room));
+                parts.push(pending.split_to(room));
                 self.leftover = pending;
-                return Ok(buf.freeze());
+                return Ok(concat(parts, self.chunk_size));
             }
-            buf.extend_from_slice(&pending);
-            pending = Bytes::new();
+            len += pending.len();
+            parts.push(std::mem::take(&mut pending));
         }
-        Ok(buf.freeze())
+        Ok(concat(parts, len))
     }
 
     async fn has_more(&mut self) -> Result<bool, S3Error> {
@@ -233,10 +238,16 @@ impl Chunks {
             None => Ok(false),
         }
     }
+}
 
-    fn md5(&self) -> String {
-        hex(&self.md5.clone().finalize())
+/// `parts` (of `len` bytes together) as one buffer: the part itself when there is one.
+fn concat(mut parts: Vec<Bytes>, len: usize) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
     }
+    let mut buf = BytesMut::with_capacity(len);
+    parts.iter().for_each(|part| buf.extend_from_slice(part));
+    buf.freeze()
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -676,5 +687,50 @@ pub fn check_content_md5(sent: Option<&str>, md5_hex: &str) -> Result<(), S3Erro
     match hex(&digest) == md5_hex {
         true => Ok(()),
         false => Err(S3Error::BadDigest),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use md5::{Digest, Md5};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// A body in pieces of any size comes out as whole chunks (the last shorter) with the
+        /// same bytes, and its MD5 (inline or in lanes) is the body's.
+        #[test]
+        fn a_body_is_cut_into_whole_chunks_and_hashed(
+            sizes in prop::collection::vec(0usize..50_000, 0..40),
+            chunk_size in 1usize..100_000,
+        ) {
+            let body: Vec<u8> = (0..sizes.iter().sum::<usize>()).map(|i| (i % 253) as u8).collect();
+            let mut at = 0;
+            let pieces: Vec<Result<Bytes, std::io::Error>> = sizes.iter().map(|&n| {
+                at += n;
+                Ok(Bytes::copy_from_slice(&body[at - n..at]))
+            }).collect();
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let (chunks, md5) = runtime.block_on(async {
+                let stream = StreamingBlob::wrap(futures_util::stream::iter(pieces));
+                let mut reader = Chunks::new(stream, chunk_size, u64::MAX, None);
+                let mut chunks = Vec::new();
+                loop {
+                    let chunk = reader.next_chunk().await.unwrap();
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    chunks.push(chunk);
+                }
+                (chunks, reader.etag.finish().await)
+            });
+            let last = chunks.len().saturating_sub(1);
+            for (i, chunk) in chunks.iter().enumerate() {
+                prop_assert!(chunk.len() == chunk_size || (i == last && chunk.len() < chunk_size));
+            }
+            prop_assert_eq!(chunks.concat(), body.clone());
+            prop_assert_eq!(md5, <[u8; 16]>::from(Md5::digest(&body)));
+        }
     }
 }

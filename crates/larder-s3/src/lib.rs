@@ -17,6 +17,7 @@ mod conditions;
 mod config;
 mod copy_source;
 mod error;
+mod etag_lanes;
 #[doc(hidden)]
 pub mod fuzzing;
 mod held;
