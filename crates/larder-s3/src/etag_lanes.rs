@@ -13,6 +13,9 @@
 //! lanes. A body's reader waits while [`QUEUED_MAX`] of its bytes are queued and not hashed:
 //! the hashing's memory budget per upload, and backpressure when the thread falls behind.
 //! That thread takes this CPU-heavy work off the async workers.
+//!
+//! Lock order: the thread's list of waiting bodies, then a body's own lock. No code holds a
+//! body's lock while it takes the list's.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
@@ -108,6 +111,14 @@ impl Shared {
     }
 }
 
+impl Body {
+    /// Whether a round should not wait for more bodies on this one's account: its reader is
+    /// about to wait for room, or its digest is awaited.
+    fn is_pressing(&self) -> bool {
+        self.done.is_some() || self.queued >= QUEUED_MAX / 2
+    }
+}
+
 impl LaneStream {
     fn start(state: Md5State) -> LaneStream {
         let body = Body {
@@ -137,6 +148,9 @@ impl LaneStream {
                         body.listed = true;
                         drop(body);
                         lanes().list(self.shared.clone());
+                    } else if body.listed && body.is_pressing() {
+                        drop(body);
+                        lanes().nudge();
                     }
                     return;
                 }
@@ -156,10 +170,16 @@ impl LaneStream {
             }
             let (send, answer) = oneshot::channel();
             body.done = Some(send);
-            if !body.listed {
-                body.listed = true;
-                drop(body);
-                lanes().list(self.shared.clone());
+            match body.listed {
+                true => {
+                    drop(body);
+                    lanes().nudge();
+                }
+                false => {
+                    body.listed = true;
+                    drop(body);
+                    lanes().list(self.shared.clone());
+                }
             }
             answer
         };
@@ -196,6 +216,12 @@ impl Lanes {
         self.wake.notify_one();
     }
 
+    /// Wakes a round waiting for more bodies, to look again whether one is pressing.
+    fn nudge(&self) {
+        let _waiting = self.waiting.lock();
+        self.wake.notify_one();
+    }
+
     fn run(&self) {
         let engine = Md5Many::new();
         loop {
@@ -204,16 +230,17 @@ impl Lanes {
         }
     }
 
-    /// The bodies of the next round: every one waiting, once [`GATHER_BODIES`] are or
-    /// [`GATHER`] has passed since the first, so that bodies fill lanes together rather than
-    /// each being hashed alone as soon as it has a quantum.
+    /// The bodies of the next round: every one waiting, once [`GATHER_BODIES`] are, or one
+    /// is pressing, or [`GATHER`] has passed since the first. Bodies then fill lanes together
+    /// rather than each being hashed alone as soon as it has a quantum, and a lone fast upload
+    /// is not held to one round per `GATHER`.
     fn next_round(&self) -> Vec<Arc<Shared>> {
         let mut waiting = self.waiting.lock();
         while waiting.is_empty() {
             self.wake.wait(&mut waiting);
         }
         let deadline = Instant::now() + GATHER;
-        while waiting.len() < GATHER_BODIES {
+        while waiting.len() < GATHER_BODIES && !waiting.iter().any(|b| b.body().is_pressing()) {
             if self.wake.wait_until(&mut waiting, deadline).timed_out() {
                 break;
             }
