@@ -313,9 +313,7 @@ impl JournalFile {
     fn sync_touched(&mut self, shared: &Shared) -> io::Result<()> {
         self.wait_retired()?;
         let mut touched = shared.touched.lock();
-        for file in touched.values() {
-            shared.sync_segment(file)?;
-        }
+        sync_segments(shared, &touched)?;
         touched.clear();
         Ok(())
     }
@@ -335,12 +333,7 @@ impl JournalFile {
             }
         };
         let old = std::mem::replace(&mut self.file, file);
-        std::fs::remove_file(self.dir.join(journal_name(self.number)))?;
-        // The deletion made durable: a store rebuilt in place after this rotation must never
-        // meet the old file's frames in a replay after a power loss.
-        sync_dir(&self.dir)?;
-        // Not freed here at once: the commit thread's next round sync would wait for it.
-        crate::release::release_in_background(old, JOURNAL_RELEASE_WAIT);
+        delete_retired(&self.dir.join(journal_name(self.number)), old)?;
         self.number = next;
         self.len = FILE_HEADER_LEN;
         Ok(())
@@ -374,7 +367,7 @@ impl JournalFile {
         };
         let touched = std::mem::take(&mut *shared.touched.lock());
         let old = std::mem::replace(&mut self.file, Arc::new(file));
-        let (dir, old_path) = (self.dir.clone(), self.dir.join(journal_name(self.number)));
+        let old_path = self.dir.join(journal_name(self.number));
         self.number = next;
         self.len = FILE_HEADER_LEN;
         let shared = shared.clone();
@@ -388,19 +381,14 @@ impl JournalFile {
             if shared.fail.retirement_fails() {
                 return failed("syncing a rotated journal's segments failed: (test)".into());
             }
-            for file in touched.values() {
-                if let Err(e) = shared.sync_segment(file) {
-                    return failed(format!("syncing a rotated journal's segments failed: {e}"));
-                }
+            if let Err(e) = sync_segments(&shared, &touched) {
+                return failed(format!("syncing a rotated journal's segments failed: {e}"));
             }
-            // Its frames would be replayed after a crash over whatever a store rebuilt in place
-            // wrote since (`Disk::rotate_journal`): deleted durably, or the disk stops.
-            let deleted = std::fs::remove_file(&old_path).and_then(|()| sync_dir(&dir));
-            if let Err(e) = deleted {
+            // Deleted durably, or the disk stops (`delete_retired` says why).
+            if let Err(e) = delete_retired(&old_path, old) {
                 let journal = old_path.display();
                 return failed(format!("cannot delete rotated journal file {journal}: {e}"));
             }
-            crate::release::release_in_background(old, JOURNAL_RELEASE_WAIT);
             Ok(())
         };
         // Kept reachable so that it runs here when no thread can be started.
@@ -671,6 +659,25 @@ fn journal_or_sync_large(collected: &mut [(Arc<Engine>, Collected)]) {
             c.frames.sort_by_key(|f| (f.segment, f.offset));
         }
     }
+}
+
+/// Syncs the segment files a journal file covers: after that nothing needs its frames.
+fn sync_segments(shared: &Shared, touched: &HashMap<usize, Arc<File>>) -> io::Result<()> {
+    touched
+        .values()
+        .try_for_each(|file| shared.sync_segment(file))
+}
+
+/// Deletes a retired journal file (its segments synced) and makes the deletion durable: after a
+/// power loss its frames would otherwise be replayed over whatever a store rebuilt in place
+/// wrote since (`Disk::rotate_journal`). Its handle is freed in the background: the commit
+/// thread's next round sync would wait for the release of its pages.
+fn delete_retired(path: &Path, file: Arc<File>) -> io::Result<()> {
+    std::fs::remove_file(path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    sync_dir(dir)?;
+    crate::release::release_in_background(file, JOURNAL_RELEASE_WAIT);
+    Ok(())
 }
 
 /// Rotates the journal for the callers of `Disk::rotate_journal` and tells each the outcome.
