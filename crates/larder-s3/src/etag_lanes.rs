@@ -9,10 +9,11 @@
 //!
 //! A body is hashed inline, as one stream, until it passes [`LANES_FROM`] bytes: a small body
 //! never waits on another thread. Past that, its pieces are queued (shared `Bytes`, not copied)
-//! for the `larder-md5` thread, which takes every body with queued pieces into one round of
-//! lanes. A body's reader waits while [`QUEUED_MAX`] of its bytes are queued and not hashed:
-//! the hashing's memory budget per upload, and backpressure when the thread falls behind.
-//! That thread takes this CPU-heavy work off the async workers.
+//! for the `larder-md5` thread. A body is listed for a round once [`LIST_FROM`] bytes are
+//! queued (or when it is finished); a round hashes its bodies in lockstep, [`QUANTUM`] bytes of
+//! each at a time. A body's reader waits while [`QUEUED_MAX`] of its bytes are queued and not
+//! hashed: the hashing's memory budget per upload, and backpressure when the thread falls
+//! behind. That thread takes this CPU-heavy work off the async workers.
 //!
 //! Lock order: the thread's list of waiting bodies, then a body's own lock. No code holds a
 //! body's lock while it takes the list's.
@@ -31,8 +32,9 @@ pub const LANES_FROM: u64 = 256 * 1024;
 const _: () = assert!(LANES_FROM.is_multiple_of(64));
 /// Bytes of one body queued for the lanes and not hashed yet, past which its reader waits.
 pub const QUEUED_MAX: usize = 1 << 20;
-/// Bodies taken into one round of lanes (three groups of 16 AVX-512 lanes at most).
-const ROUND_BODIES: usize = 48;
+/// Bodies taken into one round of lanes: the largest lockstep size (three groups of 16
+/// AVX-512 lanes).
+const ROUND_BODIES: usize = LOCKSTEP_SIZES[LOCKSTEP_SIZES.len() - 1];
 /// Bodies a round waits for (AVX2's lanes), at most [`GATHER`] after the first is listed.
 const GATHER_BODIES: usize = 8;
 /// How long a round may wait for more bodies. A body's digest waits at most this much more.
@@ -325,7 +327,10 @@ fn hash_in_lanes(engine: Md5Many, states: &mut [Md5State], inputs: &[Bytes]) {
         states[0].update(input);
         return;
     }
-    for (states, inputs) in states.chunks_mut(48).zip(inputs.chunks(48)) {
+    for (states, inputs) in states
+        .chunks_mut(ROUND_BODIES)
+        .zip(inputs.chunks(ROUND_BODIES))
+    {
         let size = LOCKSTEP_SIZES
             .into_iter()
             .find(|&size| size >= states.len())
