@@ -82,11 +82,18 @@ pub async fn store(
                 return Err(err.into());
             }
         };
+        let md5 = match reader.etag.finish().await {
+            Ok(md5) => hex(&md5),
+            Err(lost) => {
+                Held::new(journal).unlinked(router, Some(id));
+                return Err(S3Error::Internal(lost.to_string()));
+            }
+        };
         return Ok(Stored {
             id,
             held: Held::new(journal),
             size,
-            md5: hex(&reader.etag.finish().await),
+            md5,
             checksum: reader.checksum,
         });
     }
@@ -102,7 +109,8 @@ pub async fn store(
         }
         upload.push(chunk).await?;
     }
-    let md5 = hex(&reader.etag.finish().await);
+    let md5 = reader.etag.finish().await;
+    let md5 = hex(&md5.map_err(|lost| S3Error::Internal(lost.to_string()))?);
     // An upload dropped before this point (error, client gone) tombstones its chunks.
     let (id, size) = upload.finish().await?;
     Ok(Stored {
@@ -723,7 +731,7 @@ mod tests {
                     }
                     chunks.push(chunk);
                 }
-                (chunks, reader.etag.finish().await)
+                (chunks, reader.etag.finish().await.unwrap())
             });
             let last = chunks.len().saturating_sub(1);
             for (i, chunk) in chunks.iter().enumerate() {

@@ -17,8 +17,14 @@
 //!
 //! Lock order: the thread's list of waiting bodies, then a body's own lock. No code holds a
 //! body's lock while it takes the list's.
+//!
+//! One thread serves the process, so a panic in a round (a bug here or in `md5-many`) must not
+//! take it down: every later large upload would wait for good. The round's bodies are failed
+//! instead (their readers stop waiting and `finish` answers [`LanesFailed`], which the upload
+//! turns into a 500 and stores nothing under the name), and the thread goes on with the next.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -42,6 +48,16 @@ const GATHER: Duration = Duration::from_millis(2);
 /// Bytes a body has queued before it is listed for a round.
 const LIST_FROM: usize = 4 * QUANTUM;
 
+/// The `larder-md5` thread panicked in a round that held this body: its digest is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LanesFailed;
+
+impl std::fmt::Display for LanesFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the body's MD5 was lost to a panic on the larder-md5 thread")
+    }
+}
+
 /// The MD5 of one body, fed piece by piece.
 pub enum EtagHasher {
     Inline(Md5State),
@@ -55,7 +71,8 @@ impl Default for EtagHasher {
 }
 
 impl EtagHasher {
-    /// Adds `piece` to the body. Waits only when this body's queue for the lanes is full.
+    /// Adds `piece` to the body. Waits only when this body's queue for the lanes is full (and
+    /// not at all once the body has failed: `finish` tells).
     pub async fn update(&mut self, piece: &Bytes) {
         match self {
             EtagHasher::Inline(state) => {
@@ -76,9 +93,9 @@ impl EtagHasher {
     }
 
     /// The MD5 of every piece given, once all are hashed.
-    pub async fn finish(self) -> [u8; 16] {
+    pub async fn finish(self) -> Result<[u8; 16], LanesFailed> {
         match self {
-            EtagHasher::Inline(state) => state.finalize(),
+            EtagHasher::Inline(state) => Ok(state.finalize()),
             EtagHasher::Lanes(stream) => stream.finish().await,
         }
     }
@@ -105,6 +122,8 @@ struct Body {
     listed: bool,
     /// Where the digest goes once every piece is hashed (set by `finish`).
     done: Option<oneshot::Sender<[u8; 16]>>,
+    /// A round holding this body panicked: its state is gone, its pieces are dropped.
+    failed: bool,
 }
 
 impl Shared {
@@ -129,6 +148,7 @@ impl LaneStream {
             queued: 0,
             listed: false,
             done: None,
+            failed: false,
         };
         LaneStream {
             shared: Arc::new(Shared {
@@ -143,6 +163,9 @@ impl LaneStream {
             let room = self.shared.room.notified();
             {
                 let mut body = self.shared.body();
+                if body.failed {
+                    return;
+                }
                 if body.queued < QUEUED_MAX {
                     body.queued = body.queued.saturating_add(piece.len());
                     body.pieces.push_back(piece);
@@ -161,14 +184,17 @@ impl LaneStream {
         }
     }
 
-    async fn finish(self) -> [u8; 16] {
+    async fn finish(self) -> Result<[u8; 16], LanesFailed> {
         let answer = {
             let mut body = self.shared.body();
+            if body.failed {
+                return Err(LanesFailed);
+            }
             if !body.listed && body.queued < QUANTUM {
                 // Less than a quantum is left, if anything: hashed here.
                 let mut state = body.state.expect("a body not in a round has its state");
                 body.pieces.iter().for_each(|p| state.update(p));
-                return state.finalize();
+                return Ok(state.finalize());
             }
             let (send, answer) = oneshot::channel();
             body.done = Some(send);
@@ -185,8 +211,9 @@ impl LaneStream {
             }
             answer
         };
-        // The thread never ends, and answers every body it holds a `done` of.
-        answer.await.expect("the larder-md5 thread answers")
+        // The thread answers every body it holds a `done` of, or drops the `done` of a body
+        // it failed.
+        answer.await.map_err(|_| LanesFailed)
     }
 }
 
@@ -228,7 +255,14 @@ impl Lanes {
         let engine = Md5Many::new();
         loop {
             let round = self.next_round();
-            self.hash_round(engine, round);
+            let held = round.clone();
+            if catch_unwind(AssertUnwindSafe(|| self.hash_round(engine, round))).is_err() {
+                tracing::error!(
+                    bodies = held.len(),
+                    "a round of MD5 lanes panicked; its uploads fail"
+                );
+                held.iter().for_each(|shared| fail(shared));
+            }
         }
     }
 
@@ -255,6 +289,8 @@ impl Lanes {
     /// gives each its state back. A body's last bytes short of a quantum wait for more, or, when
     /// the body is finished, are hashed as one stream and the digest sent.
     fn hash_round(&self, engine: Md5Many, round: Vec<Arc<Shared>>) {
+        // A failed body may still be on the list: it has nothing left to hash.
+        let round: Vec<Arc<Shared>> = round.into_iter().filter(|b| !b.body().failed).collect();
         let mut states = Vec::with_capacity(round.len());
         let mut feeds = Vec::with_capacity(round.len());
         for shared in &round {
@@ -262,6 +298,8 @@ impl Lanes {
             states.push(body.state.take().expect("a listed body is in one round"));
             feeds.push(Feed(std::mem::take(&mut body.pieces)));
         }
+        #[cfg(test)]
+        tests::panic_if_asked(&feeds);
         let mut hashed = vec![0usize; round.len()];
         loop {
             let group: Vec<usize> = (0..feeds.len())
@@ -309,6 +347,19 @@ impl Lanes {
             self.list(shared);
         }
     }
+}
+
+/// Fails a body of a round that panicked: drops its pieces and its `done` (its `finish` answers
+/// [`LanesFailed`]) and wakes its reader, which then queues nothing more.
+fn fail(shared: &Shared) {
+    let mut body = shared.body();
+    body.failed = true;
+    body.pieces.clear();
+    body.queued = 0;
+    body.listed = false;
+    body.done = None;
+    drop(body);
+    shared.room.notify_one();
 }
 
 /// Bytes hashed of each body per step of a round: a multiple of MD5's 64-byte block, so a
@@ -382,6 +433,17 @@ mod tests {
     use md5::{Digest, Md5};
     use proptest::prelude::*;
 
+    /// A body whose queued bytes start with this panics the round that takes it (the only way
+    /// to test what a bug on the thread does; no other test's bodies hold these bytes).
+    const PANIC_MARK: &[u8; 16] = b"\xffpanic-md5-lanes";
+
+    pub(super) fn panic_if_asked(feeds: &[Feed]) {
+        let marked = |feed: &Feed| feed.0.front().is_some_and(|p| p.starts_with(PANIC_MARK));
+        if feeds.iter().any(marked) {
+            panic!("a round was asked to panic");
+        }
+    }
+
     fn reference(bodies: &[Vec<Bytes>]) -> Vec<[u8; 16]> {
         bodies
             .iter()
@@ -430,7 +492,7 @@ mod tests {
                             hasher.update(piece).await;
                             tokio::task::yield_now().await;
                         }
-                        hasher.finish().await
+                        hasher.finish().await.unwrap()
                     })
                 })
                 .collect();
@@ -511,7 +573,8 @@ mod tests {
             assert!(matches!(large, EtagHasher::Lanes(_)));
             let mut md5 = Md5::new();
             (0..4).for_each(|_| md5.update(&piece));
-            assert_eq!(large.finish().await, <[u8; 16]>::from(md5.finalize()));
+            let digest = large.finish().await.unwrap();
+            assert_eq!(digest, <[u8; 16]>::from(md5.finalize()));
         });
     }
 
@@ -531,7 +594,46 @@ mod tests {
             }
             let mut md5 = Md5::new();
             (0..6).for_each(|_| md5.update(&piece));
-            assert_eq!(stream.finish().await, <[u8; 16]>::from(md5.finalize()));
+            assert_eq!(
+                stream.finish().await.unwrap(),
+                <[u8; 16]>::from(md5.finalize())
+            );
         });
+    }
+
+    #[test]
+    fn a_panic_in_a_round_fails_its_body_and_the_thread_goes_on() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        // A thread that died with the panic would leave these waiting for good.
+        let within = Duration::from_secs(60);
+        let test = async {
+            // Past the inline part, the marked bytes are the first the lanes take.
+            let mut doomed = EtagHasher::default();
+            doomed
+                .update(&Bytes::from(vec![4u8; LANES_FROM as usize]))
+                .await;
+            let mut marked = PANIC_MARK.to_vec();
+            marked.resize(QUEUED_MAX, 5);
+            // Far past the queue's budget: a reader left waiting by the panic would hang here.
+            for _ in 0..4 {
+                doomed.update(&Bytes::from(marked.clone())).await;
+            }
+            assert_eq!(doomed.finish().await, Err(LanesFailed));
+
+            let piece = Bytes::from(vec![6u8; QUEUED_MAX]);
+            let mut after = EtagHasher::default();
+            for _ in 0..3 {
+                after.update(&piece).await;
+            }
+            let mut md5 = Md5::new();
+            (0..3).for_each(|_| md5.update(&piece));
+            assert_eq!(after.finish().await, Ok(md5.finalize().into()));
+        };
+        runtime
+            .block_on(async { tokio::time::timeout(within, test).await })
+            .expect("the thread survives a panic and answers");
     }
 }
