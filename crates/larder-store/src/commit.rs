@@ -16,6 +16,15 @@
 //! records add up to little (`JOURNALED_LARGE_PER_ROUND`), so that a few 64 KiB records cost no
 //! `fdatasync` of their own; synced once they add up to more, so that many writers of large
 //! records do not all funnel through the commit thread's one journal write.
+//!
+//! A large record that its round syncs is then dropped from the page cache
+//! (`Options::uncache_synced_from`, 1 MiB by default), after its writer has heard back. Its
+//! pages are clean by then, so they are freed at once, and the next records' writes take those
+//! pages again instead of fresh ones. On a VM whose free memory goes back to the host (free
+//! page reporting), a fresh page costs a fault in the host: a durable 4 MiB put cost this
+//! store 3.5–6.5 ms of system CPU kept cached, 1.4–1.8 ms dropped, at 2.8× the rate
+//! (`benchmarks/store/UNCACHE.md`). A large body read back soon after comes from disk; small
+//! records stay cached.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -78,6 +87,12 @@ pub(crate) struct Collected {
     pub large: Vec<Frame>,
     /// The end of the last record the round covers.
     pub goal: LogPos,
+    /// Large records of at least this size that the round syncs (not journals) leave the page
+    /// cache once synced (`Options::uncache_synced_from`).
+    pub uncache_from: Option<u64>,
+    /// Those records (file, offset, length): the ones too large to journal, and those the
+    /// round decides to sync rather than journal (`disk.rs`).
+    pub uncache: Vec<(Arc<File>, u64, u64)>,
 }
 
 /// How an append ended before the commit round.
@@ -107,6 +122,8 @@ pub(crate) struct LogState {
     frames: Vec<Frame>,
     /// Large records written to their segment: their round journals them or syncs their files.
     large: Vec<Frame>,
+    /// Records too large to journal, to drop from the page cache once synced (`Collected`).
+    uncache: Vec<(Arc<File>, u64, u64)>,
     /// End of the last record known durable and published.
     pub(crate) durable: LogPos,
     /// Segment files the next round must sync (sealed ones, and one that got an unbatched record).
@@ -141,6 +158,7 @@ impl LogState {
             batch: Vec::new(),
             frames: Vec::new(),
             large: Vec::new(),
+            uncache: Vec::new(),
             durable: end,
             unsynced: Vec::new(),
             dirty: false,
@@ -245,6 +263,8 @@ impl Engine {
             sync: std::mem::take(&mut st.unsynced),
             large: std::mem::take(&mut st.large),
             goal: st.written,
+            uncache_from: self.opts.uncache_synced_from,
+            uncache: std::mem::take(&mut st.uncache),
         }
     }
 
@@ -481,6 +501,13 @@ impl Engine {
         let file = st.active.file.clone();
         if len > JOURNALED_LARGE_PER_ROUND {
             st.needs_sync(&file);
+            if self
+                .opts
+                .uncache_synced_from
+                .is_some_and(|from| len as u64 >= from)
+            {
+                st.uncache.push((file, start, len as u64));
+            }
             return Ok(start);
         }
         // Kept for the round, which may journal it: the head copied (small), the data shared.

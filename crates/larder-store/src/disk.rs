@@ -27,7 +27,9 @@ use crate::journal::{
     encode_file_header, encode_frame_head_of_pieces, journal_name, parse_journal_name,
     JournalReader, Target, FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
 };
-use crate::segment::{fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at};
+use crate::segment::{
+    drop_cached, fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at,
+};
 use crate::types::{DiskOptions, DiskStats, Error, Result};
 
 /// How long a rotated journal file's release waits for a round sync still holding it.
@@ -649,7 +651,13 @@ fn journal_or_sync_large(collected: &mut [(Arc<Engine>, Collected)]) {
         for frame in std::mem::take(&mut c.large) {
             if journaled {
                 c.frames.push(frame);
-            } else if !c.sync.iter().any(|f| Arc::ptr_eq(f, &frame.file)) {
+                continue;
+            }
+            let len = frame.len() as u64;
+            if c.uncache_from.is_some_and(|from| len >= from) {
+                c.uncache.push((frame.file.clone(), frame.offset, len));
+            }
+            if !c.sync.iter().any(|f| Arc::ptr_eq(f, &frame.file)) {
                 c.sync.push(frame.file);
             }
         }
@@ -757,7 +765,7 @@ fn sync_stage(shared: &Shared, stage: &SyncStage) {
     shared.sync_threads.lock().push(std::thread::current().id());
     loop {
         let taken = stage.rounds.lock().recv();
-        let Ok((number, written)) = taken else {
+        let Ok((number, mut written)) = taken else {
             return;
         };
         let failed = match written.failed.clone().or_else(|| shared.failed()) {
@@ -767,6 +775,15 @@ fn sync_stage(shared: &Shared, stage: &SyncStage) {
                 shared.fail(why.clone());
                 why
             }),
+        };
+        // Taken now, dropped from the cache once the writers have heard back.
+        let uncache: Vec<_> = match failed {
+            Some(_) => Vec::new(),
+            None => written
+                .collected
+                .iter_mut()
+                .flat_map(|(_, c)| std::mem::take(&mut c.uncache))
+                .collect(),
         };
         // Completing under the lock keeps the order when both threads have rounds ready.
         let mut in_order = stage.in_order.lock();
@@ -780,6 +797,17 @@ fn sync_stage(shared: &Shared, stage: &SyncStage) {
             let failed = failed.or_else(|| shared.failed());
             finish(shared, written, failed);
         }
+        drop(in_order);
+        uncache_synced(&uncache);
+    }
+}
+
+/// Drops synced large records from the page cache (`Options::uncache_synced_from`). Their
+/// pages are clean, so this frees them at once, and the next records' writes reuse them.
+fn uncache_synced(records: &[(Arc<File>, u64, u64)]) {
+    for (file, offset, len) in records {
+        // Advice only: if it fails, the pages stay cached until the kernel reclaims them.
+        let _ = drop_cached(file, *offset, *len);
     }
 }
 

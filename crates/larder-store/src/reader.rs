@@ -3,7 +3,6 @@
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -155,9 +154,8 @@ impl BlobReaderState {
         let buf = match &self.data {
             Some(data) => data.slice(from as usize..to as usize),
             None => {
-                let mut buf = vec![0u8; (to - from) as usize];
-                self.file
-                    .read_exact_at(&mut buf, self.data_at + from)
+                let at = self.data_at + from;
+                let buf = read_exact_at(&self.file, at, (to - from) as usize)
                     .map_err(|e| read_error(&self.loc, e))?;
                 Bytes::from(buf)
             }

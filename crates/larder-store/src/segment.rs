@@ -156,6 +156,21 @@ pub(crate) fn fdatasync(file: &File) -> io::Result<()> {
     file.sync_data()
 }
 
+/// Asks the kernel to drop `len` bytes of `file` from `offset` from its page cache
+/// (`POSIX_FADV_DONTNEED`): clean pages are freed at once, dirty ones only queued for write-back.
+pub(crate) fn drop_cached(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let too_far = || io::Error::new(io::ErrorKind::InvalidInput, "range past i64");
+    let offset = i64::try_from(offset).map_err(|_| too_far())?;
+    let len = i64::try_from(len).map_err(|_| too_far())?;
+    // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory is passed.
+    let err =
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+    match err {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// Maps I/O errors to the store's error, singling out a full disk.
 pub(crate) fn io_error(e: io::Error) -> Error {
     match e.raw_os_error() {
@@ -220,10 +235,39 @@ pub(crate) fn write_all_vectored_at(
     Ok(())
 }
 
-/// Reads exactly `len` bytes at `offset`.
+/// Reads exactly `len` bytes at `offset`, into a buffer that is not zeroed first: `pread`
+/// fills it (zeroing 4 MiB before every large read was 15 % of a storage node's CPU under
+/// 4 MiB GETs).
 pub(crate) fn read_exact_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, offset)?;
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    while buf.len() < len {
+        let filled = buf.len();
+        let at = offset
+            .checked_add(filled as u64)
+            .and_then(|at| i64::try_from(at).ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "read past i64"))?;
+        let spare = &mut buf.spare_capacity_mut()[..len - filled];
+        // SAFETY: pread writes at most `spare.len()` bytes into the spare capacity, and only
+        // the bytes it says it wrote are counted into the length.
+        let n =
+            unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), at) };
+        match n {
+            0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "failed to fill whole buffer",
+                ))
+            }
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            // SAFETY: the first `filled + n` bytes are initialised (`n <= spare.len()`).
+            n => unsafe { buf.set_len(filled + n as usize) },
+        }
+    }
     Ok(buf)
 }
 
@@ -264,5 +308,23 @@ mod tests {
         write_all_vectored_at(&file, 5, &refs).unwrap();
         let want: Vec<u8> = parts.concat();
         assert_eq!(read_exact_at(&file, 5, want.len()).unwrap(), want);
+    }
+
+    #[test]
+    fn an_exact_read_gets_every_byte_asked_or_says_the_file_is_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = File::open(&path).unwrap();
+        assert_eq!(read_exact_at(&file, 0, bytes.len()).unwrap(), bytes);
+        assert_eq!(read_exact_at(&file, 7, 1000).unwrap(), &bytes[7..1007]);
+        assert_eq!(read_exact_at(&file, 9, 0).unwrap(), Vec::<u8>::new());
+        let short = read_exact_at(&file, 299_000, 1001).unwrap_err();
+        assert_eq!(short.kind(), io::ErrorKind::UnexpectedEof);
+        let past = read_exact_at(&file, 400_000, 1).unwrap_err();
+        assert_eq!(past.kind(), io::ErrorKind::UnexpectedEof);
+        let huge = read_exact_at(&file, u64::MAX, 1).unwrap_err();
+        assert_eq!(huge.kind(), io::ErrorKind::InvalidInput);
     }
 }

@@ -984,3 +984,57 @@ fn a_round_waits_out_the_interval_and_gathers_the_writes_that_come_meanwhile() {
         "both writes share one round"
     );
 }
+
+/// Pages of `path` in the page cache, from `mincore` over a mapping of the whole file.
+fn cached_pages(path: &std::path::Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let mut resident = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a read-only shared mapping of a file that stays open, unmapped before returning;
+    // `resident` has one byte per page of it, as `mincore` needs.
+    unsafe {
+        let at = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        );
+        assert_ne!(at, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(at, len, resident.as_mut_ptr()), 0);
+        libc::munmap(at, len);
+    }
+    resident.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+#[test]
+fn a_large_record_leaves_the_page_cache_once_synced_and_reads_back_whole() {
+    let large = data(2 << 20, 7);
+    let cached_after_put = |uncache_synced_from| {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            uncache_synced_from,
+            ..Options::default()
+        };
+        let store = Store::open(dir.path(), opts).unwrap();
+        store.put_blob(b"small", meta(), &[data(100, 1)]).unwrap();
+        store.put_blob(b"large", meta(), std::slice::from_ref(&large)).unwrap();
+        let segment = dir.path().join("seg-00000001.log");
+        // The pages are dropped just after the writer hears back.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut cached = cached_pages(&segment);
+        while uncache_synced_from.is_some() && cached > 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            cached = cached_pages(&segment);
+        }
+        assert_eq!(read(&store, b"large").unwrap(), large);
+        assert_eq!(read(&store, b"small").unwrap(), data(100, 1));
+        cached
+    };
+    // 512 pages of record: at most the two it shares with what is around it stay.
+    assert!(cached_after_put(Some(1 << 20)) <= 2);
+    assert!(cached_after_put(None) >= 500);
+}

@@ -38,6 +38,11 @@ pub struct Options {
     pub min_free_space: u64,
     /// Foreground work compaction gives way to (none: compaction only keeps its rate limit).
     pub compaction_yields_to: Option<Foreground>,
+    /// A record of at least this size (head included) that its commit round syncs in its
+    /// segment file is dropped from the page cache once synced (`POSIX_FADV_DONTNEED`); none:
+    /// never. Why: each new page-cache page costs a fresh page, and a large body read back
+    /// later is read from disk anyway once the cache has turned over (see `commit.rs`).
+    pub uncache_synced_from: Option<u64>,
 }
 
 impl Default for Options {
@@ -50,6 +55,7 @@ impl Default for Options {
             durability: Durability::Durable,
             min_free_space: 0,
             compaction_yields_to: None,
+            uncache_synced_from: Some(1 << 20),
         }
     }
 }

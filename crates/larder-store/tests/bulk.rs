@@ -133,6 +133,7 @@ fn opts() -> Options {
         durability: Durability::Durable,
         min_free_space: 0,
         compaction_yields_to: None,
+        uncache_synced_from: Options::default().uncache_synced_from,
     }
 }
 

@@ -187,6 +187,8 @@ fn opts() -> Options {
         durability: Durability::Durable,
         min_free_space: 0,
         compaction_yields_to: None,
+        // Low, so that the model's large records leave the cache too: reads must not care.
+        uncache_synced_from: Some(64 << 10),
     }
 }
 
