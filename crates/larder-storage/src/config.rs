@@ -165,11 +165,15 @@ pub struct StoreSettings {
     #[serde(with = "humantime_serde")]
     pub min_round_interval: Duration,
     /// A record at least this large (a blob chunk, usually) is dropped from the page cache
-    /// once synced, so that the next ones reuse its pages instead of taking fresh ones (0.42×
-    /// a node's CPU per 4 MiB S3 PUT on a VM, `benchmarks/store/UNCACHE.md`); read back, it
-    /// comes from disk (0.77× the 4 MiB GET rate of data just written there). 0 keeps
-    /// everything cached.
+    /// once synced and past `uncache_after_recent`, so that the next ones reuse its pages
+    /// instead of taking fresh ones (0.42× a node's CPU per 4 MiB S3 PUT on a VM,
+    /// `benchmarks/store/UNCACHE.md`); read back then, it comes from disk. 0 keeps everything
+    /// cached.
     pub uncache_synced_from: ByteSize,
+    /// How many bytes of the most recently synced large records a disk keeps in the page cache
+    /// before dropping the oldest: what was just written is what is read next (a client reading
+    /// its upload back, a replica catching up). 0 drops each as soon as it is synced.
+    pub uncache_after_recent: ByteSize,
 }
 
 impl Default for StoreSettings {
@@ -181,6 +185,7 @@ impl Default for StoreSettings {
             min_free_space: ByteSize::mib(256),
             min_round_interval: Duration::from_millis(1),
             uncache_synced_from: ByteSize::mib(1),
+            uncache_after_recent: ByteSize::gib(1),
         }
     }
 }
@@ -201,6 +206,7 @@ impl StoreSettings {
     pub fn disk_options(&self) -> larder_store::DiskOptions {
         larder_store::DiskOptions {
             min_round_interval: self.min_round_interval,
+            uncache_after_recent: self.uncache_after_recent.as_u64(),
             ..larder_store::DiskOptions::default()
         }
     }

@@ -1,6 +1,7 @@
-//! Durable 4 MiB puts with and without dropping synced large records from the page cache
-//! (`Options::uncache_synced_from`): puts/s and the process's CPU per put (user and system), the
-//! two settings alternating cell by cell on fresh stores. Prints a markdown table.
+//! Durable 4 MiB puts with synced large records kept in the page cache, dropped at once, and
+//! dropped past the default window of recent ones (`Options::uncache_synced_from`,
+//! `DiskOptions::uncache_after_recent`): puts/s and the process's CPU per put (user and
+//! system), the settings taking turns cell by cell on fresh stores. Prints a markdown table.
 //!
 //! Usage: `uncache_bench DIR [SECONDS_PER_CELL] [ROUNDS] [WRITERS]` (DIR on the disk under
 //! test, not tmpfs). Each cell writes new data: a store's files are deleted after its cell.
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use larder_store::{BlobMeta, Options, PutOutcome, Store};
+use larder_store::{BlobMeta, Disk, DiskOptions, Options, PutOutcome, Store};
 
 const RECORD: usize = 4 << 20;
 
@@ -33,19 +34,19 @@ fn main() {
     std::fs::create_dir_all(root).unwrap();
     println!("| round | setting | puts/s | MB/s | user CPU ms per put | system CPU ms per put |");
     println!("| ---: | --- | ---: | ---: | ---: | ---: |");
+    let window = DiskOptions::default().uncache_after_recent;
     let settings = [
-        ("kept cached", None),
-        ("dropped once synced", Some(1 << 20)),
+        ("kept cached", None, 0),
+        ("dropped once synced", Some(1 << 20), 0),
+        ("dropped past the last GiB (default)", Some(1 << 20), window),
     ];
     for round in 1..=rounds {
-        // Alternate which goes first: the machine drifts over a run.
-        let order: Vec<_> = match round % 2 {
-            1 => settings.iter().collect(),
-            _ => settings.iter().rev().collect(),
-        };
-        for (name, from) in order {
-            let dir = root.join(format!("uncache-{round}-{}", from.is_some()));
-            let c = cell(&dir, *from, writers, Duration::from_secs_f64(secs));
+        // Rotate which goes first: the machine drifts over a run.
+        let mut order: Vec<_> = settings.iter().collect();
+        order.rotate_left(round % settings.len());
+        for (k, (name, from, window)) in order.into_iter().enumerate() {
+            let dir = root.join(format!("uncache-{round}-{k}"));
+            let c = cell(&dir, *from, *window, writers, Duration::from_secs_f64(secs));
             println!(
                 "| {round} | {name} | {:.1} | {:.0} | {:.2} | {:.2} |",
                 c.puts_per_s,
@@ -58,12 +59,23 @@ fn main() {
 }
 
 /// `writers` threads putting 4 MiB blobs (as 64 KiB pieces, like a streamed upload) for `run`.
-fn cell(dir: &Path, uncache_synced_from: Option<u64>, writers: usize, run: Duration) -> Cell {
+fn cell(
+    dir: &Path,
+    uncache_synced_from: Option<u64>,
+    uncache_after_recent: u64,
+    writers: usize,
+    run: Duration,
+) -> Cell {
+    let disk_opts = DiskOptions {
+        uncache_after_recent,
+        ..DiskOptions::default()
+    };
+    let disk = Disk::open(dir, disk_opts).unwrap();
     let opts = Options {
         uncache_synced_from,
         ..Options::default()
     };
-    let store = Store::open(dir, opts).unwrap();
+    let store = Store::open_on(&disk, dir.join("store"), opts).unwrap();
     let data = Bytes::from(
         (0..RECORD)
             .map(|i| (i * 131 % 251) as u8)
@@ -102,6 +114,7 @@ fn cell(dir: &Path, uncache_synced_from: Option<u64>, writers: usize, run: Durat
     let elapsed = start.elapsed().as_secs_f64();
     let (user1, system1) = cpu();
     drop(store);
+    drop(disk);
     std::fs::remove_dir_all(dir).unwrap();
     let puts = done.load(Ordering::Relaxed).max(1) as f64;
     Cell {

@@ -17,14 +17,12 @@
 //! `fdatasync` of their own; synced once they add up to more, so that many writers of large
 //! records do not all funnel through the commit thread's one journal write.
 //!
-//! A large record that its round syncs is then dropped from the page cache
-//! (`Options::uncache_synced_from`, 1 MiB by default), after its writer has heard back. Its
-//! pages are clean by then, so they are freed at once, and the next records' writes take those
-//! pages again instead of fresh ones. On a VM whose free memory goes back to the host (free
-//! page reporting), a fresh page costs a fault in the host: a durable 4 MiB put cost this
-//! store 3.5–6.5 ms of system CPU kept cached, 1.4–1.8 ms dropped, at 2.8× the rate
-//! (`benchmarks/store/UNCACHE.md`). A large body read back soon after comes from disk; small
-//! records stay cached.
+//! A large record that its round syncs leaves the page cache once the large records synced
+//! after it on its disk add up to a window (`uncache.rs`; 1 MiB and 1 GiB by default), after
+//! its writer has heard back. Its pages are clean by then, so they are freed at once, and the
+//! next records' writes take those pages again instead of fresh ones: a durable 4 MiB put cost
+//! this store 3.5–6.5 ms of system CPU kept cached, 1.4–1.8 ms dropped, at 2.8× the rate
+//! (`benchmarks/store/UNCACHE.md`). Small records stay cached.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;

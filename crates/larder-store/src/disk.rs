@@ -27,9 +27,7 @@ use crate::journal::{
     encode_file_header, encode_frame_head_of_pieces, journal_name, parse_journal_name,
     JournalReader, Target, FILE_HEADER_LEN, JOURNAL_LOCK, MAX_PATH_LEN,
 };
-use crate::segment::{
-    drop_cached, fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at,
-};
+use crate::segment::{fdatasync, io_error, segment_name, sync_dir, write_all_vectored_at};
 use crate::types::{DiskOptions, DiskStats, Error, Result};
 
 /// How long a rotated journal file's release waits for a round sync still holding it.
@@ -68,6 +66,8 @@ pub(crate) struct Shared {
     unjournaled_rounds: AtomicU64,
     /// The rounds' syncs as compaction's write-back sees them (`sync_watch.rs`).
     pub(crate) syncs: crate::sync_watch::SyncWatch,
+    /// Synced large records still cached, dropped oldest first (`uncache.rs`).
+    recent_large: crate::uncache::RecentLarge,
     opts: DiskOptions,
     /// Faults of the disk itself (the stores' own fault points are consulted too).
     #[cfg(test)]
@@ -105,6 +105,7 @@ impl Disk {
             rounds: AtomicU64::new(0),
             unjournaled_rounds: AtomicU64::new(0),
             syncs: Default::default(),
+            recent_large: crate::uncache::RecentLarge::new(opts.uncache_after_recent),
             opts,
             #[cfg(test)]
             fail: Default::default(),
@@ -798,16 +799,7 @@ fn sync_stage(shared: &Shared, stage: &SyncStage) {
             finish(shared, written, failed);
         }
         drop(in_order);
-        uncache_synced(&uncache);
-    }
-}
-
-/// Drops synced large records from the page cache (`Options::uncache_synced_from`). Their
-/// pages are clean, so this frees them at once, and the next records' writes reuse them.
-fn uncache_synced(records: &[(Arc<File>, u64, u64)]) {
-    for (file, offset, len) in records {
-        // Advice only: if it fails, the pages stay cached until the kernel reclaims them.
-        let _ = drop_cached(file, *offset, *len);
+        shared.recent_large.synced(uncache);
     }
 }
 

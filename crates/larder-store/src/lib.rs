@@ -52,6 +52,7 @@ mod sync_watch;
 #[cfg(test)]
 mod tests;
 mod types;
+mod uncache;
 mod visit;
 
 #[doc(hidden)]

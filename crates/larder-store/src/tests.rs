@@ -1010,31 +1010,52 @@ fn cached_pages(path: &std::path::Path) -> usize {
     resident.iter().filter(|&&b| b & 1 == 1).count()
 }
 
-#[test]
-fn a_large_record_leaves_the_page_cache_once_synced_and_reads_back_whole() {
-    let large = data(2 << 20, 7);
-    let cached_after_put = |uncache_synced_from| {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = Options {
-            uncache_synced_from,
-            ..Options::default()
-        };
-        let store = Store::open(dir.path(), opts).unwrap();
-        store.put_blob(b"small", meta(), &[data(100, 1)]).unwrap();
-        store.put_blob(b"large", meta(), std::slice::from_ref(&large)).unwrap();
-        let segment = dir.path().join("seg-00000001.log");
-        // The pages are dropped just after the writer hears back.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut cached = cached_pages(&segment);
-        while uncache_synced_from.is_some() && cached > 2 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            cached = cached_pages(&segment);
-        }
-        assert_eq!(read(&store, b"large").unwrap(), large);
-        assert_eq!(read(&store, b"small").unwrap(), data(100, 1));
-        cached
+/// Three records of 2 MiB after a small one, on a disk with `window` bytes of large records
+/// kept cached: the pages of the segment in the page cache once at most `most` (waiting up to
+/// 10 s: they are dropped just after the writers hear back), or at once without a bound.
+/// Every record reads back whole.
+fn cached_after_large_puts(uncache: Option<u64>, window: u64, most: Option<usize>) -> usize {
+    let root = tempfile::tempdir().unwrap();
+    let disk_opts = DiskOptions {
+        uncache_after_recent: window,
+        ..DiskOptions::default()
     };
-    // 512 pages of record: at most the two it shares with what is around it stay.
-    assert!(cached_after_put(Some(1 << 20)) <= 2);
-    assert!(cached_after_put(None) >= 500);
+    let disk = Disk::open(root.path(), disk_opts).unwrap();
+    let opts = Options {
+        uncache_synced_from: uncache,
+        ..Options::default()
+    };
+    let dir = root.path().join("s");
+    let store = Store::open_on(&disk, &dir, opts).unwrap();
+    store.put_blob(b"small", meta(), &[data(100, 1)]).unwrap();
+    for (i, key) in [b"a", b"b", b"c"].iter().enumerate() {
+        let record = data(2 << 20, 7 + i as u8);
+        store
+            .put_blob(*key, meta(), std::slice::from_ref(&record))
+            .unwrap();
+    }
+    let segment = dir.join("seg-00000001.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut cached = cached_pages(&segment);
+    while most.is_some_and(|most| cached > most) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        cached = cached_pages(&segment);
+    }
+    for (i, key) in [b"a", b"b", b"c"].iter().enumerate() {
+        assert_eq!(read(&store, *key).unwrap(), data(2 << 20, 7 + i as u8));
+    }
+    assert_eq!(read(&store, b"small").unwrap(), data(100, 1));
+    cached
+}
+
+#[test]
+fn large_records_leave_the_page_cache_once_synced_past_a_window_of_recent_ones() {
+    // 512 pages per record; the few around each that it shares with its neighbours may stay.
+    let dropped_at_once = cached_after_large_puts(Some(1 << 20), 0, Some(4));
+    assert!(dropped_at_once <= 4, "{dropped_at_once}");
+    // A window of 3 MiB keeps the last record only.
+    let last_kept = cached_after_large_puts(Some(1 << 20), 3 << 20, Some(512 + 4));
+    assert!((510..=512 + 4).contains(&last_kept), "{last_kept}");
+    let all_kept = cached_after_large_puts(None, 0, None);
+    assert!(all_kept >= 3 * 510, "{all_kept}");
 }

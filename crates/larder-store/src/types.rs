@@ -39,9 +39,9 @@ pub struct Options {
     /// Foreground work compaction gives way to (none: compaction only keeps its rate limit).
     pub compaction_yields_to: Option<Foreground>,
     /// A record of at least this size (head included) that its commit round syncs in its
-    /// segment file is dropped from the page cache once synced (`POSIX_FADV_DONTNEED`); none:
-    /// never. Why: each new page-cache page costs a fresh page, and a large body read back
-    /// later is read from disk anyway once the cache has turned over (see `commit.rs`).
+    /// segment file is dropped from the page cache (`POSIX_FADV_DONTNEED`) once the large
+    /// records synced after it on its disk add up to `DiskOptions::uncache_after_recent`;
+    /// none: never. Why: see `uncache.rs`.
     pub uncache_synced_from: Option<u64>,
 }
 
@@ -305,6 +305,10 @@ pub struct DiskOptions {
     /// `fdatasync` and the wake-ups of its writers whatever it carries. A write that comes
     /// later than this after the last round (any write at a low rate) starts its round at once.
     pub min_round_interval: std::time::Duration,
+    /// Large records synced in their segment (`Options::uncache_synced_from`) stay in the page
+    /// cache until the ones synced after them on this disk add up to this many bytes; then they
+    /// are dropped from it, oldest first (`uncache.rs`). 0: dropped as soon as synced.
+    pub uncache_after_recent: u64,
 }
 
 impl Default for DiskOptions {
@@ -313,6 +317,7 @@ impl Default for DiskOptions {
             journal_file_size: 64 << 20,
             sync_threads: 2,
             min_round_interval: std::time::Duration::ZERO,
+            uncache_after_recent: 1 << 30,
         }
     }
 }

@@ -187,7 +187,8 @@ fn opts() -> Options {
         durability: Durability::Durable,
         min_free_space: 0,
         compaction_yields_to: None,
-        // Low, so that the model's large records leave the cache too: reads must not care.
+        // Low, so that the model's large records go through the window of recently synced
+        // ones too (`uncache.rs`; dropping them is `tests::large_records_leave_...`'s).
         uncache_synced_from: Some(64 << 10),
     }
 }
