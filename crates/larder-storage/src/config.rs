@@ -166,7 +166,7 @@ pub struct StoreSettings {
     pub min_round_interval: Duration,
     /// A record at least this large (a blob chunk, usually) is dropped from the page cache
     /// once synced and past `uncache_after_recent`, so that the next ones reuse its pages
-    /// instead of taking fresh ones (0.42× a node's CPU per 4 MiB S3 PUT on a VM,
+    /// instead of taking fresh ones (0.54× a node's CPU per 4 MiB S3 PUT on a VM,
     /// `benchmarks/store/UNCACHE.md`); read back then, it comes from disk. 0 keeps everything
     /// cached.
     pub uncache_synced_from: ByteSize,

@@ -21,7 +21,7 @@
 //! after it on its disk add up to a window (`uncache.rs`; 1 MiB and 1 GiB by default), after
 //! its writer has heard back. Its pages are clean by then, so they are freed at once, and the
 //! next records' writes take those pages again instead of fresh ones: a durable 4 MiB put cost
-//! this store 3.5–6.5 ms of system CPU kept cached, 1.4–1.8 ms dropped, at 2.8× the rate
+//! this store 3.8–5.1 ms of system CPU kept cached, 1.4–1.7 ms dropped, at 2.0× the rate
 //! (`benchmarks/store/UNCACHE.md`). Small records stay cached.
 
 use std::collections::{HashMap, VecDeque};
@@ -85,11 +85,9 @@ pub(crate) struct Collected {
     pub large: Vec<Frame>,
     /// The end of the last record the round covers.
     pub goal: LogPos,
-    /// Large records of at least this size that the round syncs (not journals) leave the page
-    /// cache once synced (`Options::uncache_synced_from`).
-    pub uncache_from: Option<u64>,
-    /// Those records (file, offset, length): the ones too large to journal, and those the
-    /// round decides to sync rather than journal (`disk.rs`).
+    /// Records the round syncs (not journals) that are to leave the page cache
+    /// (`Engine::uncaches`), as file, offset and length: the ones too large to journal, and
+    /// those the round decides to sync rather than journal (`disk.rs`).
     pub uncache: Vec<(Arc<File>, u64, u64)>,
 }
 
@@ -261,7 +259,6 @@ impl Engine {
             sync: std::mem::take(&mut st.unsynced),
             large: std::mem::take(&mut st.large),
             goal: st.written,
-            uncache_from: self.opts.uncache_synced_from,
             uncache: std::mem::take(&mut st.uncache),
         }
     }
@@ -499,11 +496,7 @@ impl Engine {
         let file = st.active.file.clone();
         if len > JOURNALED_LARGE_PER_ROUND {
             st.needs_sync(&file);
-            if self
-                .opts
-                .uncache_synced_from
-                .is_some_and(|from| len as u64 >= from)
-            {
+            if self.uncaches(len as u64) {
                 st.uncache.push((file, start, len as u64));
             }
             return Ok(start);
@@ -520,6 +513,14 @@ impl Engine {
         };
         st.large.push(frame);
         Ok(start)
+    }
+
+    /// Whether a synced record of `len` bytes (head included) is to leave the page cache once
+    /// past its disk's window of recent ones (`Options::uncache_synced_from`, `uncache.rs`).
+    pub(crate) fn uncaches(&self, len: u64) -> bool {
+        self.opts
+            .uncache_synced_from
+            .is_some_and(|from| len >= from)
     }
 
     pub(crate) fn write_at(&self, file: &File, offset: u64, bufs: &[&[u8]]) -> io::Result<()> {

@@ -647,7 +647,7 @@ fn journal_or_sync_large(collected: &mut [(Arc<Engine>, Collected)]) {
     files.dedup();
     let journal_written = collected.iter().any(|(_, c)| !c.frames.is_empty());
     let journaled = bytes <= JOURNALED_LARGE_PER_ROUND && (files.len() > 1 || journal_written);
-    for (_, c) in collected.iter_mut() {
+    for (engine, c) in collected.iter_mut() {
         let journal_large = journaled && !c.large.is_empty();
         for frame in std::mem::take(&mut c.large) {
             if journaled {
@@ -655,7 +655,7 @@ fn journal_or_sync_large(collected: &mut [(Arc<Engine>, Collected)]) {
                 continue;
             }
             let len = frame.len() as u64;
-            if c.uncache_from.is_some_and(|from| len >= from) {
+            if engine.uncaches(len) {
                 c.uncache.push((frame.file.clone(), frame.offset, len));
             }
             if !c.sync.iter().any(|f| Arc::ptr_eq(f, &frame.file)) {
@@ -777,7 +777,8 @@ fn sync_stage(shared: &Shared, stage: &SyncStage) {
                 why
             }),
         };
-        // Taken now, dropped from the cache once the writers have heard back.
+        // Taken now, handed to the window of recent large records (`uncache.rs`) after the
+        // lock, never before this round's own sync has succeeded.
         let uncache: Vec<_> = match failed {
             Some(_) => Vec::new(),
             None => written

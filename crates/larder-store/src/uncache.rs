@@ -2,8 +2,9 @@
 //! recent ones (`Options::uncache_synced_from`, `DiskOptions::uncache_after_recent`).
 //!
 //! Why drop them at all: a large write fills fresh page-cache pages, and on a VM whose free
-//! memory goes back to the host each fresh page costs a fault in the host (most of a storage
-//! node's CPU under 4 MiB PUTs, `benchmarks/store/UNCACHE.md`). A dropped record's clean pages
+//! memory goes back to the host a fresh page costs far more than a reused one (a fault in the
+//! host, as we read it; most of a storage node's CPU under 4 MiB PUTs,
+//! `benchmarks/store/UNCACHE.md`). A dropped record's clean pages
 //! are freed at once and the next writes take them back. Why keep a window: what was written
 //! last is what is read next (a client reading its upload back, a peer catching up on
 //! replication), and reading it from disk again would cost as much.
@@ -69,11 +70,11 @@ impl RecentLarge {
             }
         }
         for (file, offset, len) in past {
-            // A file gone meanwhile took its pages with it. Advice only: if it fails, the pages
-            // stay cached until the kernel reclaims them.
             // Pages of the records before in the widened range go too: older, or small ones
             // (read from disk again if asked for), never data.
             let start = offset - offset % FOLIO_MAX;
+            // A file gone meanwhile took its pages with it. Advice only: if it fails, the pages
+            // stay cached until the kernel reclaims them.
             if let Some(file) = file.upgrade() {
                 let _ = drop_cached(&file, start, len.saturating_add(offset - start));
             }
