@@ -55,6 +55,14 @@ impl Clocks {
     }
 }
 
+/// Removes what libfaketime left in /dev/shm for process `pid`, once it is reaped: a process on
+/// a faked clock creates a semaphore and a segment there, and removes them only when it exits
+/// by itself, which a killed one does not.
+pub fn forget(pid: u32) {
+    let _ = std::fs::remove_file(format!("/dev/shm/faketime_shm_{pid}"));
+    let _ = std::fs::remove_file(format!("/dev/shm/sem.faketime_sem_{pid}"));
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Skew {
     pub at_ms: u64,

@@ -164,6 +164,7 @@ impl Process {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            crate::clock::forget(child.id());
         }
         self.stopped = false;
     }

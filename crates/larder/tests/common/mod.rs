@@ -228,8 +228,7 @@ impl Cluster {
     /// SIGKILLs the (first) frontend, then starts it again with the same config.
     pub fn kill_and_restart_frontend(&mut self) {
         let frontend = &mut self.frontends[0];
-        frontend.kill().unwrap();
-        frontend.wait().unwrap();
+        reap(frontend);
         *frontend = spawn(&["frontend", "--config", &self.frontend_configs[0]]);
         wait_for_port(self.frontend_addr);
     }
@@ -237,8 +236,7 @@ impl Cluster {
     /// SIGKILLs frontend `i`, appends `extra` to its config, and starts it again.
     pub fn reconfigure_frontend(&mut self, i: usize, extra: &str) {
         let frontend = &mut self.frontends[i];
-        frontend.kill().unwrap();
-        frontend.wait().unwrap();
+        reap(frontend);
         let config = &self.frontend_configs[i];
         let text = std::fs::read_to_string(config).unwrap();
         std::fs::write(config, format!("{text}\n{extra}")).unwrap();
@@ -249,8 +247,7 @@ impl Cluster {
     /// SIGKILLs the (first) frontend, then starts it again with `env` added to its environment.
     pub fn restart_frontend_with_env(&mut self, env: &[(&str, &str)]) {
         let frontend = &mut self.frontends[0];
-        frontend.kill().unwrap();
-        frontend.wait().unwrap();
+        reap(frontend);
         *frontend = Command::new(LARDER)
             .args(["frontend", "--config", &self.frontend_configs[0]])
             .env("LARDER_LOG", "warn")
@@ -329,8 +326,7 @@ impl Cluster {
     /// SIGKILL: the node gets no chance to sync, checkpoint or say goodbye.
     pub fn kill_node(&mut self, i: usize) {
         if let Some(mut child) = self.nodes[i].take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
+            reap(&mut child);
         }
     }
 
@@ -375,10 +371,20 @@ impl Drop for Cluster {
             .flatten()
             .chain(self.frontends.iter_mut())
         {
-            let _ = child.kill();
-            let _ = child.wait();
+            reap(child);
         }
     }
+}
+
+/// SIGKILLs and reaps `child`, and removes what libfaketime left in /dev/shm for it (a
+/// process on a faked clock creates a semaphore and a segment there and removes them only
+/// when it exits by itself).
+pub fn reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+    let pid = child.id();
+    let _ = std::fs::remove_file(format!("/dev/shm/faketime_shm_{pid}"));
+    let _ = std::fs::remove_file(format!("/dev/shm/sem.faketime_sem_{pid}"));
 }
 
 /// The name of the cluster secret file the harness writes next to the map.
