@@ -147,6 +147,13 @@ def big_put_table():
     iperf, dd = num("iperf3_mbps"), num("dd_mbps")
     print(f"iperf3, one TCP stream over loopback: {fmt(iperf)} MB/s; dd, 512 MiB written with "
           f"`conv=fdatasync` to the data disk: {fmt(dd)} MB/s, / 3 replicas = {fmt(dd / 3 if dd else None)} MB/s.")
+    new, reused = num("dd_tmpfs_new_mbps"), num("dd_tmpfs_reused_mbps")
+    if new is not None:
+        print()
+        print(f"tmpfs itself (dd, 512 MiB of 4 MiB writes): {fmt(new)} MB/s into new pages, "
+              f"{fmt(reused)} MB/s over the same pages again. Every byte a storage node appends goes "
+              f"into new pages, three copies of each PUT: tmpfs's own bound for the row is "
+              f"{fmt(new / 3)} MB/s.")
     print()
     print("| build | data on | 4 MiB PUT MB/s | reference | ratio | target | vs baseline |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: |")

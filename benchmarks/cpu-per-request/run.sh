@@ -354,7 +354,14 @@ for round in $(seq "$rounds"); do
 done
 results=$work/results.references
 
-# --- References for the 4 MiB row: iperf3's one stream, dd's synced write rate ---
+# dd's stderr -> its rate in MB/s.
+dd_rate() {
+  python3 -c "
+import re, sys; t = open(sys.argv[1]).read()
+m = re.search(r'(\d+) bytes.*?, ([0-9.]+) s,', t); print(round(int(m.group(1)) / float(m.group(2)) / 1e6))" "$1"
+}
+
+# --- References for the 4 MiB row: iperf3's one stream, dd's synced write rate, tmpfs's ---
 if [ "$smoke" = 0 ]; then
   iport=$(free_port)
   iperf3 -s -1 -p "$iport" >/dev/null 2>&1 &
@@ -363,10 +370,17 @@ if [ "$smoke" = 0 ]; then
   record iperf3_mbps "$(iperf3 -c 127.0.0.1 -p "$iport" -t 5 -J |
     python3 -c 'import sys,json; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e6))')"
   dd if=/dev/zero of="$work/dd" bs=4M count=128 conv=fdatasync 2> "$work/dd.out"
-  record dd_mbps "$(python3 -c "
-import re; t = open('$work/dd.out').read()
-m = re.search(r'(\d+) bytes.*?, ([0-9.]+) s,', t); print(round(int(m.group(1)) / float(m.group(2)) / 1e6))")"
+  record dd_mbps "$(dd_rate "$work/dd.out")"
   rm -f "$work/dd"
+  # tmpfs itself: 512 MiB into new pages (as every byte a storage node appends there is), then
+  # over the same pages again. On a VM whose free memory goes back to the host, new pages cost
+  # far more than reused ones; iperf3 reuses its socket buffers.
+  shm_dd=/dev/shm/larder-bench-dd.$$
+  dd if=/dev/zero of="$shm_dd" bs=4M count=128 2> "$work/dd-shm-new.out"
+  record dd_tmpfs_new_mbps "$(dd_rate "$work/dd-shm-new.out")"
+  dd if=/dev/zero of="$shm_dd" bs=4M count=128 conv=notrunc 2> "$work/dd-shm-reused.out"
+  record dd_tmpfs_reused_mbps "$(dd_rate "$work/dd-shm-reused.out")"
+  rm -f "$shm_dd"
 fi
 
 command_line="ROUNDS=$rounds DURATION=$duration BASELINE=${baseline:-none} PERF=$perf_on benchmarks/cpu-per-request/run.sh"
