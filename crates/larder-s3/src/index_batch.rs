@@ -355,9 +355,8 @@ fn apply<H: Holder>(
         return Ok((applied, linked));
     }
     let garbage = unlinked.into_iter().flat_map(|old| old.body.clone());
-    record.garbage_mut().extend(garbage.map(|piece| Garbage {
-        blob: piece.blob,
-        after_ms,
-    }));
+    record
+        .garbage_mut()
+        .extend(garbage.map(|piece| Garbage::new(piece.blob, after_ms)));
     Ok((applied, true))
 }

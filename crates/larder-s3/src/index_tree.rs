@@ -992,8 +992,8 @@ async fn tombstone(
     use futures_util::{StreamExt, TryStreamExt};
     let due: Vec<String> = garbage
         .iter()
-        .filter(|g| !done.contains(&g.blob))
-        .map(|g| g.blob.clone())
+        .filter(|g| !done.contains(g.blob()))
+        .map(|g| g.blob().to_owned())
         .collect();
     let router = records.router();
     futures_util::stream::iter(due.clone())

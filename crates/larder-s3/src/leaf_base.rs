@@ -431,7 +431,10 @@ mod tests {
         assert_eq!(read.base_plan((limit, usize::MAX)), BasePlan::Inline);
         read.rebase(None, 5);
         assert_eq!(read.v, FORMAT_SPLIT);
-        assert_eq!(read.garbage.last().map(|g| g.blob.as_str()), Some("R1"));
+        assert_eq!(
+            read.garbage.last().map(crate::records::Garbage::blob),
+            Some("R1")
+        );
         assert_eq!(BucketIndex::decode(&read.encode()).unwrap(), read);
         // Format 1 with a base is no record this code wrote.
         let one_with_base = br#"{"v":1,"created_ms":0,"objects":{},"base":{"blob":"B"}}"#;
@@ -542,7 +545,7 @@ mod tests {
         leaf.remember_base("B1", 6);
         assert_eq!(leaf.garbage.len(), 1);
         assert_eq!(
-            (leaf.garbage[0].blob.as_str(), leaf.garbage[0].after_ms),
+            (leaf.garbage[0].blob(), leaf.garbage[0].after_ms()),
             ("B1", 5)
         );
     }
@@ -586,8 +589,8 @@ mod tests {
         leaf.rebase(None, 77);
         assert_eq!(leaf.base, None);
         assert_eq!(leaf.garbage.len(), 1);
-        assert_eq!(leaf.garbage[0].blob, "B1");
-        assert_eq!(leaf.garbage[0].after_ms, 77);
+        assert_eq!(leaf.garbage[0].blob(), "B1");
+        assert_eq!(leaf.garbage[0].after_ms(), 77);
         assert_eq!(
             Leaf::decode(&leaf.encode()).unwrap().v,
             crate::records::FORMAT_SPLIT

@@ -177,10 +177,7 @@ pub fn hurry(garbage: &mut [Garbage], max: usize, now_ms: u64) -> bool {
     let excess = garbage.len().saturating_sub(max.max(1));
     let mut hurried = false;
     for held in &mut garbage[..excess] {
-        if held.after_ms > now_ms {
-            held.after_ms = now_ms;
-            hurried = true;
-        }
+        hurried |= held.hurry_to(now_ms);
     }
     hurried
 }
@@ -248,8 +245,8 @@ async fn sweep_record(
     let now = now_ms();
     let due: HashSet<String> = garbage
         .iter()
-        .filter(|g| g.after_ms <= now)
-        .map(|g| g.blob.clone())
+        .filter(|g| g.after_ms() <= now)
+        .map(|g| g.blob().to_owned())
         .collect();
     if due.is_empty() {
         return Ok(0);
@@ -282,7 +279,7 @@ async fn forget_garbage<H: Holder>(
             let Some(mut record) = record else {
                 return Ok((Change::Keep, ()));
             };
-            record.garbage_mut().retain(|g| !due.contains(&g.blob));
+            record.garbage_mut().retain(|g| !due.contains(g.blob()));
             Ok((Change::Put(record), ()))
         })
         .await
@@ -296,10 +293,7 @@ mod hurry_tests {
         after_ms
             .iter()
             .enumerate()
-            .map(|(i, &after_ms)| Garbage {
-                blob: format!("b{i}"),
-                after_ms,
-            })
+            .map(|(i, &after_ms)| Garbage::new(format!("b{i}"), after_ms))
             .collect()
     }
 
@@ -307,7 +301,7 @@ mod hurry_tests {
     fn past_the_bound_the_oldest_are_due_now_and_no_later_than_they_were() {
         let mut garbage = held(&[50, 500, 600, 700, 800]);
         assert!(hurry(&mut garbage, 2, 100));
-        let after: Vec<u64> = garbage.iter().map(|g| g.after_ms).collect();
+        let after: Vec<u64> = garbage.iter().map(Garbage::after_ms).collect();
         // The three oldest are due (one already was), the two newest keep their grace.
         assert_eq!(after, [50, 100, 100, 700, 800]);
         // Within the bound, or nothing to hurry: nothing changes.

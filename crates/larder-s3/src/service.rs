@@ -196,7 +196,7 @@ impl Larder {
         // Replaced blobs still waiting for their grace period go now: after the bucket's
         // record is gone nothing would find them. (Tombstoning one twice is harmless.)
         for garbage in &root.garbage {
-            blobs::delete(self.router(), &garbage.blob).await?;
+            blobs::delete(self.router(), garbage.blob()).await?;
         }
         self.records
             .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
