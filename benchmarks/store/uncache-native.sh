@@ -14,13 +14,7 @@ source "$here/../lib.sh"
 : "${BASE_BIN:?a release build of the base}" "${HEAD_BIN:?a release build of the head}"
 rounds=${ROUNDS:-2}
 duration=${DURATION:-10}
-work=$(mktemp -d "$here/../../target/uncache-native.XXXX")
-dev=""
-cleanup() {
-  [ -n "$dev" ] && kill "$dev" 2>/dev/null && wait "$dev" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+bench_workdir uncache-native # $work, and an EXIT trap that stops what is in `pids`
 head -c $((1 << 20)) /dev/urandom > "$work/body"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 sum_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(ticks "$p"))); done; echo "$t"; }
@@ -31,6 +25,7 @@ one_round() {
   port=$(free_port)
   LARDER_LOG=warn "$bin" dev --data-dir "$dir" --listen "127.0.0.1:$port" > "$dir.log" 2>&1 &
   dev=$!
+  pids=("$dev")
   wait_port "$port"
   sleep 1
   nodes=$(pgrep -P "$dev" | tr '\n' ' ')
@@ -40,7 +35,7 @@ one_round() {
     -d "$work/body" "http://127.0.0.1:$port/v1/blobs")
   # shellcheck disable=SC2086
   f1=$(ticks "$dev") s1=$(sum_ticks $nodes)
-  kill "$dev"; wait "$dev" 2>/dev/null || true; dev=""
+  kill "$dev"; wait "$dev" 2>/dev/null || true; pids=()
   rm -rf "$dir"
   done=$(awk '/status codes:/ {print $3}' <<< "$out")
   rate=$(awk '/^finished in/ {print $4}' <<< "$out")
