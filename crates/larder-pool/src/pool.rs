@@ -10,6 +10,7 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
+use hyper::client::conn::TrySendError;
 use larder_auth::Credentials;
 use larder_tls::rustls::ClientConfig;
 use larder_tls::Reloading;
@@ -215,33 +216,64 @@ impl NodePool {
             return Box::pin(http1.send(req)).await;
         }
         *req.uri_mut() = self.absolute(std::mem::take(req.uri_mut()));
-        // A request that never left this process (its connection had just closed: a GOAWAY, a
-        // reset) is handed back by hyper and goes out on the next connection in turn, so one
-        // lost connection costs no request.
-        for _ in 1..self.slots.len() {
-            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-            let mut sender = self.sender(index).await?;
-            match sender.try_send_request(req).await {
+        let index = self.next_index();
+        let mut sender = self.sender(index).await?;
+        if self.slots.len() == 1 {
+            return match sender.send_request(req).await {
+                Ok(response) => Ok(response),
+                Err(source) => Err(Box::pin(self.request_error(index, &sender, source)).await),
+            };
+        }
+        match sender.try_send_request(req).await {
+            Ok(response) => Ok(response),
+            // The rare path is boxed: inline, its states (the request handed back, the
+            // error, the retries' futures) made this future 1,848 bytes, copied at every
+            // await that holds it, for every replica of every request.
+            Err(failed) => Box::pin(self.send_again(index, sender, failed)).await,
+        }
+    }
+
+    /// After the first connection tried failed `failed`: a request that never left this
+    /// process (its connection had just closed: a GOAWAY, a reset) is handed back by hyper and
+    /// goes out on the next connection in turn, so one lost connection costs no request; one
+    /// that may have left is answered with the error. Every connection is tried at most once.
+    async fn send_again(
+        &self,
+        mut index: usize,
+        mut sender: SendRequest<Body>,
+        mut failed: TrySendError<Request<Body>>,
+    ) -> Result<Response<Incoming>, PoolError> {
+        for _ in 2..self.slots.len() {
+            let Some(unsent) = failed.take_message() else {
+                return Err(self
+                    .request_error(index, &sender, failed.into_error())
+                    .await);
+            };
+            self.forget_if_closed(index, &sender).await;
+            index = self.next_index();
+            sender = self.sender(index).await?;
+            match sender.try_send_request(unsent).await {
                 Ok(response) => return Ok(response),
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) => {
-                        self.forget_if_closed(index, &sender).await;
-                        req = unsent;
-                    }
-                    None => {
-                        return Err(self
-                            .request_error(index, &sender, failed.into_error())
-                            .await)
-                    }
-                },
+                Err(again) => failed = again,
             }
         }
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let Some(unsent) = failed.take_message() else {
+            return Err(self
+                .request_error(index, &sender, failed.into_error())
+                .await);
+        };
+        self.forget_if_closed(index, &sender).await;
+        let index = self.next_index();
         let mut sender = self.sender(index).await?;
-        match sender.send_request(req).await {
+        match sender.send_request(unsent).await {
             Ok(response) => Ok(response),
             Err(source) => Err(self.request_error(index, &sender, source).await),
         }
+    }
+
+    /// The connection the next request goes out on (round-robin).
+    fn next_index(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()
     }
 
     /// Classifies a failed request: when its connection is gone (closed by the peer, GOAWAY,

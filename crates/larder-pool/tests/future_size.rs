@@ -1,7 +1,9 @@
 //! The future of one request through the pool is moved into a box for every replica of every
 //! frontend request (`larder-router`'s `Replies`), and the copy shows in the frontend's
 //! profile under PUT. An async fn is as large as its largest state: connecting (TCP, TLS and
-//! HTTP/2 handshakes) inline made it 8.5 KiB; boxed, the path every request takes is ~2 KiB.
+//! HTTP/2 handshakes) inline made it 8.5 KiB; boxed, the path every request takes was ~2 KiB
+//! (2,128 bytes in this test). Retrying a request on another connection is rare too: boxed as
+//! well, what is left is 1,464 bytes (a request, a sender and hyper's send future).
 
 use larder_pool::{PoolConfig, StoragePool};
 
@@ -15,5 +17,5 @@ async fn a_request_future_does_not_carry_the_connect_path() {
         .expect("a request");
     let send = pool.send("s1", request);
     let size = std::mem::size_of_val(&send);
-    assert!(size <= 4096, "pool.send's future is {size} bytes");
+    assert!(size <= 1792, "pool.send's future is {size} bytes");
 }
