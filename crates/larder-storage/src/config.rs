@@ -174,6 +174,11 @@ pub struct StoreSettings {
     /// before dropping the oldest: what was just written is what is read next (a client reading
     /// its upload back, a replica catching up). 0 drops each as soon as it is synced.
     pub uncache_after_recent: ByteSize,
+    /// Records at least this large are read past the page cache (`O_DIRECT`) when it does not
+    /// hold the part asked for: those past `uncache_after_recent`, or evicted. Their pages are
+    /// then neither filled nor kept (`benchmarks/store/DIRECT-READS.md`). 0 reads everything
+    /// through the page cache.
+    pub direct_cold_reads_from: ByteSize,
 }
 
 impl Default for StoreSettings {
@@ -186,6 +191,7 @@ impl Default for StoreSettings {
             min_round_interval: Duration::from_millis(1),
             uncache_synced_from: ByteSize::mib(1),
             uncache_after_recent: ByteSize::gib(1),
+            direct_cold_reads_from: ByteSize::mib(1),
         }
     }
 }
@@ -234,6 +240,7 @@ impl StoreSettings {
             // size decide; the node holds the whole range before answering anyway.
             read_chunk_size: 4 << 20,
             uncache_synced_from: Some(self.uncache_synced_from.as_u64()).filter(|&n| n > 0),
+            direct_cold_reads_from: Some(self.direct_cold_reads_from.as_u64()).filter(|&n| n > 0),
             ..larder_store::Options::default()
         })
     }

@@ -26,6 +26,12 @@ pub struct DiskLabels {
     pub disk: String,
 }
 
+/// Where the data of large records' reads came from: `page_cache`, or `disk` past it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadSourceLabels {
+    pub source: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DiskSyncLabels {
     /// The disk's name in the cluster map.
@@ -65,6 +71,7 @@ pub struct StorageMetrics {
     bytes_on_disk: Family<PartitionLabels, Gauge>,
     corrupt_records: Family<PartitionLabels, Gauge>,
     disk_fdatasyncs: Family<DiskSyncLabels, Counter>,
+    large_read_bytes: Family<ReadSourceLabels, Counter>,
     disk_sync_seconds: Family<DiskLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     disk_syncs_during_writeback: Family<DiskLabels, Counter>,
     disk_unjournaled_rounds: Family<DiskLabels, Counter>,
@@ -112,6 +119,7 @@ impl StorageMetrics {
             bytes_on_disk: Family::default(),
             corrupt_records: Family::default(),
             disk_fdatasyncs: Family::default(),
+            large_read_bytes: Family::default(),
             disk_sync_seconds: Family::default(),
             disk_syncs_during_writeback: Family::default(),
             disk_unjournaled_rounds: Family::default(),
@@ -244,6 +252,11 @@ impl StorageMetrics {
             "corrupt_records_found",
             "Records that failed their checksum per replica",
             m.corrupt_records.clone(),
+        );
+        registry.register(
+            "large_read_bytes",
+            "Bytes of large records read, from the page cache or from the disk past it",
+            m.large_read_bytes.clone(),
         );
         registry.register(
             "disk_fdatasyncs",
@@ -443,6 +456,7 @@ impl StorageMetrics {
             self.compaction_yielded_seconds.inc_by(yielded - counted);
         }
         let mut disks_seen: Vec<std::path::PathBuf> = Vec::new();
+        let (mut from_cache, mut from_disk) = (0u64, 0u64);
         for (partition, store) in partitions {
             let labels = PartitionLabels {
                 partition: partition.to_string(),
@@ -462,9 +476,19 @@ impl StorageMetrics {
             self.corrupt_records
                 .get_or_create(&labels)
                 .set(stats.corrupt_records_found as i64);
+            from_cache = from_cache.saturating_add(stats.large_read_bytes_cached);
+            from_disk = from_disk.saturating_add(stats.large_read_bytes_direct);
             self.compaction_lag_seconds
                 .get_or_create(&labels)
                 .set(compaction.lag(*partition).as_secs_f64());
+        }
+        // Summed over the replicas open now: one that moved away takes its count with it, and
+        // the counters then hold until the others pass it again.
+        for (source, total) in [("page_cache", from_cache), ("disk", from_disk)] {
+            let counter = self
+                .large_read_bytes
+                .get_or_create(&ReadSourceLabels { source });
+            counter.inc_by(total.saturating_sub(counter.get()));
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)

@@ -44,6 +44,9 @@ pub(crate) struct Counters {
     /// Segment bytes the change feed read (`feed.rs`): each byte of the log O(1) times over a
     /// reader's pass, not once per page.
     pub feed_read: AtomicU64,
+    /// Bytes of large record reads, from the page cache or past it (`cold.rs`); shared with
+    /// the readers, which outlive a borrow of the store.
+    pub large_reads: std::sync::Arc<crate::cold::LargeReads>,
 }
 
 /// One open store. See the module docs for its lock order.
@@ -309,6 +312,8 @@ impl Engine {
             disk: self.disk.stats(),
             durable_cursor,
             incarnation: self.incarnation,
+            large_read_bytes_cached: self.counters.large_reads.cached.load(Ordering::Relaxed),
+            large_read_bytes_direct: self.counters.large_reads.direct.load(Ordering::Relaxed),
         }
     }
 

@@ -25,6 +25,7 @@
 
 mod bulk;
 mod checkpoint;
+mod cold;
 mod commit;
 mod compact;
 mod completion;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::cold::{self, LargeReads};
 use crate::format::{head_len, parse_fixed, verify_head, BLOCK_SIZE};
 use crate::segment::read_exact_at;
 use crate::types::{Error, Location, Result};
@@ -85,7 +86,7 @@ fn verify_record_head(
 
 /// Reads a whole record's data (documents), verifying every block.
 pub(crate) fn read_whole(loc: &Location, key: &[u8], size: u64) -> Result<Bytes> {
-    let reader = BlobReaderState::open(loc, key, 0, size, 0..size, usize::MAX)?;
+    let reader = BlobReaderState::open(loc, key, 0, size, 0..size, (usize::MAX, None))?;
     let mut out = Vec::with_capacity(size as usize);
     for piece in reader {
         out.extend_from_slice(&piece?);
@@ -105,7 +106,16 @@ pub(crate) struct BlobReaderState {
     pos: u64,
     end: u64,
     chunk: usize,
+    cold: Option<ColdReads>,
     done: bool,
+}
+
+/// Pieces of records of at least `from` bytes of data that the page cache does not hold are
+/// read past it (`cold.rs`), counted in `count`.
+#[derive(Clone)]
+pub(crate) struct ColdReads {
+    pub from: u64,
+    pub count: Arc<LargeReads>,
 }
 
 impl BlobReaderState {
@@ -115,7 +125,7 @@ impl BlobReaderState {
         props_len: usize,
         size: u64,
         range: Range<u64>,
-        chunk: usize,
+        (chunk, cold): (usize, Option<ColdReads>),
     ) -> Result<Self> {
         let (crcs, data) = read_head(loc, key, props_len, size)?;
         let end = range.end.min(size);
@@ -129,6 +139,7 @@ impl BlobReaderState {
             pos: range.start.min(end),
             end,
             chunk: chunk.max(1),
+            cold,
             done: false,
         })
     }
@@ -155,9 +166,14 @@ impl BlobReaderState {
             Some(data) => data.slice(from as usize..to as usize),
             None => {
                 let at = self.data_at + from;
-                let buf = read_exact_at(&self.file, at, (to - from) as usize)
-                    .map_err(|e| read_error(&self.loc, e))?;
-                Bytes::from(buf)
+                let len = (to - from) as usize;
+                match &self.cold {
+                    Some(cold) if self.size >= cold.from => {
+                        cold::read_large(&self.file, at, len, &cold.count)
+                    }
+                    _ => read_exact_at(&self.file, at, len).map(Bytes::from),
+                }
+                .map_err(|e| read_error(&self.loc, e))?
             }
         };
         for (i, block) in buf.chunks(BLOCK_SIZE as usize).enumerate() {

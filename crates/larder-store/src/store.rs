@@ -179,6 +179,15 @@ impl Store {
         self.engine.get_blob(key, now_ms)
     }
 
+    /// How this store's readers read large pieces (`Options::direct_cold_reads_from`).
+    fn cold_reads(&self) -> Option<crate::reader::ColdReads> {
+        let from = self.engine.opts.direct_cold_reads_from?;
+        Some(crate::reader::ColdReads {
+            from,
+            count: self.engine.counters.large_reads.clone(),
+        })
+    }
+
     /// Streams `range` (clamped to the blob's size) of `blob`'s data.
     pub fn read_blob(&self, blob: &BlobRecord, range: Range<u64>) -> Result<BlobReader> {
         let state = BlobReaderState::open(
@@ -187,7 +196,7 @@ impl Store {
             blob.meta.props.len(),
             blob.size,
             range,
-            self.engine.opts.read_chunk_size,
+            (self.engine.opts.read_chunk_size, self.cold_reads()),
         )?;
         Ok(BlobReader { state })
     }

@@ -1059,3 +1059,90 @@ fn large_records_leave_the_page_cache_once_synced_past_a_window_of_recent_ones()
     let all_kept = cached_after_large_puts(None, 0, None);
     assert!(all_kept >= 3 * 510, "{all_kept}");
 }
+
+fn drop_from_page_cache(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: advice on an open descriptor.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0);
+}
+
+/// Whether this file system opens files with `O_DIRECT` (tmpfs before Linux 6.6 does not).
+fn takes_o_direct(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .is_ok()
+}
+
+/// A large record the page cache no longer holds is read past it (`cold.rs`), and checked
+/// block by block like any read: it reads back whole and in ranges, nothing of it comes back
+/// into the page cache, and a byte changed on the disk fails its checksum.
+#[test]
+fn large_records_out_of_the_page_cache_are_read_past_it_and_still_checked() {
+    let root = tempfile::tempdir().unwrap();
+    let opts = Options {
+        read_chunk_size: 1 << 20,
+        ..Options::default()
+    };
+    let store = Store::open(root.path(), opts).unwrap();
+    let record = data((3 << 20) + 777, 9);
+    store
+        .put_blob(b"big", meta(), std::slice::from_ref(&record))
+        .unwrap();
+    let segment = root.path().join("seg-00000001.log");
+    drop_from_page_cache(&segment);
+    assert_eq!(read(&store, b"big").unwrap(), record);
+    let BlobLookup::Found(rec) = store.get_blob(b"big", 0).unwrap() else {
+        panic!("stored");
+    };
+    let range = (1 << 20) + 5..(3 << 20) + 700;
+    let pieces: Result<Vec<Bytes>> = store.read_blob(&rec, range.clone()).unwrap().collect();
+    let want = &record[range.start as usize..range.end as usize];
+    assert_eq!(pieces.unwrap().concat(), want);
+    let stats = store.stats();
+    if takes_o_direct(&segment) {
+        assert!(
+            stats.large_read_bytes_direct >= 2 * record.len() as u64 - (1 << 20),
+            "{stats:?}"
+        );
+        // The record's head is read through the cache (a page or two); its data is not.
+        let cached = cached_pages(&segment);
+        assert!(cached <= 4, "{cached} pages cached");
+    } else {
+        eprintln!("no O_DIRECT on this file system: every read went through the page cache");
+    }
+    // Read while cached: from the page cache.
+    let before = stats.large_read_bytes_cached;
+    let _ = std::fs::read(&segment).unwrap();
+    assert_eq!(read(&store, b"big").unwrap(), record);
+    assert!(store.stats().large_read_bytes_cached >= before + record.len() as u64);
+
+    // One byte changed in the middle of the data, on the disk only.
+    let bytes = std::fs::read(&segment).unwrap();
+    let start = bytes
+        .windows(64)
+        .position(|w| w == &record[..64])
+        .expect("the record's data is in its segment");
+    let at = start + (2 << 20) + 3;
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&segment)
+            .unwrap();
+        file.write_all_at(&[bytes[at] ^ 0xff], at as u64).unwrap();
+        file.sync_data().unwrap();
+    }
+    drop_from_page_cache(&segment);
+    let pieces: Vec<Result<Bytes>> = store.read_blob(&rec, 0..u64::MAX).unwrap().collect();
+    assert!(
+        pieces
+            .iter()
+            .any(|p| matches!(p, Err(Error::Corrupt { .. }))),
+        "a changed byte read past the page cache must fail its checksum"
+    );
+}

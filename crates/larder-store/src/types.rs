@@ -43,6 +43,11 @@ pub struct Options {
     /// records synced after it on its disk add up to `DiskOptions::uncache_after_recent`;
     /// none: never. Why: see `uncache.rs`.
     pub uncache_synced_from: Option<u64>,
+    /// A piece of the data of a record of at least this size (the large records that
+    /// `uncache_synced_from` drops from the page cache) that the page cache does not hold whole
+    /// is read with `O_DIRECT`, past the cache (`cold.rs`); none: every read goes through the
+    /// page cache.
+    pub direct_cold_reads_from: Option<u64>,
 }
 
 impl Default for Options {
@@ -56,6 +61,7 @@ impl Default for Options {
             min_free_space: 0,
             compaction_yields_to: None,
             uncache_synced_from: Some(1 << 20),
+            direct_cold_reads_from: Some(1 << 20),
         }
     }
 }
@@ -370,6 +376,10 @@ pub struct Stats {
     /// This replica's incarnation: made when its directory was created, so a rebuilt replica
     /// (new directory) has a new one and its peers' cursors restart from the beginning.
     pub incarnation: u64,
+    /// Bytes of large records' data read from the page cache...
+    pub large_read_bytes_cached: u64,
+    /// ... and from the disk, past it (`Options::direct_cold_reads_from`).
+    pub large_read_bytes_direct: u64,
 }
 
 /// Foreground work that compaction gives way to ([`Options::compaction_yields_to`]): its owner

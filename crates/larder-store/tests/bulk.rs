@@ -134,6 +134,7 @@ fn opts() -> Options {
         min_free_space: 0,
         compaction_yields_to: None,
         uncache_synced_from: Options::default().uncache_synced_from,
+        direct_cold_reads_from: Options::default().direct_cold_reads_from,
     }
 }
 

@@ -190,6 +190,8 @@ fn opts() -> Options {
         // Low, so that the model's large records go through the window of recently synced
         // ones too (`uncache.rs`; dropping them is `tests::large_records_leave_...`'s).
         uncache_synced_from: Some(64 << 10),
+        // Matching: a large record the page cache lost is read back past it (`cold.rs`).
+        direct_cold_reads_from: Some(64 << 10),
     }
 }
 
