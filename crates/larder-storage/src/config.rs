@@ -426,4 +426,28 @@ mod tests {
             Err(ConfigError::RoundInterval(_))
         ));
     }
+
+    /// The page-cache settings reach the store as written, 0 turning each off.
+    #[test]
+    fn page_cache_settings_reach_the_store_and_zero_turns_them_off() {
+        let defaults = StoreSettings::default().to_options().unwrap();
+        assert_eq!(defaults.uncache_synced_from, Some(1 << 20));
+        assert_eq!(defaults.direct_cold_reads_from, Some(1 << 20));
+        let set = StoreSettings {
+            uncache_synced_from: ByteSize::mib(2),
+            direct_cold_reads_from: ByteSize::mib(3),
+            ..StoreSettings::default()
+        };
+        let opts = set.to_options().unwrap();
+        assert_eq!(opts.uncache_synced_from, Some(2 << 20));
+        assert_eq!(opts.direct_cold_reads_from, Some(3 << 20));
+        let off = StoreSettings {
+            uncache_synced_from: ByteSize::b(0),
+            direct_cold_reads_from: ByteSize::b(0),
+            ..StoreSettings::default()
+        };
+        let opts = off.to_options().unwrap();
+        assert_eq!(opts.uncache_synced_from, None);
+        assert_eq!(opts.direct_cold_reads_from, None);
+    }
 }
