@@ -31,7 +31,7 @@ const ALIGN: usize = 4096;
 /// Bytes of large reads by where they came from (for metrics and tests).
 #[derive(Debug, Default)]
 pub struct LargeReads {
-    /// From the page cache (or the whole read, on a file system without `RWF_NOWAIT`).
+    /// From the page cache (or through it, where `cachestat` or `O_DIRECT` is missing).
     pub cached: AtomicU64,
     /// From the disk, past the page cache.
     pub direct: AtomicU64,
