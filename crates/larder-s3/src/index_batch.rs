@@ -5,7 +5,8 @@
 //! changes of each record and one task applies whatever has queued in one read-modify-write,
 //! in arrival order, each change judged (its conditions, the record's range) on the state the
 //! ones before it left. While that write is in flight the next changes queue for the next
-//! one: group commit. A record that grows past the leaf bound is split after its write.
+//! one: group commit. A record that grows past the leaf bound is split after its write, and a
+//! leaf that its write left empty is merged into the leaf on its left (`index_tree/merge.rs`).
 //!
 //! Every change gets its own answer: a refused change (412, `NoSuchBucket`) leaves the record
 //! as it was for the others; a change whose names are no longer this record's (a split, a
@@ -178,11 +179,20 @@ impl IndexBatches {
                 }
                 queue
             };
-            let split_due = match target {
+            let due = match target {
                 Target::Root => write_batch::<BucketIndex>(&records, &place, batch, bounds).await,
                 Target::Leaf(_) => write_batch::<Leaf>(&records, &place, batch, bounds).await,
             };
-            if split_due {
+            if let (Due::Merge, Target::Leaf(id)) = (due, target) {
+                let (tree, records) = (self.tree.clone(), records.clone());
+                let (bucket, id) = (bucket.clone(), id.clone());
+                tokio::spawn(async move {
+                    if let Err(err) = tree.merge(&records, &bucket, &id).await {
+                        tracing::warn!(%err, bucket, leaf = id, "an index merge failed; the next write or listing there tries again");
+                    }
+                });
+            }
+            if due == Due::Split {
                 // Beside the writes, not between them: changes below the split point go on.
                 let (tree, records) = (self.tree.clone(), records.clone());
                 let (bucket, target) = (bucket.clone(), target.clone());
@@ -216,18 +226,28 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// One read-modify-write of the record for `batch`, then every change's answer. Returns
-/// whether the record is due to split after it (by count or by size; false when it could not
-/// tell). `bounds`: names per record, replaced blobs held per record (`objects::hurry`).
+/// What a record needs after a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Due {
+    Nothing,
+    /// A split (by count or by size).
+    Split,
+    /// A merge into the leaf on its left: the write left the leaf empty.
+    Merge,
+}
+
+/// One read-modify-write of the record for `batch`, then every change's answer. Returns what
+/// the record is due for after it (`Nothing` when the write failed, so it could not tell).
+/// `bounds`: names per record, replaced blobs held per record (`objects::hurry`).
 async fn write_batch<H: Holder>(
     records: &Records,
     (bucket, target): &Place,
     batch: Vec<Queued>,
     (bound, max_held_garbage): (usize, usize),
-) -> bool {
+) -> Due {
     let mut outcomes: Vec<Result<Applied, S3Error>> = Vec::new();
     let mut uncertain = false;
-    let mut split_due = false;
+    let mut due = Due::Nothing;
     let mut hurried = false;
     let written = records
         .update_noting(
@@ -254,7 +274,11 @@ async fn write_batch<H: Holder>(
                     changed |= matches!(outcome, Ok((_, true)));
                     outcomes.push(outcome.map(|(applied, _)| applied));
                 }
-                split_due = split_of(&record, bound).is_some();
+                due = match (split_of(&record, bound), record.merge_due()) {
+                    (Some(_), _) => Due::Split,
+                    (None, true) if changed => Due::Merge,
+                    (None, _) => Due::Nothing,
+                };
                 let now = crate::service::now_ms();
                 hurried = changed && hurry(record.garbage_mut(), max_held_garbage, now);
                 let what = if changed {
@@ -290,7 +314,10 @@ async fn write_batch<H: Holder>(
         };
         let _ = queued.done.send(answer);
     }
-    written.is_ok() && split_due
+    match written {
+        Ok(()) => due,
+        Err(_) => Due::Nothing,
+    }
 }
 
 /// Applies one change to `record`; with whether it changed something. A refused change leaves

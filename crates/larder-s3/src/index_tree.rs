@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use rand::distr::{Alphanumeric, SampleString};
 use tokio::time::Instant;
 
@@ -44,6 +45,8 @@ use crate::records::{
 };
 use crate::service::now_ms;
 use crate::store::{Change, Kept, Records};
+
+mod merge;
 
 /// Leaves a walk from a cached hint follows before it starts again from a fresh root.
 const MAX_HOPS: usize = 64;
@@ -62,8 +65,10 @@ pub const SPLIT_BYTES: usize = 1 << 20;
 const MAX_CACHED_BUCKETS: usize = 4096;
 /// How long a seal stays before a writer that finds it takes its deleter for gone.
 const SEAL_PATIENCE: Duration = Duration::from_secs(60);
-/// Pause before a change that waits for a split or a delete tries again.
-const WAIT: Duration = Duration::from_millis(20);
+/// Pause before a change that waits for a split, a merge or a delete tries again.
+pub(crate) const WAIT: Duration = Duration::from_millis(20);
+/// Times a read starts again from a fresh root when a leaf on its way is gone (merged since).
+const FRESH_ROOT_TRIES: usize = 8;
 
 /// Which record holds the names of a key's range.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -91,8 +96,10 @@ pub enum Reroute {
     Busy,
     /// A DeleteBucket sealed the leaf (of the bucket made at `created_ms`).
     Sealed { seal: Seal, created_ms: u64 },
-    /// The leaf does not exist (the bucket was deleted, or made again).
+    /// The leaf does not exist (the bucket was deleted, or made again, or the leaf merged).
     Gone,
+    /// The leaf is being merged into leaf `into`, on its left (`index_merge.rs`).
+    Merging { into: String },
 }
 
 /// A record that holds names: the root of a small bucket, or a leaf.
@@ -103,6 +110,10 @@ pub trait Holder: Record {
     fn objects_mut(&mut self) -> &mut Objects;
     fn garbage_mut(&mut self) -> &mut Vec<Garbage>;
     fn splitting(&self) -> Option<&Split>;
+    /// Whether this record is an empty leaf to merge into the leaf on its left now.
+    fn merge_due(&self) -> bool {
+        false
+    }
 }
 
 /// The accessors of `Holder`, for a record with `objects`, `garbage` and `splitting` fields.
@@ -144,6 +155,11 @@ impl Holder for Leaf {
                 created_ms: self.bucket_created_ms,
             });
         }
+        if let Some(merging) = &self.merging {
+            return Err(Reroute::Merging {
+                into: merging.into.clone(),
+            });
+        }
         if self.high.as_deref().is_some_and(|high| key >= high) {
             return Err(Reroute::Right(self.right.clone()));
         }
@@ -155,6 +171,11 @@ impl Holder for Leaf {
             Some(split) if key >= split.at.as_str() => Err(Reroute::Busy),
             _ => Ok(()),
         }
+    }
+    fn merge_due(&self) -> bool {
+        // The first leaf has none on its left: it stays, empty or not.
+        let settled = self.sealed.is_none() && self.splitting.is_none() && self.merging.is_none();
+        self.objects.is_empty() && !self.low.is_empty() && settled
     }
     holds_names!();
 }
@@ -169,6 +190,9 @@ pub struct Node {
     /// The first key after this range (`None`: to the end).
     pub high: Option<String>,
     pub right: Option<String>,
+    /// A leaf being merged, reached from its left neighbour before that took its range over
+    /// (so it still answers for it, empty): never a hint.
+    pub merging: bool,
 }
 
 impl Node {
@@ -177,6 +201,7 @@ impl Node {
             Kept::Owned(leaf) => Node {
                 id,
                 low: leaf.low,
+                merging: leaf.merging.is_some(),
                 objects: Names::Owned(leaf.objects),
                 high: leaf.high,
                 right: leaf.right,
@@ -186,6 +211,7 @@ impl Node {
                 low: leaf.low.clone(),
                 high: leaf.high.clone(),
                 right: leaf.right.clone(),
+                merging: leaf.merging.is_some(),
                 objects: Names::Leaf(leaf),
             },
         }
@@ -260,8 +286,10 @@ pub struct IndexTree {
     /// Names a leaf holds before it splits.
     pub leaf_entries: usize,
     hints: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
-    /// Records this frontend is splitting now (one split of a record at a time).
-    splitting: Mutex<HashSet<String>>,
+    /// Records this frontend is splitting or merging now (one at a time per record).
+    restructuring: Mutex<HashSet<String>>,
+    /// Leaves merged into the leaf on their left by this frontend (`merge`).
+    merged: Counter,
 }
 
 impl IndexTree {
@@ -269,8 +297,24 @@ impl IndexTree {
         IndexTree {
             leaf_entries: leaf_entries.max(2),
             hints: Mutex::default(),
-            splitting: Mutex::default(),
+            restructuring: Mutex::default(),
+            merged: Counter::default(),
         }
+    }
+
+    /// The count of leaves this frontend merged, for the metrics.
+    pub fn merges(&self) -> Counter {
+        self.merged.clone()
+    }
+
+    /// Marks record `doc` as being split or merged by this frontend; false if it is already.
+    fn begin_restructuring(&self, doc: &str) -> bool {
+        self.restructuring.lock().insert(doc.to_owned())
+    }
+
+    fn end_restructuring(&self, bucket: &str, doc: &str) {
+        self.restructuring.lock().remove(doc);
+        self.forget(bucket);
     }
 
     fn cached(&self, bucket: &str) -> Option<Arc<BTreeMap<String, String>>> {
@@ -354,7 +398,14 @@ impl IndexTree {
                 self.forget(bucket);
                 Ok(Target::Leaf(id))
             }
-            Reroute::Right(None) | Reroute::Gone => {
+            Reroute::Right(None) => {
+                self.forget(bucket);
+                self.route(records, bucket, key).await
+            }
+            Reroute::Gone => {
+                if let Target::Leaf(id) = &from {
+                    drop_gone_hint(records, bucket, id).await?;
+                }
                 self.forget(bucket);
                 self.route(records, bucket, key).await
             }
@@ -363,6 +414,17 @@ impl IndexTree {
                 // Whoever marked the split may be gone: finishing it is idempotent.
                 self.split(records, bucket, &from).await?;
                 Ok(from)
+            }
+            Reroute::Merging { .. } => {
+                // Whoever began the merge may be gone: finishing it is idempotent. Once it is
+                // done the root no longer names the leaf, and the change goes where it says.
+                if let Target::Leaf(id) = &from {
+                    if !self.merge(records, bucket, id).await? {
+                        tokio::time::sleep(WAIT).await;
+                    }
+                }
+                self.forget(bucket);
+                self.route(records, bucket, key).await
             }
             Reroute::Sealed { seal, created_ms } => {
                 let root = self.root(records, bucket).await?;
@@ -422,29 +484,62 @@ impl IndexTree {
     ) -> Result<Node, S3Error> {
         if let Some(hints) = self.cached(bucket).filter(|h| !h.is_empty()) {
             let start = pick(&hints, key);
-            let walked = walk(records, bucket, &start, key, (false, MAX_HOPS), keep).await?;
-            if let Some((node, _)) = walked {
+            let walked = walk(
+                records,
+                (bucket, None),
+                &start,
+                key,
+                (false, MAX_HOPS),
+                keep,
+            )
+            .await?;
+            if let Ok((node, _)) = walked {
                 return Ok(node);
             }
             self.forget(bucket);
         }
-        let root = self.root_keeping(records, bucket, keep).await?;
-        if !root.is_split() {
-            return Ok(Node {
-                objects: Names::of_root(root),
-                ..Default::default()
-            });
+        // A leaf on the way may be gone because it was merged after the root was read (its
+        // hint goes before it does): the root is read again. A deleted bucket's root goes
+        // before its leaves, so a read of it then answers `NoSuchBucket`.
+        for _ in 0..FRESH_ROOT_TRIES {
+            let root = self.root_keeping(records, bucket, keep).await?;
+            if !root.is_split() {
+                return Ok(Node {
+                    objects: Names::of_root(root),
+                    ..Default::default()
+                });
+            }
+            // From a fresh root a sealed leaf is read as it is (empty, a delete under way),
+            // and the walk goes as far as the leaves go (a hint whose write was lost is
+            // repaired).
+            let start = pick(&root.leaves, key);
+            let hints = Some(&root.leaves);
+            let walked = walk(
+                records,
+                (bucket, hints),
+                &start,
+                key,
+                (true, MAX_LEAVES),
+                keep,
+            )
+            .await?;
+            let (node, hops) = match walked {
+                Ok(found) => found,
+                Err(Miss::Gone(id)) => {
+                    drop_gone_hint(records, bucket, &id).await?;
+                    continue;
+                }
+                Err(Miss::Stopped) => continue,
+            };
+            let lost = hops > REPAIR_AFTER_HOPS && !root.leaves.contains_key(&node.low);
+            if lost && !node.merging {
+                add_hint(records, bucket, (&node.low, &node.id)).await?;
+            }
+            return Ok(node);
         }
-        // From a fresh root a sealed leaf is read as it is (empty, a delete under way), and
-        // the walk goes as far as the leaves go (a hint whose write was lost is repaired).
-        let start = pick(&root.leaves, key);
-        let (node, hops) = walk(records, bucket, &start, key, (true, MAX_LEAVES), keep)
-            .await?
-            .ok_or(S3Error::NoSuchBucket)?;
-        if hops > REPAIR_AFTER_HOPS && !root.leaves.contains_key(&node.low) {
-            add_hint(records, bucket, (&node.low, &node.id)).await?;
-        }
-        Ok(node)
+        Err(S3Error::Unavailable(format!(
+            "bucket {bucket}: the index leaves of a name kept changing under the read; try again"
+        )))
     }
 
     /// What `key` names in `bucket` now, from a quorum.
@@ -465,8 +560,8 @@ impl IndexTree {
     /// `max_keys` (a run of empty leaves), truncated, and says where the next page resumes as
     /// the listing's kind can (`pager.rs`).
     pub async fn page(
-        &self,
-        records: &Records,
+        self: &Arc<Self>,
+        records: &Arc<Records>,
         bucket: &str,
         query: &list::Query<'_>,
         limit: Option<(usize, Resume)>,
@@ -474,23 +569,36 @@ impl IndexTree {
         let start = query.start_key();
         let mut node = self.locate(records, bucket, &start, &Keep::All).await?;
         let mut pager = Pager::new(query, limit, MAX_LEAVES);
-        loop {
+        let mut empty = Vec::new();
+        let page = loop {
+            if node.objects.is_empty() && !node.low.is_empty() && !node.merging {
+                empty.push(node.id.clone());
+            }
             match pager.visit(&node.objects, &node.low, node.high.as_deref()) {
-                Step::Done(page) => return Ok(page),
+                Step::Done(page) => break page,
                 Step::TooManyLeaves => return Err(too_many_leaves(bucket)),
                 Step::Next => {}
             }
-            let right = node.right.take().ok_or_else(|| {
-                S3Error::Corrupt(format!(
-                    "bucket {bucket}: a leaf ends at {:?} with none after",
-                    node.high
-                ))
-            })?;
+            let (Some(right), Some(high)) = (node.right.take(), node.high.take()) else {
+                return Err(S3Error::Corrupt(format!(
+                    "bucket {bucket}: an index leaf has an end or a leaf after it, not both"
+                )));
+            };
             let leaf = records
                 .read_keeping::<Leaf>(&leaf_doc(bucket, &right), &Keep::All)
                 .await?;
-            node = Node::of(right, leaf.ok_or(S3Error::NoSuchBucket)?);
-        }
+            node = match leaf {
+                Some(leaf) => Node::of(right, leaf),
+                // Merged since the leaf before it was read (or the bucket deleted): the leaf
+                // holding its range now is found from the root. The pager lists only names
+                // past what it listed, so a range read twice adds nothing twice.
+                None => self.locate(records, bucket, &high, &Keep::All).await?,
+            };
+        };
+        // Empty leaves a listing walks (left by deletes a merge did not follow, or by builds
+        // before merges): merged now, so the next listing does not walk them.
+        self.merge_soon(records, bucket, empty);
+        Ok(page)
     }
 
     /// Splits the record `target` of `bucket` if it holds more than `leaf_entries` names, or
@@ -503,15 +611,14 @@ impl IndexTree {
         target: &Target,
     ) -> Result<(), S3Error> {
         let doc = target.doc(bucket);
-        if !self.splitting.lock().insert(doc.clone()) {
+        if !self.begin_restructuring(&doc) {
             return Ok(());
         }
         let result = match target {
             Target::Root => self.split_root(records, bucket).await,
             Target::Leaf(id) => self.split_leaf(records, bucket, id).await,
         };
-        self.splitting.lock().remove(&doc);
-        self.forget(bucket);
+        self.end_restructuring(bucket, &doc);
         result
     }
 
@@ -637,18 +744,47 @@ impl IndexTree {
         };
         let mut found = vec![(Target::Root, root.garbage.clone())];
         let mut next = root.leaves.get("").cloned();
+        let mut left: Option<String> = None;
+        let mut misses = 0;
         while let Some(id) = next {
             if found.len() > MAX_LEAVES {
                 return Err(too_many_leaves(bucket));
             }
+            if misses > MAX_HOPS {
+                break; // leaves merging faster than this walk: the next sweep goes on
+            }
             let doc = leaf_doc(bucket, &id);
             let Some(leaf) = records.read_unresolved::<Leaf>(&doc).await? else {
-                break;
+                // Merged since the leaf on its left was read, which then took over its range
+                // and its garbage: that leaf's `right` now says where to go on.
+                next = match &left {
+                    Some(left) => self.right_now(records, bucket, left, &id).await?,
+                    None => None,
+                };
+                misses += 1;
+                continue;
             };
             next = leaf.right.clone();
+            left = Some(id.clone());
             found.push((Target::Leaf(id), leaf.garbage));
         }
         Ok(found)
+    }
+
+    /// The leaf after `left` now, if that is no longer `gone` (`None`: the walk ends).
+    async fn right_now(
+        &self,
+        records: &Records,
+        bucket: &str,
+        left: &str,
+        gone: &str,
+    ) -> Result<Option<String>, S3Error> {
+        let leaf = records
+            .read_unresolved::<Leaf>(&leaf_doc(bucket, left))
+            .await?;
+        Ok(leaf
+            .and_then(|leaf| leaf.right)
+            .filter(|right| right != gone))
     }
 
     /// DeleteBucket of a split bucket (see the module's comment). The blobs on the garbage
@@ -779,32 +915,86 @@ fn too_many_leaves(bucket: &str) -> S3Error {
     ))
 }
 
-/// From leaf `id` rightwards to the leaf holding `key`, with the leaves passed. `None`: a leaf
+/// Why a walk did not find a key's leaf.
+#[derive(Debug, PartialEq, Eq)]
+enum Miss {
+    /// This leaf is gone (merged, or its bucket deleted); for good, as leaf IDs are never used
+    /// again.
+    Gone(String),
+    /// A leaf on the way is sealed, or the walk is longer than allowed.
+    Stopped,
+}
+
+/// From leaf `id` rightwards to the leaf holding `key`, with the leaves passed. A miss: a leaf
 /// on the way is gone, or sealed when `sealed_ok` is false, or the walk is longer than
 /// `max_hops` (from a stale cached hint): start again from the root.
+///
+/// A leaf being merged (`index_tree/merge.rs`) is read as its range's holder only when the
+/// walk came to it from the leaf on its left, which then still ended at it: its range is not
+/// that leaf's yet, and is empty (it was when the merge began, and it takes no name since).
+/// Reached any other way (a hint), the walk goes to a leaf on its left instead, which may hold
+/// its range already: the last one of `hints` before it, else the one it merges into.
 async fn walk(
     records: &Records,
-    bucket: &str,
+    (bucket, hints): (&str, Option<&BTreeMap<String, String>>),
     id: &str,
     key: &str,
     (sealed_ok, max_hops): (bool, usize),
     keep: &Keep,
-) -> Result<Option<(Node, usize)>, S3Error> {
+) -> Result<Result<(Node, usize), Miss>, S3Error> {
     let mut id = id.to_owned();
+    let mut from_left = false;
     for hops in 0..max_hops {
         let doc = leaf_doc(bucket, &id);
         let Some(leaf) = records.read_keeping::<Leaf>(&doc, keep).await? else {
-            return Ok(None);
+            return Ok(Err(Miss::Gone(id)));
         };
         if leaf.sealed.is_some() && !sealed_ok {
-            return Ok(None);
+            return Ok(Err(Miss::Stopped));
+        }
+        if let Some(merging) = leaf.merging.as_ref().filter(|_| !from_left) {
+            let before = hints.and_then(|hints| hint_before(hints, &leaf.low));
+            (id, from_left) = (before.unwrap_or_else(|| merging.into.clone()), false);
+            continue;
         }
         match (&leaf.high, &leaf.right) {
-            (Some(high), Some(right)) if key >= high.as_str() => id = right.clone(),
-            _ => return Ok(Some((Node::of(id, leaf), hops))),
+            (Some(high), Some(right)) if key >= high.as_str() => {
+                (id, from_left) = (right.clone(), true);
+            }
+            _ => return Ok(Ok((Node::of(id, leaf), hops))),
         }
     }
-    Ok(None)
+    Ok(Err(Miss::Stopped))
+}
+
+/// The leaf of `hints` that starts last before `low` (`None`: `low` is the first key).
+fn hint_before(hints: &BTreeMap<String, String>, low: &str) -> Option<String> {
+    hints
+        .range::<str, _>((Bound::Unbounded, Bound::Excluded(low)))
+        .next_back()
+        .map(|(_, id)| id.clone())
+}
+
+/// Takes leaf `id`, found gone, off the root's hints: a hint can outlive its leaf when a split
+/// finished late (or a walk's repair) adds it back after a merge removed the leaf. Never the
+/// first leaf's (a bucket's first leaf goes only with its root).
+async fn drop_gone_hint(records: &Records, bucket: &str, id: &str) -> Result<(), S3Error> {
+    records
+        .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+            let Some(mut root) = root.filter(BucketIndex::is_split) else {
+                return Ok((Change::Keep, ()));
+            };
+            let hinted = root
+                .leaves
+                .iter()
+                .find(|(low, leaf)| *leaf == id && !low.is_empty());
+            let Some(low) = hinted.map(|(low, _)| low.clone()) else {
+                return Ok((Change::Keep, ()));
+            };
+            root.leaves.remove(&low);
+            Ok((Change::Put(root), ()))
+        })
+        .await
 }
 
 /// Adds leaf `id`, starting at `low`, to the root's hints (a split's last step that was lost).
@@ -936,7 +1126,7 @@ impl SplitMark for BucketIndex {
 
 impl SplitMark for Leaf {
     fn can_split(&self) -> bool {
-        self.sealed.is_none()
+        self.sealed.is_none() && self.merging.is_none()
     }
     fn set_splitting(&mut self, split: Split) {
         self.splitting = Some(split);
@@ -1052,6 +1242,7 @@ async fn unseal(records: &Records, doc: &str, ticket: &str) -> Result<(), S3Erro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::Merging;
 
     fn leaf(low: &str, high: Option<&str>) -> Leaf {
         Leaf {
@@ -1165,6 +1356,35 @@ mod tests {
             at_ms: 1,
         });
         assert!(matches!(l.admits("a"), Err(Reroute::Sealed { .. })));
+    }
+
+    #[test]
+    fn a_leaf_being_merged_sends_every_change_to_its_left_and_is_written_as_format_4() {
+        let mut l = leaf("m", Some("t"));
+        assert!(l.merge_due(), "empty, and not the first leaf");
+        assert!(!leaf("", Some("m")).merge_due(), "the first leaf stays");
+        l.merging = Some(Merging {
+            into: "left".into(),
+        });
+        assert!(!l.merge_due() && !l.can_split());
+        for key in ["m", "p", "t", "z", "a"] {
+            let into = "left".to_owned();
+            assert_eq!(l.admits(key), Err(Reroute::Merging { into }), "{key}");
+        }
+        let encoded = l.encode();
+        let decoded = Leaf::decode(&encoded).unwrap();
+        assert_eq!(decoded.v, crate::records::FORMAT_MERGING);
+        assert_eq!(decoded.merging, l.merging);
+        // Format 4 without the merge, or the merge in format 2: no record this code wrote.
+        let text = String::from_utf8(encoded.to_vec()).unwrap();
+        let unmerged = text.replace(r#","merging":{"into":"left"}"#, "");
+        assert_ne!(unmerged, text);
+        assert!(Leaf::decode(unmerged.as_bytes()).is_err());
+        let old = text.replace(r#""v":4"#, r#""v":2"#);
+        assert!(Leaf::decode(old.as_bytes()).is_err());
+        let mut full = leaf("m", Some("t"));
+        full.objects = names(&[0]);
+        assert!(!full.merge_due(), "a leaf with a name is no merge");
     }
 
     #[test]

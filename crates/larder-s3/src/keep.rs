@@ -187,6 +187,7 @@ impl Cacheable for Leaf {
             garbage: kept_garbage(&self.garbage, keep),
             splitting: self.splitting.clone(),
             sealed: self.sealed.clone(),
+            merging: self.merging.clone(),
             base: self.base.clone(),
             removed: self.removed.clone(),
         }

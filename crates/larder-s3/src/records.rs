@@ -35,6 +35,11 @@ pub const FORMAT_SPLIT: u32 = 2;
 /// since. Code that knows only `FORMAT_SPLIT` refuses it rather than misreading it.
 pub const FORMAT_BASED: u32 = 3;
 
+/// The format of a leaf being merged into the leaf on its left (`index_merge.rs`): it holds no
+/// names and takes none. Code that knows only the formats before it refuses it rather than
+/// linking a name into a range that its left neighbour may already cover.
+pub const FORMAT_MERGING: u32 = 4;
+
 /// The document holding the access keys.
 pub const KEYS_DOC: &str = "larder-s3:keys";
 /// The document listing the buckets (for ListBuckets; each bucket's own index decides).
@@ -177,6 +182,10 @@ pub struct Leaf {
     /// Set by a DeleteBucket on an empty leaf: no name is linked here while it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<Seal>,
+    /// Set on an empty leaf that is being merged into the leaf on its left: never lifted, and
+    /// no name is linked here again (format 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merging: Option<Merging>,
     /// The blob holding the leaf's names as of its last fold (`leaf_base.rs`), once the leaf
     /// grew past `[s3] index_delta_bytes`: a write then sends only what changed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -288,6 +297,15 @@ pub struct Seal {
     /// When it was set, by the deleting frontend's clock (only for telling a seal whose
     /// deleter died from one under way; the root's `deleting` decides).
     pub at_ms: u64,
+}
+
+/// An empty leaf's merge into its left neighbour (`index_merge.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Merging {
+    /// The leaf that ended at this one when the merge began: a walk that starts at this leaf
+    /// goes there instead (any leaf left of a key leads to it by `right` links).
+    pub into: String,
 }
 
 /// What a name points at.
@@ -1004,10 +1022,10 @@ impl Record for Leaf {
     }
 
     fn knows(v: u32) -> bool {
-        v == FORMAT_SPLIT || v == FORMAT_BASED
+        v == FORMAT_SPLIT || v == FORMAT_BASED || v == FORMAT_MERGING
     }
 
-    // Format 2 without a base, 3 with one (a base in format 2 or none in format 3: refused).
+    // Format 2 without a base, 3 with one, 4 being merged (any other pairing: refused).
     based_record_hooks!("index leaf");
 }
 
@@ -1019,9 +1037,10 @@ pub const FOLD_FACTOR: usize = 4;
 impl Leaf {
     /// The format this leaf is written in.
     fn format(&self) -> u32 {
-        match self.base {
-            Some(_) => FORMAT_BASED,
-            None => FORMAT_SPLIT,
+        match (&self.merging, &self.base) {
+            (Some(_), _) => FORMAT_MERGING,
+            (None, Some(_)) => FORMAT_BASED,
+            (None, None) => FORMAT_SPLIT,
         }
     }
 }

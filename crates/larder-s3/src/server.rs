@@ -82,6 +82,11 @@ impl S3Api {
         );
         let records = Arc::new(records);
         let tree = Arc::new(IndexTree::new(config.index_leaf_entries));
+        registry.sub_registry_with_prefix("s3").register(
+            "index_leaves_merged",
+            "Empty index leaves this frontend merged into the leaf on their left",
+            tree.merges(),
+        );
         tokio::spawn(sweep_until(
             records.clone(),
             tree.clone(),

@@ -3,7 +3,9 @@
 //! splits did not happen): concurrent PUTs land, listings page across leaves without losing
 //! or repeating a name (prefix, delimiter, small pages), reads find every name, DeleteBucket
 //! of a split bucket refuses while any leaf holds a name and leaves it writable, succeeds once
-//! all are deleted, and races with PUTs linearizably. curl with presigned URLs.
+//! all are deleted, and races with PUTs linearizably; leaves emptied by deletes are merged, so
+//! a listing does not walk them, while PUTs and DELETEs race the merges. curl with presigned
+//! URLs.
 
 mod common;
 
@@ -298,4 +300,135 @@ fn delete_bucket_of_a_split_bucket_races_puts_linearizably() {
             other => panic!("DeleteBucket answered {other}: {statuses:?}"),
         }
     }
+}
+
+/// The frontend's count of index leaves merged.
+fn merged(cluster: &Cluster) -> u64 {
+    let got = common::curl(cluster.dir.path(), &[&cluster.url("/metrics")]);
+    let text = String::from_utf8(got.body).unwrap();
+    text.lines()
+        .find(|l| l.starts_with("larder_frontend_s3_index_leaves_merged_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no merge count in /metrics"))
+}
+
+/// One ListObjectsV2 page of up to 1,000 keys: its keys, and whether it was truncated.
+fn one_page(signer: &Signer, bucket: &str) -> (Vec<String>, bool) {
+    let query = [("list-type", "2"), ("max-keys", "1000")];
+    let answer = common::curl(&signer.dir, &[&signer.url("GET", bucket, "", &query)]);
+    let text = String::from_utf8(answer.body).unwrap();
+    assert_eq!(answer.status, 200, "{text}");
+    let truncated = text.contains("<IsTruncated>true</IsTruncated>");
+    (between(&text, "<Key>", "</Key>"), truncated)
+}
+
+#[test]
+fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
+    let (cluster, signer) = start();
+    let many = |i: usize| format!("m/{i:04}");
+    const MANY: usize = 400;
+    assert_eq!(signer.status("PUT", "merge", ""), 200);
+    let s = signer.clone();
+    let put = at_once(8, move |t| {
+        (t..MANY)
+            .step_by(8)
+            .all(|i| s.status("PUT", "merge", &many(i)) == 200)
+    });
+    assert!(put.into_iter().all(|ok| ok));
+    let before = merged(&cluster);
+
+    // Every name but the first and last ten goes (well over 64 leaves' worth at 4 names a
+    // leaf), while other threads write and delete names inside that range.
+    let kept: BTreeSet<usize> = (0..10).chain(MANY - 10..MANY).collect();
+    let s = signer.clone();
+    let gone = kept.clone();
+    let deletes = std::thread::spawn(move || {
+        let s2 = s.clone();
+        let gone2 = gone.clone();
+        at_once(6, move |t| {
+            (t..MANY)
+                .step_by(6)
+                .filter(|i| !gone2.contains(i))
+                .all(|i| s2.status("DELETE", "merge", &many(i)) == 204)
+        })
+        .into_iter()
+        .all(|ok| ok)
+    });
+    // Racing them: names of their own in the emptied range, each PUT then read back at once,
+    // then deleted again (each must answer as if no merge were under way).
+    let s = signer.clone();
+    let racing = at_once(2, move |t| {
+        let mut wrong = Vec::new();
+        for round in 0..40 {
+            let key = format!("m/{:04}x{t}", 20 + (round * 37 + t * 101) % (MANY - 40));
+            let put = s.call("PUT", "merge", &key);
+            let got = s.call("GET", "merge", &key);
+            let body = format!("body of {key}").into_bytes();
+            if put.status != 200 || got.status != 200 || got.body != body {
+                let why = String::from_utf8_lossy(&put.body).into_owned();
+                wrong.push(format!(
+                    "{key}: PUT {} GET {} {why}",
+                    put.status, got.status
+                ));
+            }
+            if round % 2 == 0 && s.status("DELETE", "merge", &key) != 204 {
+                wrong.push(format!("{key}: DELETE"));
+            }
+        }
+        wrong
+    });
+    assert!(deletes.join().unwrap(), "every DELETE answered 204");
+    let wrong: Vec<String> = racing.into_iter().flatten().collect();
+    assert!(wrong.is_empty(), "{wrong:?}");
+
+    // What is left: the kept names and the racers' odd rounds. Merges follow the deletes
+    // (and listings merge the empty leaves they walk), until one page holds everything.
+    let mut expected: BTreeSet<String> = kept.iter().map(|&i| many(i)).collect();
+    for t in 0..2 {
+        for round in (1..40).step_by(2) {
+            expected.insert(format!(
+                "m/{:04}x{t}",
+                20 + (round * 37 + t * 101) % (MANY - 40)
+            ));
+        }
+    }
+    let expected: Vec<String> = expected.into_iter().collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (keys, truncated) = one_page(&signer, "merge");
+        if !truncated {
+            assert_eq!(keys, expected, "one page lists every name left");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a listing still walks empty leaves: {} keys, truncated",
+            keys.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(signer.list("merge", "", "", 3), expected, "small pages too");
+    assert!(
+        merged(&cluster) - before >= 40,
+        "most emptied leaves were merged: {} of them",
+        merged(&cluster) - before
+    );
+
+    // The merged ranges take names again, read and list them, and the bucket empties and
+    // goes as any other.
+    for i in (10..MANY - 10).step_by(50) {
+        assert_eq!(signer.status("PUT", "merge", &many(i)), 200);
+        assert_eq!(signer.call("GET", "merge", &many(i)).status, 200);
+    }
+    let listed = signer.list("merge", "", "", 1000);
+    assert_eq!(
+        listed.len(),
+        expected.len() + (10..MANY - 10).step_by(50).count()
+    );
+    for key in listed {
+        assert_eq!(signer.status("DELETE", "merge", &key), 204);
+    }
+    assert_eq!(signer.status("DELETE", "merge", ""), 204);
+    assert_eq!(signer.status("HEAD", "merge", ""), 404);
 }

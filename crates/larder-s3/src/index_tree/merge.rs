@@ -1,0 +1,328 @@
+//! Merging an empty index leaf into the leaf on its left, so that deletes leave no runs of
+//! empty leaves behind: every listing would walk them (`pager.rs` ends a page after 64 with
+//! nothing to list), and the root's hints would keep growing with leaves that hold nothing.
+//!
+//! Four idempotent steps, as a split has (`index_tree.rs`), for an empty leaf M that is not
+//! its bucket's first:
+//!
+//! 1. **Seal M for the merge** in a read-modify-write at its primary, naming the leaf L that
+//!    ended at it (`Leaf::merging`, format 4), if it is still empty. The seal never lifts: M
+//!    takes no name again. A change of a name in its range is sent to L (`Reroute::Merging`),
+//!    which sends it back to M, after a pause, while L still ends at M.
+//! 2. **Extend the leaf that ends at M** (L, or a leaf split off L since) over M's range in one
+//!    write: its `high` and `right` become M's, and M's garbage is added to its own. Refused
+//!    while that leaf splits or is sealed by a DeleteBucket (later), or is being merged itself
+//!    (that merge is finished first).
+//! 3. **Drop M from the root's hints.**
+//! 4. **Clear M's garbage list** (its left neighbour's now). M's record stays, as a stub of
+//!    ~150 bytes: a split's step 2 writes its new leaf "unless it exists", so a frontend that
+//!    was paused inside a split whose new leaf has since been merged would write that leaf
+//!    again, with the names of before, if M were gone. Found, the stub sends a walk left;
+//!    written again, it is there already.
+//!
+//! Why every read stays right: from 1 to 2 no name can be linked into M's range (M refuses,
+//! and L ends before it), and M was empty at 1, so M's range is empty then, as M reads. A walk
+//! that comes to M from the leaf on its left, which still ended at M when it was read, reads M
+//! so (`index_tree::walk`); a walk that starts at M (a hint) goes to L instead, whose `right`
+//! links lead to the leaf holding the key either way. A hint to M that comes back (a split's
+//! step 4 finished late, a walk's repair) is harmless for the same reason, and dropped again
+//! by the next change that meets it. A leaf that is gone (its bucket deleted) is taken off the
+//! root's hints by the first read that finds it so.
+//!
+//! Who merges: the frontend whose write left a leaf empty (`index_batch.rs`), a listing that
+//! walked empty leaves (for those left by a merge that did not finish, or by builds before
+//! merges), and a change that finds a merge under way (its merger may be gone). Stubs are not
+//! removed, not even by a DeleteBucket (nothing links them): ~150 bytes per leaf merged, where
+//! each leaf came from a split of ~500 new names.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::error::S3Error;
+use crate::records::{bucket_doc, leaf_doc, BucketIndex, Leaf, Merging};
+use crate::store::{Change, Records};
+
+use super::{drop_gone_hint, hint_before, IndexTree, MAX_HOPS};
+
+/// Leaves whose merges one call finishes before its own (each blocked by the next one left).
+const MAX_CHAINED: usize = 8;
+/// Steps one call takes at most (each a merge finished, or one found blocking).
+const MAX_STEPS: usize = 32;
+/// Empty leaves one listing merges after it answered.
+const MERGES_PER_PAGE: usize = 16;
+
+/// How far a merge of one leaf got.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Its range is its left neighbour's (or it is not to be merged: it holds names, it is
+    /// gone, it is the first leaf).
+    Done,
+    /// The leaf ending at it is being merged too: that merge goes first.
+    Blocked(String),
+    /// Not now (a split, a DeleteBucket, or another frontend merging it); whoever finds it
+    /// next tries again.
+    Later,
+}
+
+/// The leaf whose `right` is the leaf being merged, as a walk from a leaf left of it finds it.
+enum Found {
+    Leaf(String, Box<Leaf>),
+    /// A leaf reaches past the merged leaf's first key: nothing ends at it any more.
+    Covered,
+    /// A leaf on the way is gone (this one, if it is sure), or the walk is too long.
+    Lost(Option<String>),
+}
+
+impl IndexTree {
+    /// Merges the empty leaf `id` of `bucket` into the leaf on its left, or finishes its merge
+    /// (see the module's comment). True when its range is its left neighbour's now, or it is
+    /// no leaf to merge; false when that has to wait.
+    pub async fn merge(&self, records: &Records, bucket: &str, id: &str) -> Result<bool, S3Error> {
+        let mut pending = vec![id.to_owned()];
+        for _ in 0..MAX_STEPS {
+            let Some(id) = pending.last().cloned() else {
+                return Ok(true);
+            };
+            match self.merge_one(records, bucket, &id).await? {
+                Step::Done => {
+                    pending.pop();
+                }
+                Step::Blocked(left) if pending.len() < MAX_CHAINED && !pending.contains(&left) => {
+                    pending.push(left);
+                }
+                Step::Blocked(_) | Step::Later => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Merges `ids` (empty leaves a listing walked) one after another, in a task of its own.
+    pub fn merge_soon(self: &Arc<Self>, records: &Arc<Records>, bucket: &str, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        let (tree, records, bucket) = (self.clone(), records.clone(), bucket.to_owned());
+        tokio::spawn(async move {
+            for id in ids.into_iter().take(MERGES_PER_PAGE) {
+                if let Err(err) = tree.merge(&records, &bucket, &id).await {
+                    tracing::debug!(%err, bucket, leaf = id, "an index merge failed; the next finder tries again");
+                }
+            }
+        });
+    }
+
+    async fn merge_one(&self, records: &Records, bucket: &str, id: &str) -> Result<Step, S3Error> {
+        let doc = leaf_doc(bucket, id);
+        if !self.begin_restructuring(&doc) {
+            return Ok(Step::Later);
+        }
+        let step = self.merge_leaf(records, bucket, id).await;
+        self.end_restructuring(bucket, &doc);
+        step
+    }
+
+    async fn merge_leaf(&self, records: &Records, bucket: &str, id: &str) -> Result<Step, S3Error> {
+        let doc = leaf_doc(bucket, id);
+        // Its names resolved: a leaf with a base and no change since reads empty unresolved.
+        let Some(leaf) = records.read::<Leaf>(&doc).await? else {
+            return Ok(Step::Done);
+        };
+        if leaf.merging.is_none() {
+            if !super::Holder::merge_due(&leaf) {
+                return Ok(Step::Done);
+            }
+            let root = match self.root(records, bucket).await {
+                Err(S3Error::NoSuchBucket) => return Ok(Step::Done),
+                root => root?,
+            };
+            let Some(start) = hint_before(&root.leaves, &leaf.low) else {
+                return Ok(Step::Done);
+            };
+            let left = match ending_at(records, bucket, &start, (id, &leaf.low)).await? {
+                Found::Leaf(left, _) => left,
+                Found::Lost(Some(gone)) => {
+                    drop_gone_hint(records, bucket, &gone).await?;
+                    return Ok(Step::Later);
+                }
+                Found::Covered | Found::Lost(None) => return Ok(Step::Later),
+            };
+            if !seal_for_merge(records, &doc, &left).await? {
+                return Ok(Step::Done);
+            }
+        }
+        // Read again after the seal: its garbage as the seal left it, which no write changes
+        // since but a sweep's (that only takes entries off).
+        let Some(merged) = records.read_unresolved::<Leaf>(&doc).await? else {
+            return Ok(Step::Done);
+        };
+        let Some(Merging { into }) = merged.merging.clone() else {
+            return Ok(Step::Later);
+        };
+        match extend_over(records, bucket, (id, &merged), &into).await? {
+            (Step::Done, extended_here) => {
+                if extended_here {
+                    self.merged.inc();
+                }
+            }
+            (step, _) => return Ok(step),
+        }
+        drop_hint(records, bucket, (id, &merged.low)).await?;
+        // Its garbage is the left leaf's now; the rest of it stays, as a stub.
+        records
+            .update(&doc, |leaf: Option<Leaf>| match leaf {
+                Some(mut leaf) if leaf.merging.is_some() && !leaf.garbage.is_empty() => {
+                    leaf.garbage.clear();
+                    Ok((Change::Put(leaf), ()))
+                }
+                _ => Ok((Change::Keep, ())),
+            })
+            .await?;
+        Ok(Step::Done)
+    }
+}
+
+/// From leaf `start`, left of the leaf `id` starting at `low`, rightwards to the leaf whose
+/// `right` is `id`. A leaf being merged is passed as `index_tree::walk` passes it.
+async fn ending_at(
+    records: &Records,
+    bucket: &str,
+    start: &str,
+    (id, low): (&str, &str),
+) -> Result<Found, S3Error> {
+    let mut at = start.to_owned();
+    let mut from_left = false;
+    for _ in 0..MAX_HOPS {
+        let doc = leaf_doc(bucket, &at);
+        let Some(leaf) = records.read_unresolved::<Leaf>(&doc).await? else {
+            return Ok(Found::Lost(Some(at)));
+        };
+        if let Some(merging) = leaf.merging.as_ref().filter(|_| !from_left) {
+            (at, from_left) = (merging.into.clone(), false);
+            continue;
+        }
+        if leaf.right.as_deref() == Some(id) {
+            return Ok(Found::Leaf(at, Box::new(leaf)));
+        }
+        match (&leaf.high, &leaf.right) {
+            (Some(high), Some(right)) if high.as_str() < low => {
+                (at, from_left) = (right.clone(), true);
+            }
+            _ => return Ok(Found::Covered),
+        }
+    }
+    Ok(Found::Lost(None))
+}
+
+/// Seals the leaf `doc` for its merge into `left` if it is still to be merged; false if it is
+/// not (it took a name, or was sealed or removed meanwhile). A seal found is kept as it is.
+async fn seal_for_merge(records: &Records, doc: &str, left: &str) -> Result<bool, S3Error> {
+    records
+        .update(doc, |leaf: Option<Leaf>| {
+            let Some(mut leaf) = leaf else {
+                return Ok((Change::Keep, false));
+            };
+            if leaf.merging.is_some() {
+                return Ok((Change::Keep, true));
+            }
+            if !super::Holder::merge_due(&leaf) {
+                return Ok((Change::Keep, false));
+            }
+            leaf.merging = Some(Merging {
+                into: left.to_owned(),
+            });
+            Ok((Change::Put(leaf), true))
+        })
+        .await
+}
+
+/// What a read-modify-write of the leaf ending at a merged one found.
+enum Extended {
+    Done,
+    /// It no longer ends there (it split, or was extended): look for that leaf again.
+    Again,
+    Blocked,
+    Later,
+}
+
+/// Step 2: the leaf ending at `merged` (found from `into`, or from the root's last hint
+/// before it once `into` is gone) takes its range and its garbage. With whether this call
+/// wrote that.
+async fn extend_over(
+    records: &Records,
+    bucket: &str,
+    (id, merged): (&str, &Leaf),
+    into: &str,
+) -> Result<(Step, bool), S3Error> {
+    let mut start = into.to_owned();
+    for _ in 0..MAX_HOPS {
+        let (left, leaf) = match ending_at(records, bucket, &start, (id, &merged.low)).await? {
+            Found::Covered => return Ok((Step::Done, false)),
+            Found::Leaf(left, leaf) => (left, leaf),
+            Found::Lost(gone) => {
+                if let Some(gone) = gone {
+                    drop_gone_hint(records, bucket, &gone).await?;
+                }
+                let root = records
+                    .read_unresolved::<BucketIndex>(&bucket_doc(bucket))
+                    .await?;
+                let before = root.and_then(|root| hint_before(&root.leaves, &merged.low));
+                match before {
+                    Some(before) if before != start => start = before,
+                    _ => return Ok((Step::Later, false)),
+                }
+                continue;
+            }
+        };
+        if leaf.merging.is_some() {
+            return Ok((Step::Blocked(left), false));
+        }
+        let extended = records
+            .update(&leaf_doc(bucket, &left), |leaf: Option<Leaf>| {
+                let Some(mut leaf) = leaf.filter(|l| l.right.as_deref() == Some(id)) else {
+                    return Ok((Change::Keep, Extended::Again));
+                };
+                if leaf.merging.is_some() {
+                    return Ok((Change::Keep, Extended::Blocked));
+                }
+                if leaf.sealed.is_some() || leaf.splitting.is_some() {
+                    return Ok((Change::Keep, Extended::Later));
+                }
+                leaf.high = merged.high.clone();
+                leaf.right = merged.right.clone();
+                let held: HashSet<&str> = leaf.garbage.iter().map(|g| g.blob()).collect();
+                let taken: Vec<_> = (merged.garbage.iter())
+                    .filter(|g| !held.contains(g.blob()))
+                    .cloned()
+                    .collect();
+                leaf.garbage.extend(taken);
+                Ok((Change::Put(leaf), Extended::Done))
+            })
+            .await?;
+        let step = match extended {
+            Extended::Done => (Step::Done, true),
+            Extended::Again => continue,
+            Extended::Blocked => (Step::Blocked(left), false),
+            Extended::Later => (Step::Later, false),
+        };
+        return Ok(step);
+    }
+    Ok((Step::Later, false))
+}
+
+/// Step 3: the root no longer names leaf `id`, which started at `low`.
+async fn drop_hint(
+    records: &Records,
+    bucket: &str,
+    (id, low): (&str, &str),
+) -> Result<(), S3Error> {
+    records
+        .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
+            let Some(mut root) = root.filter(|r| r.leaves.get(low).map(String::as_str) == Some(id))
+            else {
+                return Ok((Change::Keep, ()));
+            };
+            root.leaves.remove(low);
+            Ok((Change::Put(root), ()))
+        })
+        .await
+}
