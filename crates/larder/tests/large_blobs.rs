@@ -445,3 +445,54 @@ fn chunks_of_an_upload_cut_short_by_a_frontend_crash_are_tombstoned_after_restar
         "a committed upload leaves no entry"
     );
 }
+
+/// A node's count of large-record bytes read, by where they came from (`page_cache`, `disk`).
+fn large_read_bytes(cluster: &Cluster, node: usize, source: &str) -> u64 {
+    let (status, text) =
+        cluster.internal_request(cluster.node_addr(node), "GET", larder_proto::METRICS_PATH);
+    assert_eq!(status, 200);
+    let line = format!("larder_storage_large_read_bytes_total{{source=\"{source}\"}}");
+    String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(&line))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("node {node}: no {line}"))
+}
+
+#[test]
+fn a_chunk_out_of_the_page_cache_is_read_past_it_counted_and_checked() {
+    // Every synced record of 1 MiB or more leaves the page cache at once: read back, each
+    // chunk of this 3 MiB blob (one record on each replica) comes from the disk directly.
+    let storage = "[store]\nuncache_after_recent = \"0 B\"\n";
+    let cluster = Cluster::start_full(3, 4, "", storage);
+    let dir = cluster.dir.path();
+    let pattern = Pattern {
+        seed: 11,
+        size: 3 * MIB,
+    };
+    let file = format!("@{}", file_with(dir, &pattern.bytes(0..pattern.size)));
+    let created = curl(dir, &["--data-binary", &file, &cluster.url("/v1/blobs")]);
+    assert_eq!(created.status, 201);
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let direct = |c: &Cluster| (0..3).map(|n| large_read_bytes(c, n, "disk")).sum::<u64>();
+    let before = direct(&cluster);
+    let url = cluster.url(&format!("/v1/blobs/{id}"));
+    let whole = curl(dir, &[&url]);
+    assert_eq!(whole.status, 200);
+    assert!(
+        whole.body == pattern.bytes(0..pattern.size),
+        "the same bytes"
+    );
+    let ranged = curl(dir, &["-r", "1000000-2000000", &url]);
+    assert_eq!(ranged.status, 206);
+    assert!(
+        ranged.body == pattern.bytes(1_000_000..2_000_001),
+        "the same range"
+    );
+    let read = direct(&cluster) - before;
+    assert!(
+        read >= pattern.size + 1_000_001,
+        "{read} bytes read past the page cache for a whole read and a range of it"
+    );
+}
