@@ -7,7 +7,9 @@
 //! - **Past the bound the root splits** into two leaves and from then on lists its leaves by
 //!   the first key each covers (format 2). A leaf past the bound splits in two the same way.
 //!   Past `SPLIT_BYTES` of entries a record splits too, whatever its count (`split_point`).
-//!   Leaves never merge, and a leaf's first key (`low`) never changes.
+//!   A leaf's first key (`low`) never changes. A leaf emptied by deletes is merged into the
+//!   leaf on its left (`merge.rs`), which extends its range over it; the merged leaf's record
+//!   stays as a stub that sends walks left.
 //! - **B-link walk.** Each leaf knows the first key after it (`high`) and the leaf holding it
 //!   (`right`). A split writes the new right leaf before it cuts the old one, and cuts in one
 //!   write, so starting from any leaf whose `low` is at or before a key and moving right while
@@ -67,7 +69,8 @@ const MAX_CACHED_BUCKETS: usize = 4096;
 const SEAL_PATIENCE: Duration = Duration::from_secs(60);
 /// Pause before a change that waits for a split, a merge or a delete tries again.
 pub(crate) const WAIT: Duration = Duration::from_millis(20);
-/// Times a read starts again from a fresh root when a leaf on its way is gone (merged since).
+/// Times a read starts again from a fresh root when a leaf on its way is gone or the walk is
+/// cut short.
 const FRESH_ROOT_TRIES: usize = 8;
 
 /// Which record holds the names of a key's range.
@@ -96,9 +99,9 @@ pub enum Reroute {
     Busy,
     /// A DeleteBucket sealed the leaf (of the bucket made at `created_ms`).
     Sealed { seal: Seal, created_ms: u64 },
-    /// The leaf does not exist (the bucket was deleted, or made again, or the leaf merged).
+    /// The leaf does not exist (the bucket was deleted, or made again).
     Gone,
-    /// The leaf is being merged into leaf `into`, on its left (`index_merge.rs`).
+    /// The leaf is merged, or being merged, into leaf `into`, on its left (`merge.rs`).
     Merging { into: String },
 }
 
@@ -290,15 +293,18 @@ pub struct IndexTree {
     restructuring: Mutex<HashSet<String>>,
     /// Leaves merged into the leaf on their left by this frontend (`merge`).
     merged: Counter,
+    /// `[s3] max_held_garbage`: a merge holds the left leaf's garbage list to it too.
+    max_held_garbage: usize,
 }
 
 impl IndexTree {
-    pub fn new(leaf_entries: usize) -> IndexTree {
+    pub fn new(leaf_entries: usize, max_held_garbage: usize) -> IndexTree {
         IndexTree {
             leaf_entries: leaf_entries.max(2),
             hints: Mutex::default(),
             restructuring: Mutex::default(),
             merged: Counter::default(),
+            max_held_garbage,
         }
     }
 
@@ -498,9 +504,9 @@ impl IndexTree {
             }
             self.forget(bucket);
         }
-        // A leaf on the way may be gone because it was merged after the root was read (its
-        // hint goes before it does): the root is read again. A deleted bucket's root goes
-        // before its leaves, so a read of it then answers `NoSuchBucket`.
+        // A leaf on the way may be gone: its bucket was deleted (the root goes before its
+        // leaves, so the next read of the root answers `NoSuchBucket`), or a hint outlived its
+        // leaf (it is dropped, and the root read again).
         for _ in 0..FRESH_ROOT_TRIES {
             let root = self.root_keeping(records, bucket, keep).await?;
             if !root.is_split() {
@@ -571,7 +577,8 @@ impl IndexTree {
         let mut pager = Pager::new(query, limit, MAX_LEAVES);
         let mut empty = Vec::new();
         let page = loop {
-            if node.objects.is_empty() && !node.low.is_empty() && !node.merging {
+            // Those being merged too: a merge whose merger is gone is finished so.
+            if node.objects.is_empty() && !node.low.is_empty() {
                 empty.push(node.id.clone());
             }
             match pager.visit(&node.objects, &node.low, node.high.as_deref()) {
@@ -589,9 +596,10 @@ impl IndexTree {
                 .await?;
             node = match leaf {
                 Some(leaf) => Node::of(right, leaf),
-                // Merged since the leaf before it was read (or the bucket deleted): the leaf
-                // holding its range now is found from the root. The pager lists only names
-                // past what it listed, so a range read twice adds nothing twice.
+                // Gone since the leaf before it was read (its bucket deleted, and the next read
+                // of the root says so): the leaf holding its range is found from the root. The
+                // pager lists only names past what it listed, so a range read twice adds
+                // nothing twice.
                 None => self.locate(records, bucket, &high, &Keep::All).await?,
             };
         };
@@ -755,8 +763,8 @@ impl IndexTree {
             }
             let doc = leaf_doc(bucket, &id);
             let Some(leaf) = records.read_unresolved::<Leaf>(&doc).await? else {
-                // Merged since the leaf on its left was read, which then took over its range
-                // and its garbage: that leaf's `right` now says where to go on.
+                // Gone since the leaf on its left was read (a bucket being deleted): if that
+                // leaf's `right` says otherwise now, go on there.
                 next = match &left {
                     Some(left) => self.right_now(records, bucket, left, &id).await?,
                     None => None,
@@ -918,8 +926,7 @@ fn too_many_leaves(bucket: &str) -> S3Error {
 /// Why a walk did not find a key's leaf.
 #[derive(Debug, PartialEq, Eq)]
 enum Miss {
-    /// This leaf is gone (merged, or its bucket deleted); for good, as leaf IDs are never used
-    /// again.
+    /// This leaf is gone (its bucket deleted); for good, as leaf IDs are never used again.
     Gone(String),
     /// A leaf on the way is sealed, or the walk is longer than allowed.
     Stopped,

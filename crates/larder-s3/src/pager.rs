@@ -3,7 +3,8 @@
 //! reads, so that it is tested over leaves in memory (the property test below).
 //!
 //! A page reads at most `MAX_LEAVES_PER_PAGE` leaves past its first before it ends early,
-//! truncated, because leaves never merge: a run of leaves emptied by deletes would otherwise
+//! truncated: a run of leaves emptied by deletes, until they are merged (`index_tree/merge.rs`,
+//! which the write that empties a leaf starts, and a listing that walks one), would otherwise
 //! be walked to its end in one request. Where the next page starts must then be said:
 //!
 //! - ListObjectsV2's continuation token is ours, so it names a place: "at `high`".

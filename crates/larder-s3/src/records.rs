@@ -35,9 +35,9 @@ pub const FORMAT_SPLIT: u32 = 2;
 /// since. Code that knows only `FORMAT_SPLIT` refuses it rather than misreading it.
 pub const FORMAT_BASED: u32 = 3;
 
-/// The format of a leaf being merged into the leaf on its left (`index_merge.rs`): it holds no
-/// names and takes none. Code that knows only the formats before it refuses it rather than
-/// linking a name into a range that its left neighbour may already cover.
+/// The format of a leaf merged, or being merged, into the leaf on its left
+/// (`index_tree/merge.rs`): it holds no names and takes none. Code that knows only the formats
+/// before it refuses it rather than linking a name into a range its left neighbour may cover.
 pub const FORMAT_MERGING: u32 = 4;
 
 /// The document holding the access keys.
@@ -299,7 +299,7 @@ pub struct Seal {
     pub at_ms: u64,
 }
 
-/// An empty leaf's merge into its left neighbour (`index_merge.rs`).
+/// An empty leaf's merge into its left neighbour (`index_tree/merge.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Merging {

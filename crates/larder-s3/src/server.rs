@@ -81,7 +81,10 @@ impl S3Api {
             bodies.reads(),
         );
         let records = Arc::new(records);
-        let tree = Arc::new(IndexTree::new(config.index_leaf_entries));
+        let tree = Arc::new(IndexTree::new(
+            config.index_leaf_entries,
+            config.max_held_garbage,
+        ));
         registry.sub_registry_with_prefix("s3").register(
             "index_leaves_merged",
             "Empty index leaves this frontend merged into the leaf on their left",

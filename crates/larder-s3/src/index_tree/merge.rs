@@ -10,9 +10,10 @@
 //!    takes no name again. A change of a name in its range is sent to L (`Reroute::Merging`),
 //!    which sends it back to M, after a pause, while L still ends at M.
 //! 2. **Extend the leaf that ends at M** (L, or a leaf split off L since) over M's range in one
-//!    write: its `high` and `right` become M's, and M's garbage is added to its own. Refused
-//!    while that leaf splits or is sealed by a DeleteBucket (later), or is being merged itself
-//!    (that merge is finished first).
+//!    write: its `high` and `right` become M's, and M's garbage is added to its own (held to
+//!    `[s3] max_held_garbage` as a write's is). Refused while that leaf is marked for a split
+//!    (the split is finished first), sealed by a DeleteBucket (waited for, or lifted if that
+//!    delete is gone, as a writer does) or being merged itself (that merge is finished first).
 //! 3. **Drop M from the root's hints.**
 //! 4. **Clear M's garbage list** (its left neighbour's now). M's record stays, as a stub of
 //!    ~150 bytes: a split's step 2 writes its new leaf "unless it exists", so a frontend that
@@ -39,10 +40,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::error::S3Error;
-use crate::records::{bucket_doc, leaf_doc, BucketIndex, Leaf, Merging};
+use crate::objects::hurry;
+use crate::records::{bucket_doc, leaf_doc, BucketIndex, Leaf, Merging, Seal};
+use crate::service::now_ms;
 use crate::store::{Change, Records};
 
-use super::{drop_gone_hint, hint_before, IndexTree, MAX_HOPS};
+use super::{drop_gone_hint, hint_before, IndexTree, Target, MAX_HOPS};
 
 /// Leaves whose merges one call finishes before its own (each blocked by the next one left).
 const MAX_CHAINED: usize = 8;
@@ -59,9 +62,21 @@ enum Step {
     Done,
     /// The leaf ending at it is being merged too: that merge goes first.
     Blocked(String),
-    /// Not now (a split, a DeleteBucket, or another frontend merging it); whoever finds it
-    /// next tries again.
+    /// The leaf ending at it is marked for a split, or sealed by a DeleteBucket: that is
+    /// settled first (the split finished; the seal waited for, or lifted if its delete is
+    /// gone), then the merge tries again.
+    Obstructed(String, Obstacle),
+    /// Another task of this frontend is merging it: wait, and look again.
+    Busy,
+    /// Not now (a leaf on the way is gone); whoever finds it next tries again.
     Later,
+}
+
+/// What keeps the leaf ending at a merged one from taking its range.
+#[derive(Debug, PartialEq, Eq)]
+enum Obstacle {
+    Split,
+    Sealed(Seal, u64),
 }
 
 /// The leaf whose `right` is the leaf being merged, as a walk from a leaf left of it finds it.
@@ -87,13 +102,42 @@ impl IndexTree {
                 Step::Done => {
                     pending.pop();
                 }
-                Step::Blocked(left) if pending.len() < MAX_CHAINED && !pending.contains(&left) => {
-                    pending.push(left);
+                // A chain longer than the bound starts again from its leftmost leaf, so every
+                // call finishes one merge at least.
+                Step::Blocked(left) if pending.len() >= MAX_CHAINED => pending = vec![left],
+                Step::Blocked(left) if pending.contains(&left) => return Ok(false),
+                Step::Blocked(left) => pending.push(left),
+                Step::Obstructed(left, obstacle) => {
+                    self.clear(records, bucket, &left, obstacle).await?;
                 }
-                Step::Blocked(_) | Step::Later => return Ok(false),
+                Step::Busy => tokio::time::sleep(super::WAIT).await,
+                Step::Later => return Ok(false),
             }
         }
         Ok(false)
+    }
+
+    /// Settles what keeps leaf `left` from taking a merged leaf's range: finishes its split,
+    /// or waits on its seal (lifted if the delete that set it is gone).
+    async fn clear(
+        &self,
+        records: &Records,
+        bucket: &str,
+        left: &str,
+        obstacle: Obstacle,
+    ) -> Result<(), S3Error> {
+        let target = Target::Leaf(left.to_owned());
+        match obstacle {
+            Obstacle::Split => self.split(records, bucket, &target).await,
+            Obstacle::Sealed(seal, created_ms) => {
+                let root = self.root(records, bucket).await?;
+                if root.created_ms != created_ms {
+                    return Err(S3Error::NoSuchBucket);
+                }
+                self.settle_seal(records, bucket, root, &target, &seal)
+                    .await
+            }
+        }
     }
 
     /// Merges `ids` (empty leaves a listing walked) one after another, in a task of its own.
@@ -114,7 +158,7 @@ impl IndexTree {
     async fn merge_one(&self, records: &Records, bucket: &str, id: &str) -> Result<Step, S3Error> {
         let doc = leaf_doc(bucket, id);
         if !self.begin_restructuring(&doc) {
-            return Ok(Step::Later);
+            return Ok(Step::Busy);
         }
         let step = self.merge_leaf(records, bucket, id).await;
         self.end_restructuring(bucket, &doc);
@@ -158,10 +202,16 @@ impl IndexTree {
         let Some(Merging { into }) = merged.merging.clone() else {
             return Ok(Step::Later);
         };
-        match extend_over(records, bucket, (id, &merged), &into).await? {
+        let bounds = (bucket, self.max_held_garbage);
+        match extend_over(records, bounds, (id, &merged), &into).await? {
             (Step::Done, extended_here) => {
                 if extended_here {
                     self.merged.inc();
+                    tracing::info!(
+                        bucket,
+                        leaf = id,
+                        "merged an empty index leaf into its left"
+                    );
                 }
             }
             (step, _) => return Ok(step),
@@ -237,11 +287,12 @@ async fn seal_for_merge(records: &Records, doc: &str, left: &str) -> Result<bool
 
 /// What a read-modify-write of the leaf ending at a merged one found.
 enum Extended {
-    Done,
+    /// Done, and whether its garbage list went past the bound (`objects::hurry`).
+    Done(bool),
     /// It no longer ends there (it split, or was extended): look for that leaf again.
     Again,
     Blocked,
-    Later,
+    Obstructed(Obstacle),
 }
 
 /// Step 2: the leaf ending at `merged` (found from `into`, or from the root's last hint
@@ -249,7 +300,7 @@ enum Extended {
 /// wrote that.
 async fn extend_over(
     records: &Records,
-    bucket: &str,
+    (bucket, max_held_garbage): (&str, usize),
     (id, merged): (&str, &Leaf),
     into: &str,
 ) -> Result<(Step, bool), S3Error> {
@@ -284,8 +335,12 @@ async fn extend_over(
                 if leaf.merging.is_some() {
                     return Ok((Change::Keep, Extended::Blocked));
                 }
-                if leaf.sealed.is_some() || leaf.splitting.is_some() {
-                    return Ok((Change::Keep, Extended::Later));
+                if let Some(seal) = &leaf.sealed {
+                    let sealed = Obstacle::Sealed(seal.clone(), leaf.bucket_created_ms);
+                    return Ok((Change::Keep, Extended::Obstructed(sealed)));
+                }
+                if leaf.splitting.is_some() {
+                    return Ok((Change::Keep, Extended::Obstructed(Obstacle::Split)));
                 }
                 leaf.high = merged.high.clone();
                 leaf.right = merged.right.clone();
@@ -295,14 +350,22 @@ async fn extend_over(
                     .cloned()
                     .collect();
                 leaf.garbage.extend(taken);
-                Ok((Change::Put(leaf), Extended::Done))
+                // Held to the same bound as a write's (merges of many leaves into one would
+                // otherwise grow one list without end).
+                let hurried = hurry(&mut leaf.garbage, max_held_garbage, now_ms());
+                Ok((Change::Put(leaf), Extended::Done(hurried)))
             })
             .await?;
         let step = match extended {
-            Extended::Done => (Step::Done, true),
+            Extended::Done(hurried) => {
+                if hurried {
+                    crate::objects::sweep_soon(bucket, &Target::Leaf(left));
+                }
+                (Step::Done, true)
+            }
             Extended::Again => continue,
             Extended::Blocked => (Step::Blocked(left), false),
-            Extended::Later => (Step::Later, false),
+            Extended::Obstructed(obstacle) => (Step::Obstructed(left, obstacle), false),
         };
         return Ok(step);
     }
