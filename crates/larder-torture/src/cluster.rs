@@ -383,7 +383,7 @@ impl Cluster {
                     "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n\
                      upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n\n\
                      [s3]\nlisten = \"{s3_addr}\"\nreplaced_blob_grace = \"5s\"\nsweep_interval = \"2s\"\n\
-                     index_leaf_entries = 8\nindex_delta_bytes = 256\n"
+                     index_leaf_entries = 2\nindex_delta_bytes = 256\n"
                 ),
             )?;
             let mut journal = LossyDir::new(dir, &format!("frontend-{dc}-uploads"))?;
