@@ -59,6 +59,14 @@ pub struct DevArgs {
     /// Async worker threads of the frontend process; default: one per core.
     #[arg(long)]
     frontend_threads: Option<NonZeroUsize>,
+    /// A TOML file of settings for every storage node (as in `larder storage`'s config:
+    /// `[store]`, `[limits]`, ...), merged over the configs `larder dev` writes anew at each
+    /// start, table by table: a key given here wins. Paths in it are relative to the data dir.
+    #[arg(long, value_name = "FILE")]
+    storage_settings: Option<PathBuf>,
+    /// The same for every frontend (as in `larder frontend`'s config: `[s3]`, `[limits]`, ...).
+    #[arg(long, value_name = "FILE")]
+    frontend_settings: Option<PathBuf>,
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -75,8 +83,12 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     // Also for a data dir made before the internal API required credentials.
     configs::ensure_secret_next_to(&data_dir.join("cluster.toml"))?;
-    let storage_configs = write_storage_configs(&map.nodes, &data_dir, certs.as_ref())?;
-    let frontend_configs = write_frontend_configs(&map, &data_dir, &args, certs.as_ref())?;
+    let storage_settings = load_settings(args.storage_settings.as_deref())?;
+    let frontend_settings = load_settings(args.frontend_settings.as_deref())?;
+    let storage = (certs.as_ref(), storage_settings.as_ref());
+    let storage_configs = write_storage_configs(&map.nodes, &data_dir, storage)?;
+    let frontend = (certs.as_ref(), frontend_settings.as_ref());
+    let frontend_configs = write_frontend_configs(&map, &data_dir, &args, frontend)?;
     let node_threads = args
         .node_threads
         .map_or_else(|| worker_share(storage_configs.len()), NonZeroUsize::get);
@@ -89,7 +101,8 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
     let follower = {
         let (children, stop) = (children.clone(), stop.clone());
         std::thread::spawn(move || {
-            start_added_nodes(&data_dir, certs.as_ref(), node_threads, &children, &stop)
+            let storage = (certs.as_ref(), storage_settings.as_ref());
+            start_added_nodes(&data_dir, storage, node_threads, &children, &stop)
         })
     };
     let result = serve_frontends(&frontend_configs, &map, args.frontend_threads);
@@ -104,7 +117,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
 /// `<data-dir>/cluster.toml`), checking once a second until `stop`.
 fn start_added_nodes(
     data_dir: &Path,
-    certs: Option<&DevCerts>,
+    storage: (Option<&DevCerts>, Option<&toml::Table>),
     node_threads: usize,
     children: &Mutex<Vec<(String, Child)>>,
     stop: &AtomicBool,
@@ -123,7 +136,7 @@ fn start_added_nodes(
             .filter(|n| !children.iter().any(|(id, _)| *id == n.id))
             .cloned()
             .collect();
-        let started = write_storage_configs(&added, data_dir, certs).and_then(|configs| {
+        let started = write_storage_configs(&added, data_dir, storage).and_then(|configs| {
             for (node, config) in configs {
                 eprintln!("larder dev: starting storage node {node} (added to the cluster map)");
                 children.push((node, spawn_storage(&config, node_threads)?));
@@ -252,7 +265,7 @@ fn mutual_tls_section(header: &str, ca: &Path, (cert, key): &(PathBuf, PathBuf))
 fn write_storage_configs(
     nodes: &[larder_cluster::Node],
     data_dir: &Path,
-    certs: Option<&DevCerts>,
+    (certs, settings): (Option<&DevCerts>, Option<&toml::Table>),
 ) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     for node in nodes {
@@ -269,7 +282,7 @@ fn write_storage_configs(
             text.push_str(&mutual_tls_section("tls", &certs.ca, &certs.storage));
             text.push_str(&mutual_tls_section("pool.tls", &certs.ca, &certs.storage));
         }
-        std::fs::write(&path, text)?;
+        std::fs::write(&path, with_settings(&text, settings)?)?;
         out.push((node.id.clone(), path));
     }
     Ok(out)
@@ -280,7 +293,7 @@ fn write_frontend_configs(
     map: &ClusterMap,
     data_dir: &Path,
     args: &DevArgs,
-    certs: Option<&DevCerts>,
+    (certs, settings): (Option<&DevCerts>, Option<&toml::Table>),
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for (i, dc) in map.datacenters.iter().enumerate() {
@@ -310,10 +323,48 @@ fn write_frontend_configs(
                 &certs.frontend_client,
             ));
         }
-        std::fs::write(&path, text)?;
+        std::fs::write(&path, with_settings(&text, settings)?)?;
         out.push(path);
     }
     Ok(out)
+}
+
+/// The settings of `--storage-settings` or `--frontend-settings`, read once at start.
+fn load_settings(path: Option<&Path>) -> anyhow::Result<Option<toml::Table>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading settings {}", path.display()))?;
+    let table = text
+        .parse::<toml::Table>()
+        .with_context(|| format!("parsing settings {}", path.display()))?;
+    Ok(Some(table))
+}
+
+/// The config `text` with `settings` merged over it, table by table (a key of `settings`
+/// wins); `text` itself without settings.
+fn with_settings(text: &str, settings: Option<&toml::Table>) -> anyhow::Result<String> {
+    let Some(settings) = settings else {
+        return Ok(text.to_owned());
+    };
+    let mut config: toml::Table = text.parse()?;
+    merge_tables(&mut config, settings);
+    Ok(toml::to_string(&config)?)
+}
+
+/// Sets every key of `from` in `into`; where both hold a table, key by key.
+fn merge_tables(into: &mut toml::Table, from: &toml::Table) {
+    for (key, value) in from {
+        match (into.get_mut(key), value) {
+            (Some(toml::Value::Table(mine)), toml::Value::Table(theirs)) => {
+                merge_tables(mine, theirs)
+            }
+            _ => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
 }
 
 /// Async worker threads for each of `nodes` storage node processes when the machine's cores
@@ -470,7 +521,41 @@ fn stop_children(children: &mut [(String, Child)]) {
 
 #[cfg(test)]
 mod tests {
-    use super::share_of;
+    use super::{share_of, with_settings};
+
+    #[test]
+    fn settings_are_merged_over_the_written_config_table_by_table() {
+        let written = "node_id = \"s1\"\ndata_dir = \"s1\"\n\n[auth]\nsecret_file = \"x\"\n\n\
+                       [pool.tls]\nca = \"ca.pem\"\n";
+        assert_eq!(with_settings(written, None).unwrap(), written);
+        let settings: toml::Table =
+            "data_dir = \"elsewhere\"\n[store]\ndirect_cold_reads_from = 0\n\
+                                     [pool.tls]\ncert = \"c.pem\"\n"
+                .parse()
+                .unwrap();
+        let merged: toml::Table = with_settings(written, Some(&settings))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(merged["node_id"].as_str(), Some("s1"), "kept");
+        assert_eq!(
+            merged["data_dir"].as_str(),
+            Some("elsewhere"),
+            "the setting wins"
+        );
+        assert_eq!(merged["auth"]["secret_file"].as_str(), Some("x"));
+        assert_eq!(
+            merged["store"]["direct_cold_reads_from"].as_integer(),
+            Some(0)
+        );
+        let tls = &merged["pool"]["tls"];
+        assert_eq!(
+            tls["ca"].as_str(),
+            Some("ca.pem"),
+            "a table is merged key by key"
+        );
+        assert_eq!(tls["cert"].as_str(), Some("c.pem"));
+    }
 
     #[test]
     fn each_node_gets_its_share_of_the_cores_and_at_least_one_worker() {

@@ -234,3 +234,58 @@ fn cluster_init_refuses_to_replace_a_map_without_force() {
         "untouched"
     );
 }
+
+#[test]
+fn settings_files_are_merged_into_the_configs_dev_writes_at_each_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("larder-data").display().to_string();
+    let [listen, s3] = free_addresses(2)[..] else {
+        unreachable!()
+    };
+    let storage = file_with(tmp.path(), b"[store]\ndirect_cold_reads_from = \"2 MiB\"\n");
+    let frontend = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = 50\n");
+    let frontend = file_with(tmp.path(), frontend.as_bytes());
+    let log = tmp.path().join("dev.log");
+    let mut dev = Command::new(LARDER);
+    dev.args(["dev", "--data-dir", &data_dir, "--partitions", "8"])
+        .args(["--listen", &listen.to_string()])
+        .args([
+            "--storage-settings",
+            &storage,
+            "--frontend-settings",
+            &frontend,
+        ])
+        .env("LARDER_LOG", "info")
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut dev = spawn_until_banner(dev, listen);
+    // The frontend's S3 port is where the settings put it (the default is a free port).
+    common::wait_for_port(s3);
+    let answer = curl(tmp.path(), &[&format!("http://{s3}/")]);
+    assert_eq!(answer.status, 403, "an anonymous ListBuckets");
+    signal(&dev, 15);
+    let status = wait_timeout(&mut dev, Duration::from_secs(40)).expect("stops on SIGTERM");
+    assert!(status.success(), "{status}");
+    wait_until_gone(&data_dir);
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("storage node serving").count(), 3, "{text}");
+    let node: toml::Table = std::fs::read_to_string(format!("{data_dir}/s1.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        node["store"]["direct_cold_reads_from"].as_str(),
+        Some("2 MiB")
+    );
+    assert_eq!(
+        node["node_id"].as_str(),
+        Some("s1"),
+        "what dev writes stays"
+    );
+    let front: toml::Table = std::fs::read_to_string(format!("{data_dir}/frontend-dc1.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(front["s3"]["index_leaf_entries"].as_integer(), Some(50));
+    assert_eq!(front["datacenter"].as_str(), Some("dc1"));
+}
