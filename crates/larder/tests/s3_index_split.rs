@@ -4,12 +4,12 @@
 //! or repeating a name (prefix, delimiter, small pages), reads find every name, DeleteBucket
 //! of a split bucket refuses while any leaf holds a name and leaves it writable, succeeds once
 //! all are deleted, and races with PUTs linearizably; leaves emptied by deletes are merged, so
-//! a listing does not walk them, while PUTs and DELETEs race the merges. curl with presigned
-//! URLs.
+//! a listing does not walk them, while PUTs and DELETEs race the merges, and the blobs their
+//! deleted names held are tombstoned after the grace all the same. curl with presigned URLs.
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,8 +138,13 @@ fn name(i: usize) -> String {
 const NAMES: usize = 120;
 
 fn start() -> (Cluster, Arc<Signer>) {
+    start_with("")
+}
+
+/// `start`, with more `[s3]` settings.
+fn start_with(s3_extra: &str) -> (Cluster, Arc<Signer>) {
     let s3 = common::free_addresses(1)[0];
-    let extra = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = 4\n");
+    let extra = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = 4\n{s3_extra}");
     let cluster = Cluster::start_with(3, 4, &extra);
     common::wait_for_port(s3);
     let signer = Signer {
@@ -431,4 +436,89 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
     }
     assert_eq!(signer.status("DELETE", "merge", ""), 204);
     assert_eq!(signer.status("HEAD", "merge", ""), 404);
+}
+
+/// Record `doc` of the S3 layer as the first storage node holding it has it.
+fn record(cluster: &Cluster, doc: &str) -> Option<serde_json::Value> {
+    let partitions = cluster.map.partitions.len() as u32;
+    let partition = larder_cluster::partition_for_key(doc.as_bytes(), partitions);
+    let path = larder_proto::doc_path(partition, doc);
+    (0..cluster.map.nodes.len())
+        .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
+        .find(|(status, _)| *status == 200)
+        .map(|(_, body)| serde_json::from_slice(&body).unwrap())
+}
+
+/// The blob of each name in `bucket`'s leaves, walked from its first leaf by `right` links.
+fn blobs_by_name(cluster: &Cluster, bucket: &str) -> BTreeMap<String, String> {
+    let root = record(cluster, &format!("larder-s3:bucket:{bucket}")).expect("a root");
+    let mut next = root["leaves"][""].as_str().map(str::to_owned);
+    let mut blobs = BTreeMap::new();
+    while let Some(id) = next {
+        let leaf = record(cluster, &format!("larder-s3:leaf:{bucket}:{id}")).expect("a leaf");
+        assert!(leaf["base"].is_null(), "leaves this small have no base");
+        for (name, entry) in leaf["objects"].as_object().unwrap() {
+            let blob = entry["body"][0]["blob"].as_str().unwrap();
+            blobs.insert(name.clone(), blob.to_owned());
+        }
+        next = leaf["right"].as_str().map(str::to_owned);
+    }
+    blobs
+}
+
+/// The blobs of names whose leaves were merged away go as any deleted name's: a merge hands
+/// a leaf's list of blobs held through their grace period to the leaf on its left, and the
+/// sweep tombstones them from there.
+#[test]
+fn blobs_of_names_deleted_from_merged_leaves_are_tombstoned_after_the_grace() {
+    // A grace long enough that the merges come first, so the blobs are swept from the left
+    // leaves' lists.
+    let (cluster, signer) = start_with("replaced_blob_grace = \"3s\"\nsweep_interval = \"1s\"\n");
+    assert_eq!(signer.status("PUT", "swept", ""), 200);
+    let names: Vec<String> = (0..48).map(|i| format!("s/{i:02}")).collect();
+    for name in &names {
+        assert_eq!(signer.status("PUT", "swept", name), 200);
+    }
+    let blobs = blobs_by_name(&cluster, "swept");
+    assert_eq!(blobs.len(), names.len(), "every name in a leaf: {blobs:?}");
+    let before = merged(&cluster);
+    let deleted = &names[4..44];
+    for name in deleted {
+        assert_eq!(signer.status("DELETE", "swept", name), 204);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let live = |cluster: &Cluster| -> Vec<&str> {
+        deleted
+            .iter()
+            .map(|name| blobs[name].as_str())
+            .filter(|blob| {
+                let url = cluster.url(&format!("/v1/blobs/{blob}"));
+                common::curl(cluster.dir.path(), &[&url]).status != 410
+            })
+            .collect()
+    };
+    loop {
+        let left = live(&cluster);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "blobs of deleted names still live after 60 s: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        merged(&cluster) - before >= 5,
+        "the emptied leaves were merged: {}",
+        merged(&cluster) - before
+    );
+    // The names kept are read as they were.
+    for name in names[..4].iter().chain(&names[44..]) {
+        let got = signer.call("GET", "swept", name);
+        assert_eq!(got.status, 200, "{name}");
+        assert_eq!(got.body, format!("body of {name}").into_bytes());
+    }
+    let expected: Vec<String> = names[..4].iter().chain(&names[44..]).cloned().collect();
+    assert_eq!(signer.list("swept", "", "", 1000), expected);
 }
