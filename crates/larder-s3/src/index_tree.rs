@@ -318,9 +318,8 @@ impl IndexTree {
         self.restructuring.lock().insert(doc.to_owned())
     }
 
-    fn end_restructuring(&self, bucket: &str, doc: &str) {
+    fn end_restructuring(&self, doc: &str) {
         self.restructuring.lock().remove(doc);
-        self.forget(bucket);
     }
 
     fn cached(&self, bucket: &str) -> Option<Arc<BTreeMap<String, String>>> {
@@ -339,6 +338,18 @@ impl IndexTree {
 
     pub fn forget(&self, bucket: &str) {
         self.hints.lock().remove(bucket);
+    }
+
+    /// Takes the hint `low` → `id` off the cached hints, as a merge took it off the root's;
+    /// the other hints stay good (a merge moves no range but the merged leaf's).
+    fn unremember(&self, bucket: &str, (low, id): (&str, &str)) {
+        let mut hints = self.hints.lock();
+        let Some(cached) = hints.get_mut(bucket) else {
+            return;
+        };
+        if cached.get(low).map(String::as_str) == Some(id) {
+            Arc::make_mut(cached).remove(low);
+        }
     }
 
     /// The bucket's root from a quorum (and its hints remembered).
@@ -626,7 +637,9 @@ impl IndexTree {
             Target::Root => self.split_root(records, bucket).await,
             Target::Leaf(id) => self.split_leaf(records, bucket, id).await,
         };
-        self.end_restructuring(bucket, &doc);
+        self.end_restructuring(&doc);
+        // Its new leaf's hint is the root's now: read again at the next change.
+        self.forget(bucket);
         result
     }
 

@@ -161,7 +161,9 @@ impl IndexTree {
             return Ok(Step::Busy);
         }
         let step = self.merge_leaf(records, bucket, id).await;
-        self.end_restructuring(bucket, &doc);
+        // The cached hints stay: one to a merged leaf is safe (a walk from it goes left), and
+        // step 3 takes it off them too.
+        self.end_restructuring(&doc);
         step
     }
 
@@ -217,6 +219,7 @@ impl IndexTree {
             (step, _) => return Ok(step),
         }
         drop_hint(records, bucket, (id, &merged.low)).await?;
+        self.unremember(bucket, (&merged.low, id));
         // Its garbage is the left leaf's now; the rest of it stays, as a stub.
         records
             .update(&doc, |leaf: Option<Leaf>| match leaf {
