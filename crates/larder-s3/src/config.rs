@@ -44,6 +44,11 @@ pub struct S3Config {
     /// record's names was slow and the record past its size bound (`objects.rs`, `hurry`).
     #[serde(default = "default_max_held_garbage")]
     pub max_held_garbage: usize,
+    /// How long the record of an index leaf merged into its left neighbour stays, as a stub,
+    /// before the sweep removes it (`index_tree/stubs.rs`): a frontend paused inside a split
+    /// for longer than this could write that leaf again with the names it held then.
+    #[serde(default = "default_merged_leaf_grace", with = "humantime_serde")]
+    pub merged_leaf_grace: Duration,
     /// Bytes of index records this frontend keeps by version, so that reads of a name,
     /// listings and read-modify-writes ask the quorum whether a record changed instead of
     /// reading it whole
@@ -122,6 +127,10 @@ fn default_body_cache_bytes() -> usize {
 
 fn default_body_cache_max_object() -> u64 {
     64 << 10
+}
+
+fn default_merged_leaf_grace() -> Duration {
+    Duration::from_secs(24 * 3600)
 }
 
 fn default_max_held_garbage() -> usize {

@@ -187,8 +187,12 @@ impl IndexBatches {
                 let (tree, records) = (self.tree.clone(), records.clone());
                 let (bucket, id) = (bucket.clone(), id.clone());
                 tokio::spawn(async move {
-                    if let Err(err) = tree.merge(&records, &bucket, &id).await {
-                        tracing::warn!(%err, bucket, leaf = id, "an index merge failed; the next write or listing there tries again");
+                    match tree.merge(&records, &bucket, &id).await {
+                        // Deleted meanwhile: its leaves went with it.
+                        Ok(_) | Err(S3Error::NoSuchBucket) => {}
+                        Err(err) => {
+                            tracing::warn!(%err, bucket, leaf = id, "an index merge failed; the next write or listing there tries again")
+                        }
                     }
                 });
             }

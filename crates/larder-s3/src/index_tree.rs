@@ -49,6 +49,7 @@ use crate::service::now_ms;
 use crate::store::{Change, Kept, Records};
 
 mod merge;
+mod stubs;
 
 /// Leaves a walk from a cached hint follows before it starts again from a fresh root.
 const MAX_HOPS: usize = 64;
@@ -295,22 +296,37 @@ pub struct IndexTree {
     merged: Counter,
     /// `[s3] max_held_garbage`: a merge holds the left leaf's garbage list to it too.
     max_held_garbage: usize,
+    /// `[s3] merged_leaf_grace`: how long a merged leaf's stub stays (`stubs.rs`).
+    merged_leaf_grace: Duration,
+    /// Stubs of merged leaves this frontend removed.
+    stubs_removed: Counter,
 }
 
 impl IndexTree {
-    pub fn new(leaf_entries: usize, max_held_garbage: usize) -> IndexTree {
+    pub fn new(
+        leaf_entries: usize,
+        max_held_garbage: usize,
+        merged_leaf_grace: Duration,
+    ) -> IndexTree {
         IndexTree {
             leaf_entries: leaf_entries.max(2),
             hints: Mutex::default(),
             restructuring: Mutex::default(),
             merged: Counter::default(),
             max_held_garbage,
+            merged_leaf_grace,
+            stubs_removed: Counter::default(),
         }
     }
 
     /// The count of leaves this frontend merged, for the metrics.
     pub fn merges(&self) -> Counter {
         self.merged.clone()
+    }
+
+    /// The count of merged leaves' stubs this frontend removed, for the metrics.
+    pub fn stubs_removed(&self) -> Counter {
+        self.stubs_removed.clone()
     }
 
     /// Marks record `doc` as being split or merged by this frontend; false if it is already.
@@ -877,16 +893,16 @@ impl IndexTree {
             .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
                 let root = root.ok_or(S3Error::NoSuchBucket)?;
                 if root.deleting.as_ref().map(|d| &d.ticket) != Some(&ticket.ticket) {
-                    return Ok((Change::Keep, false));
+                    return Ok((Change::Keep, None));
                 }
-                Ok((Change::Remove, true))
+                Ok((Change::Remove, Some(root.created_ms)))
             })
             .await?;
-        if !removed {
+        let Some(created_ms) = removed else {
             return Err(S3Error::OperationAborted(
                 "a conflicting operation on this bucket ran at the same time; try again".into(),
             ));
-        }
+        };
         self.forget(bucket);
         for id in sealed.iter() {
             let doc = leaf_doc(bucket, id);
@@ -896,6 +912,9 @@ impl IndexTree {
             {
                 tracing::warn!(%err, doc, "a deleted bucket's leaf stays (sealed, unreachable)");
             }
+        }
+        if let Err(err) = stubs::remove_all_stubs(records, bucket, created_ms).await {
+            tracing::warn!(%err, bucket, "a deleted bucket's merged leaves stay (unreachable)");
         }
         Ok(())
     }

@@ -231,6 +231,10 @@ pub async fn sweep(records: &Records, tree: &IndexTree) -> Result<usize, S3Error
         for (target, garbage) in tree.garbage(records, bucket).await? {
             swept += sweep_record(records, bucket, target, &garbage).await?;
         }
+        // Apart from the garbage: a bucket whose stubs cannot go now holds back no blob.
+        if let Err(err) = tree.remove_stubs(records, bucket).await {
+            tracing::warn!(%err, bucket, "removing merged index leaves failed; the next pass tries again");
+        }
     }
     Ok(swept)
 }

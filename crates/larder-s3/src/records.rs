@@ -50,6 +50,12 @@ pub fn bucket_doc(name: &str) -> String {
     format!("larder-s3:bucket:{name}")
 }
 
+/// The document listing the leaves merged away in bucket `bucket` made at `created_ms` (one
+/// per incarnation of a name, so that a bucket made again never meets its predecessor's).
+pub fn merged_leaves_doc(bucket: &str, created_ms: u64) -> String {
+    format!("larder-s3:merged:{bucket}:{created_ms}")
+}
+
 /// The document of leaf `id` of bucket `bucket`'s index.
 pub fn leaf_doc(bucket: &str, id: &str) -> String {
     format!("larder-s3:leaf:{bucket}:{id}")
@@ -306,6 +312,27 @@ pub struct Merging {
     /// The leaf that ended at this one when the merge began: a walk that starts at this leaf
     /// goes there instead (any leaf left of a key leads to it by `right` links).
     pub into: String,
+}
+
+/// The leaves of one bucket merged away (`index_tree/stubs.rs`): each stub is removed once
+/// `[s3] merged_leaf_grace` is over, or with its bucket. A record of its own, not a field of
+/// the leaves or the root, so that builds before it read every leaf and root as they did (and
+/// leave the stubs, as they always did).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergedLeaves {
+    pub v: u32,
+    /// In the order their merges began.
+    pub leaves: Vec<MergedLeaf>,
+}
+
+/// One leaf listed in `MergedLeaves`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergedLeaf {
+    pub id: String,
+    /// When its merge began (ms since the epoch).
+    pub at_ms: u64,
 }
 
 /// What a name points at.
@@ -998,7 +1025,7 @@ macro_rules! record {
         }
     )*};
 }
-record!(Catalog, KeyRing, Upload, UploadList);
+record!(Catalog, KeyRing, Upload, UploadList, MergedLeaves);
 
 impl Record for BucketIndex {
     fn version(&self) -> u32 {

@@ -84,11 +84,18 @@ impl S3Api {
         let tree = Arc::new(IndexTree::new(
             config.index_leaf_entries,
             config.max_held_garbage,
+            config.merged_leaf_grace,
         ));
         registry.sub_registry_with_prefix("s3").register(
             "index_leaves_merged",
             "Empty index leaves this frontend merged into the leaf on their left",
             tree.merges(),
+        );
+        registry.sub_registry_with_prefix("s3").register(
+            "index_stubs_removed",
+            "Records of merged index leaves this frontend removed once [s3] merged_leaf_grace \
+             was over",
+            tree.stubs_removed(),
         );
         tokio::spawn(sweep_until(
             records.clone(),

@@ -309,13 +309,18 @@ fn delete_bucket_of_a_split_bucket_races_puts_linearizably() {
 
 /// The frontend's count of index leaves merged.
 fn merged(cluster: &Cluster) -> u64 {
+    metric(cluster, "larder_frontend_s3_index_leaves_merged_total")
+}
+
+/// The frontend's counter `name`.
+fn metric(cluster: &Cluster, name: &str) -> u64 {
     let got = common::curl(cluster.dir.path(), &[&cluster.url("/metrics")]);
     let text = String::from_utf8(got.body).unwrap();
     text.lines()
-        .find(|l| l.starts_with("larder_frontend_s3_index_leaves_merged_total"))
+        .find(|l| l.starts_with(name))
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no merge count in /metrics"))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
 /// One ListObjectsV2 page of up to 1,000 keys: its keys, and whether it was truncated.
@@ -342,6 +347,12 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
     });
     assert!(put.into_iter().all(|ok| ok));
     let before = merged(&cluster);
+    let root = record(&cluster, "larder-s3:bucket:merge").unwrap();
+    let created_ms = root["created_ms"].as_u64().unwrap();
+    let leaf_ids: Vec<String> = leaves(&cluster, "merge")
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
 
     // Every name but the first and last ten goes (well over 64 leaves' worth at 4 names a
     // leaf), while other threads write and delete names inside that range.
@@ -436,6 +447,76 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
     }
     assert_eq!(signer.status("DELETE", "merge", ""), 204);
     assert_eq!(signer.status("HEAD", "merge", ""), 404);
+    // Every leaf went with the bucket, the merged ones' stubs too (their grace, 24 h by
+    // default, long from over), and the list of them.
+    let left: Vec<&String> = leaf_ids
+        .iter()
+        .filter(|id| record(&cluster, &leaf_doc("merge", id)).is_some())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "leaves of the deleted bucket stay: {left:?}"
+    );
+    let list = format!("larder-s3:merged:merge:{created_ms}");
+    assert!(record(&cluster, &list).is_none(), "{list} stays");
+}
+
+/// The stubs merged leaves leave are removed by the sweep once `[s3] merged_leaf_grace` is
+/// over, and the names around them read and list as before.
+#[test]
+fn stubs_of_merged_leaves_go_after_their_grace() {
+    let (cluster, signer) = start_with("merged_leaf_grace = \"2s\"\nsweep_interval = \"1s\"\n");
+    assert_eq!(signer.status("PUT", "stubs", ""), 200);
+    let names: Vec<String> = (0..40).map(|i| format!("t/{i:02}")).collect();
+    for name in &names {
+        assert_eq!(signer.status("PUT", "stubs", name), 200);
+    }
+    let before: Vec<String> = leaves(&cluster, "stubs")
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    for name in &names[4..36] {
+        assert_eq!(signer.status("DELETE", "stubs", name), 204);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let removed = loop {
+        let linked: BTreeSet<String> = leaves(&cluster, "stubs")
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let stubs: Vec<&String> = before
+            .iter()
+            .filter(|id| !linked.contains(*id))
+            .filter(|id| record(&cluster, &leaf_doc("stubs", id)).is_some())
+            .collect();
+        if stubs.is_empty() && linked.len() + 4 <= before.len() {
+            break before.len() - linked.len();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "merged leaves' records stay past their grace: {stubs:?} of {} leaves, {} linked",
+            before.len(),
+            linked.len()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let counted = metric(&cluster, "larder_frontend_s3_index_stubs_removed_total");
+    assert!(
+        counted >= removed as u64,
+        "{counted} counted, {removed} gone"
+    );
+    let expected: Vec<String> = names[..4].iter().chain(&names[36..]).cloned().collect();
+    assert_eq!(signer.list("stubs", "", "", 1000), expected);
+    assert_eq!(signer.list("stubs", "", "", 3), expected, "small pages too");
+    for name in &names {
+        let want = if expected.contains(name) { 200 } else { 404 };
+        assert_eq!(signer.status("GET", "stubs", name), want, "{name}");
+    }
+    // The removed leaves' ranges take names again.
+    for name in &names[10..12] {
+        assert_eq!(signer.status("PUT", "stubs", name), 200);
+        assert_eq!(signer.call("GET", "stubs", name).status, 200);
+    }
 }
 
 /// Record `doc` of the S3 layer as the first storage node holding it has it.
@@ -449,19 +530,32 @@ fn record(cluster: &Cluster, doc: &str) -> Option<serde_json::Value> {
         .map(|(_, body)| serde_json::from_slice(&body).unwrap())
 }
 
-/// The blob of each name in `bucket`'s leaves, walked from its first leaf by `right` links.
-fn blobs_by_name(cluster: &Cluster, bucket: &str) -> BTreeMap<String, String> {
+/// `bucket`'s leaves (ID and record), walked from its first leaf by `right` links.
+fn leaves(cluster: &Cluster, bucket: &str) -> Vec<(String, serde_json::Value)> {
     let root = record(cluster, &format!("larder-s3:bucket:{bucket}")).expect("a root");
     let mut next = root["leaves"][""].as_str().map(str::to_owned);
-    let mut blobs = BTreeMap::new();
+    let mut leaves = Vec::new();
     while let Some(id) = next {
-        let leaf = record(cluster, &format!("larder-s3:leaf:{bucket}:{id}")).expect("a leaf");
+        let leaf = record(cluster, &leaf_doc(bucket, &id)).expect("a leaf");
+        next = leaf["right"].as_str().map(str::to_owned);
+        leaves.push((id, leaf));
+    }
+    leaves
+}
+
+fn leaf_doc(bucket: &str, id: &str) -> String {
+    format!("larder-s3:leaf:{bucket}:{id}")
+}
+
+/// The blob of each name in `bucket`'s leaves.
+fn blobs_by_name(cluster: &Cluster, bucket: &str) -> BTreeMap<String, String> {
+    let mut blobs = BTreeMap::new();
+    for (_, leaf) in leaves(cluster, bucket) {
         assert!(leaf["base"].is_null(), "leaves this small have no base");
         for (name, entry) in leaf["objects"].as_object().unwrap() {
             let blob = entry["body"][0]["blob"].as_str().unwrap();
             blobs.insert(name.clone(), blob.to_owned());
         }
-        next = leaf["right"].as_str().map(str::to_owned);
     }
     blobs
 }

@@ -32,9 +32,9 @@
 //!
 //! Who merges: the frontend whose write left a leaf empty (`index_batch.rs`), a listing that
 //! walked empty leaves (for those left by a merge that did not finish, or by builds before
-//! merges), and a change that finds a merge under way (its merger may be gone). Stubs are not
-//! removed, not even by a DeleteBucket (nothing links them): ~150 bytes per leaf merged, where
-//! each leaf came from a split of ~500 new names.
+//! merges), and a change that finds a merge under way (its merger may be gone). Stubs are
+//! listed before the seal and removed after `[s3] merged_leaf_grace`, or with their bucket
+//! (`stubs.rs`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -192,6 +192,13 @@ impl IndexTree {
                 }
                 Found::Covered | Found::Lost(None) => return Ok(Step::Later),
             };
+            // Listed first, so that its stub is removed in time whatever step this stops at.
+            if !self
+                .list_merged(records, (bucket, root.created_ms), id)
+                .await?
+            {
+                return Ok(Step::Later);
+            }
             if !seal_for_merge(records, &doc, &left).await? {
                 return Ok(Step::Done);
             }
