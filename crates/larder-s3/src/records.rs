@@ -333,6 +333,9 @@ pub struct MergedLeaf {
     pub id: String,
     /// When its merge began (ms since the epoch).
     pub at_ms: u64,
+    /// Set once its merge's last step is done: only then is its record a stub to remove.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finished: bool,
 }
 
 /// What a name points at.

@@ -465,17 +465,59 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
 /// over, and the names around them read and list as before.
 #[test]
 fn stubs_of_merged_leaves_go_after_their_grace() {
-    let (cluster, signer) = start_with("merged_leaf_grace = \"2s\"\nsweep_interval = \"1s\"\n");
+    let (cluster, signer) = start_with("merged_leaf_grace = \"8s\"\nsweep_interval = \"1s\"\n");
     assert_eq!(signer.status("PUT", "stubs", ""), 200);
     let names: Vec<String> = (0..40).map(|i| format!("t/{i:02}")).collect();
     for name in &names {
         assert_eq!(signer.status("PUT", "stubs", name), 200);
     }
+    let created_ms = record(&cluster, "larder-s3:bucket:stubs").unwrap()["created_ms"]
+        .as_u64()
+        .unwrap();
+    let list = format!("larder-s3:merged:stubs:{created_ms}");
     let before: Vec<String> = leaves(&cluster, "stubs")
         .into_iter()
         .map(|(id, _)| id)
         .collect();
-    for name in &names[4..36] {
+    let unlinked_records = |cluster: &Cluster| -> Vec<String> {
+        let linked: BTreeSet<String> = leaves(cluster, "stubs")
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        (before.iter())
+            .filter(|id| !linked.contains(*id))
+            .filter(|id| record(cluster, &leaf_doc("stubs", id)).is_some())
+            .cloned()
+            .collect()
+    };
+    // Within their grace the merged leaves' records stay, listed.
+    for name in &names[4..20] {
+        assert_eq!(signer.status("DELETE", "stubs", name), 204);
+    }
+    let started = std::time::Instant::now();
+    let stubs = loop {
+        let stubs = unlinked_records(&cluster);
+        if !stubs.is_empty() || started.elapsed() > Duration::from_secs(3) {
+            break stubs;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!stubs.is_empty(), "no stub within its grace");
+    // Two sweeps later, still well within the grace, they are there.
+    std::thread::sleep(Duration::from_secs(2));
+    let gone: Vec<&String> = (stubs.iter())
+        .filter(|id| record(&cluster, &leaf_doc("stubs", id)).is_none())
+        .collect();
+    assert!(gone.is_empty(), "stubs removed within their grace: {gone:?}");
+    let listed = record(&cluster, &list).expect("a list of merged leaves");
+    let listed: Vec<&str> = (listed["leaves"].as_array().unwrap().iter())
+        .map(|l| l["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        stubs.iter().all(|id| listed.contains(&id.as_str())),
+        "{stubs:?} listed in {listed:?}"
+    );
+    for name in &names[20..36] {
         assert_eq!(signer.status("DELETE", "stubs", name), 204);
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -505,6 +547,12 @@ fn stubs_of_merged_leaves_go_after_their_grace() {
         counted >= removed as u64,
         "{counted} counted, {removed} gone"
     );
+    // Each taken off the list once removed: the emptied list goes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while record(&cluster, &list).is_some() {
+        assert!(std::time::Instant::now() < deadline, "{list} stays");
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let expected: Vec<String> = names[..4].iter().chain(&names[36..]).cloned().collect();
     assert_eq!(signer.list("stubs", "", "", 1000), expected);
     assert_eq!(signer.list("stubs", "", "", 3), expected, "small pages too");

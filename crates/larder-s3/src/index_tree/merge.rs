@@ -94,9 +94,11 @@ impl IndexTree {
     /// no leaf to merge; false when that has to wait.
     pub async fn merge(&self, records: &Records, bucket: &str, id: &str) -> Result<bool, S3Error> {
         let mut pending = vec![id.to_owned()];
+        // Whether `id` was dropped from `pending`: then its merge is not known to be done.
+        let mut restarted = false;
         for _ in 0..MAX_STEPS {
             let Some(id) = pending.last().cloned() else {
-                return Ok(true);
+                return Ok(!restarted);
             };
             match self.merge_one(records, bucket, &id).await? {
                 Step::Done => {
@@ -104,7 +106,9 @@ impl IndexTree {
                 }
                 // A chain longer than the bound starts again from its leftmost leaf, so every
                 // call finishes one merge at least.
-                Step::Blocked(left) if pending.len() >= MAX_CHAINED => pending = vec![left],
+                Step::Blocked(left) if pending.len() >= MAX_CHAINED => {
+                    (pending, restarted) = (vec![left], true);
+                }
                 Step::Blocked(left) if pending.contains(&left) => return Ok(false),
                 Step::Blocked(left) => pending.push(left),
                 Step::Obstructed(left, obstacle) => {
@@ -193,13 +197,13 @@ impl IndexTree {
                 Found::Covered | Found::Lost(None) => return Ok(Step::Later),
             };
             // Listed first, so that its stub is removed in time whatever step this stops at.
-            if !self
-                .list_merged(records, (bucket, root.created_ms), id)
-                .await?
-            {
+            let incarnation = (bucket, root.created_ms);
+            let Some(listed_ms) = self.list_merged(records, incarnation, id).await? else {
                 return Ok(Step::Later);
-            }
+            };
             if !seal_for_merge(records, &doc, &left).await? {
+                // Not to be merged (it took a name, or went with its bucket): off the list.
+                super::stubs::unlist_one(records, incarnation, (id, listed_ms)).await?;
                 return Ok(Step::Done);
             }
         }
@@ -237,6 +241,8 @@ impl IndexTree {
                 _ => Ok((Change::Keep, ())),
             })
             .await?;
+        let incarnation = (bucket, merged.bucket_created_ms);
+        super::stubs::mark_finished(records, incarnation, id).await?;
         Ok(Step::Done)
     }
 }
