@@ -239,14 +239,7 @@ fn bucket_records(cluster: &Cluster, bucket: &str) -> Vec<serde_json::Value> {
 
 /// The S3 layer's record `key` as each storage node holds it.
 fn records(cluster: &Cluster, key: &str) -> Vec<serde_json::Value> {
-    let partitions = cluster.map.partitions.len() as u32;
-    let partition = larder_cluster::partition_for_key(key.as_bytes(), partitions);
-    let path = larder_proto::doc_path(partition, key);
-    (0..cluster.map.nodes.len())
-        .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
-        .filter(|(status, _)| *status == 200)
-        .map(|(_, body)| serde_json::from_slice(&body).unwrap())
-        .collect()
+    cluster.doc_copies(key)
 }
 
 #[test]

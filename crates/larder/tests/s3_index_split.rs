@@ -466,11 +466,7 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
 #[test]
 fn stubs_of_merged_leaves_go_after_their_grace() {
     let (cluster, signer) = start_with("merged_leaf_grace = \"8s\"\nsweep_interval = \"1s\"\n");
-    assert_eq!(signer.status("PUT", "stubs", ""), 200);
-    let names: Vec<String> = (0..40).map(|i| format!("t/{i:02}")).collect();
-    for name in &names {
-        assert_eq!(signer.status("PUT", "stubs", name), 200);
-    }
+    let names = bucket_of(&signer, "stubs", 40);
     let created_ms = record(&cluster, "larder-s3:bucket:stubs").unwrap()["created_ms"]
         .as_u64()
         .unwrap();
@@ -508,7 +504,10 @@ fn stubs_of_merged_leaves_go_after_their_grace() {
     let gone: Vec<&String> = (stubs.iter())
         .filter(|id| record(&cluster, &leaf_doc("stubs", id)).is_none())
         .collect();
-    assert!(gone.is_empty(), "stubs removed within their grace: {gone:?}");
+    assert!(
+        gone.is_empty(),
+        "stubs removed within their grace: {gone:?}"
+    );
     let listed = record(&cluster, &list).expect("a list of merged leaves");
     let listed: Vec<&str> = (listed["leaves"].as_array().unwrap().iter())
         .map(|l| l["id"].as_str().unwrap())
@@ -569,13 +568,17 @@ fn stubs_of_merged_leaves_go_after_their_grace() {
 
 /// Record `doc` of the S3 layer as the first storage node holding it has it.
 fn record(cluster: &Cluster, doc: &str) -> Option<serde_json::Value> {
-    let partitions = cluster.map.partitions.len() as u32;
-    let partition = larder_cluster::partition_for_key(doc.as_bytes(), partitions);
-    let path = larder_proto::doc_path(partition, doc);
-    (0..cluster.map.nodes.len())
-        .map(|i| cluster.internal_request(cluster.node_addr(i), "GET", &path))
-        .find(|(status, _)| *status == 200)
-        .map(|(_, body)| serde_json::from_slice(&body).unwrap())
+    cluster.doc_copies(doc).into_iter().next()
+}
+
+/// Makes `bucket` with `n` names `n/00`, `n/01`, ... (in order, one by one): the names.
+fn bucket_of(signer: &Signer, bucket: &str, n: usize) -> Vec<String> {
+    assert_eq!(signer.status("PUT", bucket, ""), 200);
+    let names: Vec<String> = (0..n).map(|i| format!("n/{i:02}")).collect();
+    for name in &names {
+        assert_eq!(signer.status("PUT", bucket, name), 200);
+    }
+    names
 }
 
 /// `bucket`'s leaves (ID and record), walked from its first leaf by `right` links.
@@ -614,13 +617,11 @@ fn blobs_by_name(cluster: &Cluster, bucket: &str) -> BTreeMap<String, String> {
 #[test]
 fn blobs_of_names_deleted_from_merged_leaves_are_tombstoned_after_the_grace() {
     // A grace long enough that the merges come first, so the blobs are swept from the left
-    // leaves' lists.
-    let (cluster, signer) = start_with("replaced_blob_grace = \"3s\"\nsweep_interval = \"1s\"\n");
-    assert_eq!(signer.status("PUT", "swept", ""), 200);
-    let names: Vec<String> = (0..48).map(|i| format!("s/{i:02}")).collect();
-    for name in &names {
-        assert_eq!(signer.status("PUT", "swept", name), 200);
-    }
+    // leaves' lists; the merged leaves' stubs go before that.
+    let (cluster, signer) = start_with(
+        "replaced_blob_grace = \"3s\"\nsweep_interval = \"1s\"\nmerged_leaf_grace = \"1s\"\n",
+    );
+    let names = bucket_of(&signer, "swept", 48);
     let blobs = blobs_by_name(&cluster, "swept");
     assert_eq!(blobs.len(), names.len(), "every name in a leaf: {blobs:?}");
     let before = merged(&cluster);

@@ -301,6 +301,19 @@ impl Cluster {
             .count()
     }
 
+    /// Document `key` (a JSON record of the S3 layer, say) as each storage node holding it
+    /// has it, asked on their internal ports.
+    pub fn doc_copies(&self, key: &str) -> Vec<serde_json::Value> {
+        let partitions = self.map.partitions.len() as u32;
+        let partition = larder_cluster::partition_for_key(key.as_bytes(), partitions);
+        let path = larder_proto::doc_path(partition, key);
+        (0..self.map.nodes.len())
+            .map(|i| self.internal_request(self.node_addr(i), "GET", &path))
+            .filter(|(status, _)| *status == 200)
+            .map(|(_, body)| serde_json::from_slice(&body).unwrap())
+            .collect()
+    }
+
     /// One request to a storage node's internal port (authenticated), from synchronous tests.
     pub fn internal_request(&self, addr: SocketAddr, method: &str, path: &str) -> (u16, Vec<u8>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
