@@ -437,7 +437,7 @@ impl IndexTree {
             }
             Reroute::Gone => {
                 if let Target::Leaf(id) = &from {
-                    drop_gone_hint(records, bucket, id).await?;
+                    drop_hint(records, bucket, (id, None)).await?;
                 }
                 self.forget(bucket);
                 self.route(records, bucket, key).await
@@ -559,7 +559,7 @@ impl IndexTree {
             let (node, hops) = match walked {
                 Ok(found) => found,
                 Err(Miss::Gone(id)) => {
-                    drop_gone_hint(records, bucket, &id).await?;
+                    drop_hint(records, bucket, (&id, None)).await?;
                     continue;
                 }
                 Err(Miss::Stopped) => continue,
@@ -1014,20 +1014,28 @@ fn hint_before(hints: &BTreeMap<String, String>, low: &str) -> Option<String> {
         .map(|(_, id)| id.clone())
 }
 
-/// Takes leaf `id`, found gone, off the root's hints: a hint can outlive its leaf when a split
-/// finished late (or a walk's repair) adds it back after a merge removed the leaf. Never the
-/// first leaf's (a bucket's first leaf goes only with its root).
-async fn drop_gone_hint(records: &Records, bucket: &str, id: &str) -> Result<(), S3Error> {
+/// Takes leaf `id` off the root's hints: the hint at `low` if it names `id` (a merge's step 3),
+/// or, with no `low`, whichever names it (a leaf found gone: a hint can outlive its leaf when a
+/// split finished late, or a walk's repair, adds it back after a merge removed the leaf).
+/// Never the first leaf's (a bucket's first leaf goes only with its root).
+async fn drop_hint(
+    records: &Records,
+    bucket: &str,
+    (id, low): (&str, Option<&str>),
+) -> Result<(), S3Error> {
     records
         .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
             let Some(mut root) = root.filter(BucketIndex::is_split) else {
                 return Ok((Change::Keep, ()));
             };
-            let hinted = root
-                .leaves
-                .iter()
-                .find(|(low, leaf)| *leaf == id && !low.is_empty());
-            let Some(low) = hinted.map(|(low, _)| low.clone()) else {
+            let hinted = match low {
+                Some(low) => root
+                    .leaves
+                    .get_key_value(low)
+                    .filter(|(_, leaf)| *leaf == id),
+                None => root.leaves.iter().find(|(_, leaf)| *leaf == id),
+            };
+            let Some(low) = hinted.map(|(low, _)| low.clone()).filter(|l| !l.is_empty()) else {
                 return Ok((Change::Keep, ()));
             };
             root.leaves.remove(&low);

@@ -45,7 +45,7 @@ use crate::records::{bucket_doc, leaf_doc, BucketIndex, Leaf, Merging, Seal};
 use crate::service::now_ms;
 use crate::store::{Change, Records};
 
-use super::{drop_gone_hint, hint_before, IndexTree, Target, MAX_HOPS};
+use super::{drop_hint, hint_before, IndexTree, Target, MAX_HOPS};
 
 /// Leaves whose merges one call finishes before its own (each blocked by the next one left).
 const MAX_CHAINED: usize = 8;
@@ -191,7 +191,7 @@ impl IndexTree {
             let left = match ending_at(records, bucket, &start, (id, &leaf.low)).await? {
                 Found::Leaf(left, _) => left,
                 Found::Lost(Some(gone)) => {
-                    drop_gone_hint(records, bucket, &gone).await?;
+                    drop_hint(records, bucket, (&gone, None)).await?;
                     return Ok(Step::Later);
                 }
                 Found::Covered | Found::Lost(None) => return Ok(Step::Later),
@@ -229,7 +229,8 @@ impl IndexTree {
             }
             (step, _) => return Ok(step),
         }
-        drop_hint(records, bucket, (id, &merged.low)).await?;
+        // Step 3.
+        drop_hint(records, bucket, (id, Some(&merged.low))).await?;
         self.unremember(bucket, (&merged.low, id));
         // Its garbage is the left leaf's now; the rest of it stays, as a stub.
         records
@@ -327,7 +328,7 @@ async fn extend_over(
             Found::Leaf(left, leaf) => (left, leaf),
             Found::Lost(gone) => {
                 if let Some(gone) = gone {
-                    drop_gone_hint(records, bucket, &gone).await?;
+                    drop_hint(records, bucket, (&gone, None)).await?;
                 }
                 let root = records
                     .read_unresolved::<BucketIndex>(&bucket_doc(bucket))
@@ -386,22 +387,4 @@ async fn extend_over(
         return Ok(step);
     }
     Ok((Step::Later, false))
-}
-
-/// Step 3: the root no longer names leaf `id`, which started at `low`.
-async fn drop_hint(
-    records: &Records,
-    bucket: &str,
-    (id, low): (&str, &str),
-) -> Result<(), S3Error> {
-    records
-        .update(&bucket_doc(bucket), |root: Option<BucketIndex>| {
-            let Some(mut root) = root.filter(|r| r.leaves.get(low).map(String::as_str) == Some(id))
-            else {
-                return Ok((Change::Keep, ()));
-            };
-            root.leaves.remove(low);
-            Ok((Change::Put(root), ()))
-        })
-        .await
 }

@@ -129,6 +129,13 @@ impl IndexTree {
             }
         }
         unlist(records, &doc, &done).await?;
+        if removed > 0 {
+            tracing::info!(
+                bucket,
+                removed,
+                "removed merged index leaves past their grace"
+            );
+        }
         self.stubs_removed.inc_by(removed);
         Ok(removed as usize)
     }
