@@ -1,6 +1,7 @@
 //! Canned ACLs, the part of S3's ACLs Larder keeps: a bucket is `private` or `public-read`
 //! (anonymous requests may list it and read its objects), and an object may say otherwise for
-//! itself (`x-amz-acl` on PutObject, CopyObject or CreateMultipartUpload): `public-read` makes
+//! itself (`x-amz-acl` on PutObject, CopyObject or CreateMultipartUpload, or PutObjectAcl
+//! later): `public-read` makes
 //! one object readable anonymously in a private bucket, `private` keeps one object closed in a
 //! public-read bucket. Keys and their per-bucket grants (`auth.rs`) decide everything signed;
 //! grants to other accounts, and ACLs that open writes, are not built (501 `NotImplemented`).

@@ -64,13 +64,23 @@ pub enum IndexChange {
     /// Write the record holding `key` as it is: a fence after which no write based on an
     /// older state of it can apply (`held.rs`).
     Touch { key: String },
+    /// Give `key`'s entry its own canned ACL's say on anonymous reads (PutObjectAcl), if the
+    /// name still points at `expected` (the same entry, body and time and all: an overwrite
+    /// since is never undone, else `OperationAborted`). Its blobs stay its own.
+    SetPublicRead {
+        key: String,
+        expected: Box<ObjectEntry>,
+        public_read: Option<bool>,
+    },
 }
 
 impl IndexChange {
     /// The names the change is about.
     fn keys(&self) -> Vec<String> {
         match self {
-            IndexChange::Link { key, .. } | IndexChange::Touch { key } => vec![key.clone()],
+            IndexChange::Link { key, .. }
+            | IndexChange::Touch { key }
+            | IndexChange::SetPublicRead { key, .. } => vec![key.clone()],
             IndexChange::Unlink { keys } => keys.clone(),
         }
     }
@@ -324,6 +334,9 @@ async fn write_batch<H: Holder>(
     }
 }
 
+/// Why a `SetPublicRead` was refused: the name was written since its entry was read.
+pub const CHANGED_MEANWHILE: &str = "the object was written while its ACL was being set; try again";
+
 /// Applies one change to `record`; with whether it changed something. A refused change leaves
 /// `record` as it was; keys the record does not hold now are handed back.
 fn apply<H: Holder>(
@@ -377,6 +390,25 @@ fn apply<H: Holder>(
             }
             true
         }
+        IndexChange::SetPublicRead {
+            key,
+            expected,
+            public_read,
+        } => {
+            if let Err(why) = record.admits(key) {
+                return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
+            }
+            match record.objects().get(key) {
+                Some(now) if **now == **expected => {}
+                Some(_) => return Err(S3Error::OperationAborted(CHANGED_MEANWHILE.into())),
+                None => return Err(S3Error::NoSuchKey),
+            }
+            let mut entry = (**expected).clone();
+            entry.public_read = *public_read;
+            // The entry it replaces has the same body: nothing of it is garbage.
+            record.objects_mut().insert(key.clone(), Arc::new(entry));
+            true
+        }
     };
     let applied = match elsewhere {
         Some((why, keys)) => Applied::Elsewhere(why, keys),
@@ -390,4 +422,54 @@ fn apply<H: Holder>(
         .garbage_mut()
         .extend(garbage.map(|piece| Garbage::new(piece.blob, after_ms)));
     Ok((applied, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{BucketIndex, Piece};
+
+    fn entry(blob: &str, modified_ms: u64) -> ObjectEntry {
+        ObjectEntry {
+            body: vec![Piece {
+                blob: blob.into(),
+                size: 3,
+            }],
+            size: 3,
+            etag: "same".into(),
+            modified_ms,
+            ..Default::default()
+        }
+    }
+
+    fn set(expected: &ObjectEntry, public_read: Option<bool>) -> IndexChange {
+        IndexChange::SetPublicRead {
+            key: "k".into(),
+            expected: Box::new(expected.clone()),
+            public_read,
+        }
+    }
+
+    #[test]
+    fn an_acl_is_set_only_on_the_entry_it_was_read_from_and_frees_no_blob() {
+        let mut root = BucketIndex::default();
+        let first = entry("b1", 1);
+        root.objects.insert("k".into(), Arc::new(first.clone()));
+        let (applied, changed) = apply(&mut root, "bk", &set(&first, Some(true)), 0, 10).unwrap();
+        assert!(matches!(applied, Applied::Done) && changed);
+        assert_eq!(root.objects.get("k").unwrap().public_read, Some(true));
+        assert!(root.garbage.is_empty(), "the same blob: nothing to reclaim");
+
+        // Overwritten since it was read (the same bytes and ETag, another blob): refused, and
+        // the newer entry stays as it is.
+        let newer = entry("b2", 2);
+        root.objects.insert("k".into(), Arc::new(newer.clone()));
+        let refused = apply(&mut root, "bk", &set(&first, Some(false)), 0, 10);
+        assert!(matches!(refused, Err(S3Error::OperationAborted(_))));
+        assert_eq!(**root.objects.get("k").unwrap(), newer);
+
+        root.objects.remove("k");
+        let gone = apply(&mut root, "bk", &set(&newer, None), 0, 10);
+        assert!(matches!(gone, Err(S3Error::NoSuchKey)));
+    }
 }

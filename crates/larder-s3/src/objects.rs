@@ -42,6 +42,37 @@ pub async fn link(
     .await
 }
 
+/// Gives the object `key` its own canned ACL's say on anonymous reads (`public_read`, `None`:
+/// as its bucket's), the entry read and changed again if the name is written meanwhile.
+pub async fn set_public_read(
+    s3: &Larder,
+    bucket: &str,
+    key: &str,
+    public_read: Option<bool>,
+) -> Result<(), S3Error> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let entry = s3.entry(bucket, key).await?;
+        if entry.public_read == public_read {
+            return Ok(());
+        }
+        let change = || IndexChange::SetPublicRead {
+            key: key.to_owned(),
+            expected: Box::new(entry.clone()),
+            public_read,
+        };
+        match change_name(s3, bucket, key, change)
+            .await
+            .map_err(S3Error::from)
+        {
+            Err(S3Error::OperationAborted(why))
+                if why == crate::index_batch::CHANGED_MEANWHILE && tries < 4 => {}
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Writes the index record holding `key` as it is (`IndexChange::Touch`).
 pub async fn touch(s3: &Larder, bucket: &str, key: &str) -> Result<(), S3Error> {
     let touch = || IndexChange::Touch {

@@ -650,6 +650,37 @@ impl S3 for Larder {
         Ok(S3Response::new(output))
     }
 
+    /// A canned ACL for one object, as PutObject's `x-amz-acl` takes (`acl.rs`): `public-read`
+    /// or `private` (or a `bucket-owner-*` one, which leaves it to its bucket). A version ID
+    /// other than `null` names no version here (404 `NoSuchVersion`).
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let input = req.input;
+        if input.version_id.as_deref().is_some_and(|v| v != "null") {
+            return Err(s3s::s3_error!(
+                NoSuchVersion,
+                "Larder keeps one version of an object"
+            ));
+        }
+        let grants_given = input.access_control_policy.is_some()
+            || input.grant_full_control.is_some()
+            || input.grant_read.is_some()
+            || input.grant_read_acp.is_some()
+            || input.grant_write.is_some()
+            || input.grant_write_acp.is_some();
+        if input.acl.is_none() && !grants_given {
+            return Err(s3s::s3_error!(
+                MissingSecurityHeader,
+                "PutObjectAcl needs a canned ACL (x-amz-acl)"
+            ));
+        }
+        let public = acl::object_public(input.acl.as_ref(), grants_given)?;
+        crate::objects::set_public_read(self, &input.bucket, &input.key, public).await?;
+        Ok(S3Response::new(PutObjectAclOutput::default()))
+    }
+
     async fn list_buckets(
         &self,
         req: S3Request<ListBucketsInput>,

@@ -1,6 +1,6 @@
 """Canned ACLs: buckets made public-read when created, objects that say for themselves
-(public-read in a private bucket, private in a public one) through PutObject, CopyObject and
-multipart uploads, anonymous requests of a bucket that does not exist (404), and the ACLs
+(public-read in a private bucket, private in a public one) through PutObject, CopyObject,
+multipart uploads and PutObjectAcl, anonymous requests of a bucket that does not exist (404), and the ACLs
 Larder does not take (501, nothing made or stored).
 
 Usage: canned_acls.py ENDPOINT KEY_ID SECRET
@@ -93,6 +93,33 @@ s3.put_object(Bucket="open", Key="closed", Body=b"mine again", ACL="private")
 assert public(s3.get_object_acl(Bucket="open", Key="closed")) is False
 assert error_of(lambda: s3.get_object_acl(Bucket="shut", Key="absent")) == (404, "NoSuchKey")
 assert error_of(lambda: anonymous.get_object_acl(Bucket="open", Key="shared"))[0] == 403
+
+step("PutObjectAcl opens and closes one object, and keeps its bytes")
+s3.put_object(Bucket="shut", Key="later", Body=b"made public afterwards")
+assert error_of(lambda: anonymous_get("shut", "later")) == (403, "AccessDenied")
+before = s3.head_object(Bucket="shut", Key="later")
+s3.put_object_acl(Bucket="shut", Key="later", ACL="public-read")
+assert anonymous_get("shut", "later") == b"made public afterwards"
+assert public(s3.get_object_acl(Bucket="shut", Key="later")) is True
+after = s3.head_object(Bucket="shut", Key="later")
+assert (after["ETag"], after["LastModified"]) == (before["ETag"], before["LastModified"])
+s3.put_object_acl(Bucket="shut", Key="later", ACL="private")
+assert error_of(lambda: anonymous_get("shut", "later")) == (403, "AccessDenied")
+s3.put_object_acl(Bucket="open", Key="shared", ACL="private")
+assert error_of(lambda: anonymous_get("open", "shared")) == (403, "AccessDenied")
+s3.put_object_acl(Bucket="open", Key="shared", ACL="bucket-owner-full-control")
+assert anonymous_get("open", "shared") == b"for all"
+assert s3.get_object(Bucket="shut", Key="later")["Body"].read() == b"made public afterwards"
+assert error_of(lambda: s3.put_object_acl(Bucket="shut", Key="absent", ACL="public-read")) == \
+    (404, "NoSuchKey")
+assert error_of(lambda: s3.put_object_acl(Bucket="shut", Key="later",
+                                          ACL="public-read-write")) == (501, "NotImplemented")
+assert error_of(lambda: s3.put_object_acl(
+    Bucket="shut", Key="later",
+    GrantRead='uri="http://acs.amazonaws.com/groups/global/AllUsers"')) == (501, "NotImplemented")
+assert error_of(lambda: anonymous.put_object_acl(Bucket="open", Key="shared",
+                                                 ACL="public-read"))[0] == 403
+assert error_of(lambda: anonymous_get("shut", "later")) == (403, "AccessDenied")
 
 step("anonymous requests of a bucket that does not exist: 404 NoSuchBucket")
 assert error_of(lambda: anonymous_get("never-made", "k")) == (404, "NoSuchBucket")
