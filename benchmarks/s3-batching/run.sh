@@ -11,6 +11,7 @@
 #   for 2 s; nothing is built and nothing kept.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+source "$root/benchmarks/lib-s3.sh"
 base=${BASE:-1433aef~1}
 threads=${THREADS:-16}
 seconds=${SECONDS_EACH:-15}
@@ -22,33 +23,11 @@ if [ "${1:-}" = "--smoke" ]; then
   target=${CARGO_TARGET_DIR:-$root/target}
   PYTHON=${PYTHON:-$target/test-venv/bin/python}
 fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/s3-batching.XXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 2
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-python=${PYTHON:-$work/venv/bin/python}
-if [ -z "${PYTHON:-}" ]; then
-  python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
-fi
+S3_BENCH_GRACE=2
+s3_bench_start s3-batching
 
 if [ "$smoke" = 0 ]; then
-  # Two release builds, each in its own target dir (kept between runs under ~/.cache).
-  cache=${CACHE:-$HOME/.cache/larder-s3-batching}
-  mkdir -p "$cache"
-  # The base's sources stay at one path, so its target dir is reused between runs.
-  base_src=${BASE_SRC:-$cache/base-src}
-  if [ ! -e "$base_src/.git" ]; then
-    git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
-  fi
-  git -C "$base_src" checkout -q --detach "$base"
-  (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
-  (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+  s3_bench_builds s3-batching "$base"
 fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -15,6 +15,7 @@
 #   names at 4 a leaf; nothing is built and nothing kept.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+source "$root/benchmarks/lib-s3.sh"
 base=${BASE:-4fd4167}
 names=${NAMES:-8000}
 leaf=${LEAF:-50}
@@ -26,31 +27,10 @@ if [ "${1:-}" = "--smoke" ]; then
   target=${CARGO_TARGET_DIR:-$root/target}
   PYTHON=${PYTHON:-$target/test-venv/bin/python}
 fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/s3-deleted-range.XXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 1
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-python=${PYTHON:-$work/venv/bin/python}
-if [ -z "${PYTHON:-}" ]; then
-  python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
-fi
+s3_bench_start s3-deleted-range
 
 if [ "$smoke" = 0 ]; then
-  cache=${CACHE:-$HOME/.cache/larder-s3-deleted-range}
-  mkdir -p "$cache"
-  base_src=$cache/base-src
-  if [ ! -e "$base_src/.git" ]; then
-    git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
-  fi
-  git -C "$base_src" checkout -q --detach "$base"
-  (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
-  (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+  s3_bench_builds s3-deleted-range "$base"
 fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

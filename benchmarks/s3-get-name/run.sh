@@ -24,6 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 source "$root/benchmarks/lib.sh"
 source "$root/benchmarks/lib-cluster.sh"
+source "$root/benchmarks/lib-s3.sh"
 base=${BASE:-274910d~1}
 names=${NAMES:-1000}
 size=${SIZE:-1024}
@@ -42,35 +43,14 @@ if [ "${1:-}" = "--smoke" ]; then
   smoke=1 names=50 requests=500 rounds=1 out=$(mktemp)
   PYTHON=${PYTHON:-$target/test-venv/bin/python}
 fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/s3-get-name.XXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 1
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-python=${PYTHON:-$work/venv/bin/python}
-if [ -z "${PYTHON:-}" ]; then
-  python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q boto3
-fi
+s3_bench_start s3-get-name
 
 base_bin=${BASE_BIN:-}; head_bin=${HEAD_BIN:-}
 if [ -n "$base_bin$head_bin" ] && { [ ! -x "$base_bin" ] || [ ! -x "$head_bin" ]; }; then
   echo "BASE_BIN and HEAD_BIN go together, each an executable" >&2; exit 2
 fi
 if [ "$smoke" = 0 ] && [ -z "$base_bin" ]; then
-  cache=${CACHE:-$HOME/.cache/larder-s3-get-name}
-  mkdir -p "$cache"
-  base_src=$cache/base-src
-  if [ ! -e "$base_src/.git" ]; then
-    git -C "$root" worktree add --detach "$base_src" "$base" >/dev/null
-  fi
-  git -C "$base_src" checkout -q --detach "$base"
-  (cd "$base_src" && CARGO_TARGET_DIR=$cache/base cargo build -q --release -p larder)
-  (cd "$root" && CARGO_TARGET_DIR=$cache/head cargo build -q --release -p larder)
+  HEAD_ONLY=0 s3_bench_builds s3-get-name "$base"
   base_bin=$cache/base/release/larder head_bin=$cache/head/release/larder
 fi
 export MAX_KEYS=${MAX_KEYS:-1000}
