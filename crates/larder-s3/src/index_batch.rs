@@ -348,15 +348,21 @@ fn apply<H: Holder>(
 ) -> Result<(Applied, bool), S3Error> {
     let mut unlinked = Vec::new();
     let mut elsewhere: Option<(Reroute, Vec<String>)> = None;
+    // A change of one name goes elsewhere whole when this record does not hold the name.
+    if let IndexChange::Link { key, .. }
+    | IndexChange::Touch { key }
+    | IndexChange::SetPublicRead { key, .. } = change
+    {
+        if let Err(why) = record.admits(key) {
+            return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
+        }
+    }
     let linked = match change {
         IndexChange::Link {
             key,
             entry,
             conditions,
         } => {
-            if let Err(why) = record.admits(key) {
-                return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
-            }
             conditions.check(record.objects().get(key).map(Arc::as_ref))?;
             let hard_bound = hard_bound(bound);
             if !record.objects().contains_key(key) && record.objects().len() >= hard_bound {
@@ -384,20 +390,12 @@ fn apply<H: Holder>(
             }
             false
         }
-        IndexChange::Touch { key } => {
-            if let Err(why) = record.admits(key) {
-                return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
-            }
-            true
-        }
+        IndexChange::Touch { .. } => true,
         IndexChange::SetPublicRead {
             key,
             expected,
             public_read,
         } => {
-            if let Err(why) = record.admits(key) {
-                return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
-            }
             match record.objects().get(key) {
                 Some(now) if **now == **expected => {}
                 Some(_) => return Err(S3Error::OperationAborted(CHANGED_MEANWHILE.into())),

@@ -151,13 +151,11 @@ impl IndexTree {
         if listed.finished {
             return records
                 .update(&doc, |leaf: Option<Leaf>| match leaf {
-                    Some(leaf) if leaf.bucket_created_ms == created_ms => {
-                        // A finished merge's seal never lifts: this is its stub.
-                        debug_assert!(leaf.merging.is_some());
-                        match leaf.merging.is_some() {
-                            true => Ok((Change::Remove, Outcome::Removed)),
-                            false => Ok((Change::Keep, Outcome::Unlist)),
-                        }
+                    // A finished merge's seal never lifts: this is its stub.
+                    Some(leaf)
+                        if leaf.bucket_created_ms == created_ms && leaf.merging.is_some() =>
+                    {
+                        Ok((Change::Remove, Outcome::Removed))
                     }
                     _ => Ok((Change::Keep, Outcome::Unlist)),
                 })

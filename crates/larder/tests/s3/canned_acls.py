@@ -117,6 +117,10 @@ assert error_of(lambda: s3.put_object_acl(Bucket="shut", Key="later",
 assert error_of(lambda: s3.put_object_acl(
     Bucket="shut", Key="later",
     GrantRead='uri="http://acs.amazonaws.com/groups/global/AllUsers"')) == (501, "NotImplemented")
+assert error_of(lambda: s3.put_object_acl(Bucket="shut", Key="later", ACL="public-read",
+                                          VersionId="v1")) == (404, "NoSuchVersion")
+assert error_of(lambda: s3.put_object_acl(Bucket="shut", Key="later")) == \
+    (400, "MissingSecurityHeader")
 assert error_of(lambda: anonymous.put_object_acl(Bucket="open", Key="shared",
                                                  ACL="public-read"))[0] == 403
 assert error_of(lambda: anonymous_get("shut", "later")) == (403, "AccessDenied")
