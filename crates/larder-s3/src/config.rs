@@ -32,6 +32,13 @@ pub struct S3Config {
     /// what every read and change of a name reads and writes, at ~250 bytes per name.
     #[serde(default = "default_leaf_entries")]
     pub index_leaf_entries: usize,
+    /// A leaf of at most this many names is merged into the leaf on its left when the two fit
+    /// in one leaf (`index_tree/merge.rs`), so that deletes leave no run of nearly empty
+    /// leaves for listings to walk. Absent: a quarter of `index_leaf_entries`; 0: only empty
+    /// leaves are merged; at most half of `index_leaf_entries` (a split leaves halves, which
+    /// more would merge back at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_merge_entries: Option<usize>,
     /// Bytes of changed names a write of an index leaf sends as a delta from the leaf's base
     /// blob, instead of the whole leaf (`leaf_base.rs`); past it the leaf is folded into a new
     /// base. Leaves smaller than 4 times this are written whole. 0: every leaf whole.

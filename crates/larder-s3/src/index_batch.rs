@@ -174,7 +174,11 @@ impl IndexBatches {
             emptied: false,
         };
         let (bucket, target) = &place;
-        let bounds = (self.tree.leaf_entries, self.max_held_garbage);
+        let bounds = (
+            self.tree.leaf_entries,
+            self.max_held_garbage,
+            self.tree.merge_entries,
+        );
         loop {
             let batch = {
                 let mut queues = self.queues.lock();
@@ -252,12 +256,13 @@ enum Due {
 
 /// One read-modify-write of the record for `batch`, then every change's answer. Returns what
 /// the record is due for after it (`Nothing` when the write failed, so it could not tell).
-/// `bounds`: names per record, replaced blobs held per record (`objects::hurry`).
+/// `bounds`: names per record, replaced blobs held per record (`objects::hurry`), names a
+/// leaf holds at most to be merged.
 async fn write_batch<H: Holder>(
     records: &Records,
     (bucket, target): &Place,
     batch: Vec<Queued>,
-    (bound, max_held_garbage): (usize, usize),
+    (bound, max_held_garbage, merge_entries): (usize, usize, usize),
 ) -> Due {
     let mut outcomes: Vec<Result<Applied, S3Error>> = Vec::new();
     let mut uncertain = false;
@@ -282,15 +287,19 @@ async fn write_batch<H: Holder>(
                     return Ok((Change::Keep, ()));
                 };
                 let mut changed = false;
+                let names_before = record.objects().len();
                 for queued in &batch {
                     let outcome =
                         apply(&mut record, bucket, &queued.change, queued.after_ms, bound);
                     changed |= matches!(outcome, Ok((_, true)));
                     outcomes.push(outcome.map(|(applied, _)| applied));
                 }
-                due = match (split_of(&record, bound), record.merge_due()) {
+                // A merge when names went (a write that only adds to a small leaf is no
+                // reason to look at its neighbour).
+                let fewer = record.objects().len() < names_before;
+                due = match (split_of(&record, bound), record.merge_due(merge_entries)) {
                     (Some(_), _) => Due::Split,
-                    (None, true) if changed => Due::Merge,
+                    (None, true) if changed && fewer => Due::Merge,
                     (None, _) => Due::Nothing,
                 };
                 let now = crate::service::now_ms();

@@ -7,9 +7,9 @@
 //! - **Past the bound the root splits** into two leaves and from then on lists its leaves by
 //!   the first key each covers (format 2). A leaf past the bound splits in two the same way.
 //!   Past `SPLIT_BYTES` of entries a record splits too, whatever its count (`split_point`).
-//!   A leaf's first key (`low`) never changes. A leaf emptied by deletes is merged into the
-//!   leaf on its left (`merge.rs`), which extends its range over it; the merged leaf's record
-//!   stays as a stub that sends walks left.
+//!   A leaf's first key (`low`) never changes. A leaf emptied or thinned by deletes is merged
+//!   into the leaf on its left (`merge.rs`), which extends its range over it and takes its
+//!   names; the merged leaf's record stays as a stub that sends walks left.
 //! - **B-link walk.** Each leaf knows the first key after it (`high`) and the leaf holding it
 //!   (`right`). A split writes the new right leaf before it cuts the old one, and cuts in one
 //!   write, so starting from any leaf whose `low` is at or before a key and moving right while
@@ -50,6 +50,8 @@ use crate::store::{Change, Kept, Records};
 
 mod merge;
 mod stubs;
+
+use merge::few_names;
 
 /// Leaves a walk from a cached hint follows before it starts again from a fresh root.
 const MAX_HOPS: usize = 64;
@@ -114,8 +116,9 @@ pub trait Holder: Record {
     fn objects_mut(&mut self) -> &mut Objects;
     fn garbage_mut(&mut self) -> &mut Vec<Garbage>;
     fn splitting(&self) -> Option<&Split>;
-    /// Whether this record is an empty leaf to merge into the leaf on its left now.
-    fn merge_due(&self) -> bool {
+    /// Whether this record is a leaf of at most `few` names (`IndexTree::few_names`) to merge
+    /// into the leaf on its left now.
+    fn merge_due(&self, _few: usize) -> bool {
         false
     }
 }
@@ -176,10 +179,10 @@ impl Holder for Leaf {
             _ => Ok(()),
         }
     }
-    fn merge_due(&self) -> bool {
+    fn merge_due(&self, few: usize) -> bool {
         // The first leaf has none on its left: it stays, empty or not.
         let settled = self.sealed.is_none() && self.splitting.is_none() && self.merging.is_none();
-        self.objects.is_empty() && !self.low.is_empty() && settled
+        self.objects.len() <= few && !self.low.is_empty() && settled
     }
     holds_names!();
 }
@@ -195,7 +198,8 @@ pub struct Node {
     pub high: Option<String>,
     pub right: Option<String>,
     /// A leaf being merged, reached from its left neighbour before that took its range over
-    /// (so it still answers for it, empty): never a hint.
+    /// (so it still answers for it, with the names it held when the merge began): never a
+    /// hint.
     pub merging: bool,
 }
 
@@ -289,6 +293,8 @@ fn new_id() -> String {
 pub struct IndexTree {
     /// Names a leaf holds before it splits.
     pub leaf_entries: usize,
+    /// Names a leaf holds at most to be merged into its left neighbour (`merge.rs`).
+    pub merge_entries: usize,
     hints: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
     /// Records this frontend is splitting or merging now (one at a time per record).
     restructuring: Mutex<HashSet<String>>,
@@ -303,13 +309,18 @@ pub struct IndexTree {
 }
 
 impl IndexTree {
+    /// With leaves of `leaf_entries` names, merged at `merge_entries` (`merge::few_names`
+    /// when absent, at most half a leaf).
     pub fn new(
-        leaf_entries: usize,
+        (leaf_entries, merge_entries): (usize, Option<usize>),
         max_held_garbage: usize,
         merged_leaf_grace: Duration,
     ) -> IndexTree {
+        let leaf_entries = leaf_entries.max(2);
+        let merge_entries = merge_entries.unwrap_or(few_names(leaf_entries));
         IndexTree {
-            leaf_entries: leaf_entries.max(2),
+            leaf_entries,
+            merge_entries: merge_entries.min(leaf_entries / 2),
             hints: Mutex::default(),
             restructuring: Mutex::default(),
             merged: Counter::default(),
@@ -602,12 +613,15 @@ impl IndexTree {
         let start = query.start_key();
         let mut node = self.locate(records, bucket, &start, &Keep::All).await?;
         let mut pager = Pager::new(query, limit, MAX_LEAVES);
-        let mut empty = Vec::new();
+        let mut to_merge = Vec::new();
+        // Names of the leaf walked just before (the one on its left), once there is one.
+        let mut left_names = None;
         let page = loop {
             // Those being merged too: a merge whose merger is gone is finished so.
-            if node.objects.is_empty() && !node.low.is_empty() {
-                empty.push(node.id.clone());
+            if self.worth_merging(&node, left_names) {
+                to_merge.push(node.id.clone());
             }
+            left_names = Some(node.objects.len());
             match pager.visit(&node.objects, &node.low, node.high.as_deref()) {
                 Step::Done(page) => break page,
                 Step::TooManyLeaves => return Err(too_many_leaves(bucket)),
@@ -627,12 +641,15 @@ impl IndexTree {
                 // of the root says so): the leaf holding its range is found from the root. The
                 // pager lists only names past what it listed, so a range read twice adds
                 // nothing twice.
-                None => self.locate(records, bucket, &high, &Keep::All).await?,
+                None => {
+                    left_names = None;
+                    self.locate(records, bucket, &high, &Keep::All).await?
+                }
             };
         };
-        // Empty leaves a listing walks (left by deletes a merge did not follow, or by builds
-        // before merges): merged now, so the next listing does not walk them.
-        self.merge_soon(records, bucket, empty);
+        // Empty or nearly empty leaves a listing walks (left by deletes a merge did not
+        // follow, or by builds before merges): merged now, so the next listing walks fewer.
+        self.merge_soon(records, bucket, to_merge);
         Ok(page)
     }
 
@@ -970,7 +987,8 @@ enum Miss {
 ///
 /// A leaf being merged (`index_tree/merge.rs`) is read as its range's holder only when the
 /// walk came to it from the leaf on its left, which then still ended at it: its range is not
-/// that leaf's yet, and is empty (it was when the merge began, and it takes no name since).
+/// that leaf's yet, and holds the names it held when the merge began (it takes no change
+/// since).
 /// Reached any other way (a hint), the walk goes to a leaf on its left instead, which may hold
 /// its range already: the last one of `hints` before it, else the one it merges into.
 async fn walk(
@@ -1408,12 +1426,13 @@ mod tests {
     #[test]
     fn a_leaf_being_merged_sends_every_change_to_its_left_and_is_written_as_format_4() {
         let mut l = leaf("m", Some("t"));
-        assert!(l.merge_due(), "empty, and not the first leaf");
-        assert!(!leaf("", Some("m")).merge_due(), "the first leaf stays");
+        assert!(l.merge_due(0), "empty, and not the first leaf");
+        assert!(!leaf("", Some("m")).merge_due(0), "the first leaf stays");
         l.merging = Some(Merging {
             into: "left".into(),
+            names: false,
         });
-        assert!(!l.merge_due() && !l.can_split());
+        assert!(!l.merge_due(0) && !l.can_split());
         for key in ["m", "p", "t", "z", "a"] {
             let into = "left".to_owned();
             assert_eq!(l.admits(key), Err(Reroute::Merging { into }), "{key}");
@@ -1431,7 +1450,41 @@ mod tests {
         assert!(Leaf::decode(old.as_bytes()).is_err());
         let mut full = leaf("m", Some("t"));
         full.objects = names(&[0]);
-        assert!(!full.merge_due(), "a leaf with a name is no merge");
+        assert!(
+            !full.merge_due(0),
+            "a leaf with a name is no merge of empty leaves"
+        );
+    }
+
+    #[test]
+    fn a_leaf_of_few_names_is_merged_with_them_as_format_5() {
+        let mut l = leaf("m", Some("t"));
+        l.objects = names(&[0, 0]);
+        assert!(l.merge_due(2) && !l.merge_due(1), "at most `few` names");
+        assert_eq!(super::few_names(1000), 250);
+        assert_eq!(super::few_names(2), 0, "leaves of 2 names merge only empty");
+        l.merging = Some(Merging {
+            into: "left".into(),
+            names: true,
+        });
+        let encoded = l.encode();
+        let decoded = Leaf::decode(&encoded).unwrap();
+        assert_eq!(decoded.v, crate::records::FORMAT_MERGING_NAMES);
+        assert_eq!(decoded.merging, l.merging);
+        assert_eq!(
+            decoded.objects.len(),
+            2,
+            "its names stay until the left leaf takes them"
+        );
+        // Builds before it know format 4 with `{"into"}` only: the names flag or format 5
+        // alone, or format 4 with the flag, is no record this code wrote.
+        let text = String::from_utf8(encoded.to_vec()).unwrap();
+        let as_4 = text.replace(r#""v":5"#, r#""v":4"#);
+        assert_ne!(as_4, text);
+        assert!(Leaf::decode(as_4.as_bytes()).is_err());
+        let unflagged = text.replace(r#","names":true"#, "");
+        assert_ne!(unflagged, text);
+        assert!(Leaf::decode(unflagged.as_bytes()).is_err());
     }
 
     #[test]

@@ -35,10 +35,15 @@ pub const FORMAT_SPLIT: u32 = 2;
 /// since. Code that knows only `FORMAT_SPLIT` refuses it rather than misreading it.
 pub const FORMAT_BASED: u32 = 3;
 
-/// The format of a leaf merged, or being merged, into the leaf on its left
+/// The format of an empty leaf merged, or being merged, into the leaf on its left
 /// (`index_tree/merge.rs`): it holds no names and takes none. Code that knows only the formats
 /// before it refuses it rather than linking a name into a range its left neighbour may cover.
 pub const FORMAT_MERGING: u32 = 4;
+
+/// The format of a leaf merged, or being merged, into the leaf on its left while it held
+/// names (`Merging::names`), which the left leaf takes over. Code that knows only the formats
+/// before it refuses it: it would finish the merge without moving the names, and lose them.
+pub const FORMAT_MERGING_NAMES: u32 = 5;
 
 /// The document holding the access keys.
 pub const KEYS_DOC: &str = "larder-s3:keys";
@@ -188,8 +193,9 @@ pub struct Leaf {
     /// Set by a DeleteBucket on an empty leaf: no name is linked here while it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<Seal>,
-    /// Set on an empty leaf that is being merged into the leaf on its left: never lifted, and
-    /// no name is linked here again (format 4).
+    /// Set on a leaf that is being merged into the leaf on its left (empty, or holding few
+    /// names: `index_tree/merge.rs`): never lifted, and no name is linked here again (format
+    /// 4, or 5 with names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merging: Option<Merging>,
     /// The blob holding the leaf's names as of its last fold (`leaf_base.rs`), once the leaf
@@ -305,13 +311,17 @@ pub struct Seal {
     pub at_ms: u64,
 }
 
-/// An empty leaf's merge into its left neighbour (`index_tree/merge.rs`).
+/// A leaf's merge into its left neighbour (`index_tree/merge.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Merging {
     /// The leaf that ended at this one when the merge began: a walk that starts at this leaf
     /// goes there instead (any leaf left of a key leads to it by `right` links).
     pub into: String,
+    /// Whether the leaf held names when it was sealed (format 5): the leaf that takes its
+    /// range takes them too. An empty leaf's merge leaves it out (format 4, as before).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub names: bool,
 }
 
 /// The leaves of one bucket merged away (`index_tree/stubs.rs`): each stub is removed once
@@ -1052,10 +1062,11 @@ impl Record for Leaf {
     }
 
     fn knows(v: u32) -> bool {
-        v == FORMAT_SPLIT || v == FORMAT_BASED || v == FORMAT_MERGING
+        v == FORMAT_SPLIT || v == FORMAT_BASED || v == FORMAT_MERGING || v == FORMAT_MERGING_NAMES
     }
 
-    // Format 2 without a base, 3 with one, 4 being merged (any other pairing: refused).
+    // Format 2 without a base, 3 with one, 4 being merged, 5 being merged with its names (any
+    // other pairing: refused).
     based_record_hooks!("index leaf");
 }
 
@@ -1068,6 +1079,7 @@ impl Leaf {
     /// The format this leaf is written in.
     fn format(&self) -> u32 {
         match (&self.merging, &self.base) {
+            (Some(merging), _) if merging.names => FORMAT_MERGING_NAMES,
             (Some(_), _) => FORMAT_MERGING,
             (None, Some(_)) => FORMAT_BASED,
             (None, None) => FORMAT_SPLIT,

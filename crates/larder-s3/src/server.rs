@@ -82,13 +82,13 @@ impl S3Api {
         );
         let records = Arc::new(records);
         let tree = Arc::new(IndexTree::new(
-            config.index_leaf_entries,
+            (config.index_leaf_entries, config.index_merge_entries),
             config.max_held_garbage,
             config.merged_leaf_grace,
         ));
         registry.sub_registry_with_prefix("s3").register(
             "index_leaves_merged",
-            "Empty index leaves this frontend merged into the leaf on their left",
+            "Index leaves (empty, or of few names) this frontend merged into the leaf on their left",
             tree.merges(),
         );
         registry.sub_registry_with_prefix("s3").register(

@@ -376,8 +376,9 @@ impl Cluster {
             // A short `replaced_blob_grace`, so overwritten and deleted objects' blobs are
             // tombstoned (and compacted away) within the run; small index leaves, so buckets
             // split into many under the faults, written as deltas from base blobs past ~1 KB
-            // and folded again every second change or so (`larder-s3/src/leaf_base.rs`); merged
-            // leaves' stubs removed after 30 s (6 times the longest pause a frontend takes
+            // and folded again every second change or so (`larder-s3/src/leaf_base.rs`); leaves
+            // of one name merged into a left neighbour of one, with it; merged leaves' stubs
+            // removed after 30 s (6 times the longest pause a frontend takes
             // here), so that removals happen within a run too.
             std::fs::write(
                 &config,
@@ -385,7 +386,7 @@ impl Cluster {
                     "listen = \"{addr}\"\ncluster_map = \"cluster.toml\"\ndatacenter = {dc:?}\n\
                      upload_journal_dir = \"frontend-{dc}-uploads\"\n\n[auth]\nsecret_file = \"cluster.secret\"\n\n\
                      [s3]\nlisten = \"{s3_addr}\"\nreplaced_blob_grace = \"5s\"\nsweep_interval = \"2s\"\n\
-                     index_leaf_entries = 2\nindex_delta_bytes = 256\nmerged_leaf_grace = \"30s\"\n"
+                     index_leaf_entries = 2\nindex_merge_entries = 1\nindex_delta_bytes = 256\nmerged_leaf_grace = \"30s\"\n"
                 ),
             )?;
             let mut journal = LossyDir::new(dir, &format!("frontend-{dc}-uploads"))?;

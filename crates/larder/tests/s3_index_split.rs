@@ -143,8 +143,13 @@ fn start() -> (Cluster, Arc<Signer>) {
 
 /// `start`, with more `[s3]` settings.
 fn start_with(s3_extra: &str) -> (Cluster, Arc<Signer>) {
+    start_with_leaves(4, s3_extra)
+}
+
+/// `start_with`, with leaves of `leaf_entries` names.
+fn start_with_leaves(leaf_entries: usize, s3_extra: &str) -> (Cluster, Arc<Signer>) {
     let s3 = common::free_addresses(1)[0];
-    let extra = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = 4\n{s3_extra}");
+    let extra = format!("[s3]\nlisten = \"{s3}\"\nindex_leaf_entries = {leaf_entries}\n{s3_extra}");
     let cluster = Cluster::start_with(3, 4, &extra);
     common::wait_for_port(s3);
     let signer = Signer {
@@ -664,4 +669,149 @@ fn blobs_of_names_deleted_from_merged_leaves_are_tombstoned_after_the_grace() {
     }
     let expected: Vec<String> = names[..4].iter().chain(&names[44..]).cloned().collect();
     assert_eq!(signer.list("swept", "", "", 1000), expected);
+}
+
+/// Leaves thinned by deletes (at most a quarter of `index_leaf_entries` names left) are merged
+/// into the leaf on their left when both fit in one, which takes their names: afterwards the
+/// index holds every name left exactly once, each reads and lists as before, and no linked
+/// leaf is thin with room on its left, while PUTs, GETs and DELETEs race the merges.
+#[test]
+fn leaves_thinned_by_deletes_are_merged_with_their_names() {
+    const ENTRIES: usize = 8;
+    const FEW: usize = ENTRIES / 4;
+    const MANY: usize = 192;
+    let (cluster, signer) = start_with_leaves(ENTRIES, "");
+    let many = |i: usize| format!("t/{i:03}");
+    assert_eq!(signer.status("PUT", "thin", ""), 200);
+    let s = signer.clone();
+    let put = at_once(8, move |t| {
+        (t..MANY)
+            .step_by(8)
+            .all(|i| s.status("PUT", "thin", &many(i)) == 200)
+    });
+    assert!(put.into_iter().all(|ok| ok));
+    let before = merged(&cluster);
+    let leaf_ids: Vec<String> = leaves(&cluster, "thin")
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+
+    // One name in eight stays: every leaf is left with one or two, or none.
+    let kept: BTreeSet<usize> = (0..MANY).step_by(8).collect();
+    let gone = kept.clone();
+    let s = signer.clone();
+    let deletes = std::thread::spawn(move || {
+        at_once(6, move |t| {
+            (t..MANY)
+                .step_by(6)
+                .filter(|i| !gone.contains(i))
+                .all(|i| s.status("DELETE", "thin", &many(i)) == 204)
+        })
+        .into_iter()
+        .all(|ok| ok)
+    });
+    let racer = |t: usize, round: usize| format!("t/{:03}y{t}", (round * 37 + t * 101) % MANY);
+    let s = signer.clone();
+    let racing = at_once(2, move |t| {
+        let mut wrong = Vec::new();
+        for round in 0..20 {
+            let key = racer(t, round);
+            let put = s.call("PUT", "thin", &key);
+            let got = s.call("GET", "thin", &key);
+            if put.status != 200
+                || got.status != 200
+                || got.body != format!("body of {key}").into_bytes()
+            {
+                wrong.push(format!("{key}: PUT {} GET {}", put.status, got.status));
+            }
+            if round % 2 == 0 && s.status("DELETE", "thin", &key) != 204 {
+                wrong.push(format!("{key}: DELETE"));
+            }
+        }
+        wrong
+    });
+    assert!(deletes.join().unwrap(), "every DELETE answered 204");
+    let wrong: Vec<String> = racing.into_iter().flatten().collect();
+    assert!(wrong.is_empty(), "{wrong:?}");
+
+    let mut expected: BTreeSet<String> = kept.iter().map(|&i| many(i)).collect();
+    expected.extend((0..2).flat_map(|t| (1..20).step_by(2).map(move |r| racer(t, r))));
+    let expected: Vec<String> = expected.into_iter().collect();
+    // Listings merge the thin leaves they walk, until none is left that fits on its left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let linked = loop {
+        let (keys, truncated) = one_page(&signer, "thin");
+        assert!(!truncated);
+        assert_eq!(keys, expected, "one page lists every name left");
+        let linked = leaves(&cluster, "thin");
+        let counts: Vec<usize> = (linked.iter())
+            .map(|(_, leaf)| {
+                assert!(leaf["base"].is_null(), "leaves this small have no base");
+                leaf["objects"].as_object().unwrap().len()
+            })
+            .collect();
+        let thin_with_room = counts
+            .windows(2)
+            .any(|pair| pair[1] <= FEW && pair[0] + pair[1] <= ENTRIES);
+        if !thin_with_room {
+            break linked;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "thin leaves with room on their left stay: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // The linked leaves hold each name left once: those of the merged leaves moved, none lost
+    // and none twice.
+    let mut held: Vec<String> = (linked.iter())
+        .flat_map(|(_, leaf)| leaf["objects"].as_object().unwrap().keys().cloned())
+        .collect();
+    held.sort();
+    assert_eq!(held, expected);
+    let merges = merged(&cluster) - before;
+    assert!(
+        (linked.len() as u64) < leaf_ids.len() as u64 && merges >= 10,
+        "{merges} merges, {} leaves of {}",
+        linked.len(),
+        leaf_ids.len()
+    );
+    // Some merged leaf held names (format 5); its stub keeps them, unread.
+    let linked_ids: BTreeSet<&String> = linked.iter().map(|(id, _)| id).collect();
+    let with_names = (leaf_ids.iter())
+        .filter(|id| !linked_ids.contains(id))
+        .filter_map(|id| record(&cluster, &leaf_doc("thin", id)))
+        .filter(|stub| stub["v"] == 5 && stub["merging"]["names"] == true)
+        .count();
+    assert!(with_names > 0, "no leaf was merged with its names");
+    for name in &expected {
+        let got = signer.call("GET", "thin", name);
+        assert_eq!(got.status, 200, "{name}");
+        assert_eq!(got.body, format!("body of {name}").into_bytes());
+    }
+    for i in (1..MANY).step_by(16) {
+        assert_eq!(signer.status("GET", "thin", &many(i)), 404, "{}", many(i));
+    }
+    assert_eq!(signer.list("thin", "", "", 3), expected, "small pages too");
+    assert_eq!(
+        signer.list("thin", "t/0", "", 1000).len(),
+        (0..100).step_by(8).count()
+            + expected
+                .iter()
+                .filter(|k| k.starts_with("t/0") && k.contains('y'))
+                .count()
+    );
+
+    // The bucket empties and goes as any other, the merged leaves' records with it.
+    for key in &expected {
+        assert_eq!(signer.status("DELETE", "thin", key), 204);
+    }
+    assert_eq!(signer.status("DELETE", "thin", ""), 204);
+    let left: Vec<&String> = (leaf_ids.iter())
+        .filter(|id| record(&cluster, &leaf_doc("thin", id)).is_some())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "leaves of the deleted bucket stay: {left:?}"
+    );
 }

@@ -1,40 +1,51 @@
-//! Merging an empty index leaf into the leaf on its left, so that deletes leave no runs of
-//! empty leaves behind: every listing would walk them (`pager.rs` ends a page after 64 with
-//! nothing to list), and the root's hints would keep growing with leaves that hold nothing.
+//! Merging an index leaf emptied or thinned by deletes into the leaf on its left, so that
+//! deletes leave no runs of empty or nearly empty leaves behind: every listing would walk them
+//! (`pager.rs` ends a page after 64 with nothing to list), and the root's hints would keep
+//! growing with leaves that hold little or nothing.
 //!
-//! Four idempotent steps, as a split has (`index_tree.rs`), for an empty leaf M that is not
-//! its bucket's first:
+//! Which leaves: one of at most `[s3] index_merge_entries` names (a quarter of a leaf by
+//! default) that is not its bucket's first, when its left neighbour has room for its names
+//! (looked at before the seal; a neighbour that grew since is split after the merge). Four
+//! idempotent steps, as a split has (`index_tree.rs`), for such a leaf M:
 //!
 //! 1. **Seal M for the merge** in a read-modify-write at its primary, naming the leaf L that
-//!    ended at it (`Leaf::merging`, format 4), if it is still empty. The seal never lifts: M
-//!    takes no name again. A change of a name in its range is sent to L (`Reroute::Merging`),
-//!    which sends it back to M, after a pause, while L still ends at M.
+//!    ended at it (`Leaf::merging`; format 4, or 5 when M holds names), if it still holds few
+//!    enough names. The seal never lifts: M takes no change again, and its names are frozen.
+//!    A change of a name in its range is sent to L (`Reroute::Merging`), which sends it back
+//!    to M, after a pause, while L still ends at M.
 //! 2. **Extend the leaf that ends at M** (L, or a leaf split off L since) over M's range in one
-//!    write: its `high` and `right` become M's, and M's garbage is added to its own (held to
-//!    `[s3] max_held_garbage` as a write's is). Refused while that leaf is marked for a split
-//!    (the split is finished first), sealed by a DeleteBucket (waited for, or lifted if that
-//!    delete is gone, as a writer does) or being merged itself (that merge is finished first).
+//!    write: its `high` and `right` become M's, M's names become its own, and M's garbage is
+//!    added to its own (held to `[s3] max_held_garbage` as a write's is). Refused while that
+//!    leaf is marked for a split (the split is finished first), sealed by a DeleteBucket
+//!    (waited for, or lifted if that delete is gone, as a writer does) or being merged itself
+//!    (that merge is finished first). Done once: a leaf that no longer ends at M is not
+//!    written again, so a name changed in it since is never set back to M's copy.
 //! 3. **Drop M from the root's hints.**
-//! 4. **Clear M's garbage list** (its left neighbour's now). M's record stays, as a stub of
-//!    ~150 bytes: a split's step 2 writes its new leaf "unless it exists", so a frontend that
-//!    was paused inside a split whose new leaf has since been merged would write that leaf
-//!    again, with the names of before, if M were gone. Found, the stub sends a walk left;
-//!    written again, it is there already.
+//! 4. **Clear M's garbage list** (its left neighbour's now). M's record stays, as a stub, its
+//!    names in it unread: a split's step 2 writes its new leaf "unless it exists", so a
+//!    frontend that was paused inside a split whose new leaf has since been merged would
+//!    write that leaf again, with the names of before, if M were gone. Found, the stub sends a
+//!    walk left; written again, it is there already.
 //!
-//! Why every read stays right: from 1 to 2 no name can be linked into M's range (M refuses,
-//! and L ends before it), and M was empty at 1, so M's range is empty then, as M reads. A walk
-//! that comes to M from the leaf on its left, which still ended at M when it was read, reads M
-//! so (`index_tree::walk`); a walk that starts at M (a hint) goes to L instead, whose `right`
-//! links lead to the leaf holding the key either way. A hint to M that comes back (a split's
-//! step 4 finished late, a walk's repair) is harmless for the same reason, and dropped again
-//! by the next change that meets it. A leaf that is gone (its bucket deleted) is taken off the
-//! root's hints by the first read that finds it so.
+//! Why every read stays right: from 1 to 2 no name can be linked into or unlinked from M's
+//! range (M refuses, and L ends before it), so M's range holds exactly M's names then, as M
+//! reads, and from 2 on L holds them. A walk that comes to M from the leaf on its left, which
+//! still ended at M when it was read, reads M so (`index_tree::walk`); a walk that starts at M
+//! (a hint) goes to L instead, whose `right` links lead to the leaf holding the key either
+//! way. A hint to M that comes back (a split's step 4 finished late, a walk's repair) is
+//! harmless for the same reason, and dropped again by the next change that meets it. A leaf
+//! that is gone (its bucket deleted) is taken off the root's hints by the first read that
+//! finds it so. M's names keep their blobs: the stub's copies are never read or reclaimed.
 //!
-//! Who merges: the frontend whose write left a leaf empty (`index_batch.rs`), a listing that
-//! walked empty leaves (for those left by a merge that did not finish, or by builds before
-//! merges), and a change that finds a merge under way (its merger may be gone). Stubs are
-//! listed before the seal and removed after `[s3] merged_leaf_grace`, or with their bucket
-//! (`stubs.rs`).
+//! Who merges: the frontend whose delete left a leaf with few names (`index_batch.rs`), a
+//! listing that walked one (next to a left neighbour with room, or empty: for those left by a
+//! merge that did not finish, or by builds before merges), and a change that finds a merge
+//! under way (its merger may be gone). Stubs are listed before the seal and removed after
+//! `[s3] merged_leaf_grace`, or with their bucket (`stubs.rs`).
+//!
+//! Builds before merges with names refuse format 5 (its `names` flag too), so none of them
+//! finishes such a merge without moving the names: where they meet such a leaf (during a
+//! rolling upgrade, or after a rollback, until its stub goes) they answer an error instead.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -51,8 +62,20 @@ use super::{drop_hint, hint_before, IndexTree, Target, MAX_HOPS};
 const MAX_CHAINED: usize = 8;
 /// Steps one call takes at most (each a merge finished, or one found blocking).
 const MAX_STEPS: usize = 32;
-/// Empty leaves one listing merges after it answered.
+/// Leaves (empty, or of few names) one listing merges after it answered.
 const MERGES_PER_PAGE: usize = 16;
+/// Unless `[s3] index_merge_entries` says otherwise, a leaf holding at most
+/// `index_leaf_entries` / this many names is merged into its left neighbour when they fit in
+/// one leaf together. Splits leave halves, far above it, so a split leaf is not merged back at
+/// once, and a merge that overfills its left leaf (it grew since it was looked at) is followed
+/// by a split of that leaf into halves that stay.
+const FEW_NAMES_FRACTION: usize = 4;
+
+/// Names a leaf holds at most to be merged into its left neighbour, by default (with leaves
+/// of `leaf_entries` names).
+pub(super) fn few_names(leaf_entries: usize) -> usize {
+    leaf_entries / FEW_NAMES_FRACTION
+}
 
 /// How far a merge of one leaf got.
 #[derive(Debug, PartialEq, Eq)]
@@ -89,8 +112,18 @@ enum Found {
 }
 
 impl IndexTree {
-    /// Merges the empty leaf `id` of `bucket` into the leaf on its left, or finishes its merge
-    /// (see the module's comment). True when its range is its left neighbour's now, or it is
+    /// Whether a listing that walked `node` (after a leaf of `left_names` names, on its left)
+    /// should have it merged: it is empty, or holds few names that fit beside its left
+    /// neighbour's, or its merge is under way (its merger may be gone).
+    pub(super) fn worth_merging(&self, node: &super::Node, left_names: Option<usize>) -> bool {
+        let names = node.objects.len();
+        let fits = |left: usize| left.saturating_add(names) <= self.leaf_entries;
+        let few = names <= self.merge_entries && left_names.is_some_and(fits);
+        !node.low.is_empty() && (node.merging || names == 0 || few)
+    }
+
+    /// Merges the leaf `id` of `bucket` into the leaf on its left if it holds few names, or
+    /// finishes its merge (see the module's comment). True when its range is its left neighbour's now, or it is
     /// no leaf to merge; false when that has to wait.
     pub async fn merge(&self, records: &Records, bucket: &str, id: &str) -> Result<bool, S3Error> {
         let mut pending = vec![id.to_owned()];
@@ -144,7 +177,8 @@ impl IndexTree {
         }
     }
 
-    /// Merges `ids` (empty leaves a listing walked) one after another, in a task of its own.
+    /// Merges `ids` (leaves a listing walked that are worth it) one after another, in a task of
+    /// its own.
     pub fn merge_soon(self: &Arc<Self>, records: &Arc<Records>, bucket: &str, ids: Vec<String>) {
         if ids.is_empty() {
             return;
@@ -178,7 +212,7 @@ impl IndexTree {
             return Ok(Step::Done);
         };
         if leaf.merging.is_none() {
-            if !super::Holder::merge_due(&leaf) {
+            if !super::Holder::merge_due(&leaf, self.merge_entries) {
                 return Ok(Step::Done);
             }
             let root = match self.root(records, bucket).await {
@@ -189,7 +223,18 @@ impl IndexTree {
                 return Ok(Step::Done);
             };
             let left = match ending_at(records, bucket, &start, (id, &leaf.low)).await? {
-                Found::Leaf(left, _) => left,
+                Found::Leaf(left, left_leaf) => {
+                    let names = leaf.objects.len();
+                    if names > 0
+                        && !self
+                            .fit(records, bucket, (&left, &left_leaf), names)
+                            .await?
+                    {
+                        // Not now: its left neighbour is too full to take them.
+                        return Ok(Step::Done);
+                    }
+                    left
+                }
                 Found::Lost(Some(gone)) => {
                     drop_hint(records, bucket, (&gone, None)).await?;
                     return Ok(Step::Later);
@@ -201,33 +246,35 @@ impl IndexTree {
             let Some(listed_ms) = self.list_merged(records, incarnation, id).await? else {
                 return Ok(Step::Later);
             };
-            if !seal_for_merge(records, &doc, &left).await? {
+            if !seal_for_merge(records, &doc, &left, self.merge_entries).await? {
                 // Not to be merged (it took a name, or went with its bucket): off the list.
                 super::stubs::unlist_one(records, incarnation, (id, listed_ms)).await?;
                 return Ok(Step::Done);
             }
         }
-        // Read again after the seal: its garbage as the seal left it, which no write changes
-        // since but a sweep's (that only takes entries off).
-        let Some(merged) = records.read_unresolved::<Leaf>(&doc).await? else {
+        // Read again after the seal: its names and garbage as the seal left them, which no
+        // write changes since but a sweep's (that only takes garbage off).
+        let Some(merged) = records.read::<Leaf>(&doc).await? else {
             return Ok(Step::Done);
         };
-        let Some(Merging { into }) = merged.merging.clone() else {
+        let Some(Merging { into, .. }) = merged.merging.clone() else {
             return Ok(Step::Later);
         };
         let bounds = (bucket, self.max_held_garbage);
-        match extend_over(records, bounds, (id, &merged), &into).await? {
-            (Step::Done, extended_here) => {
-                if extended_here {
-                    self.merged.inc();
-                    tracing::info!(
-                        bucket,
-                        leaf = id,
-                        "merged an empty index leaf into its left"
-                    );
-                }
-            }
+        let extended = match extend_over(records, bounds, (id, &merged), &into).await? {
+            (Step::Done, extended) => extended,
             (step, _) => return Ok(step),
+        };
+        if let Some(left) = &extended {
+            self.merged.inc();
+            let names = merged.objects.len();
+            tracing::info!(
+                bucket,
+                leaf = id,
+                into = left,
+                names,
+                "merged an index leaf into its left"
+            );
         }
         // Step 3.
         drop_hint(records, bucket, (id, Some(&merged.low))).await?;
@@ -244,7 +291,32 @@ impl IndexTree {
             .await?;
         let incarnation = (bucket, merged.bucket_created_ms);
         super::stubs::mark_finished(records, incarnation, id).await?;
+        if let Some(left) = extended.filter(|_| !merged.objects.is_empty()) {
+            // It may hold more than a leaf's bound now (it took names since it was looked at).
+            if let Err(err) = self.split(records, bucket, &Target::Leaf(left)).await {
+                tracing::debug!(%err, bucket, "a split after a merge failed; the next write tries again");
+            }
+        }
         Ok(Step::Done)
+    }
+
+    /// Whether leaf `left` (as `ending_at` read it) has room for `names` more: read whole if
+    /// it has a base (its record holds only what changed since).
+    async fn fit(
+        &self,
+        records: &Records,
+        bucket: &str,
+        (left, leaf): (&str, &Leaf),
+        names: usize,
+    ) -> Result<bool, S3Error> {
+        let held = match leaf.base {
+            None => leaf.objects.len(),
+            Some(_) => match records.read::<Leaf>(&leaf_doc(bucket, left)).await? {
+                Some(leaf) => leaf.objects.len(),
+                None => return Ok(false),
+            },
+        };
+        Ok(held.saturating_add(names) <= self.leaf_entries)
     }
 }
 
@@ -280,9 +352,15 @@ async fn ending_at(
     Ok(Found::Lost(None))
 }
 
-/// Seals the leaf `doc` for its merge into `left` if it is still to be merged; false if it is
-/// not (it took a name, or was sealed or removed meanwhile). A seal found is kept as it is.
-async fn seal_for_merge(records: &Records, doc: &str, left: &str) -> Result<bool, S3Error> {
+/// Seals the leaf `doc` for its merge into `left` if it is still to be merged (holds at most
+/// `few` names); false if it is not (it took names, or was sealed or removed meanwhile). A
+/// seal found is kept as it is.
+async fn seal_for_merge(
+    records: &Records,
+    doc: &str,
+    left: &str,
+    few: usize,
+) -> Result<bool, S3Error> {
     records
         .update(doc, |leaf: Option<Leaf>| {
             let Some(mut leaf) = leaf else {
@@ -291,11 +369,12 @@ async fn seal_for_merge(records: &Records, doc: &str, left: &str) -> Result<bool
             if leaf.merging.is_some() {
                 return Ok((Change::Keep, true));
             }
-            if !super::Holder::merge_due(&leaf) {
+            if !super::Holder::merge_due(&leaf, few) {
                 return Ok((Change::Keep, false));
             }
             leaf.merging = Some(Merging {
                 into: left.to_owned(),
+                names: !leaf.objects.is_empty(),
             });
             Ok((Change::Put(leaf), true))
         })
@@ -313,18 +392,18 @@ enum Extended {
 }
 
 /// Step 2: the leaf ending at `merged` (found from `into`, or from the root's last hint
-/// before it once `into` is gone) takes its range and its garbage. With whether this call
-/// wrote that.
+/// before it once `into` is gone) takes its range, its names and its garbage. With that leaf
+/// if this call wrote it.
 async fn extend_over(
     records: &Records,
     (bucket, max_held_garbage): (&str, usize),
     (id, merged): (&str, &Leaf),
     into: &str,
-) -> Result<(Step, bool), S3Error> {
+) -> Result<(Step, Option<String>), S3Error> {
     let mut start = into.to_owned();
     for _ in 0..MAX_HOPS {
         let (left, leaf) = match ending_at(records, bucket, &start, (id, &merged.low)).await? {
-            Found::Covered => return Ok((Step::Done, false)),
+            Found::Covered => return Ok((Step::Done, None)),
             Found::Leaf(left, leaf) => (left, leaf),
             Found::Lost(gone) => {
                 if let Some(gone) = gone {
@@ -336,13 +415,13 @@ async fn extend_over(
                 let before = root.and_then(|root| hint_before(&root.leaves, &merged.low));
                 match before {
                     Some(before) if before != start => start = before,
-                    _ => return Ok((Step::Later, false)),
+                    _ => return Ok((Step::Later, None)),
                 }
                 continue;
             }
         };
         if leaf.merging.is_some() {
-            return Ok((Step::Blocked(left), false));
+            return Ok((Step::Blocked(left), None));
         }
         let extended = records
             .update(&leaf_doc(bucket, &left), |leaf: Option<Leaf>| {
@@ -361,6 +440,12 @@ async fn extend_over(
                 }
                 leaf.high = merged.high.clone();
                 leaf.right = merged.right.clone();
+                // Its range was the merged leaf's until now: none of these names is here.
+                for (name, entry) in merged.objects.iter() {
+                    leaf.objects
+                        .entry(name.clone())
+                        .or_insert_with(|| entry.clone());
+                }
                 let held: HashSet<&str> = leaf.garbage.iter().map(|g| g.blob()).collect();
                 let taken: Vec<_> = (merged.garbage.iter())
                     .filter(|g| !held.contains(g.blob()))
@@ -376,15 +461,15 @@ async fn extend_over(
         let step = match extended {
             Extended::Done(hurried) => {
                 if hurried {
-                    crate::objects::sweep_soon(bucket, &Target::Leaf(left));
+                    crate::objects::sweep_soon(bucket, &Target::Leaf(left.clone()));
                 }
-                (Step::Done, true)
+                (Step::Done, Some(left))
             }
             Extended::Again => continue,
-            Extended::Blocked => (Step::Blocked(left), false),
-            Extended::Obstructed(obstacle) => (Step::Obstructed(left, obstacle), false),
+            Extended::Blocked => (Step::Blocked(left), None),
+            Extended::Obstructed(obstacle) => (Step::Obstructed(left, obstacle), None),
         };
         return Ok(step);
     }
-    Ok((Step::Later, false))
+    Ok((Step::Later, None))
 }
