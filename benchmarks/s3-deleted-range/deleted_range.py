@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Listing a bucket most of whose names were deleted (boto3).
 
-usage: deleted_range.py ENDPOINT KEY_ID SECRET NAMES THREADS
+usage: deleted_range.py ENDPOINT KEY_ID SECRET NAMES THREADS [KEEP_EVERY]
 Makes a bucket, puts NAMES names of 1 KiB from THREADS threads, deletes every name but the
-first and last ten with DeleteObjects (1,000 keys each), then lists the whole bucket with
+first and last ten with DeleteObjects (1,000 keys each) (with KEEP_EVERY > 0: every name but
+one in KEEP_EVERY, spread over the whole bucket), then lists the whole bucket with
 ListObjectsV2 (following continuation tokens) three times: at once, 2 s later and 10 s
 later. Prints one line of JSON: per listing its pages, keys and milliseconds.
 """
@@ -60,13 +61,17 @@ def list_all(s3):
 def main():
     endpoint, key_id, secret, count, threads = sys.argv[1:6]
     count, threads = int(count), int(threads)
+    keep_every = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     s3 = client(endpoint, key_id, secret, threads)
     s3.create_bucket(Bucket="range")
     names = [f"n/{i:07d}" for i in range(count)]
     started = time.monotonic()
     put_errors = put_all(s3, names, threads)
     put_s = time.monotonic() - started
-    doomed = names[10:-10]
+    if keep_every > 0:
+        doomed = [name for i, name in enumerate(names) if i % keep_every != 0]
+    else:
+        doomed = names[10:-10]
     started = time.monotonic()
     for at in range(0, len(doomed), 1000):
         batch = [{"Key": k} for k in doomed[at:at + 1000]]

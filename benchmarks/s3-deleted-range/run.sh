@@ -7,8 +7,11 @@
 # first and last ten deleted, the whole bucket listed at once, 2 s and 10 s later. Prints a
 # table; RESULTS.md keeps one.
 #
+# With KEEP_EVERY=8, one name in eight is kept, spread over the whole bucket (every leaf
+# thinned rather than a range emptied: what merges of leaves with names are for).
+#
 # usage: benchmarks/s3-deleted-range/run.sh [--smoke]
-#   env: BASE=4fd4167 NAMES=8000 LEAF=50 THREADS=16 ROUNDS=2
+#   env: BASE=4fd4167 NAMES=8000 LEAF=50 THREADS=16 ROUNDS=2 KEEP_EVERY=0
 #        PYTHON=<one with boto3> (default: a venv made here)
 #        CACHE=~/.cache/larder-s3-deleted-range (release target dirs, kept between runs)
 #   --smoke (scripts/bench-smoke): this checkout's debug build only, the tests' venv, 300
@@ -21,6 +24,7 @@ names=${NAMES:-8000}
 leaf=${LEAF:-50}
 threads=${THREADS:-16}
 rounds=${ROUNDS:-2}
+keep_every=${KEEP_EVERY:-0}
 smoke=0
 if [ "${1:-}" = "--smoke" ]; then
   smoke=1 names=300 leaf=4 threads=4 rounds=1
@@ -63,7 +67,7 @@ run_one() { # NAME BINARY
   secret=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["secret_access_key"])' <<< "$key")
   local out merged
   out=$("$python" "$root/benchmarks/s3-deleted-range/deleted_range.py" "http://127.0.0.1:$s3" \
-    "$id" "$secret" "$names" "$threads")
+    "$id" "$secret" "$names" "$threads" "$keep_every")
   merged=$(curl -s "http://127.0.0.1:$port/metrics" |
     awk '/^larder_frontend_s3_index_leaves_merged_total/ {print $2}')
   echo "| $1 | $(python3 -c '
@@ -77,7 +81,12 @@ print(" | ".join(str(x) for x in row))' "$out" "$merged") |"
 
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ); load: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
 echo "base: $(git -C "$root" rev-parse --short "$base"); head: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo ' with local changes')"
-echo "deleted_range: $names names at $leaf a leaf from $threads threads, all but 20 deleted, then listed"
+if [ "$keep_every" -gt 0 ]; then
+  kept="all but one in $keep_every deleted"
+else
+  kept="all but 20 deleted"
+fi
+echo "deleted_range: $names names at $leaf a leaf from $threads threads, $kept, then listed"
 echo
 echo "| build | PUT/s | delete s | list at once: pages / keys / ms | 2 s later | 10 s later | leaves merged | PUT errors |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
