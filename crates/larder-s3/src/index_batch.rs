@@ -6,7 +6,8 @@
 //! in arrival order, each change judged (its conditions, the record's range) on the state the
 //! ones before it left. While that write is in flight the next changes queue for the next
 //! one: group commit. A record that grows past the leaf bound is split after its write, and a
-//! leaf that its write left empty is merged into the leaf on its left (`index_tree/merge.rs`).
+//! leaf that its write left empty, or with few names for the first time, is merged into the
+//! leaf on its left (`index_tree/merge.rs`).
 //!
 //! Every change gets its own answer: a refused change (412, `NoSuchBucket`) leaves the record
 //! as it was for the others; a change whose names are no longer this record's (a split, a
@@ -250,7 +251,8 @@ enum Due {
     Nothing,
     /// A split (by count or by size).
     Split,
-    /// A merge into the leaf on its left: the write left the leaf empty.
+    /// A merge into the leaf on its left: the write left the leaf empty, or brought it down
+    /// to few names (`[s3] index_merge_entries`).
     Merge,
 }
 
@@ -294,9 +296,12 @@ async fn write_batch<H: Holder>(
                     changed |= matches!(outcome, Ok((_, true)));
                     outcomes.push(outcome.map(|(applied, _)| applied));
                 }
-                // A merge when names went (a write that only adds to a small leaf is no
-                // reason to look at its neighbour).
-                let fewer = record.objects().len() < names_before;
+                // A merge when the write emptied the leaf, or brought it down to few names
+                // (once: while its left neighbour has no room, each later delete would look
+                // again for nothing; a listing that finds room merges it then).
+                let names_after = record.objects().len();
+                let thinned = names_after == 0 || names_before > merge_entries;
+                let fewer = names_after < names_before && thinned;
                 due = match (split_of(&record, bound), record.merge_due(merge_entries)) {
                     (Some(_), _) => Due::Split,
                     (None, true) if changed && fewer => Due::Merge,

@@ -317,10 +317,18 @@ impl IndexTree {
         merged_leaf_grace: Duration,
     ) -> IndexTree {
         let leaf_entries = leaf_entries.max(2);
-        let merge_entries = merge_entries.unwrap_or(few_names(leaf_entries));
+        let asked = merge_entries.unwrap_or(few_names(leaf_entries));
+        let merge_entries = asked.min(leaf_entries / 2);
+        if merge_entries < asked {
+            tracing::warn!(
+                asked,
+                merge_entries,
+                "[s3] index_merge_entries is at most half of index_leaf_entries: taken as that"
+            );
+        }
         IndexTree {
             leaf_entries,
-            merge_entries: merge_entries.min(leaf_entries / 2),
+            merge_entries,
             hints: Mutex::default(),
             restructuring: Mutex::default(),
             merged: Counter::default(),

@@ -30,8 +30,9 @@
 //!   its garbage list. The base a fold replaces goes on the leaf's garbage list, in the same
 //!   write, and is tombstoned after a grace of a few operation timeouts (`base_grace`: a
 //!   read that read the record just before may still be reading the old base). A leaf removed
-//!   while it has a base (none should: an empty leaf gives its base up) holds it the same way
-//!   and tombstones it once the removal applied.
+//!   while it has a base (the stub of a leaf merged with its names, which keeps them; an empty
+//!   leaf gives its base up) holds it the same way and tombstones it once the removal
+//!   applied.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -896,7 +896,7 @@ fn plan_base(
 }
 
 /// About how many bytes `objects` take in a record's JSON: names and entries.
-fn names_bytes(objects: &Objects) -> usize {
+pub fn names_bytes(objects: &Objects) -> usize {
     objects
         .iter()
         .map(|(name, entry)| name.len() + entry.approx_bytes() + 4)

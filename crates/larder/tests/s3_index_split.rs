@@ -815,3 +815,51 @@ fn leaves_thinned_by_deletes_are_merged_with_their_names() {
         "leaves of the deleted bucket stay: {left:?}"
     );
 }
+
+/// A leaf split by size (its entries past 1 MiB, whatever their count) leaves halves of few
+/// names that would fit beside each other by count; they are not merged back (which would
+/// only split again, over and over, leaving a stub each time).
+#[test]
+fn a_leaf_split_by_size_is_not_merged_back() {
+    let (cluster, signer) = start_with_leaves(2000, "index_merge_entries = 1000\n");
+    const MANY: usize = 950;
+    // ~1.2 KB an entry: past the 1 MiB a record splits at, far under 2,000 names.
+    let long = |i: usize| format!("{i:04}-{}", "x".repeat(1000));
+    assert_eq!(signer.status("PUT", "big", ""), 200);
+    let s = signer.clone();
+    let put = at_once(8, move |t| {
+        (t..MANY)
+            .step_by(8)
+            .all(|i| s.status("PUT", "big", &long(i)) == 200)
+    });
+    assert!(put.into_iter().all(|ok| ok));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let split = loop {
+        let root = record(&cluster, "larder-s3:bucket:big").unwrap();
+        if root["leaves"].is_object() {
+            let linked = leaves(&cluster, "big");
+            if linked.len() >= 2 {
+                break linked.len();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bucket never split by size"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Listings walk halves of few names each (at most `index_merge_entries`).
+    let before = merged(&cluster);
+    for _ in 0..3 {
+        let (keys, _) = one_page(&signer, "big");
+        assert!(!keys.is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        merged(&cluster),
+        before,
+        "a leaf split by size was merged back"
+    );
+    assert_eq!(leaves(&cluster, "big").len(), split);
+    assert_eq!(signer.list("big", "", "", 1000).len(), MANY);
+}

@@ -52,11 +52,13 @@ use std::sync::Arc;
 
 use crate::error::S3Error;
 use crate::objects::hurry;
-use crate::records::{bucket_doc, leaf_doc, BucketIndex, Leaf, Merging, Seal};
+use crate::records::{
+    bucket_doc, leaf_doc, names_bytes, BucketIndex, Leaf, Merging, Objects, Seal,
+};
 use crate::service::now_ms;
 use crate::store::{Change, Records};
 
-use super::{drop_hint, hint_before, IndexTree, Target, MAX_HOPS};
+use super::{drop_hint, hint_before, IndexTree, Target, MAX_HOPS, SPLIT_BYTES};
 
 /// Leaves whose merges one call finishes before its own (each blocked by the next one left).
 const MAX_CHAINED: usize = 8;
@@ -80,7 +82,8 @@ pub(super) fn few_names(leaf_entries: usize) -> usize {
 /// How far a merge of one leaf got.
 #[derive(Debug, PartialEq, Eq)]
 enum Step {
-    /// Its range is its left neighbour's (or it is not to be merged: it holds names, it is
+    /// Its range is its left neighbour's (or it is not to be merged: it holds too many names,
+    /// its left neighbour has no room for them, it is
     /// gone, it is the first leaf).
     Done,
     /// The leaf ending at it is being merged too: that merge goes first.
@@ -224,8 +227,8 @@ impl IndexTree {
             };
             let left = match ending_at(records, bucket, &start, (id, &leaf.low)).await? {
                 Found::Leaf(left, left_leaf) => {
-                    let names = leaf.objects.len();
-                    if names > 0
+                    let names = &leaf.objects;
+                    if !names.is_empty()
                         && !self
                             .fit(records, bucket, (&left, &left_leaf), names)
                             .await?
@@ -247,7 +250,7 @@ impl IndexTree {
                 return Ok(Step::Later);
             };
             if !seal_for_merge(records, &doc, &left, self.merge_entries).await? {
-                // Not to be merged (it took a name, or went with its bucket): off the list.
+                // Not to be merged (it took names, or went with its bucket): off the list.
                 super::stubs::unlist_one(records, incarnation, (id, listed_ms)).await?;
                 return Ok(Step::Done);
             }
@@ -300,23 +303,31 @@ impl IndexTree {
         Ok(Step::Done)
     }
 
-    /// Whether leaf `left` (as `ending_at` read it) has room for `names` more: read whole if
-    /// it has a base (its record holds only what changed since).
+    /// Whether leaf `left` (as `ending_at` read it) has room for `names`: together at most a
+    /// leaf's bound of names, and half the bytes past which a record splits (so that a leaf
+    /// split by size is not merged straight back). Read whole if it has a base (its record
+    /// holds only what changed since).
     async fn fit(
         &self,
         records: &Records,
         bucket: &str,
         (left, leaf): (&str, &Leaf),
-        names: usize,
+        names: &Objects,
     ) -> Result<bool, S3Error> {
+        let whole;
         let held = match leaf.base {
-            None => leaf.objects.len(),
+            None => &leaf.objects,
             Some(_) => match records.read::<Leaf>(&leaf_doc(bucket, left)).await? {
-                Some(leaf) => leaf.objects.len(),
+                Some(leaf) => {
+                    whole = leaf;
+                    &whole.objects
+                }
                 None => return Ok(false),
             },
         };
-        Ok(held.saturating_add(names) <= self.leaf_entries)
+        let count = held.len().saturating_add(names.len());
+        let bytes = names_bytes(held).saturating_add(names_bytes(names));
+        Ok(count <= self.leaf_entries && bytes <= SPLIT_BYTES / 2)
     }
 }
 

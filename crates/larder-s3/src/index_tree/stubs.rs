@@ -11,7 +11,7 @@
 //! sweep removes the records of finished entries past the grace and takes them off the list;
 //! an unfinished one past the grace has its merge finished (its merger may be gone: the
 //! entry is marked finished then, and removed at the next pass), or, if its leaf was never
-//! sealed (it took a name, or the seal failed), is taken off. An entry is taken off only if it
+//! sealed (it took names, or the seal failed), is taken off. An entry is taken off only if it
 //! was not listed again since (a later merge of the same leaf moves its time on). A merge
 //! whose seal fails takes its own entry off. A DeleteBucket removes every listed leaf after
 //! the root, then the list.
@@ -66,7 +66,7 @@ impl IndexTree {
                     v: crate::records::FORMAT,
                     leaves: Vec::new(),
                 });
-                // Listed by a merge that did not seal it (it took a name) and not yet taken
+                // Listed by a merge that did not seal it (it took names) and not yet taken
                 // off: listed again, at a later time, so that a sweep that saw it unsealed
                 // leaves this entry (`unlist`), and its grace starts now.
                 if let Some(listed) = list.leaves.iter_mut().find(|l| l.id == id) {
@@ -149,17 +149,22 @@ impl IndexTree {
     ) -> Result<Outcome, S3Error> {
         let doc = leaf_doc(bucket, &listed.id);
         if listed.finished {
-            return records
+            let removed = records
                 .update(&doc, |leaf: Option<Leaf>| match leaf {
                     // A finished merge's seal never lifts: this is its stub.
                     Some(leaf)
                         if leaf.bucket_created_ms == created_ms && leaf.merging.is_some() =>
                     {
-                        Ok((Change::Remove, Outcome::Removed))
+                        Ok((Change::Remove, Some(leaf.garbage)))
                     }
-                    _ => Ok((Change::Keep, Outcome::Unlist)),
+                    _ => Ok((Change::Keep, None)),
                 })
-                .await;
+                .await?;
+            let Some(garbage) = removed else {
+                return Ok(Outcome::Unlist);
+            };
+            tombstone_left(records, &garbage).await;
+            return Ok(Outcome::Removed);
         }
         // Its merger may be gone: finished here (which marks the entry), removed next pass.
         self.merge(records, bucket, &listed.id).await?;
@@ -258,12 +263,31 @@ async fn remove_listed(records: &Records, bucket: &str, created_ms: u64) -> Resu
 
 /// Removes leaf `doc` if it belongs to the bucket made at `created_ms`.
 async fn remove_leaf(records: &Records, doc: String, created_ms: u64) -> Result<(), S3Error> {
-    records
+    let removed = records
         .update(&doc, |leaf: Option<Leaf>| match leaf {
-            Some(leaf) if leaf.bucket_created_ms == created_ms => Ok((Change::Remove, ())),
-            _ => Ok((Change::Keep, ())),
+            Some(leaf) if leaf.bucket_created_ms == created_ms => {
+                Ok((Change::Remove, leaf.garbage))
+            }
+            _ => Ok((Change::Keep, Vec::new())),
         })
-        .await
+        .await?;
+    tombstone_left(records, &removed).await;
+    Ok(())
+}
+
+/// Tombstones what a removed stub still held on its garbage list. A finished merge handed
+/// that list to the left leaf and cleared it, but a stub written since gives its base up
+/// there when `[s3] index_delta_bytes` no longer calls for one (a stub may hold names, and so
+/// a base), and nothing sweeps an unlinked leaf: the base would leak. A failure is logged:
+/// the record is gone, and nothing would find that blob again either way.
+async fn tombstone_left(records: &Records, garbage: &[crate::records::Garbage]) {
+    if garbage.is_empty() {
+        return;
+    }
+    let mut done = std::collections::HashSet::new();
+    if let Err(err) = super::tombstone(records, garbage, &mut done).await {
+        tracing::warn!(%err, blobs = garbage.len(), "blobs a removed index stub held stay");
+    }
 }
 
 /// Takes `done` off the list `doc`, each entry only if it is still listed at the time it had
