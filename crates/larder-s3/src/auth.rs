@@ -103,6 +103,7 @@ fn needs(operation: &str) -> Permission {
         | "HeadObject"
         | "GetObjectAttributes"
         | "GetObjectAcl"
+        | "GetObjectTagging"
         | "GetBucketAcl"
         | "HeadBucket"
         | "ListObjects"

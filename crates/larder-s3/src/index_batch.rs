@@ -65,13 +65,14 @@ pub enum IndexChange {
     /// Write the record holding `key` as it is: a fence after which no write based on an
     /// older state of it can apply (`held.rs`).
     Touch { key: String },
-    /// Give `key`'s entry its own canned ACL's say on anonymous reads (PutObjectAcl), if the
-    /// name still points at `expected` (the same entry, body and time and all: an overwrite
-    /// since is never undone, else `OperationAborted`). Its blobs stay its own.
-    SetPublicRead {
+    /// Replace `key`'s entry by `amended`, the same object with another ACL or other tags
+    /// (PutObjectAcl, PutObjectTagging), if the name still points at `expected` (the same
+    /// entry, body and time and all: an overwrite since is never undone, else
+    /// `OperationAborted`). Its blobs stay its own: an amendment of the body is refused.
+    Amend {
         key: String,
         expected: Box<ObjectEntry>,
-        public_read: Option<bool>,
+        amended: Box<ObjectEntry>,
     },
 }
 
@@ -81,7 +82,7 @@ impl IndexChange {
         match self {
             IndexChange::Link { key, .. }
             | IndexChange::Touch { key }
-            | IndexChange::SetPublicRead { key, .. } => vec![key.clone()],
+            | IndexChange::Amend { key, .. } => vec![key.clone()],
             IndexChange::Unlink { keys } => keys.clone(),
         }
     }
@@ -348,8 +349,9 @@ async fn write_batch<H: Holder>(
     }
 }
 
-/// Why a `SetPublicRead` was refused: the name was written since its entry was read.
-pub const CHANGED_MEANWHILE: &str = "the object was written while its ACL was being set; try again";
+/// Why an `Amend` was refused: the name was written since its entry was read.
+pub const CHANGED_MEANWHILE: &str =
+    "the object was written while its ACL or tags were being set; try again";
 
 /// Applies one change to `record`; with whether it changed something. A refused change leaves
 /// `record` as it was; keys the record does not hold now are handed back.
@@ -365,7 +367,7 @@ fn apply<H: Holder>(
     // A change of one name goes elsewhere whole when this record does not hold the name.
     if let IndexChange::Link { key, .. }
     | IndexChange::Touch { key }
-    | IndexChange::SetPublicRead { key, .. } = change
+    | IndexChange::Amend { key, .. } = change
     {
         if let Err(why) = record.admits(key) {
             return Ok((Applied::Elsewhere(why, vec![key.clone()]), false));
@@ -405,19 +407,23 @@ fn apply<H: Holder>(
             false
         }
         IndexChange::Touch { .. } => true,
-        IndexChange::SetPublicRead {
+        IndexChange::Amend {
             key,
             expected,
-            public_read,
+            amended,
         } => {
             match record.objects().get(key) {
                 Some(now) if **now == **expected => {}
                 Some(_) => return Err(S3Error::OperationAborted(CHANGED_MEANWHILE.into())),
                 None => return Err(S3Error::NoSuchKey),
             }
-            let mut entry = (**expected).clone();
-            entry.public_read = *public_read;
+            if amended.body != expected.body {
+                return Err(S3Error::Internal(format!(
+                    "an amendment of {key} in {bucket} changed its body"
+                )));
+            }
             // The entry it replaces has the same body: nothing of it is garbage.
+            let entry = (**amended).clone().without_json();
             record.objects_mut().insert(key.clone(), Arc::new(entry));
             true
         }
@@ -455,10 +461,13 @@ mod tests {
     }
 
     fn set(expected: &ObjectEntry, public_read: Option<bool>) -> IndexChange {
-        IndexChange::SetPublicRead {
+        IndexChange::Amend {
             key: "k".into(),
             expected: Box::new(expected.clone()),
-            public_read,
+            amended: Box::new(ObjectEntry {
+                public_read,
+                ..expected.clone()
+            }),
         }
     }
 
@@ -478,6 +487,16 @@ mod tests {
         root.objects.insert("k".into(), Arc::new(newer.clone()));
         let refused = apply(&mut root, "bk", &set(&first, Some(false)), 0, 10);
         assert!(matches!(refused, Err(S3Error::OperationAborted(_))));
+        assert_eq!(**root.objects.get("k").unwrap(), newer);
+
+        // Another body is no amendment.
+        let other_body = IndexChange::Amend {
+            key: "k".into(),
+            expected: Box::new(newer.clone()),
+            amended: Box::new(entry("b3", 2)),
+        };
+        let refused = apply(&mut root, "bk", &other_body, 0, 10);
+        assert!(matches!(refused, Err(S3Error::Internal(_))));
         assert_eq!(**root.objects.get("k").unwrap(), newer);
 
         root.objects.remove("k");

@@ -41,6 +41,7 @@ mod sig_checks;
 mod signed_urls;
 mod stall;
 mod store;
+mod tagging;
 mod upload_checksum;
 mod upload_list;
 mod use_order;

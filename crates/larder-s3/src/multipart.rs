@@ -756,6 +756,7 @@ fn object_entry(
         checksum,
         headers: upload.headers,
         public_read: upload.public_read,
+        tags: upload.tags,
         json: Default::default(),
     }
 }
@@ -962,7 +963,7 @@ pub fn new_upload(
     key: String,
     content_type: Option<String>,
     (meta, headers): (Vec<(String, String)>, ObjectHeaders),
-    public_read: Option<bool>,
+    (public_read, tags): (Option<bool>, crate::tagging::Tags),
     checksum: Option<UploadChecksum>,
 ) -> Upload {
     Upload {
@@ -973,6 +974,7 @@ pub fn new_upload(
         meta: meta.into_iter().collect(),
         headers,
         public_read,
+        tags,
         checksum,
         parts: Default::default(),
         completing: None,
@@ -1060,7 +1062,13 @@ mod tests {
 
     #[test]
     fn parts_must_ascend_exist_match_and_be_large_enough() {
-        let mut upload = new_upload("k".into(), None, Default::default(), None, None);
+        let mut upload = new_upload(
+            "k".into(),
+            None,
+            Default::default(),
+            Default::default(),
+            None,
+        );
         for (n, size) in [(1, MIN_PART_SIZE), (2, 1), (3, 1)] {
             upload.parts.insert(
                 n,

@@ -21,6 +21,7 @@ use crate::index_tree::{Holder, IndexTree, Target};
 use crate::records::{BucketIndex, Catalog, Garbage, Leaf, ObjectEntry, CATALOG_DOC};
 use crate::service::{now_ms, Larder};
 use crate::store::{Change, Records};
+use crate::tagging::Tags;
 
 /// Points `key` at `entry` if `conditions` (`If-None-Match: *`, `If-Match`) hold for what the
 /// name points at now, decided at the primary of the index record holding the name (with
@@ -50,17 +51,46 @@ pub async fn set_public_read(
     key: &str,
     public_read: Option<bool>,
 ) -> Result<(), S3Error> {
+    amend(s3, (bucket, key), |entry| {
+        (entry.public_read != public_read).then(|| ObjectEntry {
+            public_read,
+            ..entry.clone()
+        })
+    })
+    .await
+}
+
+/// Gives the object `key` of `bucket` the tags `tags` (PutObjectTagging, DeleteObjectTagging),
+/// as `set_public_read` its ACL.
+pub async fn set_tags(s3: &Larder, bucket: &str, key: &str, tags: Tags) -> Result<(), S3Error> {
+    amend(s3, (bucket, key), |entry| {
+        (entry.tags != tags).then(|| ObjectEntry {
+            tags: tags.clone(),
+            ..entry.clone()
+        })
+    })
+    .await
+}
+
+/// Replaces the entry of `key` by what `amended` makes of it (`None`: it is as wanted), if
+/// nothing wrote the name meanwhile (`IndexChange::Amend`; read again and retried, four tries,
+/// then 409 `OperationAborted`).
+async fn amend(
+    s3: &Larder,
+    (bucket, key): (&str, &str),
+    amended: impl Fn(&ObjectEntry) -> Option<ObjectEntry>,
+) -> Result<(), S3Error> {
     let mut tries = 0;
     loop {
         tries += 1;
         let entry = s3.entry(bucket, key).await?;
-        if entry.public_read == public_read {
+        let Some(amended) = amended(&entry) else {
             return Ok(());
-        }
-        let change = || IndexChange::SetPublicRead {
+        };
+        let change = || IndexChange::Amend {
             key: key.to_owned(),
             expected: Box::new(entry.clone()),
-            public_read,
+            amended: Box::new(amended.clone()),
         };
         match change_name(s3, bucket, key, change)
             .await

@@ -373,6 +373,9 @@ pub struct ObjectEntry {
     /// Its own canned ACL's say on anonymous reads; `None`: as its bucket's (`acl.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_read: Option<bool>,
+    /// Its tags (`tagging.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
     /// The entry's JSON once an index record holding it was written (never part of it).
     #[serde(skip)]
     pub json: EntryJson,
@@ -473,7 +476,9 @@ impl ObjectEntry {
         .map(text)
         .sum();
         let checksum = self.checksum.as_ref().map_or(0, |c| c.value.len() + 48);
-        96 + pieces + self.etag.len() + text(&self.content_type) + meta + headers + checksum
+        let tags: usize = self.tags.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+        let described = text(&self.content_type) + meta + headers + checksum + tags;
+        96 + pieces + self.etag.len() + described
     }
 }
 
@@ -501,6 +506,9 @@ pub struct Upload {
     /// The object's canned ACL's say on anonymous reads (`acl.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_read: Option<bool>,
+    /// The object's tags (`tagging.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
     /// The additional checksum its parts carry, and how they make the object's
     /// (`upload_checksum.rs`); `None`: none asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1121,6 +1129,7 @@ mod tests {
             // Any string, quotes, escapes and control characters included: entries' JSON is
             // made once and copied, so what is copied must be what the fields make.
             garbage in proptest::collection::vec((any::<String>(), any::<u64>()), 0..6),
+            tags in proptest::collection::btree_map(any::<String>(), any::<String>(), 0..3),
         ) {
             let mut index = BucketIndex { v: FORMAT, ..Default::default() };
             index.garbage = garbage.into_iter().map(|(blob, after)| Garbage::new(blob, after)).collect();
@@ -1128,7 +1137,8 @@ mod tests {
                 index.objects.insert(name, Arc::new(ObjectEntry {
                     body: vec![Piece { blob: "b".into(), size: 1 }], size: 1, etag: "\"e\"".into(), modified_ms: 2,
                     content_type: None, meta: BTreeMap::new(), checksum: None,
-                    headers: Default::default(), public_read, json: Default::default(),
+                    headers: Default::default(), public_read, tags: tags.clone(),
+                    json: Default::default(),
                 }));
             }
             let first = index.encode();

@@ -658,12 +658,7 @@ impl S3 for Larder {
         req: S3Request<PutObjectAclInput>,
     ) -> S3Result<S3Response<PutObjectAclOutput>> {
         let input = req.input;
-        if input.version_id.as_deref().is_some_and(|v| v != "null") {
-            return Err(s3s::s3_error!(
-                NoSuchVersion,
-                "Larder keeps one version of an object"
-            ));
-        }
+        one_version(input.version_id.as_deref())?;
         let grants_given = input.access_control_policy.is_some()
             || input.grant_full_control.is_some()
             || input.grant_read.is_some()
@@ -679,6 +674,49 @@ impl S3 for Larder {
         let public = acl::object_public(input.acl.as_ref(), grants_given)?;
         crate::objects::set_public_read(self, &input.bucket, &input.key, public).await?;
         Ok(S3Response::new(PutObjectAclOutput::default()))
+    }
+
+    /// The object's tags (`tagging.rs`); a version ID other than `null` names no version here.
+    async fn get_object_tagging(
+        &self,
+        req: S3Request<GetObjectTaggingInput>,
+    ) -> S3Result<S3Response<GetObjectTaggingOutput>> {
+        let input = req.input;
+        one_version(input.version_id.as_deref())?;
+        let entry = self.entry(&input.bucket, &input.key).await?;
+        let output = GetObjectTaggingOutput {
+            tag_set: crate::tagging::to_tag_set(&entry.tags),
+            version_id: None,
+        };
+        Ok(S3Response::new(output))
+    }
+
+    /// Replaces the object's tags with the tag set sent (checked whole first: `tagging.rs`),
+    /// in place, as PutObjectAcl sets its ACL: the object's bytes, ETag and time stay.
+    async fn put_object_tagging(
+        &self,
+        req: S3Request<PutObjectTaggingInput>,
+    ) -> S3Result<S3Response<PutObjectTaggingOutput>> {
+        let input = req.input;
+        one_version(input.version_id.as_deref())?;
+        let tags = crate::tagging::from_tag_set(&input.tagging.tag_set)?;
+        crate::objects::set_tags(self, &input.bucket, &input.key, tags).await?;
+        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+    }
+
+    /// Takes every tag off the object (204).
+    async fn delete_object_tagging(
+        &self,
+        req: S3Request<DeleteObjectTaggingInput>,
+    ) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
+        let input = req.input;
+        one_version(input.version_id.as_deref())?;
+        crate::objects::set_tags(self, &input.bucket, &input.key, Default::default()).await?;
+        let output = DeleteObjectTaggingOutput::default();
+        Ok(S3Response::with_status(
+            output,
+            http::StatusCode::NO_CONTENT,
+        ))
     }
 
     async fn list_buckets(
@@ -743,6 +781,7 @@ impl S3 for Larder {
         object_headers::check_metadata(&meta)?;
         let headers = object_headers::stored(&given_headers!(input))?;
         let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
+        let tags = given_tags(input.tagging.as_deref())?;
         let conditions =
             WriteConditions::new(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         let requested = Requested::from_headers(&req.headers)?;
@@ -804,6 +843,7 @@ impl S3 for Larder {
             checksum: checksum.clone(),
             headers,
             public_read,
+            tags,
             json: Default::default(),
         };
         let tag = entry.etag.clone();
@@ -856,6 +896,7 @@ impl S3 for Larder {
             e_tag: Some(etag(&entry)),
             last_modified: Some(timestamp(entry.modified_ms)),
             metadata: Some(entry.meta.clone().into_iter().collect()),
+            tag_count: crate::tagging::count(&entry.tags),
             ..Default::default()
         };
         object_headers::answer_headers!(output, &entry.headers, input);
@@ -988,6 +1029,7 @@ impl S3 for Larder {
         object_headers::check_metadata(&meta)?;
         let headers = object_headers::stored(&given_headers!(input))?;
         let public_read = acl::object_public(input.acl.as_ref(), object_grants!(input))?;
+        let tags = given_tags(input.tagging.as_deref())?;
         let checksum = UploadChecksum::requested(
             input.checksum_algorithm.as_ref().map(|a| a.as_str()),
             input.checksum_type.as_ref().map(|t| t.as_str()),
@@ -996,7 +1038,7 @@ impl S3 for Larder {
             input.key.clone(),
             input.content_type,
             (meta, headers),
-            public_read,
+            (public_read, tags),
             checksum,
         );
         let id = multipart::create(self, &input.bucket, upload).await?;
@@ -1389,8 +1431,23 @@ impl S3 for Larder {
             )
             .into());
         }
+        let replace_tags = match input.tagging_directive.as_ref().map(|d| d.as_str()) {
+            None | Some(TaggingDirective::COPY) => false,
+            Some(TaggingDirective::REPLACE) => true,
+            Some(other) => {
+                return Err(S3Error::InvalidArgument(format!(
+                    "Unknown tagging directive {other:?}: COPY or REPLACE"
+                ))
+                .into())
+            }
+        };
+        let given = match replace_tags {
+            true => Some(given_tags(input.tagging.as_deref())?),
+            false => None,
+        };
         let source = copy_source::read(self, credentials, (&bucket, &key), conditions).await?;
         self.index(&input.bucket).await?;
+        let tags = given.unwrap_or_else(|| source.tags.clone());
         let (content_type, meta, headers) = match replace {
             true => {
                 let meta = lower_case(input.metadata.clone());
@@ -1427,6 +1484,7 @@ impl S3 for Larder {
             checksum: source.checksum.clone(),
             headers,
             public_read,
+            tags,
             json: Default::default(),
         };
         let modified = entry.modified_ms;
@@ -1557,6 +1615,23 @@ macro_rules! any_override {
     };
 }
 use any_override;
+
+/// A version ID other than `null`: 404 `NoSuchVersion` (Larder keeps one version of an
+/// object).
+fn one_version(version_id: Option<&str>) -> S3Result<()> {
+    match version_id.is_some_and(|v| v != "null") {
+        true => Err(s3s::s3_error!(
+            NoSuchVersion,
+            "Larder keeps one version of an object"
+        )),
+        false => Ok(()),
+    }
+}
+
+/// The tags of an `x-amz-tagging` header, if one was sent (`tagging.rs`).
+fn given_tags(header: Option<&str>) -> S3Result<crate::tagging::Tags> {
+    header.map_or(Ok(Default::default()), crate::tagging::from_header)
+}
 
 /// `x-amz-meta-*` names as S3 returns them: lower-case.
 fn lower_case(meta: Option<Metadata>) -> Vec<(String, String)> {

@@ -160,6 +160,11 @@ fn canned_acls_open_and_close_buckets_and_single_objects_to_anonymous_reads() {
 }
 
 #[test]
+fn objects_carry_tags_through_puts_copies_and_uploads_within_s3s_rules() {
+    run_owner_script("object_tagging.py");
+}
+
+#[test]
 fn a_revoked_key_is_refused_and_keys_are_listed_without_secrets() {
     let (cluster, endpoint) = s3_cluster();
     let (id, secret) = create_key(&cluster, &["*:owner"]);

@@ -19,8 +19,6 @@ const NOT_LARDER: &[(&str, &str)] = &[
     // STS AssumeRole: Larder's keys are made with `larder s3 key create`; there is no STS
     // endpoint, role or session token.
     ("Advanced/STS/test_assume_role", "no STS"),
-    // Object tagging (Put/Get/DeleteObjectTagging): not part of issue 18's operation set.
-    ("Advanced/Tagging/test_object_tagging", "no object tagging"),
 ];
 
 /// The tool, or `None` (with a message) when it is not installed and may be missing.
