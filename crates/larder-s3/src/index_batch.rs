@@ -200,17 +200,8 @@ impl IndexBatches {
                 Target::Leaf(_) => write_batch::<Leaf>(&records, &place, batch, bounds).await,
             };
             if let (Due::Merge, Target::Leaf(id)) = (due, target) {
-                let (tree, records) = (self.tree.clone(), records.clone());
-                let (bucket, id) = (bucket.clone(), id.clone());
-                tokio::spawn(async move {
-                    match tree.merge(&records, &bucket, &id).await {
-                        // Deleted meanwhile: its leaves went with it.
-                        Ok(_) | Err(S3Error::NoSuchBucket) => {}
-                        Err(err) => {
-                            tracing::warn!(%err, bucket, leaf = id, "an index merge failed; the next write or listing there tries again")
-                        }
-                    }
-                });
+                // After the writes before it, one at a time (`index_tree/merge_queue.rs`).
+                self.tree.merge_later(&records, bucket, id);
             }
             if due == Due::Split {
                 // Beside the writes, not between them: changes below the split point go on.

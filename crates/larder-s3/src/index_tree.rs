@@ -49,6 +49,7 @@ use crate::service::now_ms;
 use crate::store::{Change, Kept, Records};
 
 mod merge;
+mod merge_queue;
 mod stubs;
 
 use merge::few_names;
@@ -296,6 +297,8 @@ pub struct IndexTree {
     /// Names a leaf holds at most to be merged into its left neighbour (`merge.rs`).
     pub merge_entries: usize,
     hints: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
+    /// Leaves this frontend is to merge, one after another (`merge_queue.rs`).
+    queue: merge_queue::MergeQueue,
     /// Records this frontend is splitting or merging now (one at a time per record).
     restructuring: Mutex<HashSet<String>>,
     /// Leaves merged into the leaf on their left by this frontend (`merge`).
@@ -330,6 +333,7 @@ impl IndexTree {
             leaf_entries,
             merge_entries,
             hints: Mutex::default(),
+            queue: Default::default(),
             restructuring: Mutex::default(),
             merged: Counter::default(),
             max_held_garbage,

@@ -180,20 +180,11 @@ impl IndexTree {
         }
     }
 
-    /// Merges `ids` (leaves a listing walked that are worth it) one after another, in a task of
-    /// its own.
+    /// Queues the merges of `ids` (leaves a listing walked that are worth it; `merge_queue.rs`).
     pub fn merge_soon(self: &Arc<Self>, records: &Arc<Records>, bucket: &str, ids: Vec<String>) {
-        if ids.is_empty() {
-            return;
+        for id in ids.into_iter().take(MERGES_PER_PAGE) {
+            self.merge_later(records, bucket, &id);
         }
-        let (tree, records, bucket) = (self.clone(), records.clone(), bucket.to_owned());
-        tokio::spawn(async move {
-            for id in ids.into_iter().take(MERGES_PER_PAGE) {
-                if let Err(err) = tree.merge(&records, &bucket, &id).await {
-                    tracing::debug!(%err, bucket, leaf = id, "an index merge failed; the next finder tries again");
-                }
-            }
-        });
     }
 
     async fn merge_one(&self, records: &Records, bucket: &str, id: &str) -> Result<Step, S3Error> {
