@@ -40,8 +40,8 @@
 //! Who merges: the frontend whose delete left a leaf with few names (`index_batch.rs`), a
 //! listing that walked one (next to a left neighbour with room, or empty: for those left by a
 //! merge that did not finish, or by builds before merges), both through the frontend's merge
-//! queue (`merge_queue.rs`: one task, one merge at a time, after the writes that asked for
-//! them), and a change that finds a merge under way (its merger may be gone), at once. Stubs are listed before the seal and removed after
+//! queue (`merge_queue.rs`: a few tasks, one merge at a time each, after the writes that asked
+//! for them), and a change that finds a merge under way (its merger may be gone), at once. Stubs are listed before the seal and removed after
 //! `[s3] merged_leaf_grace`, or with their bucket (`stubs.rs`).
 //!
 //! Builds before merges with names refuse format 5 (its `names` flag too), so none of them
