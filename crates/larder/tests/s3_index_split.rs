@@ -312,6 +312,38 @@ fn delete_bucket_of_a_split_bucket_races_puts_linearizably() {
     }
 }
 
+/// Two writers racing the merges in `bucket`: each PUTs `rounds` names of its own
+/// (`name(writer, round)`), reads each back at once, and deletes those of even rounds again.
+/// What each saw wrong (every answer must be as if no merge were under way).
+fn race_merges(
+    signer: &Arc<Signer>,
+    bucket: &'static str,
+    rounds: usize,
+    name: fn(usize, usize) -> String,
+) -> Vec<Vec<String>> {
+    let s = signer.clone();
+    at_once(2, move |t| {
+        let mut wrong = Vec::new();
+        for round in 0..rounds {
+            let key = name(t, round);
+            let put = s.call("PUT", bucket, &key);
+            let got = s.call("GET", bucket, &key);
+            let body = format!("body of {key}").into_bytes();
+            if put.status != 200 || got.status != 200 || got.body != body {
+                let why = String::from_utf8_lossy(&put.body).into_owned();
+                wrong.push(format!(
+                    "{key}: PUT {} GET {} {why}",
+                    put.status, got.status
+                ));
+            }
+            if round % 2 == 0 && s.status("DELETE", bucket, &key) != 204 {
+                wrong.push(format!("{key}: DELETE"));
+            }
+        }
+        wrong
+    })
+}
+
 /// The frontend's count of index leaves merged.
 fn merged(cluster: &Cluster) -> u64 {
     metric(cluster, "larder_frontend_s3_index_leaves_merged_total")
@@ -378,27 +410,9 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
     });
     // Racing them: names of their own in the emptied range, each PUT then read back at once,
     // then deleted again (each must answer as if no merge were under way).
-    let s = signer.clone();
-    let racing = at_once(2, move |t| {
-        let mut wrong = Vec::new();
-        for round in 0..40 {
-            let key = format!("m/{:04}x{t}", 20 + (round * 37 + t * 101) % (MANY - 40));
-            let put = s.call("PUT", "merge", &key);
-            let got = s.call("GET", "merge", &key);
-            let body = format!("body of {key}").into_bytes();
-            if put.status != 200 || got.status != 200 || got.body != body {
-                let why = String::from_utf8_lossy(&put.body).into_owned();
-                wrong.push(format!(
-                    "{key}: PUT {} GET {} {why}",
-                    put.status, got.status
-                ));
-            }
-            if round % 2 == 0 && s.status("DELETE", "merge", &key) != 204 {
-                wrong.push(format!("{key}: DELETE"));
-            }
-        }
-        wrong
-    });
+    let racer =
+        |t: usize, round: usize| format!("m/{:04}x{t}", 20 + (round * 37 + t * 101) % (MANY - 40));
+    let racing = race_merges(&signer, "merge", 40, racer);
     assert!(deletes.join().unwrap(), "every DELETE answered 204");
     let wrong: Vec<String> = racing.into_iter().flatten().collect();
     assert!(wrong.is_empty(), "{wrong:?}");
@@ -406,14 +420,7 @@ fn leaves_emptied_by_deletes_are_merged_while_writes_race_them() {
     // What is left: the kept names and the racers' odd rounds. Merges follow the deletes
     // (and listings merge the empty leaves they walk), until one page holds everything.
     let mut expected: BTreeSet<String> = kept.iter().map(|&i| many(i)).collect();
-    for t in 0..2 {
-        for round in (1..40).step_by(2) {
-            expected.insert(format!(
-                "m/{:04}x{t}",
-                20 + (round * 37 + t * 101) % (MANY - 40)
-            ));
-        }
-    }
+    expected.extend((0..2).flat_map(|t| (1..40).step_by(2).map(move |r| racer(t, r))));
     let expected: Vec<String> = expected.into_iter().collect();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -711,25 +718,7 @@ fn leaves_thinned_by_deletes_are_merged_with_their_names() {
         .all(|ok| ok)
     });
     let racer = |t: usize, round: usize| format!("t/{:03}y{t}", (round * 37 + t * 101) % MANY);
-    let s = signer.clone();
-    let racing = at_once(2, move |t| {
-        let mut wrong = Vec::new();
-        for round in 0..20 {
-            let key = racer(t, round);
-            let put = s.call("PUT", "thin", &key);
-            let got = s.call("GET", "thin", &key);
-            if put.status != 200
-                || got.status != 200
-                || got.body != format!("body of {key}").into_bytes()
-            {
-                wrong.push(format!("{key}: PUT {} GET {}", put.status, got.status));
-            }
-            if round % 2 == 0 && s.status("DELETE", "thin", &key) != 204 {
-                wrong.push(format!("{key}: DELETE"));
-            }
-        }
-        wrong
-    });
+    let racing = race_merges(&signer, "thin", 20, racer);
     assert!(deletes.join().unwrap(), "every DELETE answered 204");
     let wrong: Vec<String> = racing.into_iter().flatten().collect();
     assert!(wrong.is_empty(), "{wrong:?}");

@@ -7,19 +7,10 @@ Usage: object_tagging.py ENDPOINT KEY_ID SECRET
 Every check asserts; the first failure exits non-zero with its message.
 """
 
-import sys
-
-import boto3
-from botocore import UNSIGNED
-from botocore.config import Config
-
-from s3test import client_from_argv, error_of, step
+from s3test import anonymous_from_argv, client_from_argv, error_of, step
 
 s3 = client_from_argv()
-anonymous = boto3.client(
-    "s3", endpoint_url=sys.argv[1], region_name="us-east-1",
-    config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"},
-                  retries={"max_attempts": 1}))
+anonymous = anonymous_from_argv()
 
 
 def tags_of(key, bucket="tags"):
