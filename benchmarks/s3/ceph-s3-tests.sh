@@ -7,6 +7,8 @@
 #
 # LARDER: the binary (default target/release/larder, built if missing). OUT: where the run's
 # files go (default a fresh temporary directory): run.xml (JUnit), failed.txt, larder.log.
+# GROUP=tagging runs the object tagging cases instead (those that need no bucket policy,
+# lifecycle, versioning or browser POST upload).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -66,6 +68,10 @@ M='not (fails_on_aws or bucket_policy or bucket_encryption or bucket_logging or 
 K='not (acl or policy or lifecycle or logging or cors or post_object or versioning or versioned or lock
   or encrypt or sse or website or tagging or ownership or public_access or block_public or torrent
   or restore or cloud or s3select or notification or replication or storage_class or test_sts or _iam)'
+if [ "${GROUP:-}" = tagging ]; then
+  M='tagging and not (fails_on_aws or bucket_policy or lifecycle or lifecycle_expiration or versioning)'
+  K='not (policy or lifecycle or post_object or versioned or bucket_tagging or set_bucket_tagging)'
+fi
 cd "$S3_TESTS"
 export S3TEST_CONF=$conf
 set +e

@@ -944,7 +944,12 @@ impl S3 for Larder {
             set_checksum!(output, checksum);
             output.checksum_type = Some(kind);
         }
-        Ok(S3Response::with_status(output, status))
+        let mut answer = S3Response::with_status(output, status);
+        // As GetObject answers it (s3s's HeadObject output has no field for it).
+        if let Some(count) = crate::tagging::count(&entry.tags) {
+            answer.headers.insert("x-amz-tagging-count", count.into());
+        }
+        Ok(answer)
     }
 
     async fn get_object_attributes(

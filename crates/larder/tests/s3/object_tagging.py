@@ -1,7 +1,8 @@
 """Object tags: PutObjectTagging, GetObjectTagging and DeleteObjectTagging; tags given with
 PutObject, CopyObject (COPY and REPLACE) and multipart uploads (`x-amz-tagging`); their count
-on GetObject; tags that break S3's rules refused with InvalidTag and nothing changed; an
-overwrite drops the old object's tags; the object's bytes, ETag and time untouched by tagging.
+on GetObject and HeadObject; tags that break S3's rules refused with InvalidTag and nothing
+changed; an overwrite drops the old object's tags; the object's bytes, ETag and time
+untouched by tagging; anonymous readers of a public bucket see no tags.
 
 Usage: object_tagging.py ENDPOINT KEY_ID SECRET
 Every check asserts; the first failure exits non-zero with its message.
@@ -36,6 +37,8 @@ s3.put_object_tagging(Bucket="tags", Key="k", Tagging=tag_set(wanted))
 assert tags_of("k") == wanted, tags_of("k")
 got = s3.get_object(Bucket="tags", Key="k")
 assert got["TagCount"] == 4, got.get("TagCount")
+head = s3.head_object(Bucket="tags", Key="k")["ResponseMetadata"]["HTTPHeaders"]
+assert head["x-amz-tagging-count"] == "4", head
 assert got["Body"].read() == b"tagged body"
 after = s3.head_object(Bucket="tags", Key="k")
 for field in ("ETag", "LastModified", "ContentLength"):
