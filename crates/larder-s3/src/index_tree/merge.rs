@@ -41,8 +41,9 @@
 //! listing that walked one (next to a left neighbour with room, or empty: for those left by a
 //! merge that did not finish, or by builds before merges), both through the frontend's merge
 //! queue (`merge_queue.rs`: a few tasks, one merge at a time each, after the writes that asked
-//! for them), and a change that finds a merge under way (its merger may be gone), at once. Stubs are listed before the seal and removed after
-//! `[s3] merged_leaf_grace`, or with their bucket (`stubs.rs`).
+//! for them), and a change that finds a merge under way (its merger may be gone), at once.
+//! Stubs are listed before the seal and removed after `[s3] merged_leaf_grace`, or with their
+//! bucket (`stubs.rs`).
 //!
 //! Builds before merges with names refuse format 5 (its `names` flag too), so none of them
 //! finishes such a merge without moving the names: where they meet such a leaf (during a
@@ -84,8 +85,7 @@ pub(super) fn few_names(leaf_entries: usize) -> usize {
 #[derive(Debug, PartialEq, Eq)]
 enum Step {
     /// Its range is its left neighbour's (or it is not to be merged: it holds too many names,
-    /// its left neighbour has no room for them, it is
-    /// gone, it is the first leaf).
+    /// its left neighbour has no room for them, it is gone, it is the first leaf).
     Done,
     /// The leaf ending at it is being merged too: that merge goes first.
     Blocked(String),
@@ -127,8 +127,8 @@ impl IndexTree {
     }
 
     /// Merges the leaf `id` of `bucket` into the leaf on its left if it holds few names, or
-    /// finishes its merge (see the module's comment). True when its range is its left neighbour's now, or it is
-    /// no leaf to merge; false when that has to wait.
+    /// finishes its merge (see the module's comment). True when its range is its left
+    /// neighbour's now, or it is no leaf to merge; false when that has to wait.
     pub async fn merge(&self, records: &Records, bucket: &str, id: &str) -> Result<bool, S3Error> {
         let mut pending = vec![id.to_owned()];
         // Whether `id` was dropped from `pending`: then its merge is not known to be done.
