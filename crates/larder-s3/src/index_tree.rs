@@ -117,8 +117,8 @@ pub trait Holder: Record {
     fn objects_mut(&mut self) -> &mut Objects;
     fn garbage_mut(&mut self) -> &mut Vec<Garbage>;
     fn splitting(&self) -> Option<&Split>;
-    /// Whether this record is a leaf of at most `few` names (`IndexTree::few_names`) to merge
-    /// into the leaf on its left now.
+    /// Whether this record is a leaf of at most `few` names (`IndexTree::merge_entries`) to
+    /// merge into the leaf on its left now.
     fn merge_due(&self, _few: usize) -> bool {
         false
     }

@@ -13,8 +13,9 @@
 //! A merge that cannot go on (its left neighbour is being merged, split or sealed) settles
 //! that first, as before (`IndexTree::merge`).
 //!
-//! The queue is bounded: past `MAX_QUEUED` a leaf is not queued, and the next delete or
-//! listing that finds it thin queues it again. A leaf already queued is not queued twice.
+//! The queue is bounded: past `MAX_QUEUED` a leaf is not queued, and the next listing that
+//! walks it (or delete that empties it) queues it again. A leaf already queued is not queued
+//! twice.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
