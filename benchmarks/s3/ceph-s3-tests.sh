@@ -7,7 +7,7 @@
 #
 # LARDER: the binary (default target/release/larder, built if missing). OUT: where the run's
 # files go (default a fresh temporary directory): run.xml (JUnit), failed.txt, larder.log.
-# GROUP=tagging runs the object tagging cases instead (those that need no bucket policy,
+# GROUP=tagging runs the object and bucket tagging cases instead (those that need no bucket policy,
 # lifecycle, versioning or browser POST upload).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,7 +70,7 @@ K='not (acl or policy or lifecycle or logging or cors or post_object or versioni
   or restore or cloud or s3select or notification or replication or storage_class or test_sts or _iam)'
 if [ "${GROUP:-}" = tagging ]; then
   M='tagging and not (fails_on_aws or bucket_policy or lifecycle or lifecycle_expiration or versioning)'
-  K='not (policy or lifecycle or post_object or versioned or bucket_tagging or set_bucket_tagging)'
+  K='not (policy or lifecycle or post_object or versioned)'
 fi
 cd "$S3_TESTS"
 export S3TEST_CONF=$conf

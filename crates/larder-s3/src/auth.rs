@@ -98,13 +98,18 @@ impl S3Auth for Gate {
 /// What an operation needs in its bucket.
 fn needs(operation: &str) -> Permission {
     match operation {
-        "CreateBucket" | "DeleteBucket" | "PutBucketAcl" => Permission::Owner,
+        "CreateBucket"
+        | "DeleteBucket"
+        | "PutBucketAcl"
+        | "PutBucketTagging"
+        | "DeleteBucketTagging" => Permission::Owner,
         "GetObject"
         | "HeadObject"
         | "GetObjectAttributes"
         | "GetObjectAcl"
         | "GetObjectTagging"
         | "GetBucketAcl"
+        | "GetBucketTagging"
         | "HeadBucket"
         | "ListObjects"
         | "ListObjectsV2"
@@ -216,5 +221,8 @@ mod tests {
         assert_eq!(needs("PutObject"), Permission::Write);
         assert_eq!(needs("DeleteObject"), Permission::Write);
         assert_eq!(needs("DeleteBucket"), Permission::Owner);
+        assert_eq!(needs("GetBucketTagging"), Permission::Read);
+        assert_eq!(needs("PutBucketTagging"), Permission::Owner);
+        assert_eq!(needs("DeleteBucketTagging"), Permission::Owner);
     }
 }

@@ -166,6 +166,7 @@ impl Cacheable for BucketIndex {
             objects: kept_entries(&self.objects, keep),
             garbage: kept_garbage(&self.garbage, keep),
             public_read: self.public_read,
+            tags: self.tags.clone(),
             leaves: self.leaves.clone(),
             splitting: self.splitting.clone(),
             deleting: self.deleting.clone(),

@@ -113,6 +113,10 @@ pub struct BucketIndex {
     /// canned ACL `public-read` (`private` turns it off).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public_read: bool,
+    /// The bucket's tags (PutBucketTagging; `tagging.rs`). Builds before bucket tags refuse a
+    /// root that has them (this record denies unknown fields).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: crate::tagging::Tags,
     /// Once split: the first key each leaf covers → the leaf's ID. A routing hint only: a
     /// leaf's first key never changes and leaves never merge, so starting from any leaf that
     /// begins at or before a key and following `right` links finds the key's leaf.
@@ -1131,7 +1135,7 @@ mod tests {
             garbage in proptest::collection::vec((any::<String>(), any::<u64>()), 0..6),
             tags in proptest::collection::btree_map(any::<String>(), any::<String>(), 0..3),
         ) {
-            let mut index = BucketIndex { v: FORMAT, ..Default::default() };
+            let mut index = BucketIndex { v: FORMAT, tags: tags.clone(), ..Default::default() };
             index.garbage = garbage.into_iter().map(|(blob, after)| Garbage::new(blob, after)).collect();
             for name in names {
                 index.objects.insert(name, Arc::new(ObjectEntry {

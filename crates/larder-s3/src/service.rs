@@ -154,6 +154,22 @@ impl Larder {
         self.tree.root(&self.records, bucket).await
     }
 
+    /// Replaces the bucket's tags, in its root record at the record's primary (as
+    /// PutBucketAcl sets `public_read`); nothing is written when they are the same.
+    async fn set_bucket_tags(&self, bucket: &str, tags: crate::tagging::Tags) -> S3Result<()> {
+        self.records
+            .update(&bucket_doc(bucket), |index: Option<BucketIndex>| {
+                let mut index = index.ok_or(S3Error::NoSuchBucket)?;
+                if index.tags == tags {
+                    return Ok((Change::Keep, ()));
+                }
+                index.tags = tags.clone();
+                Ok((Change::Put(index), ()))
+            })
+            .await?;
+        Ok(())
+    }
+
     /// What `key` names now, from a quorum.
     pub(crate) async fn current(
         &self,
@@ -634,6 +650,46 @@ impl S3 for Larder {
         Ok(S3Response::new(output))
     }
 
+    /// The bucket's tags; 404 `NoSuchTagSet` when it has none, as S3 answers.
+    async fn get_bucket_tagging(
+        &self,
+        req: S3Request<GetBucketTaggingInput>,
+    ) -> S3Result<S3Response<GetBucketTaggingOutput>> {
+        let index = self.index(&req.input.bucket).await?;
+        if index.tags.is_empty() {
+            return Err(s3s::s3_error!(NoSuchTagSet, "The TagSet does not exist"));
+        }
+        let output = GetBucketTaggingOutput {
+            tag_set: crate::tagging::to_tag_set(&index.tags),
+        };
+        Ok(S3Response::new(output))
+    }
+
+    /// Replaces the bucket's tags with the tag set sent, checked whole first (`tagging.rs`).
+    async fn put_bucket_tagging(
+        &self,
+        req: S3Request<PutBucketTaggingInput>,
+    ) -> S3Result<S3Response<PutBucketTaggingOutput>> {
+        let input = req.input;
+        let tags = crate::tagging::from_tag_set(&input.tagging.tag_set, crate::tagging::BUCKET)?;
+        self.set_bucket_tags(&input.bucket, tags).await?;
+        Ok(S3Response::new(PutBucketTaggingOutput::default()))
+    }
+
+    /// Takes every tag off the bucket (204).
+    async fn delete_bucket_tagging(
+        &self,
+        req: S3Request<DeleteBucketTaggingInput>,
+    ) -> S3Result<S3Response<DeleteBucketTaggingOutput>> {
+        self.set_bucket_tags(&req.input.bucket, Default::default())
+            .await?;
+        let output = DeleteBucketTaggingOutput::default();
+        Ok(S3Response::with_status(
+            output,
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
     async fn get_object_acl(
         &self,
         req: S3Request<GetObjectAclInput>,
@@ -699,7 +755,7 @@ impl S3 for Larder {
     ) -> S3Result<S3Response<PutObjectTaggingOutput>> {
         let input = req.input;
         one_version(input.version_id.as_deref())?;
-        let tags = crate::tagging::from_tag_set(&input.tagging.tag_set)?;
+        let tags = crate::tagging::from_tag_set(&input.tagging.tag_set, crate::tagging::OBJECT)?;
         crate::objects::set_tags(self, &input.bucket, &input.key, tags).await?;
         Ok(S3Response::new(PutObjectTaggingOutput::default()))
     }

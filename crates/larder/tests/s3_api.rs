@@ -160,7 +160,7 @@ fn canned_acls_open_and_close_buckets_and_single_objects_to_anonymous_reads() {
 }
 
 #[test]
-fn objects_carry_tags_through_puts_copies_and_uploads_within_s3s_rules() {
+fn objects_and_buckets_carry_tags_through_puts_copies_and_uploads_within_s3s_rules() {
     run_owner_script("object_tagging.py");
 }
 

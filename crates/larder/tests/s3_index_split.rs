@@ -180,11 +180,40 @@ fn fill(signer: &Arc<Signer>, bucket: &'static str) {
     assert!(failed.is_empty(), "{failed:?}");
 }
 
+/// PutBucketTagging with `tags` (XML through curl): the status.
+fn tag_bucket(signer: &Signer, bucket: &str, tags: &[(&str, &str)]) -> u16 {
+    let set: String = tags
+        .iter()
+        .map(|(k, v)| format!("<Tag><Key>{k}</Key><Value>{v}</Value></Tag>"))
+        .collect();
+    let xml = format!("<Tagging><TagSet>{set}</TagSet></Tagging>");
+    let url = signer.url("PUT", bucket, "", &[("tagging", "")]);
+    common::curl(&signer.dir, &["-X", "PUT", "--data-binary", &xml, &url]).status
+}
+
+/// GetBucketTagging: the status and the body.
+fn bucket_tags(signer: &Signer, bucket: &str) -> (u16, String) {
+    let url = signer.url("GET", bucket, "", &[("tagging", "")]);
+    let answer = common::curl(&signer.dir, &[&url]);
+    (answer.status, String::from_utf8(answer.body).unwrap())
+}
+
 #[test]
 fn a_split_index_lists_reads_and_deletes_like_one_record() {
-    let (_cluster, signer) = start();
+    let (cluster, signer) = start();
     assert_eq!(signer.status("PUT", "big", ""), 200);
+    // The bucket's tags live in its root, which every write rewrites until it splits.
+    assert_eq!(tag_bucket(&signer, "big", &[("team", "storage")]), 200);
     fill(&signer, "big");
+    let root = record(&cluster, "larder-s3:bucket:big").expect("a root");
+    assert!(root["leaves"].as_object().is_some_and(|l| l.len() > 1));
+    assert_eq!(root["tags"]["team"], "storage", "{root}");
+    let (status, tags) = bucket_tags(&signer, "big");
+    assert_eq!(status, 200, "{tags}");
+    assert!(
+        tags.contains("<Key>team</Key><Value>storage</Value>"),
+        "{tags}"
+    );
 
     // Listings across leaves: whole, in small pages, by prefix, folded by a delimiter.
     let all: Vec<String> = (0..NAMES)
@@ -252,6 +281,9 @@ fn a_split_index_lists_reads_and_deletes_like_one_record() {
     assert_eq!(signer.status("GET", "big", &name(0)), 404);
     assert_eq!(signer.status("PUT", "big", ""), 200);
     assert!(signer.list("big", "", "", 1000).is_empty());
+    let (status, tags) = bucket_tags(&signer, "big");
+    assert_eq!(status, 404, "a bucket made again has no tags: {tags}");
+    assert!(tags.contains("NoSuchTagSet"), "{tags}");
     assert_eq!(signer.status("GET", "big", &name(0)), 404);
     assert_eq!(signer.status("PUT", "big", "again"), 200);
     assert_eq!(signer.list("big", "", "", 1000), ["again"]);

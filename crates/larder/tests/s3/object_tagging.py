@@ -2,7 +2,9 @@
 PutObject, CopyObject (COPY and REPLACE) and multipart uploads (`x-amz-tagging`); their count
 on GetObject and HeadObject; tags that break S3's rules refused with InvalidTag and nothing
 changed; an overwrite drops the old object's tags; the object's bytes, ETag and time
-untouched by tagging; anonymous readers of a public bucket see no tags.
+untouched by tagging; anonymous readers of a public bucket see no tags. Bucket tags:
+PutBucketTagging, GetBucketTagging (404 NoSuchTagSet without any) and DeleteBucketTagging,
+up to 50 tags, S3's rules; a bucket's tags and its objects' are apart.
 
 Usage: object_tagging.py ENDPOINT KEY_ID SECRET
 Every check asserts; the first failure exits non-zero with its message.
@@ -117,4 +119,48 @@ assert error_of(lambda: anonymous.put_object_tagging(
     Bucket="open-tags", Key="o", Tagging=tag_set({"a": "b"})))[0] == 403
 assert tags_of("o", "open-tags") == {"secret": "1"}
 
-print("object tagging: every check passed")
+step("a bucket has no tags until PutBucketTagging: GetBucketTagging is 404 NoSuchTagSet")
+s3.create_bucket(Bucket="tagged-bucket")
+assert error_of(lambda: s3.get_bucket_tagging(Bucket="tagged-bucket")) == (404, "NoSuchTagSet")
+
+
+def bucket_tags(bucket="tagged-bucket"):
+    return {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket)["TagSet"]}
+
+
+step("PutBucketTagging takes up to 50 tags; GetBucketTagging answers them")
+fifty = {f"{i:02}" + "k" * 126: "v" * 256 for i in range(50)}
+s3.put_bucket_tagging(Bucket="tagged-bucket", Tagging=tag_set(fifty))
+assert bucket_tags() == fifty
+s3.put_bucket_tagging(Bucket="tagged-bucket", Tagging=tag_set({"cost-center": "42 a/b"}))
+assert bucket_tags() == {"cost-center": "42 a/b"}
+
+step("bucket tags that break S3's rules are InvalidTag, and the tags stay as they were")
+for bad in [{f"k{i}": "v" for i in range(51)}, {"aws:x": "1"}, {"k": "v" * 257}, {"k": "#"}]:
+    assert error_of(lambda: s3.put_bucket_tagging(
+        Bucket="tagged-bucket", Tagging=tag_set(bad)))[1] == "InvalidTag", bad
+assert bucket_tags() == {"cost-center": "42 a/b"}
+
+step("a bucket's tags are not its objects' tags, nor the other way round")
+s3.put_object(Bucket="tagged-bucket", Key="o", Body=b"o", Tagging="object=tag")
+assert tags_of("o", "tagged-bucket") == {"object": "tag"}
+assert bucket_tags() == {"cost-center": "42 a/b"}
+s3.put_object(Bucket="tagged-bucket", Key="plain", Body=b"p")
+assert tags_of("plain", "tagged-bucket") == {}
+
+step("a missing bucket is NoSuchBucket; anonymous requests are refused")
+assert error_of(lambda: s3.get_bucket_tagging(Bucket="no-such-bucket"))[1] == "NoSuchBucket"
+assert error_of(lambda: s3.put_bucket_tagging(
+    Bucket="no-such-bucket", Tagging=tag_set({"a": "b"})))[1] == "NoSuchBucket"
+s3.put_bucket_tagging(Bucket="open-tags", Tagging=tag_set({"visible": "no"}))
+assert error_of(lambda: anonymous.get_bucket_tagging(Bucket="open-tags"))[0] == 403
+assert error_of(lambda: anonymous.delete_bucket_tagging(Bucket="open-tags"))[0] == 403
+assert bucket_tags("open-tags") == {"visible": "no"}
+
+step("DeleteBucketTagging takes them all off (204)")
+answer = s3.delete_bucket_tagging(Bucket="tagged-bucket")
+assert answer["ResponseMetadata"]["HTTPStatusCode"] == 204
+assert error_of(lambda: s3.get_bucket_tagging(Bucket="tagged-bucket")) == (404, "NoSuchTagSet")
+assert tags_of("o", "tagged-bucket") == {"object": "tag"}
+
+print("object and bucket tagging: every check passed")
