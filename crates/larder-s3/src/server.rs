@@ -10,6 +10,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
+use s3s::config::{S3Config as S3sConfig, StaticConfigProvider};
 use s3s::service::{S3Service, S3ServiceBuilder};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -143,6 +144,7 @@ impl S3Api {
         let refusal = match expiry {
             Some(message) => Some(query_error(message)),
             None if req.method() == http::Method::OPTIONS => Some(preflight_refusal(&req)),
+            None if is_form_upload(&req) => Some(form_upload_refusal()),
             None => self.check_signed(&req).err().map(|refusal| {
                 let (code, message) = refusal.code_and_message();
                 error_answer(refusal.status(), code, message)
@@ -215,6 +217,32 @@ fn preflight_refusal<B>(req: &http::Request<B>) -> http::Response<S3Body> {
     }
 }
 
+/// A browser's HTML-form upload (POST Object: `POST` with a `multipart/form-data` body). s3s
+/// would read its whole file into memory before it checks a signature (up to its
+/// `post_object_max_file_size`, 5 GB by default), so an anonymous client could make the
+/// frontend hold any amount; Larder does not take them (a presigned PUT URL does the same
+/// job, streamed). Any `multipart/*` type of any case counts: no other S3 operation sends one.
+fn is_form_upload<B>(req: &http::Request<B>) -> bool {
+    req.method() == http::Method::POST
+        && req
+            .headers()
+            .get_all(http::header::CONTENT_TYPE)
+            .iter()
+            .any(|value| {
+                let essence = value.as_bytes().trim_ascii_start();
+                essence.len() >= 10 && essence[..10].eq_ignore_ascii_case(b"multipart/")
+            })
+}
+
+/// 501 `NotImplemented` for an HTML-form upload, answered before its body is read.
+fn form_upload_refusal() -> http::Response<S3Body> {
+    error_answer(
+        http::StatusCode::NOT_IMPLEMENTED,
+        "NotImplemented",
+        "POST uploads from HTML forms are not supported; use PutObject or a presigned PUT URL",
+    )
+}
+
 /// An S3 XML error (`message` is a fixed text, not escaped).
 fn error_answer(status: http::StatusCode, code: &str, message: &str) -> http::Response<S3Body> {
     let body = format!(
@@ -246,5 +274,57 @@ fn service(larder: Larder) -> S3Service {
     let mut builder = S3ServiceBuilder::new(larder.clone());
     builder.set_auth(Gate(larder.clone()));
     builder.set_access(Gate(larder));
+    builder.set_config(Arc::new(StaticConfigProvider::new(Arc::new(bounds()))));
     builder.build()
+}
+
+/// What s3s may hold of one request in memory. Its defaults are larger than any request
+/// Larder takes needs: XML bodies of 20 MB (the largest S3 sends are a DeleteObjects of 1,000
+/// keys of 1 KiB, each character escaped as at most 6 bytes, and a CompleteMultipartUpload of
+/// 10,000 parts, both under 8 MiB) and HTML-form uploads of 5 GB, which `handle` refuses
+/// before s3s sees them (bounded here all the same, should one get through).
+fn bounds() -> S3sConfig {
+    let mut bounds = S3sConfig::default();
+    bounds.xml_max_body_size = 8 << 20;
+    bounds.post_object_max_file_size = 0;
+    bounds.form_max_field_size = 64 << 10;
+    bounds.form_max_fields_size = 256 << 10;
+    bounds.form_max_parts = 64;
+    bounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, types: &[&str]) -> http::Request<()> {
+        let mut builder = http::Request::builder().method(method).uri("/bucket");
+        for value in types {
+            builder = builder.header(http::header::CONTENT_TYPE, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn only_posts_of_a_multipart_body_are_form_uploads() {
+        for types in [
+            &["multipart/form-data; boundary=x"][..],
+            &["  MULTIPART/Form-Data;boundary=x"],
+            &["multipart/mixed"],
+            &["application/xml", "multipart/form-data"],
+        ] {
+            assert!(is_form_upload(&request("POST", types)), "{types:?}");
+        }
+        for (method, types) in [
+            ("PUT", &["multipart/form-data"][..]),
+            ("POST", &["application/xml"]),
+            ("POST", &[]),
+            ("POST", &["multipart"]),
+        ] {
+            assert!(
+                !is_form_upload(&request(method, types)),
+                "{method} {types:?}"
+            );
+        }
+    }
 }

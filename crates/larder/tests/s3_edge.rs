@@ -1,7 +1,8 @@
 //! The S3 port behind the frontend's edge: the same slow-client limits as the main port
 //! (header-read and body-read timeouts, per-address connection cap), Prometheus metrics by
-//! operation and status class on the main port's `/metrics`, and S3 over TLS with the
-//! frontend's `[tls]` certificate (boto3 over HTTPS, curl over HTTP/2).
+//! operation and status class on the main port's `/metrics`, S3 over TLS with the
+//! frontend's `[tls]` certificate (boto3 over HTTPS, curl over HTTP/2), and HTML-form uploads
+//! refused before their bodies are read.
 
 mod common;
 
@@ -70,6 +71,14 @@ fn the_s3_port_has_the_main_ports_slow_client_limits() {
     let create = format!("{BOTO3}\nclient(*sys.argv[1:4]).create_bucket(Bucket='edge')");
     run_python(&create, &[&endpoint, &key, &secret]);
 
+    // An HTML-form upload (POST Object) is refused before its body is read: s3s would hold
+    // the whole file in memory before checking any signature.
+    let answer = form_upload_answer(s3, "/edge");
+    assert!(
+        answer.starts_with("HTTP/1.1 501") && answer.contains("NotImplemented"),
+        "{answer}"
+    );
+
     // A client that connects and says nothing is closed after the header-read timeout.
     let mut silent = TcpStream::connect(s3).unwrap();
     let closed = closed_within(&mut silent, Duration::from_secs(15));
@@ -105,6 +114,33 @@ fn the_s3_port_has_the_main_ports_slow_client_limits() {
         || metrics::scrape_frontend(cluster.frontend_addr),
         &[(refused, before + 1.0)],
     );
+}
+
+/// The answer to an anonymous `multipart/form-data` POST to `path` that announces 1 GiB and
+/// sends its first KiB only, read within 10 s.
+fn form_upload_answer(s3: SocketAddr, path: &str) -> String {
+    use std::io::Write;
+    let mut stream = TcpStream::connect(s3).unwrap();
+    let part = "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n";
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {s3}\r\nContent-Type: Multipart/Form-Data; boundary=b\r\n\
+         Content-Length: {}\r\n\r\n{part}",
+        1u64 << 30
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&[b'a'; 1024]).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = stream.read(&mut buf) {
+        answer.extend_from_slice(&buf[..n]);
+        if answer.windows(8).any(|w| w == b"</Error>") {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// The address the per-IP limit is tested from (any 127.0.0.0/8 address is local on Linux).
