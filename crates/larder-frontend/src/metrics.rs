@@ -288,6 +288,11 @@ impl Metrics {
             "Hedged requests whose answer was used",
             router.hedges_won.clone(),
         );
+        registry.register(
+            "reads_resumed",
+            "Blob reads that broke off mid-body and went on from another read",
+            router.reads_resumed.clone(),
+        );
         let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,

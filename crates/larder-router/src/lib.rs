@@ -18,6 +18,7 @@ mod pick;
 mod read;
 mod replies;
 mod reserve;
+mod resume;
 mod router;
 mod visit;
 mod write;
@@ -32,6 +33,7 @@ pub use journal::{JournalEntry, Leftover, OpenEntry, UploadJournal};
 pub use manifest::{ChunkSlice, Composite, Manifest, ManifestError};
 pub use map_cell::{revision_in, MapCell};
 pub use parts_manifest::{Part, PartChecksums, PartsManifest, MAX_PARTS};
+pub use resume::ResumingBody;
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

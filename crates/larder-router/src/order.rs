@@ -6,13 +6,14 @@ use larder_cluster::{ClusterMap, Partition};
 use crate::NodeHealth;
 
 /// The replicas of `partition` that serve reads (caught up: live or leaving, never
-/// bootstrapping) in read order, borrowed from the map (a read allocates no node names).
+/// bootstrapping) but those in `avoid`, in read order, borrowed from the map (a read
+/// allocates no node names).
 pub fn read_order<'a>(
     map: &'a ClusterMap,
     partition: &'a Partition,
-    local_dc: &str,
-    origin_dc: Option<&str>,
+    (local_dc, origin_dc): (&str, Option<&str>),
     health: &NodeHealth,
+    avoid: &[String],
 ) -> impl ExactSizeIterator<Item = &'a str> {
     let rank = |node: &str| {
         let dc = map.datacenter_of(node).unwrap_or("");
@@ -29,7 +30,7 @@ pub fn read_order<'a>(
     let mut ranked: Vec<_> = partition
         .replicas
         .iter()
-        .filter(|r| r.state.is_caught_up())
+        .filter(|r| r.state.is_caught_up() && !avoid.contains(&r.node))
         .map(|r| (rank(&r.node), r.node.as_str()))
         .collect();
     // Shuffled, then stably sorted: equally ranked replicas share the read load.

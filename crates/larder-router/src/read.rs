@@ -32,12 +32,26 @@ impl Router {
         method: Method,
         range: Option<ByteRange>,
     ) -> Result<GetAnswer, RouterError> {
+        self.get_blob_avoiding(id, method, range, &[]).await
+    }
+
+    /// `get_blob`, asking none of the replicas in `avoid` (those whose bytes broke off:
+    /// `resume.rs`).
+    pub(crate) async fn get_blob_avoiding(
+        &self,
+        id: &BlobId,
+        method: Method,
+        range: Option<ByteRange>,
+        avoid: &[String],
+    ) -> Result<GetAnswer, RouterError> {
         let map = self.maps.get();
-        let answer = self.get_blob_in(&map, id, method.clone(), range).await;
+        let answer = self
+            .get_blob_in(&map, id, (method.clone(), range), avoid)
+            .await;
         if answer.is_err() && self.maps.behind() {
             self.maps.catch_up().await;
             let map = self.maps.get();
-            return self.get_blob_in(&map, id, method, range).await;
+            return self.get_blob_in(&map, id, (method, range), avoid).await;
         }
         answer
     }
@@ -46,14 +60,15 @@ impl Router {
         &'a self,
         map: &'a ClusterMap,
         id: &BlobId,
-        method: Method,
-        range: Option<ByteRange>,
+        (method, range): (Method, Option<ByteRange>),
+        avoid: &[String],
     ) -> Result<GetAnswer, RouterError> {
         let partition = map
             .partition(id.partition)
             .ok_or(RouterError::UnknownPartition(id.partition))?;
         let origin = map.datacenter_by_id(id.datacenter).map(|d| d.name.as_str());
-        let mut remaining = read_order(map, partition, &self.datacenter, origin, &self.health);
+        let places = (self.datacenter.as_str(), origin);
+        let mut remaining = read_order(map, partition, places, &self.health, avoid);
         // The write quorum was reached in the blob's datacenter of origin (its ID says which);
         // only those replicas' "not found" can prove that no acknowledged write exists.
         let quorum_dc = origin.unwrap_or(&self.datacenter);
@@ -137,7 +152,7 @@ impl Router {
                         return Err(RouterError::Timeout(self.config.operation_timeout));
                     }
                     let answer = match result {
-                        Ok(response) => decode(response, range, deadline).await,
+                        Ok(response) => decode((node, response), range, deadline).await,
                         Err(err) => Err(Undecoded::Failed(err)),
                     };
                     let local = is_local(node);
@@ -398,7 +413,7 @@ pub(crate) enum Undecoded {
 /// Turns a replica's answer into what it means, from its status and headers (the body of a
 /// found blob is passed on unread).
 pub(crate) async fn decode(
-    response: Response<Incoming>,
+    (node, response): (&str, Response<Incoming>),
     range: Option<ByteRange>,
     deadline: Instant,
 ) -> Result<GetAnswer, Undecoded> {
@@ -425,6 +440,7 @@ pub(crate) async fn decode(
                 partial,
                 catching_up,
                 body: response.into_body(),
+                replica: node.to_owned(),
             }))
         }
         StatusCode::GONE => {

@@ -84,6 +84,8 @@ pub struct FoundBlob {
     pub catching_up: bool,
     /// The bytes (empty for HEAD).
     pub body: Incoming,
+    /// The storage node that sent them (a read of the rest avoids it if they break off).
+    pub replica: String,
 }
 
 /// Why a blob cannot be served.
@@ -127,6 +129,8 @@ pub struct RouterMetrics {
     pub hedges_sent: Counter,
     /// Hedged requests whose answer was the one used.
     pub hedges_won: Counter,
+    /// Blob bodies that broke off mid-way and went on from a new read (`resume.rs`).
+    pub reads_resumed: Counter,
 }
 
 pub struct Router {

@@ -319,8 +319,9 @@ async fn open_simple(
             )))
         }
     };
-    let data = found
-        .body
+    // Continued from another replica if this one breaks off (`larder-router/src/resume.rs`).
+    let data = router
+        .resuming(*id, found)
         .into_data_stream()
         .map(|d| d.map_err(std::io::Error::other));
     Ok(wrap(data))

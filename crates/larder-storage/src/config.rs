@@ -164,6 +164,12 @@ pub struct StoreSettings {
     /// `benchmarks/cpu-per-request/PUT-SYNCS.md`.
     #[serde(with = "humantime_serde")]
     pub min_round_interval: Duration,
+    /// A blob read larger than this is streamed in verified pieces of this size, the next
+    /// read (one ahead) while the last is sent, so a read holds at most two pieces however
+    /// large its record, and a slow reader makes the node read more slowly instead of holding
+    /// the record. Each piece is a DATA frame at most (h2 splits larger ones, never joins
+    /// smaller ones): keep it at least the frontends' `pool.max_frame_size` (1 MiB).
+    pub read_piece_size: ByteSize,
     /// A record at least this large (a blob chunk, usually) is dropped from the page cache
     /// once synced and past `uncache_after_recent`, so that the next ones reuse its pages
     /// instead of taking fresh ones (0.54× a node's CPU per 4 MiB S3 PUT on a VM,
@@ -189,6 +195,7 @@ impl Default for StoreSettings {
             durability: "durable".into(),
             min_free_space: ByteSize::mib(256),
             min_round_interval: Duration::from_millis(1),
+            read_piece_size: ByteSize::mib(1),
             uncache_synced_from: ByteSize::mib(1),
             uncache_after_recent: ByteSize::gib(1),
             direct_cold_reads_from: ByteSize::mib(1),
@@ -202,6 +209,8 @@ pub enum ConfigError {
     Durability(String),
     #[error("store.min_round_interval {0:?} is past {MAX_ROUND_INTERVAL:?}: every write would wait for it")]
     RoundInterval(Duration),
+    #[error("store.read_piece_size {0} is not between 64 KiB (a checksummed block) and 16 MiB")]
+    ReadPiece(ByteSize),
 }
 
 /// The longest `store.min_round_interval` taken: a write waits up to that long for its round.
@@ -228,6 +237,9 @@ impl StoreSettings {
         if self.min_round_interval > MAX_ROUND_INTERVAL {
             return Err(ConfigError::RoundInterval(self.min_round_interval));
         }
+        if !(64 << 10..=16 << 20).contains(&self.read_piece_size.as_u64()) {
+            return Err(ConfigError::ReadPiece(self.read_piece_size));
+        }
         Ok(larder_store::Options {
             segment_size: self.segment_size.as_u64(),
             max_record_size: self.max_record_size.as_u64(),
@@ -236,9 +248,8 @@ impl StoreSettings {
             // Each verified piece the store returns becomes its own HTTP/2 DATA frame (h2 splits
             // pieces larger than the peer's max frame size but never joins smaller ones), so
             // 256 KiB pieces capped downloads at 256 KiB frames whatever the frontend advertised
-            // (tests/wire_frames.rs caught it). A whole chunk per piece lets the negotiated frame
-            // size decide; the node holds the whole range before answering anyway.
-            read_chunk_size: 4 << 20,
+            // (tests/wire_frames.rs caught it); pieces are streamed (`streamed.rs`).
+            read_chunk_size: self.read_piece_size.as_u64() as usize,
             uncache_synced_from: Some(self.uncache_synced_from.as_u64()).filter(|&n| n > 0),
             direct_cold_reads_from: Some(self.direct_cold_reads_from.as_u64()).filter(|&n| n > 0),
             ..larder_store::Options::default()

@@ -28,6 +28,7 @@ mod replication;
 mod reply;
 mod routes;
 mod server;
+mod streamed;
 mod validate;
 mod visit;
 

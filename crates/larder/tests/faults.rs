@@ -167,6 +167,95 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
     }
 }
 
+/// Damage past the first piece of a read is found after the replica answered 200 (reads are
+/// streamed in pieces, `larder-storage/src/streamed.rs`): that replica resets the stream
+/// rather than send a byte that fails its checksum, and the frontend reads the rest from
+/// another replica, so its client gets exactly the stored bytes, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_past_the_first_piece_resets_the_stream_and_the_read_goes_on_elsewhere() {
+    // Without hedges, each read asks one replica at a time (in random order): the damaged one
+    // first now and then, and nothing else takes its place before it breaks off.
+    let cluster = Cluster::start_full(
+        3,
+        2,
+        "[router]\nhedging = false\n",
+        "[store]\nread_piece_size = \"64KiB\"\n",
+    );
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    // Bytes that never repeat a 64-byte run, so the damage lands where it is meant to.
+    let mut x = 1u64;
+    let data: Bytes = (0..4_000_000)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 56) as u8
+        })
+        .collect::<Vec<u8>>()
+        .into();
+    let (status, id, _) = client.put(data.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = id.unwrap();
+    let parsed: larder_cluster::BlobId = id.parse().unwrap();
+    let node = cluster.node_client(cluster.node_addr(0)).await;
+    let path = larder_proto::blob_path(parsed.partition, &id);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while node.request(http::Method::GET, &path, Bytes::new()).await.0 != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third replica never stored the blob"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // One byte in the sixtieth of the 62 pieces of 64 KiB (late enough that the answer's
+    // head has gone out when the replica finds it).
+    damage(&cluster, 0, parsed.partition, &data[3_900_000..3_900_064]);
+
+    // The first piece is sound, so the replica answers 200 and breaks off where the damage
+    // is (or resets the stream before its answer went out, when it finds the damage that
+    // soon): never does the whole body arrive.
+    match node.request_to_end(http::Method::GET, &path).await {
+        Ok((StatusCode::OK, Err(_))) | Err(_) => {}
+        Ok((status, body)) => panic!("the damaged replica answered {status}: {body:?}"),
+    }
+    // A range that ends before the damage is served whole.
+    let mut ranged = http::Request::get(format!("http://{}{path}", cluster.node_addr(0)));
+    ranged = ranged.header(http::header::RANGE, "bytes=0-500000");
+    let (status, _, bytes) = node.send(ranged.body(Default::default()).unwrap()).await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(bytes, data.slice(0..500_001));
+
+    for _ in 0..30 {
+        let (status, body) = client.get(&id).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, data, "served bytes must be the stored ones");
+    }
+    let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
+    let resumed = common::metrics::value(&metrics, "larder_frontend_reads_resumed_total");
+    assert!(
+        resumed.is_some_and(|n| n >= 1.0),
+        "no read went on elsewhere: {resumed:?}"
+    );
+}
+
+/// Flips a byte of node `i`'s copy of `partition`'s first segment where `near` is stored.
+fn damage(cluster: &Cluster, i: usize, partition: u32, near: &[u8]) {
+    let segment = cluster
+        .dir
+        .path()
+        .join(&cluster.map.nodes[i].id)
+        .join("disk0")
+        .join(format!("p{partition}"))
+        .join("seg-00000001.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = bytes
+        .windows(near.len())
+        .position(|w| w == near)
+        .expect("blob data in the segment");
+    bytes[at + 10] ^= 0xff;
+    std::fs::write(&segment, bytes).unwrap();
+}
+
 /// A blob whose datacenter of origin cannot answer is unavailable (503), not "not found" (404),
 /// however many replicas elsewhere lack it: they may not have pulled it yet. (The nemesis suite
 /// saw a 404 for a blob acknowledged 2 s before, counted from the other datacenter's replicas.)

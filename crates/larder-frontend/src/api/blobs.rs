@@ -230,7 +230,10 @@ async fn download(
         method.clone()
     };
     match state.router.get_blob(id, storage_method, range).await? {
-        GetAnswer::Found(found) => Ok(relay(found, &etag, not_modified, method == Method::HEAD)),
+        GetAnswer::Found(found) => {
+            let bodiless = not_modified || method == Method::HEAD;
+            Ok(relay(state, *id, found, &etag, (not_modified, bodiless)))
+        }
         GetAnswer::Missing(missing) => Err(missing.into()),
     }
 }
@@ -241,20 +244,26 @@ pub(super) fn requested_range(value: &HeaderValue) -> Option<ByteRange> {
     ByteRange::parse(value.to_str().ok()?).ok()
 }
 
-/// The public answer for a blob a replica serves: its bytes and public headers.
-fn relay(found: FoundBlob, etag: &str, not_modified: bool, head: bool) -> Response<Body> {
-    let body: Body = if not_modified || head {
-        crate::body::empty()
-    } else {
-        found.body.map_err(Into::into).boxed()
-    };
-    let mut response = Response::new(body);
+/// The public answer for a blob a replica serves: its bytes (continued from another replica
+/// if that one breaks off) and public headers.
+fn relay(
+    state: &AppState,
+    id: BlobId,
+    found: FoundBlob,
+    etag: &str,
+    (not_modified, bodiless): (bool, bool),
+) -> Response<Body> {
+    let mut response = Response::new(crate::body::empty());
     copy_public_headers(&found.properties, response.headers_mut(), etag);
     if not_modified {
         *response.status_mut() = StatusCode::NOT_MODIFIED;
         return response;
     }
     content_headers(&mut response, &found.selected, found.size, found.partial);
+    if !bodiless {
+        let bytes = state.router.resuming(id, found);
+        *response.body_mut() = bytes.map_err(Into::into).boxed();
+    }
     response
 }
 

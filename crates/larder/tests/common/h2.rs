@@ -54,6 +54,28 @@ impl H2Client {
         (status, body)
     }
 
+    /// Like `request`, with failures as errors: the request's (a stream reset before the
+    /// answer), or its body's (a stream reset mid-way).
+    pub async fn request_to_end(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<(StatusCode, Result<Bytes, String>), String> {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = self.sender.clone().send_request(request).await;
+        let response = response.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response.into_body().collect().await;
+        Ok((
+            status,
+            body.map(|b| b.to_bytes()).map_err(|e| e.to_string()),
+        ))
+    }
+
     /// Sends `request` as built (its URI's path; headers included) and reads the whole answer.
     pub async fn send(
         &self,
