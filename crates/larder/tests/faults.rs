@@ -123,36 +123,8 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect::<Vec<u8>>()
         .into();
-    let (status, id, _) = client.put(data.clone()).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let id = id.unwrap();
-    let parsed: larder_cluster::BlobId = id.parse().unwrap();
-    let victim = &cluster.map.nodes[0].id;
-    let node = cluster.node_client(cluster.node_addr(0)).await;
-    let path = larder_proto::blob_path(parsed.partition, &id);
-    // The PUT was answered at a quorum of two: wait until the victim has the blob too.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while node.request(http::Method::GET, &path, Bytes::new()).await.0 != StatusCode::OK {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the third replica never stored the blob"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let segment = cluster
-        .dir
-        .path()
-        .join(victim)
-        .join("disk0")
-        .join(format!("p{}", parsed.partition))
-        .join("seg-00000001.log");
-    let mut bytes = std::fs::read(&segment).unwrap();
-    let at = bytes
-        .windows(64)
-        .position(|w| w == &data[100_000..100_064])
-        .expect("blob data in the segment");
-    bytes[at + 10] ^= 0xff;
-    std::fs::write(&segment, bytes).unwrap();
+    let (id, node, path) = stored_everywhere(&cluster, &client, &data).await;
+    damage(&cluster, 0, &path, &data[100_000..100_064]);
 
     let (status, _) = node.request(http::Method::GET, &path, Bytes::new()).await;
     assert_eq!(
@@ -182,34 +154,11 @@ async fn damage_past_the_first_piece_resets_the_stream_and_the_read_goes_on_else
         "[store]\nread_piece_size = \"64KiB\"\n",
     );
     let client = H2Client::connect(cluster.frontend_addr).await;
-    // Bytes that never repeat a 64-byte run, so the damage lands where it is meant to.
-    let mut x = 1u64;
-    let data: Bytes = (0..4_000_000)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (x >> 56) as u8
-        })
-        .collect::<Vec<u8>>()
-        .into();
-    let (status, id, _) = client.put(data.clone()).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let id = id.unwrap();
-    let parsed: larder_cluster::BlobId = id.parse().unwrap();
-    let node = cluster.node_client(cluster.node_addr(0)).await;
-    let path = larder_proto::blob_path(parsed.partition, &id);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while node.request(http::Method::GET, &path, Bytes::new()).await.0 != StatusCode::OK {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the third replica never stored the blob"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let data = random_bytes(4_000_000);
+    let (id, node, path) = stored_everywhere(&cluster, &client, &data).await;
     // One byte in the sixtieth of the 62 pieces of 64 KiB (late enough that the answer's
     // head has gone out when the replica finds it).
-    damage(&cluster, 0, parsed.partition, &data[3_900_000..3_900_064]);
+    damage(&cluster, 0, &path, &data[3_900_000..3_900_064]);
 
     // The first piece is sound, so the replica answers 200 and breaks off where the damage
     // is (or resets the stream before its answer went out, when it finds the damage that
@@ -238,8 +187,113 @@ async fn damage_past_the_first_piece_resets_the_stream_and_the_read_goes_on_else
     );
 }
 
-/// Flips a byte of node `i`'s copy of `partition`'s first segment where `near` is stored.
-fn damage(cluster: &Cluster, i: usize, partition: u32, near: &[u8]) {
+/// A storage node SIGKILLed while it sends a download: the frontend reads the rest from
+/// another replica and its client gets every byte, in one unbroken body. Small pool windows and
+/// pieces keep the node's stream open while the client reads slowly; the node serving it is
+/// the one whose large-read counter moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_goes_on_from_another_replica_when_its_node_dies_mid_way() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let frontend = "[router]\nhedging = false\n\n[pool]\nstream_window = \"64KiB\"\n";
+    let storage = "[store]\nread_piece_size = \"64KiB\"\n";
+    let mut cluster = Cluster::start_full(3, 2, frontend, storage);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(4_000_000);
+    let (id, _, _) = stored_everywhere(&cluster, &client, &data).await;
+    let before = large_reads(&cluster).await;
+
+    // A small receive buffer, so the frontend cannot push the whole blob into the sockets.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut download = socket.connect(cluster.frontend_addr).await.unwrap();
+    let request =
+        format!("GET /v1/blobs/{id} HTTP/1.1\r\nHost: larder\r\nConnection: close\r\n\r\n");
+    download.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while got.len() < 300_000 {
+        let n = download.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the download ended after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let after = large_reads(&cluster).await;
+    let serving = (0..3)
+        .find(|&i| after[i] > before[i])
+        .expect("a node serving the read");
+    cluster.kill_node(serving);
+    download.read_to_end(&mut got).await.unwrap();
+    let start = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", &got[..40]);
+    assert_eq!(got.len() - start, data.len(), "every byte, once");
+    assert!(got[start..] == data[..], "the stored bytes");
+    let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
+    let resumed = common::metrics::value(&metrics, "larder_frontend_reads_resumed_total");
+    assert_eq!(resumed, Some(1.0), "the read went on once");
+}
+
+/// Bytes that never repeat a 64-byte run, so damage lands where it is meant to.
+fn random_bytes(len: usize) -> Bytes {
+    let mut x = 1u64;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 56) as u8
+        })
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// Each storage node's count of bytes of large records read (its metrics).
+async fn large_reads(cluster: &Cluster) -> Vec<f64> {
+    let mut counts = Vec::new();
+    for i in 0..3 {
+        let node = cluster.node_client(cluster.node_addr(i)).await;
+        let (_, body) = node
+            .request(http::Method::GET, "/internal/v1/metrics", Bytes::new())
+            .await;
+        let text = String::from_utf8_lossy(&body);
+        let count: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("larder_storage_large_read_bytes_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        counts.push(count);
+    }
+    counts
+}
+
+/// PUTs `data` through `client` and waits until node 0 holds it too (the PUT was answered at
+/// a quorum of two): its ID, a client of node 0, and the blob's path on storage nodes.
+async fn stored_everywhere(
+    cluster: &Cluster,
+    client: &H2Client,
+    data: &Bytes,
+) -> (String, H2Client, String) {
+    let (status, id, _) = client.put(data.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = id.unwrap();
+    let parsed: larder_cluster::BlobId = id.parse().unwrap();
+    let node = cluster.node_client(cluster.node_addr(0)).await;
+    let path = larder_proto::blob_path(parsed.partition, &id);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while node.request(http::Method::GET, &path, Bytes::new()).await.0 != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third replica never stored the blob"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    (id, node, path)
+}
+
+/// Flips a byte of node `i`'s copy of the blob at `path` (a storage node's path, which names
+/// its partition) where `near` is stored.
+fn damage(cluster: &Cluster, i: usize, path: &str, near: &[u8]) {
+    let id = path.rsplit('/').next().unwrap();
+    let partition = id.parse::<larder_cluster::BlobId>().unwrap().partition;
     let segment = cluster
         .dir
         .path()
