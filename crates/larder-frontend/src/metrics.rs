@@ -293,6 +293,11 @@ impl Metrics {
             "Blob reads that broke off mid-body and went on from another read",
             router.reads_resumed.clone(),
         );
+        registry.register(
+            "reads_parked",
+            "Downloads that let go of their replica's stream while their client did not read",
+            router.reads_parked.clone(),
+        );
         let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,

@@ -28,6 +28,12 @@ pub struct RouterConfig {
     pub health_check_timeout: Duration,
     /// Hedged reads: ask the next replica too when the first is slower than usual.
     pub hedging: bool,
+    /// A download (of more than 1 MiB still to send) whose client has not asked for more for
+    /// this long lets go of its replica's stream, which gives the pool connection's window back
+    /// to the other streams, and reads the rest anew when the client reads again (`park.rs`).
+    /// 0 turns it off.
+    #[serde(with = "humantime_serde")]
+    pub park_stalled_reads_after: Duration,
     /// "Slower than usual": this percentile of recent latency in the replica's datacenter.
     pub hedge_percentile: f64,
     /// Samples needed before the percentile is trusted; until then `hedge_fallback_delay`.
@@ -79,6 +85,7 @@ impl Default for RouterConfig {
             hedge_min_samples: 100,
             hedge_fallback_delay: Duration::from_millis(20),
             hedge_min_delay: Duration::from_micros(500),
+            park_stalled_reads_after: Duration::from_secs(2),
             hedge_max_delay: None,
             wait_for_remote_ack: false,
             confirm_retry_for: Duration::from_millis(300),

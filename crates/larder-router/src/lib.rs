@@ -13,6 +13,7 @@ mod latency;
 mod manifest;
 mod map_cell;
 mod order;
+mod park;
 mod parts_manifest;
 mod pick;
 mod read;

@@ -3,7 +3,8 @@
 //! `larder-storage/src/streamed.rs`), the rest of the range is read again from the replicas,
 //! hedged and failed over as any read (`read.rs`), and the body goes on from where it stopped.
 //! A blob's bytes never change under its ID, so the client gets exactly the bytes it asked
-//! for, or an error if no replica can give the rest; never a torn or repeated byte.
+//! for, or an error if no replica can give the rest; never a torn or repeated byte. The same
+//! read of the rest takes up a download parked while its client did not read (`park.rs`).
 
 use std::future::Future;
 use std::ops::Range;
@@ -13,11 +14,11 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Method;
-use hyper::body::Incoming;
 use hyper::body::{Body, Frame, SizeHint};
 use larder_cluster::BlobId;
 use larder_proto::ByteRange;
 
+use crate::park::{self, Polled, Slot};
 use crate::{FoundBlob, GetAnswer, Router, RouterError};
 
 /// Times a body goes on from another read after breaking off: a blob has three replicas, and
@@ -28,9 +29,20 @@ const MAX_RESUMES: u32 = 2;
 type Reread = tokio::task::JoinHandle<Result<GetAnswer, RouterError>>;
 
 enum Source {
-    Body(Incoming),
-    Rereading(Reread),
+    /// A replica's stream, which the watch may park (`park.rs`).
+    Body(Arc<Slot>),
+    /// The rest read anew, into this slot.
+    Rereading(Reread, Arc<Slot>),
     Done,
+}
+
+/// What one frame of a replica's stream comes to.
+enum Step {
+    Answer(Poll<Option<Result<Frame<Bytes>, RouterError>>>),
+    /// Not data (trailers): on to the next frame.
+    Skip,
+    /// The stream broke off, for this reason.
+    BrokeOff(String),
 }
 
 /// The bytes `selected` of blob `id`, from `body` and, if it breaks off, from new reads of
@@ -41,47 +53,61 @@ pub struct ResumingBody {
     /// The bytes still to come, within the blob.
     left: Range<u64>,
     source: Source,
-    /// The replicas this body's bytes came from, the one sending them now last: a read of
-    /// the rest asks none of them again.
-    used: Vec<String>,
+    /// The replica sending the bytes now.
+    current: String,
+    /// The replicas whose bytes broke off: a read of the rest asks none of them again.
+    broke_off: Vec<String>,
 }
 
 impl Router {
     /// `found`'s body, the bytes it selected of blob `id` from one replica, continued from
     /// the others if it breaks off.
     pub fn resuming(self: &Arc<Self>, id: BlobId, found: FoundBlob) -> ResumingBody {
+        let slot = Slot::new(found.body);
+        let after = self.config.park_stalled_reads_after;
+        let len = found.selected.end - found.selected.start;
+        if !after.is_zero() && len > park::WATCH_FROM {
+            park::watch(&slot, after, self.metrics.reads_parked.clone());
+        }
         ResumingBody {
             router: self.clone(),
             id,
             left: found.selected,
-            source: Source::Body(found.body),
-            used: vec![found.replica],
+            source: Source::Body(slot),
+            current: found.replica,
+            broke_off: Vec::new(),
         }
     }
 }
 
 impl ResumingBody {
-    /// After `why` broke the body off: a new read of what is left, or the error to end with.
-    fn reread(&mut self, why: String) -> Result<(), RouterError> {
-        let resumes = self.used.len() as u32 - 1;
-        if resumes >= MAX_RESUMES {
+    /// After `why` broke the body off: a new read of what is left, from a replica that has
+    /// not broken off, or the error to end with.
+    fn reread(&mut self, why: String, slot: Arc<Slot>) -> Result<(), RouterError> {
+        self.broke_off.push(self.current.clone());
+        let resumes = self.broke_off.len() as u32;
+        if resumes > MAX_RESUMES {
             return Err(RouterError::Unavailable(format!(
-                "blob {}: the read broke off {} times, the last at byte {}: {why}",
-                self.id,
-                resumes + 1,
-                self.left.start
+                "blob {}: the read broke off {resumes} times, the last at byte {}: {why}",
+                self.id, self.left.start
             )));
         }
         self.router.metrics.reads_resumed.inc();
-        tracing::warn!(blob = %self.id, at = self.left.start, replica = ?self.used.last(), error = %why, "a read broke off; reading the rest from another replica");
-        let (router, id, avoid) = (self.router.clone(), self.id, self.used.clone());
+        tracing::warn!(blob = %self.id, at = self.left.start, replica = %self.current, error = %why, "a read broke off; reading the rest from another replica");
+        self.read_rest(slot);
+        Ok(())
+    }
+
+    /// Reads what is left anew, into `slot`, from any replica that has not broken off.
+    fn read_rest(&mut self, slot: Arc<Slot>) {
+        let (router, id, avoid) = (self.router.clone(), self.id, self.broke_off.clone());
         let range = ByteRange::FromTo(self.left.start, self.left.end - 1);
-        self.source = Source::Rereading(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             router
                 .get_blob_avoiding(&id, Method::GET, Some(range), &avoid)
                 .await
-        }));
-        Ok(())
+        });
+        self.source = Source::Rereading(task, slot);
     }
 
     /// A data frame of `data`: counted off what is left.
@@ -104,6 +130,29 @@ impl ResumingBody {
         }
     }
 
+    /// What a replica's frame means for the client.
+    fn take(&mut self, frame: Option<Result<Frame<Bytes>, hyper::Error>>) -> Step {
+        match frame {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => Step::Answer(match self.data(data) {
+                    Ok(frame) => Poll::Ready(Some(Ok(frame))),
+                    Err(err) => self.fail(err),
+                }),
+                // Trailers: none on the internal hop; passed over.
+                Err(_) => Step::Skip,
+            },
+            Some(Err(err)) => Step::BrokeOff(format!("body: {err}")),
+            None if self.left.is_empty() => {
+                self.source = Source::Done;
+                Step::Answer(Poll::Ready(None))
+            }
+            None => Step::BrokeOff(format!(
+                "the body ended {} bytes early",
+                self.left.end - self.left.start
+            )),
+        }
+    }
+
     fn fail(&mut self, err: RouterError) -> Poll<Option<Result<Frame<Bytes>, RouterError>>> {
         self.source = Source::Done;
         Poll::Ready(Some(Err(err)))
@@ -119,57 +168,55 @@ impl Body for ResumingBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RouterError>>> {
         loop {
-            let why = match &mut self.source {
+            let (why, slot) = match &mut self.source {
                 Source::Done => return Poll::Ready(None),
-                Source::Body(body) => match std::task::ready!(Pin::new(body).poll_frame(cx)) {
-                    Some(Ok(frame)) => match frame.into_data() {
-                        Ok(data) => {
-                            let frame = self.data(data);
-                            return match frame {
-                                Ok(frame) => Poll::Ready(Some(Ok(frame))),
-                                Err(err) => self.fail(err),
-                            };
+                Source::Body(slot) => {
+                    let slot = slot.clone();
+                    let frame = match std::task::ready!(slot.poll(cx)) {
+                        Polled::Frame(frame) => frame,
+                        Polled::Parked => {
+                            // The client stalled and came back: the rest, from anywhere.
+                            self.read_rest(slot);
+                            continue;
                         }
-                        // Trailers: none on the internal hop; passed over.
-                        Err(_) => continue,
-                    },
-                    Some(Err(err)) => format!("body: {err}"),
-                    None if self.left.is_empty() => {
-                        self.source = Source::Done;
-                        return Poll::Ready(None);
+                    };
+                    match self.take(frame) {
+                        Step::Answer(answer) => return answer,
+                        Step::Skip => continue,
+                        Step::BrokeOff(why) => (why, slot),
                     }
-                    None => format!(
-                        "the body ended {} bytes early",
-                        self.left.end - self.left.start
-                    ),
-                },
-                Source::Rereading(reread) => match std::task::ready!(Pin::new(reread).poll(cx))
-                    .unwrap_or_else(|e| {
+                }
+                Source::Rereading(reread, slot) => {
+                    let slot = slot.clone();
+                    let answer = std::task::ready!(Pin::new(reread).poll(cx)).unwrap_or_else(|e| {
                         Err(RouterError::Unavailable(format!("the read task: {e}")))
-                    }) {
-                    Ok(GetAnswer::Found(found)) if found.selected == self.left => {
-                        self.used.push(found.replica);
-                        self.source = Source::Body(found.body);
-                        continue;
+                    });
+                    match answer {
+                        Ok(GetAnswer::Found(found)) if found.selected == self.left => {
+                            self.current = found.replica;
+                            slot.refill(found.body);
+                            self.source = Source::Body(slot);
+                            continue;
+                        }
+                        Ok(GetAnswer::Found(found)) => {
+                            let err = RouterError::Unavailable(format!(
+                                "blob {}: asked for bytes {:?}, a replica sent {:?}",
+                                self.id, self.left, found.selected
+                            ));
+                            return self.fail(err);
+                        }
+                        Ok(GetAnswer::Missing(missing)) => {
+                            let err = RouterError::Unavailable(format!(
+                                "blob {}: gone while it was being read ({missing:?})",
+                                self.id
+                            ));
+                            return self.fail(err);
+                        }
+                        Err(err) => return self.fail(err),
                     }
-                    Ok(GetAnswer::Found(found)) => {
-                        let err = RouterError::Unavailable(format!(
-                            "blob {}: asked for bytes {:?}, a replica sent {:?}",
-                            self.id, self.left, found.selected
-                        ));
-                        return self.fail(err);
-                    }
-                    Ok(GetAnswer::Missing(missing)) => {
-                        let err = RouterError::Unavailable(format!(
-                            "blob {}: gone while it was being read ({missing:?})",
-                            self.id
-                        ));
-                        return self.fail(err);
-                    }
-                    Err(err) => return self.fail(err),
-                },
+                }
             };
-            if let Err(err) = self.reread(why) {
+            if let Err(err) = self.reread(why, slot) {
                 return self.fail(err);
             }
         }
@@ -187,7 +234,7 @@ impl Body for ResumingBody {
 impl Drop for ResumingBody {
     /// A client gone while the rest was being read again: that read is not needed.
     fn drop(&mut self) {
-        if let Source::Rereading(reread) = &self.source {
+        if let Source::Rereading(reread, _) = &self.source {
             reread.abort();
         }
     }

@@ -131,6 +131,8 @@ pub struct RouterMetrics {
     pub hedges_won: Counter,
     /// Blob bodies that broke off mid-way and went on from a new read (`resume.rs`).
     pub reads_resumed: Counter,
+    /// Downloads whose replica stream was let go while their client did not read (`park.rs`).
+    pub reads_parked: Counter,
 }
 
 pub struct Router {

@@ -193,7 +193,7 @@ async fn damage_past_the_first_piece_resets_the_stream_and_the_read_goes_on_else
 /// the one whose large-read counter moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_download_goes_on_from_another_replica_when_its_node_dies_mid_way() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let frontend = "[router]\nhedging = false\n\n[pool]\nstream_window = \"64KiB\"\n";
     let storage = "[store]\nread_piece_size = \"64KiB\"\n";
     let mut cluster = Cluster::start_full(3, 2, frontend, storage);
@@ -202,13 +202,7 @@ async fn a_download_goes_on_from_another_replica_when_its_node_dies_mid_way() {
     let (id, _, _) = stored_everywhere(&cluster, &client, &data).await;
     let before = large_reads(&cluster).await;
 
-    // A small receive buffer, so the frontend cannot push the whole blob into the sockets.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut download = socket.connect(cluster.frontend_addr).await.unwrap();
-    let request =
-        format!("GET /v1/blobs/{id} HTTP/1.1\r\nHost: larder\r\nConnection: close\r\n\r\n");
-    download.write_all(request.as_bytes()).await.unwrap();
+    let mut download = slow_download(cluster.frontend_addr, &id).await;
     let mut got = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     while got.len() < 300_000 {
@@ -223,13 +217,68 @@ async fn a_download_goes_on_from_another_replica_when_its_node_dies_mid_way() {
         .expect("a node serving the read");
     cluster.kill_node(serving);
     download.read_to_end(&mut got).await.unwrap();
-    let start = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-    assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", &got[..40]);
-    assert_eq!(got.len() - start, data.len(), "every byte, once");
-    assert!(got[start..] == data[..], "the stored bytes");
+    assert_whole(&got, &data);
     let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
     let resumed = common::metrics::value(&metrics, "larder_frontend_reads_resumed_total");
     assert_eq!(resumed, Some(1.0), "the read went on once");
+}
+
+/// Thirty clients that ask for a 4 MB blob and read nothing do not stop other downloads: the
+/// frontend lets go of their replicas' streams once they stall (`park.rs`), which gives the
+/// pool connection's window back (one connection per node with a 1 MiB window here, which 30
+/// stalled downloads fill, so without parking the download behind them never ends), and
+/// when they read at last, each gets every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_are_parked_and_other_downloads_go_on() {
+    use tokio::io::AsyncReadExt;
+    let frontend = "[pool]\nconnections_per_node = 1\nconnection_window = \"1MiB\"\n\
+                    stream_window = \"1MiB\"\n\n[router]\nhedging = false\n\
+                    park_stalled_reads_after = \"300ms\"\n";
+    let cluster = Cluster::start_with(3, 2, frontend);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(4_000_000);
+    let (status, id, _) = client.put(data.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = id.unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..30 {
+        stalled.push(slow_download(cluster.frontend_addr, &id).await);
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(15), client.get(&id))
+        .await
+        .expect("a download behind stalled ones never ended");
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == data, "the stored bytes");
+    for mut download in stalled {
+        let mut got = Vec::new();
+        download.read_to_end(&mut got).await.unwrap();
+        assert_whole(&got, &data);
+    }
+    let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
+    let parked = common::metrics::value(&metrics, "larder_frontend_reads_parked_total");
+    assert!(parked.is_some_and(|n| n >= 1.0), "parked: {parked:?}");
+}
+
+/// An HTTP/1.1 GET of blob `id` (the connection closes after it) from a client with a 4 KiB
+/// receive buffer, so that the frontend cannot push the whole blob into the sockets.
+async fn slow_download(frontend: std::net::SocketAddr, id: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut download = socket.connect(frontend).await.unwrap();
+    let request =
+        format!("GET /v1/blobs/{id} HTTP/1.1\r\nHost: larder\r\nConnection: close\r\n\r\n");
+    download.write_all(request.as_bytes()).await.unwrap();
+    download
+}
+
+/// `answer` is a 200 whose body is exactly `data`.
+fn assert_whole(answer: &[u8], data: &[u8]) {
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{:?}", &answer[..40]);
+    let start = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(answer.len() - start, data.len(), "every byte, once");
+    assert!(answer[start..] == data[..], "the stored bytes");
 }
 
 /// Bytes that never repeat a 64-byte run, so damage lands where it is meant to.
