@@ -260,10 +260,13 @@ fn relay(
         return response;
     }
     content_headers(&mut response, &found.selected, found.size, found.partial);
-    if !bodiless {
-        let bytes = state.router.resuming(id, found);
-        *response.body_mut() = bytes.map_err(Into::into).boxed();
+    if bodiless {
+        return response;
     }
+    *response.body_mut() = match found.selected.end - found.selected.start {
+        len if len <= larder_router::RESUMED_FROM => found.body.map_err(Into::into).boxed(),
+        _ => state.router.resuming(id, found).map_err(Into::into).boxed(),
+    };
     response
 }
 
