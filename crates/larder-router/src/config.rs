@@ -31,6 +31,8 @@ pub struct RouterConfig {
     /// A download (of more than 1 MiB still to send) whose client has not asked for more for
     /// this long lets go of its replica's stream, which gives the pool connection's window back
     /// to the other streams, and reads the rest anew when the client reads again (`park.rs`).
+    /// Shorter frees the window sooner for the downloads behind stalled ones; longer parks fewer
+    /// slow readers (a client reading less than ~400 KiB per period is parked each period).
     /// 0 turns it off.
     #[serde(with = "humantime_serde")]
     pub park_stalled_reads_after: Duration,
@@ -85,7 +87,7 @@ impl Default for RouterConfig {
             hedge_min_samples: 100,
             hedge_fallback_delay: Duration::from_millis(20),
             hedge_min_delay: Duration::from_micros(500),
-            park_stalled_reads_after: Duration::from_secs(2),
+            park_stalled_reads_after: Duration::from_secs(5),
             hedge_max_delay: None,
             wait_for_remote_ack: false,
             confirm_retry_for: Duration::from_millis(300),

@@ -51,9 +51,18 @@ impl Slot {
         })
     }
 
-    /// Puts a new stream in (after a read anew).
+    /// Puts a new stream in (after a read anew), as just answered: the watch gives it a whole
+    /// period before it may take it.
     pub(crate) fn refill(&self, body: Incoming) {
-        *self.body.lock().expect("no panic holds the slot") = Some(body);
+        let mut held = self.body.lock().expect("no panic holds the slot");
+        self.answered();
+        *held = Some(body);
+    }
+
+    /// The body answered (a frame from this slot or one it kept back): its client reads.
+    pub(crate) fn answered(&self) {
+        let ms = self.born.elapsed().as_millis() as u64;
+        self.answered_ms.store(ms, Ordering::Release);
     }
 
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Polled> {
@@ -67,25 +76,23 @@ impl Slot {
                 Poll::Pending
             }
             Poll::Ready(frame) => {
-                let ms = self.born.elapsed().as_millis() as u64;
-                self.answered_ms.store(ms, Ordering::Release);
+                self.answered();
                 Poll::Ready(Polled::Frame(frame))
             }
         }
     }
 
-    /// Takes the stream away if the body answered and was not asked again for `after`.
+    /// Takes the stream away if the body answered and was not asked again for `after`. Judged
+    /// under the lock that `poll` holds while it waits on the stream (and stores `WAITING`):
+    /// a body that waits on its stream has a waker there, and is never parked.
     fn park_if_stalled(&self, after: Duration) -> bool {
+        let mut held = self.body.lock().expect("no panic holds the slot");
         let answered = self.answered_ms.load(Ordering::Acquire);
         let idle = (self.born.elapsed().as_millis() as u64).saturating_sub(answered);
         if answered == WAITING || idle < after.as_millis() as u64 {
             return false;
         }
-        self.body
-            .lock()
-            .expect("no panic holds the slot")
-            .take()
-            .is_some()
+        held.take().is_some()
     }
 }
 

@@ -221,17 +221,17 @@ fn preflight_refusal<B>(req: &http::Request<B>) -> http::Response<S3Body> {
 /// would read its whole file into memory before it checks a signature (up to its
 /// `post_object_max_file_size`, 5 GB by default), so an anonymous client could make the
 /// frontend hold any amount; Larder does not take them (a presigned PUT URL does the same
-/// job, streamed). Any `multipart/*` type of any case counts: no other S3 operation sends one.
+/// job, streamed). s3s's own rule, over every `Content-Type` sent (s3s reads a unique one):
+/// a media type that parses as `multipart/form-data`. Other `multipart/*` types are an
+/// object's own type on CreateMultipartUpload, and pass.
 fn is_form_upload<B>(req: &http::Request<B>) -> bool {
     req.method() == http::Method::POST
         && req
             .headers()
             .get_all(http::header::CONTENT_TYPE)
             .iter()
-            .any(|value| {
-                let essence = value.as_bytes().trim_ascii_start();
-                essence.len() >= 10 && essence[..10].eq_ignore_ascii_case(b"multipart/")
-            })
+            .filter_map(|value| value.to_str().ok()?.parse::<mime::Mime>().ok())
+            .any(|m| m.type_() == mime::MULTIPART && m.subtype() == mime::FORM_DATA)
 }
 
 /// 501 `NotImplemented` for an HTML-form upload, answered before its body is read.
@@ -309,8 +309,7 @@ mod tests {
     fn only_posts_of_a_multipart_body_are_form_uploads() {
         for types in [
             &["multipart/form-data; boundary=x"][..],
-            &["  MULTIPART/Form-Data;boundary=x"],
-            &["multipart/mixed"],
+            &["MULTIPART/Form-Data;boundary=x"],
             &["application/xml", "multipart/form-data"],
         ] {
             assert!(is_form_upload(&request("POST", types)), "{types:?}");
@@ -320,6 +319,9 @@ mod tests {
             ("POST", &["application/xml"]),
             ("POST", &[]),
             ("POST", &["multipart"]),
+            // CreateMultipartUpload of an object whose own type is multipart.
+            ("POST", &["multipart/mixed; boundary=x"]),
+            ("POST", &["multipart/related"]),
         ] {
             assert!(
                 !is_form_upload(&request(method, types)),
