@@ -6,9 +6,10 @@
 //! 4 MB blob and read nothing filled every pool connection's window, and every other download
 //! on them stopped (`benchmarks/stalled-readers/RESULTS.md`). So a download the frontend has
 //! answered with data and not been asked for more for `[router] park_stalled_reads_after` lets
-//! go of its replica's stream (a reset gives its window back), keeping only the bytes already
-//! with the client's socket; when the client reads again, the rest is read anew from where it
-//! stopped (`resume.rs`), which a blob's unchanging bytes make exact.
+//! go of its replica's stream (a reset gives its window back), keeping only what it already
+//! took from it (what hyper and the sockets hold, and the rest of the last frame, which
+//! `resume.rs` hands on in slices); when the client reads again, the rest is read anew from
+//! where that ends, which a blob's unchanging bytes make exact.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
