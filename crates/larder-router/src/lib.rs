@@ -34,7 +34,6 @@ pub use journal::{JournalEntry, Leftover, OpenEntry, UploadJournal};
 pub use manifest::{ChunkSlice, Composite, Manifest, ManifestError};
 pub use map_cell::{revision_in, MapCell};
 pub use parts_manifest::{Part, PartChecksums, PartsManifest, MAX_PARTS};
-pub use resume::{ResumingBody, RESUMED_FROM};
 pub use router::{
     FoundBlob, GetAnswer, GoneReason, Missing, Readiness, Router, RouterError, RouterMetrics,
 };

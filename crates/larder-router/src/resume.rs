@@ -14,6 +14,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Method;
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
 use larder_cluster::BlobId;
 use larder_proto::ByteRange;
@@ -27,7 +29,7 @@ use crate::{FoundBlob, GetAnswer, Router, RouterError};
 /// the frontend 1.11–1.18× the CPU of the build before (four A/B pairs of `h2load`, 1 × 256
 /// streams, release builds); relayed as they come, 0.80–1.12× (three pairs): this machine's
 /// noise.
-pub const RESUMED_FROM: u64 = 64 << 10;
+const RESUMED_FROM: u64 = 64 << 10;
 
 /// Times a body goes on from another read after breaking off: a blob has three replicas, and
 /// a read that keeps breaking off is better failed than retried for ever.
@@ -35,6 +37,9 @@ const MAX_RESUMES: u32 = 2;
 
 /// A new read of what is left, as a task: its handle is `Sync`, as response bodies must be.
 type Reread = tokio::task::JoinHandle<Result<GetAnswer, RouterError>>;
+
+/// The error of a body for a client: a replica's or the router's.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 enum Source {
     /// A replica's stream, which the watch may park (`park.rs`).
@@ -79,9 +84,18 @@ pub struct ResumingBody {
 }
 
 impl Router {
+    /// `found`'s body, the bytes it selected of blob `id`, for a client: as the replica sends
+    /// it up to `RESUMED_FROM` bytes, else continued from the others if it breaks off.
+    pub fn blob_body(self: &Arc<Self>, id: BlobId, found: FoundBlob) -> BoxBody<Bytes, BoxError> {
+        match found.selected.end - found.selected.start {
+            len if len <= RESUMED_FROM => found.body.map_err(Into::into).boxed(),
+            _ => self.resuming(id, found).map_err(Into::into).boxed(),
+        }
+    }
+
     /// `found`'s body, the bytes it selected of blob `id` from one replica, continued from
     /// the others if it breaks off.
-    pub fn resuming(self: &Arc<Self>, id: BlobId, found: FoundBlob) -> ResumingBody {
+    fn resuming(self: &Arc<Self>, id: BlobId, found: FoundBlob) -> ResumingBody {
         let slot = Slot::new(found.body);
         let after = self.config.park_stalled_reads_after;
         let len = found.selected.end - found.selected.start;

@@ -320,11 +320,7 @@ async fn open_simple(
         }
     };
     // Continued from another replica if this one breaks off (`larder-router/src/resume.rs`).
-    if found.selected.end - found.selected.start <= larder_router::RESUMED_FROM {
-        let data = found.body.into_data_stream();
-        return Ok(wrap(data.map(|d| d.map_err(std::io::Error::other))));
-    }
-    let data = router.resuming(*id, found).into_data_stream();
+    let data = router.blob_body(*id, found).into_data_stream();
     Ok(wrap(data.map(|d| d.map_err(std::io::Error::other))))
 }
 

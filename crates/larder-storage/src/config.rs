@@ -438,6 +438,38 @@ mod tests {
         ));
     }
 
+    /// Read pieces are at least a checksummed block (64 KiB) and at most a record (16 MiB).
+    #[test]
+    fn read_pieces_outside_a_block_and_a_record_are_refused() {
+        let with = |size| StoreSettings {
+            read_piece_size: size,
+            ..StoreSettings::default()
+        };
+        assert_eq!(
+            StoreSettings::default()
+                .to_options()
+                .unwrap()
+                .read_chunk_size,
+            1 << 20
+        );
+        for ok in [ByteSize::kib(64), ByteSize::mib(16)] {
+            assert_eq!(
+                with(ok).to_options().unwrap().read_chunk_size,
+                ok.as_u64() as usize
+            );
+        }
+        for bad in [
+            ByteSize::b(0),
+            ByteSize::kib(63),
+            ByteSize::b((16 << 20) + 1),
+        ] {
+            assert!(
+                matches!(with(bad).to_options(), Err(ConfigError::ReadPiece(_))),
+                "{bad}"
+            );
+        }
+    }
+
     /// The page-cache settings reach the store as written, 0 turning each off.
     #[test]
     fn page_cache_settings_reach_the_store_and_zero_turns_them_off() {

@@ -5,7 +5,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use larder_cluster::{BlobId, BlobKind};
 use larder_proto::{header as h, BlobProperties, ByteRange, PropertiesError};
@@ -263,10 +262,7 @@ fn relay(
     if bodiless {
         return response;
     }
-    *response.body_mut() = match found.selected.end - found.selected.start {
-        len if len <= larder_router::RESUMED_FROM => found.body.map_err(Into::into).boxed(),
-        _ => state.router.resuming(id, found).map_err(Into::into).boxed(),
-    };
+    *response.body_mut() = state.router.blob_body(id, found);
     response
 }
 
