@@ -9,6 +9,7 @@ use larder_store::{BlobLookup, BlobMeta, BlobRecord, DeleteOutcome, PutOutcome, 
 
 use crate::error::{Error, Result};
 use crate::node::blocking;
+use crate::read_budget::ReadBudget;
 use crate::reply::{self, status, Body};
 use crate::validate::{header_number, now_ms, Clock};
 use crate::{props, StorageNode};
@@ -117,7 +118,12 @@ pub async fn get(
             if !vouched && !node.horizons.checked_for_reads(partition) {
                 return Err(Error::Unchecked { partition });
             }
-            let mut response = serve(store, record, range, with_body).await?;
+            let reads = with_body.then_some(&node.reads);
+            let served = serve(store, record, range, reads).await;
+            if matches!(served, Err(Error::Busy(_))) {
+                node.metrics.read_budget_refusals.inc();
+            }
+            let mut response = served?;
             if !vouched {
                 let headers = response.headers_mut();
                 headers.insert(h::CATCHING_UP, HeaderValue::from_static("1"));
@@ -127,14 +133,15 @@ pub async fn get(
     }
 }
 
-/// Answers with a blob's bytes. The range's first piece is read and verified before the
-/// status is sent, so damage there answers 500 (and the router asks another replica); a range
-/// of more than one piece streams the rest (`streamed.rs`).
+/// Answers with a blob's bytes (with `reads`, the node's read budget; without, a HEAD). The
+/// range's first piece is read and verified before the status is sent, so damage there
+/// answers 500 (and the router asks another replica); a range of more than one piece streams
+/// the rest (`streamed.rs`).
 async fn serve(
     store: Store,
     record: BlobRecord,
     range: Option<ByteRange>,
-    with_body: bool,
+    reads: Option<&ReadBudget>,
 ) -> Result<Response<Body>> {
     let props = props::to_header(&record.meta.props)?;
     let size = record.size;
@@ -142,10 +149,9 @@ async fn serve(
         None => 0..size,
         Some(range) => range.resolve(size).map_err(Error::BadRange)?,
     };
-    let body = if with_body && !selected.is_empty() {
-        read(store, record, selected.clone()).await?
-    } else {
-        reply::chunks_body(Vec::new())
+    let body = match reads {
+        Some(reads) if !selected.is_empty() => read(store, record, selected.clone(), reads).await?,
+        _ => reply::chunks_body(Vec::new()),
     };
     let mut response = Response::new(body);
     if range.is_some() {
@@ -166,7 +172,12 @@ async fn serve(
     Ok(response)
 }
 
-async fn read(store: Store, record: BlobRecord, selected: std::ops::Range<u64>) -> Result<Body> {
+async fn read(
+    store: Store,
+    record: BlobRecord,
+    selected: std::ops::Range<u64>,
+    reads: &ReadBudget,
+) -> Result<Body> {
     let len = selected.end - selected.start;
     if len <= INLINE_READ_MAX {
         // One or two preads, nearly always from the page cache: done in place they measured
@@ -177,18 +188,19 @@ async fn read(store: Store, record: BlobRecord, selected: std::ops::Range<u64>) 
             .collect::<larder_store::Result<Vec<Bytes>>>()?;
         return Ok(reply::chunks_body(chunks));
     }
+    let held = reads.take(reads.share(len)).await?;
     let first = move || -> larder_store::Result<(Option<Bytes>, larder_store::BlobReader)> {
         let mut reader = store.read_blob(&record, selected)?;
         let first = reader.next().transpose()?;
         Ok((first, reader))
     };
     match blocking(first).await? {
-        (Some(first), reader) if first.len() as u64 == len => {
-            drop(reader);
-            Ok(reply::chunks_body(vec![first]))
-        }
         (Some(first), reader) => Ok(Body::new(crate::streamed::Streamed::new(
-            first, reader, len,
+            first,
+            held,
+            reader,
+            len,
+            reads.clone(),
         ))),
         (None, _) => Err(Error::Store(larder_store::Error::Io(
             std::io::Error::other("the store read nothing of a range it holds"),

@@ -132,6 +132,15 @@ pub struct Limits {
     /// future would otherwise make every later write of that document stale.
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
+    /// Blob reads larger than 64 KiB hold at most this many bytes at once, summed over every
+    /// read of the node (`read_budget.rs`): a read's piece and the one read ahead of it. At
+    /// least twice `store.read_piece_size`.
+    pub read_budget: ByteSize,
+    /// How long a new read waits for its share of `read_budget` before it is answered 503 with
+    /// `Retry-After` (a frontend then asks another replica). A read under way never fails
+    /// for want of budget: it waits.
+    #[serde(with = "humantime_serde")]
+    pub read_budget_wait: Duration,
 }
 
 impl Default for Limits {
@@ -140,6 +149,8 @@ impl Default for Limits {
             body_budget: ByteSize::mib(512),
             body_read_timeout: Duration::from_secs(30),
             max_clock_skew: Duration::from_secs(300),
+            read_budget: ByteSize::mib(256),
+            read_budget_wait: Duration::from_secs(1),
         }
     }
 }
@@ -211,6 +222,10 @@ pub enum ConfigError {
     RoundInterval(Duration),
     #[error("store.read_piece_size {0} is not between 64 KiB (a checksummed block) and 16 MiB")]
     ReadPiece(ByteSize),
+    #[error(
+        "limits.read_budget {limit} is not between twice store.read_piece_size ({least}) and 1 TiB"
+    )]
+    ReadBudget { limit: ByteSize, least: ByteSize },
 }
 
 /// The longest `store.min_round_interval` taken: a write waits up to that long for its round.

@@ -23,6 +23,7 @@ mod membership;
 mod metrics;
 mod node;
 mod props;
+mod read_budget;
 mod rebuild;
 mod replication;
 mod reply;

@@ -100,6 +100,10 @@ pub struct StorageMetrics {
     pub bootstrap_seconds_left: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Records an export left out because they failed their checksum here.
     pub export_corrupt_skipped: Counter,
+    /// Bytes blob reads hold of the read budget (`read_budget.rs`; set when encoded).
+    pub read_budget_held_bytes: Gauge,
+    /// Reads answered 503 because their share of the read budget stayed spent.
+    pub read_budget_refusals: Counter,
     /// Replicas found behind their peers' dropped tombstones and rebuilt (`rebuild.rs`).
     pub rebuilds: Counter,
     /// Replicas being rebuilt now.
@@ -143,6 +147,8 @@ impl StorageMetrics {
             bootstrap_records: Counter::default(),
             bootstrap_seconds_left: Gauge::default(),
             export_corrupt_skipped: Counter::default(),
+            read_budget_held_bytes: Gauge::default(),
+            read_budget_refusals: Counter::default(),
             rebuilds: Counter::default(),
             replicas_rebuilding: Gauge::default(),
             registry: Registry::default(),
@@ -252,6 +258,16 @@ impl StorageMetrics {
             "corrupt_records_found",
             "Records that failed their checksum per replica",
             m.corrupt_records.clone(),
+        );
+        registry.register(
+            "read_budget_held_bytes",
+            "Bytes of pieces blob reads hold now, against [limits] read_budget",
+            m.read_budget_held_bytes.clone(),
+        );
+        registry.register(
+            "read_budget_refusals",
+            "Blob reads answered 503 because the read budget stayed spent for read_budget_wait",
+            m.read_budget_refusals.clone(),
         );
         registry.register(
             "large_read_bytes",

@@ -24,6 +24,8 @@ pub struct StorageNode {
     pub intake: Intake,
     /// How far ahead of this node's clock a stored time or version may be.
     pub clock: Clock,
+    /// The bytes blob reads may hold at once (`read_budget.rs`).
+    pub(crate) reads: crate::read_budget::ReadBudget,
     /// The replicas served now; `follow_map` adds and retires them as the map changes.
     stores: RwLock<HashMap<PartitionId, Store>>,
     /// One journal and commit thread per disk directory, shared by every replica on it.
@@ -103,6 +105,11 @@ impl StorageNode {
                 idle_timeout: limits.body_read_timeout,
             },
             clock: Clock::new(limits.max_clock_skew),
+            reads: crate::read_budget::ReadBudget::new(
+                limits.read_budget,
+                limits.read_budget_wait,
+                config.store.read_piece_size,
+            )?,
             stores: RwLock::default(),
             disks: Mutex::default(),
             data_dir: config.data_dir.clone(),

@@ -147,6 +147,8 @@ fn hosted_even_rebuilding(node: &StorageNode, partition: u32) -> Result<Store> {
 }
 
 fn metrics(node: &StorageNode) -> Response<Body> {
+    let held = i64::try_from(node.reads.used()).unwrap_or(i64::MAX);
+    node.metrics.read_budget_held_bytes.set(held);
     let mut response = reply::body_response(node.metrics.encode(
         node.partitions().iter().map(|(p, s)| (p, s)),
         &node.compaction,

@@ -11,6 +11,10 @@
 //! fails its checksum ends the body with an error: hyper resets the stream, and the frontend
 //! continues from another replica where the bytes stopped (`larder-router/src/resume.rs`).
 //! Never is an unverified byte sent.
+//!
+//! Each piece is counted in the node's read budget from before it is read until h2 asks for
+//! the next one (`read_budget.rs`): a read whose next share is not free waits for it, in a
+//! task, and goes on when readers of other blobs have taken their bytes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,44 +25,79 @@ use http_body::{Frame, SizeHint};
 use larder_store::BlobReader;
 use tokio::task::JoinHandle;
 
+use crate::read_budget::{Held, ReadBudget};
 use crate::reply::BoxError;
 
-/// The next piece of a reader (`None` once it is done) and the reader, back from the blocking
-/// pool.
-type Next = (Option<larder_store::Result<Bytes>>, BlobReader);
+/// The next piece of a reader (`None` once it is done), the reader, and the piece's share of
+/// the read budget (`None` only if the budget was closed), back from the blocking pool.
+type Next = (
+    Option<larder_store::Result<Bytes>>,
+    BlobReader,
+    Option<Held>,
+);
 
-/// A blob's bytes, piece by piece, one piece read ahead of the one being sent.
+/// A blob's bytes, piece by piece, one piece read ahead of the one being sent, each piece's
+/// bytes counted in the node's read budget (`read_budget.rs`) from before it is read until h2
+/// asks for the piece after it.
 pub(crate) struct Streamed {
     /// The next piece to send, read and verified.
     ready: Option<Bytes>,
-    /// The read of the piece after it, on the blocking pool.
+    /// The share of the piece in `ready`, or of the piece h2 was last given.
+    held: Option<Held>,
+    /// The read of the piece after it: on the blocking pool, or first waiting for its share.
     reading: Option<JoinHandle<Next>>,
     /// The reader, while no read is under way and it is not done.
     reader: Option<BlobReader>,
     /// Bytes not yet sent.
     left: u64,
+    budget: ReadBudget,
 }
 
 impl Streamed {
-    /// The body of `len` bytes starting with `first` (already verified), the rest from
-    /// `reader`.
-    pub(crate) fn new(first: Bytes, reader: BlobReader, len: u64) -> Streamed {
+    /// The body of `len` bytes starting with `first` (already verified, its share `held`), the
+    /// rest from `reader`.
+    pub(crate) fn new(
+        first: Bytes,
+        held: Held,
+        reader: BlobReader,
+        len: u64,
+        budget: ReadBudget,
+    ) -> Streamed {
         Streamed {
             ready: Some(first),
+            held: Some(held),
             reading: None,
             reader: Some(reader),
             left: len,
+            budget,
         }
     }
 
-    /// Starts reading the next piece, if there is a reader and no read under way.
+    /// Starts reading the next piece, if there is a reader and no read under way: at once
+    /// when its share of the budget is free, else after a task has waited for it.
     fn read_ahead(&mut self) {
         if self.left == 0 || self.reading.is_some() {
             return;
         }
-        if let Some(mut reader) = self.reader.take() {
-            self.reading = Some(tokio::task::spawn_blocking(move || (reader.next(), reader)));
-        }
+        let Some(mut reader) = self.reader.take() else {
+            return;
+        };
+        let share = self.budget.share(self.left);
+        let reading = match self.budget.try_take(share) {
+            Some(held) => tokio::task::spawn_blocking(move || (reader.next(), reader, Some(held))),
+            None => {
+                let budget = self.budget.clone();
+                tokio::spawn(async move {
+                    let held = budget.take_in_time(share).await;
+                    let read = tokio::task::spawn_blocking(move || (reader.next(), reader)).await;
+                    match read {
+                        Ok((piece, reader)) => (piece, reader, held),
+                        Err(err) => std::panic::resume_unwind(err.into_panic()),
+                    }
+                })
+            }
+        };
+        self.reading = Some(reading);
     }
 
     fn send(&mut self, piece: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -83,6 +122,8 @@ impl http_body::Body for Streamed {
         if let Some(piece) = self.ready.take() {
             return self.send(piece);
         }
+        // h2 asks for more only once it has room for it: the piece before has (mostly) left.
+        self.held = None;
         self.read_ahead();
         let Some(reading) = self.reading.as_mut() else {
             return Poll::Ready(None);
@@ -90,16 +131,17 @@ impl http_body::Body for Streamed {
         let joined = std::task::ready!(Pin::new(reading).poll(cx));
         self.reading = None;
         match joined {
-            Ok((Some(Ok(piece)), reader)) => {
+            Ok((Some(Ok(piece)), reader, held)) => {
                 self.reader = Some(reader);
+                self.held = held;
                 self.send(piece)
             }
-            Ok((Some(Err(err)), _)) => {
+            Ok((Some(Err(err)), _, _)) => {
                 tracing::error!(error = %err, "a blob read failed after its first piece was sent; resetting the stream");
                 Poll::Ready(Some(Err(err.into())))
             }
-            Ok((None, _)) if self.left == 0 => Poll::Ready(None),
-            Ok((None, _)) => Poll::Ready(Some(Err("the store's read ended early".into()))),
+            Ok((None, _, _)) if self.left == 0 => Poll::Ready(None),
+            Ok((None, _, _)) => Poll::Ready(Some(Err("the store's read ended early".into()))),
             Err(err) => Poll::Ready(Some(Err(format!("a blob read task failed: {err}").into()))),
         }
     }
@@ -110,5 +152,15 @@ impl http_body::Body for Streamed {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.left)
+    }
+}
+
+impl Drop for Streamed {
+    /// A read still waiting for its share stops waiting (one already on the blocking pool
+    /// finishes, and its share is given back with its piece).
+    fn drop(&mut self) {
+        if let Some(reading) = &self.reading {
+            reading.abort();
+        }
     }
 }

@@ -338,3 +338,132 @@ async fn refused_changes(secret: &std::path::Path, addr: std::net::SocketAddr) -
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Pieces of 64 KiB, and a read budget of five of them: two stalled reads (a piece h2 holds
+/// and one read ahead, each) and the first piece of a third. No replication: its peers' reads
+/// of the blob would take shares too.
+const READS: &str = "[store]\nread_piece_size = \"64KiB\"\n\n\
+                     [limits]\nread_budget = \"320KiB\"\nread_budget_wait = \"300ms\"\n\n\
+                     [replication]\nenabled = false\n";
+
+/// Blob reads hold at most the node's read budget (`larder-storage/src/read_budget.rs`): a new
+/// read that finds none free within `read_budget_wait` is answered 503 with `Retry-After`, a
+/// read under way waits for its next piece's share (never failed for it), and every share
+/// comes back when its read ends, however it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blob_reads_hold_at_most_the_read_budget_and_give_it_back() {
+    let cluster = Cluster::start_full(3, 1, "", READS);
+    let secret = cluster.dir.path().join(common::SECRET_FILE);
+    let addr = cluster.node_addr(0);
+    let path = new_blob_path();
+    // Past the client's 4 MiB stream window, so a reader that reads nothing stalls the node.
+    let data = Bytes::from(common::random_bytes(12_000_000));
+    let length = [("content-length", data.len().to_string())];
+    let (status, _, _) =
+        internal::send(&secret, addr, Method::PUT, &path, &length, data.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let held = || read_budget_held(&secret, addr);
+
+    let mut sender = internal::connect(&secret, addr).await;
+    let get = || internal::request(Method::GET, &path, &[], internal::full(Bytes::new()));
+    let stalled_a = sender.send_request(get()).await.unwrap();
+    let stalled_b = sender.send_request(get()).await.unwrap();
+    assert_eq!(stalled_a.status(), StatusCode::OK);
+    assert_eq!(stalled_b.status(), StatusCode::OK);
+    wait_until("two stalled reads hold two pieces each", || async {
+        held().await == 256.0 * 1024.0
+    })
+    .await;
+
+    // A third stalled read finds one piece free: it holds the piece h2 holds for it, and its
+    // read ahead waits for a share.
+    let third = sender.send_request(get()).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    wait_until("the third read holds one piece", || async {
+        held().await == 320.0 * 1024.0
+    })
+    .await;
+    // ... once each has filled its client's window (until then, each piece h2 sends gives its
+    // share to whoever waits first).
+    let (mut last, mut same) = (-1.0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while same < 5 {
+        assert!(Instant::now() < deadline, "the node never stopped reading");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = large_read_bytes(&secret, addr).await;
+        (last, same) = if now == last {
+            (now, same + 1)
+        } else {
+            (now, 0)
+        };
+    }
+    assert_eq!(held().await, 320.0 * 1024.0);
+    // A fourth finds nothing free within read_budget_wait: 503 with Retry-After.
+    let refused = sender.send_request(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key("retry-after"));
+
+    // The third's client reads: each piece h2 sends gives its share to the next, so it reads
+    // to the end while the other two still hold theirs.
+    let body = tokio::time::timeout(Duration::from_secs(20), third.into_body().collect())
+        .await
+        .expect("the waiting read went on")
+        .unwrap()
+        .to_bytes();
+    assert!(body == data, "the stored bytes, once");
+    wait_until("the third read's shares given back", || async {
+        held().await == 256.0 * 1024.0
+    })
+    .await;
+    drop(stalled_a);
+    drop(stalled_b);
+    wait_until("every share given back", || async { held().await == 0.0 }).await;
+    let (status, _, body) =
+        internal::send(&secret, addr, Method::GET, &path, &[], Bytes::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == data);
+    let text = node_metrics(&secret, addr).await;
+    let refusals = common::metrics::value(&text, "larder_storage_read_budget_refusals_total");
+    assert_eq!(refusals, Some(1.0));
+}
+
+/// The node's `larder_storage_read_budget_held_bytes`.
+async fn read_budget_held(secret: &std::path::Path, addr: std::net::SocketAddr) -> f64 {
+    let text = node_metrics(secret, addr).await;
+    common::metrics::value(&text, "larder_storage_read_budget_held_bytes").unwrap()
+}
+
+/// The node's bytes of large records read so far, from any source.
+async fn large_read_bytes(secret: &std::path::Path, addr: std::net::SocketAddr) -> f64 {
+    let text = node_metrics(secret, addr).await;
+    text.lines()
+        .filter(|l| l.starts_with("larder_storage_large_read_bytes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn node_metrics(secret: &std::path::Path, addr: std::net::SocketAddr) -> String {
+    let (_, _, metrics) = internal::send(
+        secret,
+        addr,
+        Method::GET,
+        larder_proto::METRICS_PATH,
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    String::from_utf8_lossy(&metrics).into_owned()
+}
+
+/// Waits up to 20 s for `check` to hold.
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
