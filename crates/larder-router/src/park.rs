@@ -6,9 +6,9 @@
 //! 4 MB blob and read nothing filled every pool connection's window, and every other download
 //! on them stopped (`benchmarks/stalled-readers/RESULTS.md`). So a download the frontend has
 //! answered with data and not been asked for more for `[router] park_stalled_reads_after` lets
-//! go of its replica's stream (a reset gives its window back), keeping only what it already
-//! took from it (what hyper and the sockets hold, and the rest of the last frame, which
-//! `resume.rs` hands on in slices); when the client reads again, the rest is read anew from
+//! go of its replica's stream (a reset gives its window back) and of the rest of its last
+//! frame (`resume.rs` hands frames on in slices), keeping only what it already handed on
+//! (what hyper and the sockets hold); when the client reads again, the rest is read anew from
 //! where that ends, which a blob's unchanging bytes make exact.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,25 +28,38 @@ pub(crate) const WATCH_FROM: u64 = 1 << 20;
 /// `Slot::answered_ms` while the body waits on its replica, not on its client.
 const WAITING: u64 = u64::MAX;
 
-/// One replica's stream of a download, which the watch may take away.
-pub(crate) struct Slot {
-    body: Mutex<Option<Incoming>>,
+/// One replica's stream of a download, and the rest of its last frame, which the watch may
+/// take away. (Generic over the stream only so that tests can hold one.)
+pub(crate) struct Slot<B = Incoming> {
+    held: Mutex<Held<B>>,
     born: Instant,
     /// When the body last answered (ms after `born`), or `WAITING`.
     answered_ms: AtomicU64,
 }
 
+/// What a slot holds for its download.
+struct Held<B> {
+    body: Option<B>,
+    /// The bytes of the stream's last frame not handed on yet (`resume.rs` hands them on in
+    /// slices). Parking drops them with the stream: the read anew starts where the bytes
+    /// handed on end, so a parked download holds none of its replica's bytes.
+    kept: Bytes,
+}
+
 /// What polling the slot gave.
-pub(crate) enum Polled {
-    Frame(Option<Result<Frame<Bytes>, hyper::Error>>),
+pub(crate) enum Polled<E = hyper::Error> {
+    Frame(Option<Result<Frame<Bytes>, E>>),
     /// The watch took the stream: the rest is to be read anew.
     Parked,
 }
 
-impl Slot {
-    pub(crate) fn new(body: Incoming) -> Arc<Slot> {
+impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
+    pub(crate) fn new(body: B) -> Arc<Slot<B>> {
         Arc::new(Slot {
-            body: Mutex::new(Some(body)),
+            held: Mutex::new(Held {
+                body: Some(body),
+                kept: Bytes::new(),
+            }),
             born: Instant::now(),
             answered_ms: AtomicU64::new(0),
         })
@@ -54,10 +67,29 @@ impl Slot {
 
     /// Puts a new stream in (after a read anew), as just answered: the watch gives it a whole
     /// period before it may take it.
-    pub(crate) fn refill(&self, body: Incoming) {
-        let mut held = self.body.lock().expect("no panic holds the slot");
+    pub(crate) fn refill(&self, body: B) {
+        let mut held = self.lock();
         self.answered();
-        *held = Some(body);
+        held.body = Some(body);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held<B>> {
+        self.held.lock().expect("no panic holds the slot")
+    }
+
+    /// Keeps the bytes of a frame to hand on.
+    pub(crate) fn keep(&self, data: Bytes) {
+        self.lock().kept = data;
+    }
+
+    /// The next at most `max` kept bytes, if any are (none once parked).
+    pub(crate) fn next_kept(&self, max: usize) -> Option<Bytes> {
+        let mut held = self.lock();
+        if held.kept.is_empty() {
+            return None;
+        }
+        let len = held.kept.len().min(max);
+        Some(held.kept.split_to(len))
     }
 
     /// The body answered (a frame from this slot or one it kept back): its client reads.
@@ -66,9 +98,9 @@ impl Slot {
         self.answered_ms.store(ms, Ordering::Release);
     }
 
-    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Polled> {
-        let mut held = self.body.lock().expect("no panic holds the slot");
-        let Some(body) = held.as_mut() else {
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Polled<B::Error>> {
+        let mut held = self.lock();
+        let Some(body) = held.body.as_mut() else {
             return Poll::Ready(Polled::Parked);
         };
         match std::pin::Pin::new(body).poll_frame(cx) {
@@ -87,19 +119,23 @@ impl Slot {
     /// under the lock that `poll` holds while it waits on the stream (and stores `WAITING`):
     /// a body that waits on its stream has a waker there, and is never parked.
     fn park_if_stalled(&self, after: Duration) -> bool {
-        let mut held = self.body.lock().expect("no panic holds the slot");
+        let mut held = self.lock();
         let answered = self.answered_ms.load(Ordering::Acquire);
         let idle = (self.born.elapsed().as_millis() as u64).saturating_sub(answered);
         if answered == WAITING || idle < after.as_millis() as u64 {
             return false;
         }
-        held.take().is_some()
+        held.kept = Bytes::new();
+        held.body.take().is_some()
     }
 }
 
 /// Watches `slot` until its body is dropped, parking it whenever its client stalls.
-pub(crate) fn watch(slot: &Arc<Slot>, after: Duration, parked: Counter) {
-    let slot: Weak<Slot> = Arc::downgrade(slot);
+pub(crate) fn watch<B>(slot: &Arc<Slot<B>>, after: Duration, parked: Counter)
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+{
+    let slot: Weak<Slot<B>> = Arc::downgrade(slot);
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(after).await;
@@ -109,4 +145,69 @@ pub(crate) fn watch(slot: &Arc<Slot>, after: Duration, parked: Counter) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::task::Waker;
+
+    use http_body_util::channel::{Channel, Sender};
+
+    use super::*;
+
+    type Frames = Channel<Bytes, Infallible>;
+
+    /// A slot whose stream sends what the test sends into the sender.
+    fn slot() -> (Arc<Slot<Frames>>, Sender<Bytes, Infallible>) {
+        let (tx, body) = Channel::new(4);
+        (Slot::new(body), tx)
+    }
+
+    fn poll(slot: &Slot<Frames>) -> Poll<Polled<Infallible>> {
+        slot.poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    const AFTER: Duration = Duration::from_millis(200);
+
+    #[tokio::test]
+    async fn a_parked_slot_lets_go_of_its_stream_and_of_the_bytes_it_kept() {
+        let (slot, mut tx) = slot();
+        tx.send_data(Bytes::from(vec![1u8; 1 << 20])).await.unwrap();
+        let Poll::Ready(Polled::Frame(Some(Ok(frame)))) = poll(&slot) else {
+            panic!("a frame");
+        };
+        slot.keep(frame.into_data().unwrap());
+        assert_eq!(slot.next_kept(64 << 10).unwrap().len(), 64 << 10);
+        assert!(
+            !slot.park_if_stalled(AFTER),
+            "asked for more within the period"
+        );
+        tokio::time::sleep(AFTER + AFTER / 2).await;
+        assert!(slot.park_if_stalled(AFTER));
+        assert!(
+            slot.next_kept(64 << 10).is_none(),
+            "the kept bytes went too"
+        );
+        assert!(matches!(poll(&slot), Poll::Ready(Polled::Parked)));
+        let dropped = tx.send_data(Bytes::from_static(b"x")).await;
+        assert!(dropped.is_err(), "the stream was dropped");
+    }
+
+    #[tokio::test]
+    async fn a_slot_that_waits_on_its_stream_is_never_parked() {
+        let (slot, mut tx) = slot();
+        assert!(matches!(poll(&slot), Poll::Pending));
+        tokio::time::sleep(AFTER * 2).await;
+        assert!(!slot.park_if_stalled(AFTER), "its waker is in the stream");
+        tx.send_data(Bytes::from_static(b"more")).await.unwrap();
+        assert!(matches!(
+            poll(&slot),
+            Poll::Ready(Polled::Frame(Some(Ok(_))))
+        ));
+        // Answered now: a whole period before it may be parked.
+        assert!(!slot.park_if_stalled(AFTER));
+        tokio::time::sleep(AFTER + AFTER / 2).await;
+        assert!(slot.park_if_stalled(AFTER));
+    }
 }

@@ -72,10 +72,9 @@ enum Step {
 pub struct ResumingBody {
     router: Arc<Router>,
     id: BlobId,
-    /// The bytes still to hand on, within the blob.
+    /// The bytes still to hand on, within the blob (the first of them, from the replica's
+    /// last frame, kept in its slot and handed on in `SLICE`s).
     left: Range<u64>,
-    /// The first of them, from the replica's last frame, not yet handed on (in `SLICE`s).
-    kept: Bytes,
     source: Source,
     /// The replica sending the bytes now.
     current: String,
@@ -106,7 +105,6 @@ impl Router {
             router: self.clone(),
             id,
             left: found.selected,
-            kept: Bytes::new(),
             source: Source::Body(slot),
             current: found.replica,
             broke_off: Vec::new(),
@@ -144,12 +142,12 @@ impl ResumingBody {
         self.source = Source::Rereading(task, slot);
     }
 
-    /// Keeps a replica's frame of `data` to hand on, if it is within what is left.
-    fn keep(&mut self, data: Bytes) -> Result<(), RouterError> {
+    /// Keeps a replica's frame of `data` in `slot` to hand on, if it is within what is left.
+    fn keep(&mut self, slot: &Slot, data: Bytes) -> Result<(), RouterError> {
         let len = data.len() as u64;
         match self.left.start.checked_add(len) {
             Some(end) if end <= self.left.end => {
-                self.kept = data;
+                slot.keep(data);
                 Ok(())
             }
             _ => Err(RouterError::Unavailable(format!(
@@ -159,22 +157,20 @@ impl ResumingBody {
         }
     }
 
-    /// The next slice of the kept bytes, counted off what is left (the watch hears that the
-    /// client reads).
-    fn hand_on(&mut self) -> Frame<Bytes> {
-        let slice = self.kept.split_to(self.kept.len().min(SLICE));
+    /// The next slice of the bytes `slot` keeps, counted off what is left (the watch hears
+    /// that the client reads); `None` when it keeps none (or was parked meanwhile).
+    fn hand_on(&mut self, slot: &Slot) -> Option<Frame<Bytes>> {
+        let slice = slot.next_kept(SLICE)?;
         self.left.start += slice.len() as u64;
-        if let Source::Body(slot) = &self.source {
-            slot.answered();
-        }
-        Frame::data(slice)
+        slot.answered();
+        Some(Frame::data(slice))
     }
 
     /// What a replica's frame means for the client.
-    fn take(&mut self, frame: Option<Result<Frame<Bytes>, hyper::Error>>) -> Step {
+    fn take(&mut self, slot: &Slot, frame: Option<Result<Frame<Bytes>, hyper::Error>>) -> Step {
         match frame {
             Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => match self.keep(data) {
+                Ok(data) => match self.keep(slot, data) {
                     Ok(()) => Step::Next,
                     Err(err) => Step::Answer(self.fail(err)),
                 },
@@ -209,13 +205,13 @@ impl Body for ResumingBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RouterError>>> {
         loop {
-            if !self.kept.is_empty() {
-                return Poll::Ready(Some(Ok(self.hand_on())));
-            }
             let (why, slot) = match &mut self.source {
                 Source::Done => return Poll::Ready(None),
                 Source::Body(slot) => {
                     let slot = slot.clone();
+                    if let Some(slice) = self.hand_on(&slot) {
+                        return Poll::Ready(Some(Ok(slice)));
+                    }
                     let frame = match std::task::ready!(slot.poll(cx)) {
                         Polled::Frame(frame) => frame,
                         Polled::Parked if self.left.is_empty() => {
@@ -228,7 +224,7 @@ impl Body for ResumingBody {
                             continue;
                         }
                     };
-                    match self.take(frame) {
+                    match self.take(&slot, frame) {
                         Step::Answer(answer) => return answer,
                         Step::Next => continue,
                         Step::BrokeOff(why) => (why, slot),
