@@ -4,7 +4,7 @@
 # and a normal GET's time meanwhile; then the GET rate of that blob with nobody stalled
 # (h2load). BASE's build (before storage nodes streamed reads) next to this checkout's, one
 # `larder dev` (3 nodes, 32 partitions, 3 replicas) each, alternating.
-# Usage: BASE=<rev> [READERS="200 1000"] [ROUNDS=2] run.sh [--smoke]
+# Usage: BASE=<rev> [READERS="200 1000"] [ROUNDS=2] [OUT=<report>] [BASE_IS=..] [HEAD_IS=..] run.sh [--smoke]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -16,7 +16,7 @@ base=${BASE:-d860cfe}
 readers=${READERS:-200 1000}
 rounds=${ROUNDS:-2}
 hold=${HOLD:-8}
-out="$here/RESULTS.md"
+out=${OUT:-$here/RESULTS.md}
 smoke=0
 if [ "${1:-}" = --smoke ]; then smoke=1; readers=20; rounds=1; hold=1; out=$(mktemp); fi
 PYTHON=${PYTHON:-python3} s3_bench_start stalled-readers
@@ -48,7 +48,7 @@ run_build() {
   for n in $readers; do
     "$python" "$here/stalled.py" "$dev" "$port" "$id" "$n" "$hold" |
       "$python" -c "import sys, json; r = json.load(sys.stdin)
-print(f\"| $build | {r['readers']} | {r['idle']['storage']:.0f} | {r['stalled']['storage']:.0f} | {r['after']['storage']:.0f} | {r['idle']['frontend']:.0f} | {r['stalled']['frontend']:.0f} | {r['get_status']} in {r['get_seconds']*1000:.0f} ms |\")" >>"$work/rows"
+print(f\"| $build | {r['readers']} | {r['idle']['storage']:.0f} | {r['stalled']['storage']:.0f} | {r['after']['storage']:.0f} | {r['idle']['frontend']:.0f} | {r['stalled']['frontend']:.0f} | {r['after']['frontend']:.0f} | {r['get_status']} in {r['get_seconds']*1000:.0f} ms |\")" >>"$work/rows"
   done
   local n=$((smoke == 1 ? 20 : 2000))
   local rps; rps=$(h2load -n "$n" -c 4 -m 4 "http://127.0.0.1:$port/v1/blobs/$id" | h2load_rps)
@@ -71,9 +71,9 @@ done
   echo "4,000,000 bytes (one record). N HTTP/1.1 clients each send a GET for it with a 4 KiB receive"
   echo "buffer and read nothing for ${hold} s; then the RSS (MiB) of the storage nodes (summed) and of the"
   echo "frontend, and one normal GET (curl) of the blob; then the clients hang up, and 3 s later the"
-  echo "storage nodes' RSS again. Then, with nobody stalled, the GET rate of the blob (h2load, 4"
-  echo "connections x 4 streams). base: \`$base\` (a node read a whole record before answering);"
-  echo "head: this checkout (\`$(git rev-parse --short HEAD)\`, read pieces streamed)."
+  echo "storage nodes' and the frontend's RSS again. Then, with nobody stalled, the GET rate of the"
+  echo "blob (h2load, 4 connections x 4 streams). base: \`$base\` (${BASE_IS:-a node read a whole record before answering});"
+  echo "head: this checkout (\`$(git rev-parse --short HEAD)\`, ${HEAD_IS:-read pieces streamed})."
   echo
   echo "## Machine"
   machine_description "$work"
@@ -85,8 +85,8 @@ done
   echo
   echo "## Memory with stalled readers"
   echo
-  echo "| build | stalled readers | storage RSS idle | storage RSS stalled | storage RSS after | frontend RSS idle | frontend RSS stalled | a normal GET meanwhile |"
-  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  echo "| build | stalled readers | storage RSS idle | storage RSS stalled | storage RSS after | frontend RSS idle | frontend RSS stalled | frontend RSS after | a normal GET meanwhile |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
   sort -s -t'|' -k2,2 -k3,3n "$work/rows"
   echo
   echo "## GET rate of the blob, nobody stalled (req/s)"
