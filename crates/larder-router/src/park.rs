@@ -82,12 +82,15 @@ impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
         self.lock().kept = data;
     }
 
-    /// The next at most `max` kept bytes, if any are (none once parked).
+    /// The next at most `max` kept bytes, if any are (none once parked); the body answered.
+    /// Marked under the lock the watch judges under, so a client that just asked again is
+    /// never parked for its silence before.
     pub(crate) fn next_kept(&self, max: usize) -> Option<Bytes> {
         let mut held = self.lock();
         if held.kept.is_empty() {
             return None;
         }
+        self.answered();
         let len = held.kept.len().min(max);
         Some(held.kept.split_to(len))
     }

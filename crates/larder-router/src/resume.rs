@@ -162,7 +162,6 @@ impl ResumingBody {
     fn hand_on(&mut self, slot: &Slot) -> Option<Frame<Bytes>> {
         let slice = slot.next_kept(SLICE)?;
         self.left.start += slice.len() as u64;
-        slot.answered();
         Some(Frame::data(slice))
     }
 
