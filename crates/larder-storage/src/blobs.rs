@@ -188,16 +188,17 @@ async fn read(
             .collect::<larder_store::Result<Vec<Bytes>>>()?;
         return Ok(reply::chunks_body(chunks));
     }
+    // The share goes into the blocking read, and on with its piece: counted while either
+    // lasts, even if this request is dropped meanwhile.
     let held = reads.take(reads.share(len)).await?;
     let first = move || -> larder_store::Result<(Option<Bytes>, larder_store::BlobReader)> {
         let mut reader = store.read_blob(&record, selected)?;
-        let first = reader.next().transpose()?;
+        let first = reader.next().transpose()?.map(|piece| held.attach(piece));
         Ok((first, reader))
     };
     match blocking(first).await? {
         (Some(first), reader) => Ok(Body::new(crate::streamed::Streamed::new(
             first,
-            held,
             reader,
             len,
             reads.clone(),

@@ -133,8 +133,8 @@ pub struct Limits {
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
     /// Blob reads larger than 64 KiB hold at most this many bytes at once, summed over every
-    /// read of the node (`read_budget.rs`): a read's piece and the one read ahead of it. At
-    /// least twice `store.read_piece_size`.
+    /// read of the node (`read_budget.rs`): each piece from before it is read until h2 has
+    /// written it (a stalled read holds three). At least three times `store.read_piece_size`.
     pub read_budget: ByteSize,
     /// How long a new read waits for its share of `read_budget` before it is answered 503 with
     /// `Retry-After` (a frontend then asks another replica). A read under way never fails
@@ -223,7 +223,7 @@ pub enum ConfigError {
     #[error("store.read_piece_size {0} is not between 64 KiB (a checksummed block) and 16 MiB")]
     ReadPiece(ByteSize),
     #[error(
-        "limits.read_budget {limit} is not between twice store.read_piece_size ({least}) and 1 TiB"
+        "limits.read_budget {limit} is not between three times store.read_piece_size ({least}) and 1 TiB"
     )]
     ReadBudget { limit: ByteSize, least: ByteSize },
 }

@@ -261,7 +261,7 @@ impl StorageMetrics {
         );
         registry.register(
             "read_budget_held_bytes",
-            "Bytes of pieces blob reads hold now, against [limits] read_budget",
+            "Bytes of pieces blob reads hold now (or a waiting read has gathered), against [limits] read_budget",
             m.read_budget_held_bytes.clone(),
         );
         registry.register(

@@ -2,9 +2,9 @@
 //!
 //! Why: read whole before answering, a record of up to 16 MiB sat in the node's memory for as
 //! long as its reader took, and a frontend's readers that stopped reading (hundreds of stalled
-//! downloads) held hundreds of megabytes on every node they asked. Streamed, a read holds the
-//! piece h2 is sending and the one read ahead of it, and a reader that does not read stops the
-//! reading: h2 asks this body for more only when the stream has window to send it.
+//! downloads) held hundreds of megabytes on every node they asked. Streamed, a read holds a few
+//! pieces (below), and a reader that does not read stops the reading: hyper asks this body for
+//! more only once h2 has taken the piece before, which it does when the stream has window.
 //!
 //! The first piece is read and verified before the status is sent (`blobs::serve`), so a
 //! replica whose damage is there answers 500 and the frontend asks another. A later piece that
@@ -12,9 +12,12 @@
 //! continues from another replica where the bytes stopped (`larder-router/src/resume.rs`).
 //! Never is an unverified byte sent.
 //!
-//! Each piece is counted in the node's read budget from before it is read until h2 asks for
-//! the next one (`read_budget.rs`): a read whose next share is not free waits for it, in a
-//! task, and goes on when readers of other blobs have taken their bytes.
+//! Each piece is counted in the node's read budget (`read_budget.rs`) from before it is read
+//! until the last view of its bytes is dropped, which h2 does once they are written to the
+//! socket: the share rides in the piece's `Bytes`. A stalled read so holds, and counts, the
+//! piece h2 could not send, the next one hyper keeps ready, and the one read ahead. A read
+//! whose next share is not free waits for it, in a task, and goes on when bytes of any read
+//! (its own included) have left.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,22 +31,15 @@ use tokio::task::JoinHandle;
 use crate::read_budget::{Held, ReadBudget};
 use crate::reply::BoxError;
 
-/// The next piece of a reader (`None` once it is done), the reader, and the piece's share of
-/// the read budget (`None` only if the budget was closed), back from the blocking pool.
-type Next = (
-    Option<larder_store::Result<Bytes>>,
-    BlobReader,
-    Option<Held>,
-);
+/// The next piece of a reader (`None` once it is done) and the reader, back from the blocking
+/// pool; an error if the read's task failed.
+type Next = Result<(Option<larder_store::Result<Bytes>>, BlobReader), BoxError>;
 
 /// A blob's bytes, piece by piece, one piece read ahead of the one being sent, each piece's
-/// bytes counted in the node's read budget (`read_budget.rs`) from before it is read until h2
-/// asks for the piece after it.
+/// bytes counted in the node's read budget while they exist.
 pub(crate) struct Streamed {
     /// The next piece to send, read and verified.
     ready: Option<Bytes>,
-    /// The share of the piece in `ready`, or of the piece h2 was last given.
-    held: Option<Held>,
     /// The read of the piece after it: on the blocking pool, or first waiting for its share.
     reading: Option<JoinHandle<Next>>,
     /// The reader, while no read is under way and it is not done.
@@ -53,19 +49,26 @@ pub(crate) struct Streamed {
     budget: ReadBudget,
 }
 
+/// Reads the next piece of `reader`, carrying `held` (a share of the budget).
+fn read_counted(
+    mut reader: BlobReader,
+    held: Option<Held>,
+) -> (Option<larder_store::Result<Bytes>>, BlobReader) {
+    let piece = reader.next().map(|read| {
+        read.map(|piece| match held {
+            Some(held) => held.attach(piece),
+            None => piece,
+        })
+    });
+    (piece, reader)
+}
+
 impl Streamed {
-    /// The body of `len` bytes starting with `first` (already verified, its share `held`), the
-    /// rest from `reader`.
-    pub(crate) fn new(
-        first: Bytes,
-        held: Held,
-        reader: BlobReader,
-        len: u64,
-        budget: ReadBudget,
-    ) -> Streamed {
+    /// The body of `len` bytes starting with `first` (already verified and counted), the rest
+    /// from `reader`.
+    pub(crate) fn new(first: Bytes, reader: BlobReader, len: u64, budget: ReadBudget) -> Streamed {
         Streamed {
             ready: Some(first),
-            held: Some(held),
             reading: None,
             reader: Some(reader),
             left: len,
@@ -74,26 +77,26 @@ impl Streamed {
     }
 
     /// Starts reading the next piece, if there is a reader and no read under way: at once
-    /// when its share of the budget is free, else after a task has waited for it.
+    /// when its share of the budget is free, else after a task has waited for it. The share
+    /// goes into the blocking read, so it is counted for as long as that read runs, whether
+    /// or not this body is still there to take its piece.
     fn read_ahead(&mut self) {
         if self.left == 0 || self.reading.is_some() {
             return;
         }
-        let Some(mut reader) = self.reader.take() else {
+        let Some(reader) = self.reader.take() else {
             return;
         };
         let share = self.budget.share(self.left);
         let reading = match self.budget.try_take(share) {
-            Some(held) => tokio::task::spawn_blocking(move || (reader.next(), reader, Some(held))),
+            Some(held) => tokio::task::spawn_blocking(move || Ok(read_counted(reader, Some(held)))),
             None => {
                 let budget = self.budget.clone();
                 tokio::spawn(async move {
                     let held = budget.take_in_time(share).await;
-                    let read = tokio::task::spawn_blocking(move || (reader.next(), reader)).await;
-                    match read {
-                        Ok((piece, reader)) => (piece, reader, held),
-                        Err(err) => std::panic::resume_unwind(err.into_panic()),
-                    }
+                    tokio::task::spawn_blocking(move || read_counted(reader, held))
+                        .await
+                        .map_err(|err| format!("a blob read task failed: {err}").into())
                 })
             }
         };
@@ -122,27 +125,25 @@ impl http_body::Body for Streamed {
         if let Some(piece) = self.ready.take() {
             return self.send(piece);
         }
-        // h2 asks for more only once it has room for it: the piece before has (mostly) left.
-        self.held = None;
         self.read_ahead();
         let Some(reading) = self.reading.as_mut() else {
             return Poll::Ready(None);
         };
         let joined = std::task::ready!(Pin::new(reading).poll(cx));
         self.reading = None;
+        let joined = joined.unwrap_or_else(|err| Err(format!("a blob read task: {err}").into()));
         match joined {
-            Ok((Some(Ok(piece)), reader, held)) => {
+            Ok((Some(Ok(piece)), reader)) => {
                 self.reader = Some(reader);
-                self.held = held;
                 self.send(piece)
             }
-            Ok((Some(Err(err)), _, _)) => {
+            Ok((Some(Err(err)), _)) => {
                 tracing::error!(error = %err, "a blob read failed after its first piece was sent; resetting the stream");
                 Poll::Ready(Some(Err(err.into())))
             }
-            Ok((None, _, _)) if self.left == 0 => Poll::Ready(None),
-            Ok((None, _, _)) => Poll::Ready(Some(Err("the store's read ended early".into()))),
-            Err(err) => Poll::Ready(Some(Err(format!("a blob read task failed: {err}").into()))),
+            Ok((None, _)) if self.left == 0 => Poll::Ready(None),
+            Ok((None, _)) => Poll::Ready(Some(Err("the store's read ended early".into()))),
+            Err(err) => Poll::Ready(Some(Err(err))),
         }
     }
 
@@ -157,7 +158,7 @@ impl http_body::Body for Streamed {
 
 impl Drop for Streamed {
     /// A read still waiting for its share stops waiting (one already on the blocking pool
-    /// finishes, and its share is given back with its piece).
+    /// finishes, and its share goes with its piece).
     fn drop(&mut self) {
         if let Some(reading) = &self.reading {
             reading.abort();

@@ -260,6 +260,33 @@ async fn clients_that_stop_reading_are_parked_and_other_downloads_go_on() {
     assert!(parked.is_some_and(|n| n >= 1.0), "parked: {parked:?}");
 }
 
+/// `park_stalled_reads_after = 0` turns parking off: downloads whose clients stop reading keep
+/// their replicas' streams (none is parked), and each still gets every byte when it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_parking_off_stalled_downloads_keep_their_streams() {
+    use tokio::io::AsyncReadExt;
+    let frontend = "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n";
+    let cluster = Cluster::start_with(3, 2, frontend);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(4_000_000);
+    let (status, id, _) = client.put(data.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = id.unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(slow_download(cluster.frontend_addr, &id).await);
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    for mut download in stalled {
+        let mut got = Vec::new();
+        download.read_to_end(&mut got).await.unwrap();
+        assert_whole(&got, &data);
+    }
+    let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
+    let parked = common::metrics::value(&metrics, "larder_frontend_reads_parked_total");
+    assert_eq!(parked.unwrap_or(0.0), 0.0, "parked with parking off");
+}
+
 /// An HTTP/1.1 GET of blob `id` (the connection closes after it) from a client with a 4 KiB
 /// receive buffer, so that the frontend cannot push the whole blob into the sockets.
 async fn slow_download(frontend: std::net::SocketAddr, id: &str) -> tokio::net::TcpStream {

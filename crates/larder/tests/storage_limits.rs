@@ -339,11 +339,11 @@ async fn refused_changes(secret: &std::path::Path, addr: std::net::SocketAddr) -
         .sum()
 }
 
-/// Pieces of 64 KiB, and a read budget of five of them: two stalled reads (a piece h2 holds
-/// and one read ahead, each) and the first piece of a third. No replication: its peers' reads
-/// of the blob would take shares too.
+/// Pieces of 64 KiB, and a read budget of seven of them: two stalled reads (three pieces each:
+/// the one h2 could not send, the one hyper keeps ready, the one read ahead) and one piece of a
+/// third. No replication: its peers' reads of the blob would take shares too.
 const READS: &str = "[store]\nread_piece_size = \"64KiB\"\n\n\
-                     [limits]\nread_budget = \"320KiB\"\nread_budget_wait = \"300ms\"\n\n\
+                     [limits]\nread_budget = \"448KiB\"\nread_budget_wait = \"300ms\"\n\n\
                      [replication]\nenabled = false\n";
 
 /// Blob reads hold at most the node's read budget (`larder-storage/src/read_budget.rs`): a new
@@ -356,7 +356,7 @@ async fn blob_reads_hold_at_most_the_read_budget_and_give_it_back() {
     let secret = cluster.dir.path().join(common::SECRET_FILE);
     let addr = cluster.node_addr(0);
     let path = new_blob_path();
-    // Past the client's 4 MiB stream window, so a reader that reads nothing stalls the node.
+    // Past the client's stream window, so a reader that reads nothing stalls the node.
     let data = Bytes::from(common::random_bytes(12_000_000));
     let length = [("content-length", data.len().to_string())];
     let (status, _, _) =
@@ -364,23 +364,24 @@ async fn blob_reads_hold_at_most_the_read_budget_and_give_it_back() {
     assert_eq!(status, StatusCode::CREATED);
     let held = || read_budget_held(&secret, addr);
 
-    let mut sender = internal::connect(&secret, addr).await;
+    // A window that ends mid-piece, so the piece that crosses it stays in h2's buffer.
+    let mut sender = internal::connect_with_window(&secret, addr, (4 << 20) + (32 << 10)).await;
     let get = || internal::request(Method::GET, &path, &[], internal::full(Bytes::new()));
     let stalled_a = sender.send_request(get()).await.unwrap();
     let stalled_b = sender.send_request(get()).await.unwrap();
     assert_eq!(stalled_a.status(), StatusCode::OK);
     assert_eq!(stalled_b.status(), StatusCode::OK);
-    wait_until("two stalled reads hold two pieces each", || async {
-        held().await == 256.0 * 1024.0
+    wait_until("two stalled reads hold three pieces each", || async {
+        held().await == 384.0 * 1024.0
     })
     .await;
 
-    // A third stalled read finds one piece free: it holds the piece h2 holds for it, and its
-    // read ahead waits for a share.
+    // A third stalled read finds one piece free: the piece h2 keeps for it holds it, and its
+    // next read waits for a share.
     let third = sender.send_request(get()).await.unwrap();
     assert_eq!(third.status(), StatusCode::OK);
     wait_until("the third read holds one piece", || async {
-        held().await == 320.0 * 1024.0
+        held().await == 448.0 * 1024.0
     })
     .await;
     // ... once each has filled its client's window (until then, each piece h2 sends gives its
@@ -397,7 +398,7 @@ async fn blob_reads_hold_at_most_the_read_budget_and_give_it_back() {
             (now, 0)
         };
     }
-    assert_eq!(held().await, 320.0 * 1024.0);
+    assert_eq!(held().await, 448.0 * 1024.0);
     // A fourth finds nothing free within read_budget_wait: 503 with Retry-After.
     let refused = sender.send_request(get()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -412,7 +413,7 @@ async fn blob_reads_hold_at_most_the_read_budget_and_give_it_back() {
         .to_bytes();
     assert!(body == data, "the stored bytes, once");
     wait_until("the third read's shares given back", || async {
-        held().await == 256.0 * 1024.0
+        held().await == 384.0 * 1024.0
     })
     .await;
     drop(stalled_a);

@@ -18,13 +18,22 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// One HTTP/2 connection to the internal port at `addr`, with windows like the frontend's pool,
 /// after proving the cluster secret in `secret_file` (larder-auth's handshake).
 pub async fn connect(secret_file: &Path, addr: SocketAddr) -> SendRequest<Body> {
+    connect_with_window(secret_file, addr, 4 << 20).await
+}
+
+/// `connect`, with a stream window of `stream_window` bytes.
+pub async fn connect_with_window(
+    secret_file: &Path,
+    addr: SocketAddr,
+    stream_window: u32,
+) -> SendRequest<Body> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let secrets = larder_auth::Secrets::load(secret_file).unwrap();
     larder_auth::connect(&mut stream, &secrets, larder_auth::HANDSHAKE_TIMEOUT)
         .await
         .unwrap();
     let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(4 << 20)
+        .initial_stream_window_size(stream_window)
         .initial_connection_window_size(16 << 20)
         .max_frame_size(1 << 20)
         .handshake(TokioIo::new(stream))
