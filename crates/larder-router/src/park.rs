@@ -8,7 +8,7 @@
 //! answered with data and not been asked for more for `[router] park_stalled_reads_after` lets
 //! go of its replica's stream (a reset gives its window back) and of the rest of its last
 //! frame (`resume.rs` hands frames on in slices), keeping only what it already handed on
-//! (what hyper and the sockets hold); when the client reads again, the rest is read anew from
+//! (what hyper and the sockets hold, and the frame buffers those slices are views of); when the client reads again, the rest is read anew from
 //! where that ends, which a blob's unchanging bytes make exact.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,8 @@ struct Held<B> {
     body: Option<B>,
     /// The bytes of the stream's last frame not handed on yet (`resume.rs` hands them on in
     /// slices). Parking drops them with the stream: the read anew starts where the bytes
-    /// handed on end, so a parked download holds none of its replica's bytes.
+    /// handed on end. (The frame's buffer stays alive as long as a slice handed on waits in
+    /// hyper for the client: `resume.rs`, `hand_on`.)
     kept: Bytes,
 }
 

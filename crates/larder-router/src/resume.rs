@@ -162,12 +162,11 @@ impl ResumingBody {
     fn hand_on(&mut self, slot: &Slot) -> Option<Frame<Bytes>> {
         let slice = slot.next_kept(SLICE)?;
         self.left.start += slice.len() as u64;
-        // A copy: a view would keep the buffer of the replica's whole frame (1 MiB, often with
-        // the frames read with it) alive for as long as hyper or the client's h2 stream holds
-        // the slice, which for a stalled client is until it reads or is closed. Measured with
-        // views: 1,000 parked downloads held the frontend at 0.7-0.8 GiB
-        // (`benchmarks/stalled-readers/RESULTS-parked-frames.md`).
-        Some(Frame::data(Bytes::copy_from_slice(&slice)))
+        // A view of the replica's frame, not a copy: while hyper holds it for a stalled client
+        // it keeps the frame's whole buffer alive, so parking frees that frame only when no
+        // slice of it waits in hyper. Copies cost 1.11-1.43x the frontend's CPU per 4 MB GET
+        // and did not show a clear saving (`benchmarks/stalled-readers/RESULTS-copied-slices.md`).
+        Some(Frame::data(slice))
     }
 
     /// What a replica's frame means for the client.
