@@ -298,6 +298,11 @@ impl Metrics {
             "Downloads that let go of their replica's stream while their client did not read",
             router.reads_parked.clone(),
         );
+        registry.register(
+            "read_pressure",
+            "Times held-up reads (a node's spent read budget, a download waiting on its replica for a second) made the frontend park stalled downloads sooner",
+            router.read_pressure.clone(),
+        );
         let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,

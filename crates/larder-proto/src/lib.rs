@@ -62,6 +62,9 @@ pub mod header {
     /// peer's feed head recently (`caught-up window`), so it may lack a recent tombstone; the
     /// frontend confirms such an answer with another replica.
     pub const CATCHING_UP: &str = "x-larder-catching-up";
+    /// On a `503` to a blob read: the node's read budget stayed spent (`[limits] read_budget`):
+    /// frontends park their stalled downloads sooner, whose bytes are what holds it.
+    pub const READ_BUDGET_SPENT: &str = "x-larder-read-budget-spent";
     /// Outcome of an internal put: `stored` or `exists`.
     pub const PUT_OUTCOME: &str = "x-larder-put";
     /// On an export answer: the source replica's bytes on disk, an estimate of what is left to

@@ -35,6 +35,8 @@ pub(crate) struct Slot<B = Incoming> {
     born: Instant,
     /// When the body last answered (ms after `born`), or `WAITING`.
     answered_ms: AtomicU64,
+    /// While `WAITING`: since when (ms after `born`).
+    waiting_since_ms: AtomicU64,
 }
 
 /// What a slot holds for its download.
@@ -63,6 +65,7 @@ impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
             }),
             born: Instant::now(),
             answered_ms: AtomicU64::new(0),
+            waiting_since_ms: AtomicU64::new(0),
         })
     }
 
@@ -109,7 +112,10 @@ impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
         };
         match std::pin::Pin::new(body).poll_frame(cx) {
             Poll::Pending => {
-                self.answered_ms.store(WAITING, Ordering::Release);
+                if self.answered_ms.swap(WAITING, Ordering::AcqRel) != WAITING {
+                    let ms = self.born.elapsed().as_millis() as u64;
+                    self.waiting_since_ms.store(ms, Ordering::Release);
+                }
                 Poll::Pending
             }
             Poll::Ready(frame) => {
@@ -117,6 +123,16 @@ impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
                 Poll::Ready(Polled::Frame(frame))
             }
         }
+    }
+
+    /// How long the body has waited on its replica, if it does.
+    fn waiting_for(&self) -> Option<Duration> {
+        if self.answered_ms.load(Ordering::Acquire) != WAITING {
+            return None;
+        }
+        let since = self.waiting_since_ms.load(Ordering::Acquire);
+        let now = self.born.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(now.saturating_sub(since)))
     }
 
     /// Takes the stream away if the body answered and was not asked again for `after`. Judged
@@ -134,18 +150,92 @@ impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
     }
 }
 
-/// Watches `slot` until its body is dropped, parking it whenever its client stalls.
-pub(crate) fn watch<B>(slot: &Arc<Slot<B>>, after: Duration, parked: Counter)
-where
+/// How long a download must have gone unasked to be parked at once when a storage node says
+/// its read budget is spent.
+const PRESSED_AFTER: Duration = Duration::from_secs(1);
+
+/// How often pressure is raised at most: each raise wakes every watch.
+const PRESSURE_EVERY_MS: u64 = 250;
+
+/// Word that reads are held up: a storage node said its read budget is spent (a 503 with
+/// `x-larder-read-budget-spent`), or a download has waited on its replica for `PRESSED_AFTER`
+/// (a read under way waiting for a share of a node's budget, or for a pool connection's window).
+/// What holds them up is mostly the bytes held for downloads whose clients stopped reading,
+/// which the watch would park only after `park_stalled_reads_after`; so every watch looks at
+/// once, and parks its download if it has gone unasked for `PRESSED_AFTER`. A node spent by
+/// another frontend's stalled downloads is relieved only by that frontend's watches.
+pub(crate) struct Pressure {
+    raised: tokio::sync::Notify,
+    born: Instant,
+    /// When pressure was last raised (ms after `born`, plus one; 0: never).
+    last_ms: AtomicU64,
+}
+
+impl Default for Pressure {
+    fn default() -> Pressure {
+        Pressure {
+            raised: tokio::sync::Notify::new(),
+            born: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Pressure {
+    /// A node said its read budget is spent: wakes every watch, unless that was done less
+    /// than `PRESSURE_EVERY_MS` ago.
+    pub(crate) fn raise(&self, raised: &Counter) {
+        let now = self.born.elapsed().as_millis() as u64 + 1;
+        let last = self.last_ms.load(Ordering::Acquire);
+        if last != 0 && now.saturating_sub(last) < PRESSURE_EVERY_MS {
+            return;
+        }
+        if self
+            .last_ms
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            raised.inc();
+            self.raised.notify_waiters();
+        }
+    }
+}
+
+/// What a watch counts.
+#[derive(Clone)]
+pub(crate) struct WatchCounters {
+    pub(crate) parked: Counter,
+    pub(crate) pressure: Counter,
+}
+
+/// Watches `slot` until its body is dropped, every `after` or `PRESSED_AFTER` if sooner:
+/// parks it when its client has not asked for `after` (`PRESSED_AFTER` when `pressure` is
+/// raised), and raises `pressure` when it has waited on its replica for `PRESSED_AFTER`.
+pub(crate) fn watch<B>(
+    slot: &Arc<Slot<B>>,
+    after: Duration,
+    pressure: Arc<Pressure>,
+    counters: WatchCounters,
+) where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
 {
     let slot: Weak<Slot<B>> = Arc::downgrade(slot);
+    let tick = after.min(PRESSED_AFTER);
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(after).await;
+            let limit = tokio::select! {
+                _ = tokio::time::sleep(tick) => after,
+                _ = pressure.raised.notified() => tick,
+            };
             let Some(slot) = slot.upgrade() else { return };
-            if slot.park_if_stalled(after) {
-                parked.inc();
+            if slot
+                .waiting_for()
+                .is_some_and(|waited| waited >= PRESSED_AFTER)
+            {
+                pressure.raise(&counters.pressure);
+            }
+            if slot.park_if_stalled(limit) {
+                counters.parked.inc();
             }
         }
     });
@@ -196,6 +286,62 @@ mod tests {
         assert!(matches!(poll(&slot), Poll::Ready(Polled::Parked)));
         let dropped = tx.send_data(Bytes::from_static(b"x")).await;
         assert!(dropped.is_err(), "the stream was dropped");
+    }
+
+    #[tokio::test]
+    async fn raised_pressure_parks_a_download_unasked_for_a_second_long_before_its_period() {
+        let (slot, mut tx) = slot();
+        tx.send_data(Bytes::from_static(b"some")).await.unwrap();
+        assert!(matches!(
+            poll(&slot),
+            Poll::Ready(Polled::Frame(Some(Ok(_))))
+        ));
+        let pressure = Arc::new(Pressure::default());
+        let (parked, raised) = (Counter::default(), Counter::default());
+        let counters = WatchCounters {
+            parked: parked.clone(),
+            pressure: raised.clone(),
+        };
+        watch(&slot, Duration::from_secs(600), pressure.clone(), counters);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        pressure.raise(&raised);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(parked.get(), 0, "asked for less than a second ago");
+        tokio::time::sleep(PRESSED_AFTER).await;
+        pressure.raise(&raised);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(parked.get(), 1);
+        assert!(matches!(poll(&slot), Poll::Ready(Polled::Parked)));
+        // Raised at most every PRESSURE_EVERY_MS: these two come too soon after the last.
+        pressure.raise(&raised);
+        pressure.raise(&raised);
+        assert_eq!(raised.get(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_download_waiting_on_its_replica_for_a_second_parks_stalled_ones() {
+        let (waiting, _waiting_tx) = slot();
+        assert!(matches!(poll(&waiting), Poll::Pending));
+        let (stalled, mut tx) = slot();
+        tx.send_data(Bytes::from_static(b"some")).await.unwrap();
+        assert!(matches!(poll(&stalled), Poll::Ready(Polled::Frame(_))));
+        let pressure = Arc::new(Pressure::default());
+        let (parked, raised) = (Counter::default(), Counter::default());
+        let counters = WatchCounters {
+            parked: parked.clone(),
+            pressure: raised.clone(),
+        };
+        let after = Duration::from_secs(600);
+        watch(&waiting, after, pressure.clone(), counters.clone());
+        watch(&stalled, after, pressure, counters);
+        tokio::time::sleep(PRESSED_AFTER * 2 + Duration::from_millis(500)).await;
+        assert!(raised.get() >= 1, "the waiting download raised no pressure");
+        assert_eq!(
+            parked.get(),
+            1,
+            "the stalled one was parked, not the waiting one"
+        );
+        assert!(matches!(poll(&stalled), Poll::Ready(Polled::Parked)));
     }
 
     #[tokio::test]

@@ -177,6 +177,11 @@ impl Router {
                         errors.push(format!("{node}: {err}"));
                         reask.not_yet(node);
                     }
+                    Err(Undecoded::BudgetSpent(err)) => {
+                        self.pressure.raise(&self.metrics.read_pressure);
+                        errors.push(format!("{node}: {err}"));
+                        reask.not_yet(node);
+                    }
                     Err(Undecoded::Refused(message)) => {
                         return Err(RouterError::Rejected(format!("{node}: {message}")));
                     }
@@ -406,6 +411,9 @@ pub(crate) enum Undecoded {
     /// 503 with `Retry-After`: this replica will answer soon (not checked against its peers
     /// since it started, busy); ask it again (`Reask`).
     NotYet(String),
+    /// `NotYet` because the replica's read budget is spent (`x-larder-read-budget-spent`):
+    /// ask it again, and park stalled downloads sooner (`park::Pressure`).
+    BudgetSpent(String),
     /// The replica refused the request itself (see `refuses_the_request`), with its message.
     Refused(String),
 }
@@ -465,10 +473,11 @@ pub(crate) async fn decode(
             refusal_message(response, deadline).await,
         )),
         StatusCode::SERVICE_UNAVAILABLE if response.headers().contains_key(header::RETRY_AFTER) => {
-            Err(Undecoded::NotYet(format!(
-                "status {}, retry later",
-                response.status()
-            )))
+            let why = format!("status {}, retry later", response.status());
+            match response.headers().contains_key(h::READ_BUDGET_SPENT) {
+                true => Err(Undecoded::BudgetSpent(format!("{why}: read budget spent"))),
+                false => Err(Undecoded::NotYet(why)),
+            }
         }
         status => Err(Undecoded::Failed(format!("status {status}"))),
     }

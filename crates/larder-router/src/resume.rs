@@ -99,7 +99,11 @@ impl Router {
         let after = self.config.park_stalled_reads_after;
         let len = found.selected.end - found.selected.start;
         if !after.is_zero() && len > park::WATCH_FROM {
-            park::watch(&slot, after, self.metrics.reads_parked.clone());
+            let counters = park::WatchCounters {
+                parked: self.metrics.reads_parked.clone(),
+                pressure: self.metrics.read_pressure.clone(),
+            };
+            park::watch(&slot, after, self.pressure.clone(), counters);
         }
         ResumingBody {
             router: self.clone(),

@@ -133,6 +133,9 @@ pub struct RouterMetrics {
     pub reads_resumed: Counter,
     /// Downloads whose replica stream was let go while their client did not read (`park.rs`).
     pub reads_parked: Counter,
+    /// Times held-up reads made every watch look for stalled downloads at once
+    /// (`park::Pressure`; at most four a second).
+    pub read_pressure: Counter,
 }
 
 pub struct Router {
@@ -149,6 +152,8 @@ pub struct Router {
     pub(crate) journal: Option<UploadJournal>,
     /// Journal entries recorded ahead of need (`reserve.rs`).
     pub(crate) reserved: crate::reserve::Reserved,
+    /// Storage nodes' word that their read budget is spent, to the park watches.
+    pub(crate) pressure: Arc<crate::park::Pressure>,
 }
 
 /// Why a request ended at its operation's deadline.
@@ -191,6 +196,7 @@ impl Router {
             metrics: RouterMetrics::default(),
             journal: None,
             reserved: Default::default(),
+            pressure: Default::default(),
         })
     }
 
@@ -222,6 +228,7 @@ impl Router {
             metrics: self.metrics.clone(),
             journal: None,
             reserved: Default::default(),
+            pressure: self.pressure.clone(),
         })
     }
 

@@ -120,7 +120,7 @@ pub async fn get(
             }
             let reads = with_body.then_some(&node.reads);
             let served = serve(store, record, range, reads).await;
-            if matches!(served, Err(Error::Busy(_))) {
+            if matches!(served, Err(Error::ReadBudgetSpent)) {
                 node.metrics.read_budget_refusals.inc();
             }
             let mut response = served?;

@@ -45,6 +45,9 @@ pub enum Error {
     BadRange(RangeError),
     #[error("{0}")]
     NotFound(&'static str),
+    /// The node's read budget stayed spent for `read_budget_wait`: try later or elsewhere.
+    #[error("this node's read budget stayed spent ([limits] read_budget); retry later")]
+    ReadBudgetSpent,
     /// A bounded resource (visit scan slots) stayed taken too long: try later or elsewhere.
     #[error("{0}")]
     Busy(&'static str),

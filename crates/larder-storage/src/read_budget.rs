@@ -4,7 +4,8 @@
 //! a node serves at once beyond the streams its peers may open: a thousand readers of large
 //! blobs held gigabytes. Every read past `INLINE_READ_MAX` takes its share here before its
 //! first piece is read, waiting at most `[limits] read_budget_wait` (then 503 `Busy` with
-//! `Retry-After`: the frontend asks another replica, or this one again), and each read-ahead
+//! `Retry-After` and `x-larder-read-budget-spent`: the frontend asks another replica, or this
+//! one again, and parks its stalled downloads sooner: `larder-router/src/park.rs`), and each read-ahead
 //! piece takes its share before it is read, waiting as long as it must: a read under way is
 //! never failed for want of budget, it only slows down. A share rides in its piece's `Bytes`
 //! and is given back when the last view of them is dropped: once h2 has written them to the
@@ -97,9 +98,7 @@ impl ReadBudget {
         match tokio::time::timeout(self.wait, acquire).await {
             Ok(Ok(permit)) => Ok(Held(permit)),
             Ok(Err(_closed)) => Err(Error::Busy("the node is shutting down")),
-            Err(_) => Err(Error::Busy(
-                "this node's read budget stayed spent ([limits] read_budget); retry later",
-            )),
+            Err(_) => Err(Error::ReadBudgetSpent),
         }
     }
 
@@ -161,7 +160,7 @@ mod tests {
         let second = budget.try_take(2 << 20).unwrap();
         assert_eq!(budget.used(), 3 << 20);
         assert!(budget.try_take(1).is_none());
-        assert!(matches!(budget.take(1).await, Err(Error::Busy(_))));
+        assert!(matches!(budget.take(1).await, Err(Error::ReadBudgetSpent)));
         drop(first);
         assert_eq!(budget.used(), 2 << 20);
         let waiting = tokio::spawn(budget.clone().take_in_time(3 << 20));

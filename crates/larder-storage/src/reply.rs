@@ -83,6 +83,7 @@ pub fn error_response(err: &Error) -> Response<Body> {
         Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
         Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
         Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
+        Error::ReadBudgetSpent => (S::SERVICE_UNAVAILABLE, "ReadBudgetSpent"),
         Error::NotPrimary(_) => (S::MISDIRECTED_REQUEST, "NotPrimary"),
         Error::NewerVersion { .. } => (S::CONFLICT, "NewerVersion"),
         Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
@@ -98,6 +99,11 @@ pub fn error_response(err: &Error) -> Response<Body> {
     let mut response = coded(code, stable, err);
     let headers = response.headers_mut();
     match err {
+        Error::ReadBudgetSpent => {
+            headers.insert(header::RETRY_AFTER, BUDGET_RETRY_AFTER_SECS.into());
+            let spent = HeaderValue::from_static("1");
+            headers.insert(larder_proto::header::READ_BUDGET_SPENT, spent);
+        }
         Error::BodyBudgetSpent { .. }
         | Error::Busy(_)
         | Error::Bootstrapping { .. }

@@ -230,61 +230,117 @@ async fn a_download_goes_on_from_another_replica_when_its_node_dies_mid_way() {
 /// when they read at last, each gets every byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_stop_reading_are_parked_and_other_downloads_go_on() {
-    use tokio::io::AsyncReadExt;
     let frontend = "[pool]\nconnections_per_node = 1\nconnection_window = \"1MiB\"\n\
                     stream_window = \"1MiB\"\n\n[router]\nhedging = false\n\
                     park_stalled_reads_after = \"300ms\"\n";
     let cluster = Cluster::start_with(3, 2, frontend);
     let client = H2Client::connect(cluster.frontend_addr).await;
     let data = random_bytes(4_000_000);
-    let (status, id, _) = client.put(data.clone()).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let id = id.unwrap();
-    let mut stalled = Vec::new();
-    for _ in 0..30 {
-        stalled.push(slow_download(cluster.frontend_addr, &id).await);
-    }
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 30).await;
     let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(15), client.get(&id))
         .await
         .expect("a download behind stalled ones never ended");
     assert_eq!(status, StatusCode::OK);
     assert!(body == data, "the stored bytes");
-    for mut download in stalled {
-        let mut got = Vec::new();
-        download.read_to_end(&mut got).await.unwrap();
-        assert_whole(&got, &data);
-    }
-    let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
-    let parked = common::metrics::value(&metrics, "larder_frontend_reads_parked_total");
-    assert!(parked.is_some_and(|n| n >= 1.0), "parked: {parked:?}");
+    read_whole(stalled, &data).await;
+    assert!(parked(&cluster) >= 1.0, "none parked");
 }
 
 /// `park_stalled_reads_after = 0` turns parking off: downloads whose clients stop reading keep
 /// their replicas' streams (none is parked), and each still gets every byte when it reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_parking_off_stalled_downloads_keep_their_streams() {
-    use tokio::io::AsyncReadExt;
     let frontend = "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n";
     let cluster = Cluster::start_with(3, 2, frontend);
     let client = H2Client::connect(cluster.frontend_addr).await;
     let data = random_bytes(4_000_000);
+    let (_, stalled) = stalled_downloads(&cluster, &client, &data, 3).await;
+    read_whole(stalled, &data).await;
+    assert_eq!(parked(&cluster), 0.0, "parked with parking off");
+}
+
+/// Storage nodes whose read budget (three 256 KiB pieces) stalled downloads have spent answer a
+/// new read 503 `ReadBudgetSpent`; the frontend then parks its downloads that have gone unasked
+/// for a second at once (its period here is a minute), which gives the budget back, and the
+/// new read is served. The stalled clients get every byte when they read (or a 503, if their
+/// own read found every budget spent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_read_budget_makes_the_frontend_park_its_stalled_downloads() {
+    // 12 MB blobs stored whole (the sockets' buffers between frontend and client take a few
+    // MB of each download), streams with a 1 MiB window (but not the connection: a stalled
+    // download left unparked would hold it all, and the others with it).
+    let frontend = "[pool]\nconnections_per_node = 1\nconnection_window = \"64MiB\"\n\
+                    stream_window = \"1MiB\"\n\n[router]\nhedging = false\n\
+                    park_stalled_reads_after = \"60s\"\n\n[chunking]\nchunk_size = \"12MiB\"\n";
+    let storage = "[store]\nread_piece_size = \"256KiB\"\n\n\
+                   [limits]\nread_budget = \"768KiB\"\nread_budget_wait = \"200ms\"\n";
+    let cluster = Cluster::start_full(3, 2, frontend, storage);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(12_000_000);
+    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
+    let (status, body) = client.get(&id).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    assert!(body == data, "the stored bytes");
+    let mut whole = 0;
+    for mut download in stalled {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        download.read_to_end(&mut got).await.unwrap();
+        if got.starts_with(b"HTTP/1.1 503") {
+            continue;
+        }
+        assert_whole(&got, &data);
+        whole += 1;
+    }
+    assert!(whole >= 3, "only {whole} stalled downloads were served");
+    // How: held-up reads made the frontend park stalled downloads (a minute before their
+    // period), more than once as the clients read one after another.
+    assert!(read_pressure(&cluster) >= 1.0, "no pressure");
+    assert!(parked(&cluster) >= 1.0, "none parked");
+}
+
+/// Stores `data` and opens `n` downloads of it that then read nothing for a second: the blob's
+/// ID and the downloads.
+async fn stalled_downloads(
+    cluster: &Cluster,
+    client: &H2Client,
+    data: &Bytes,
+    n: usize,
+) -> (String, Vec<tokio::net::TcpStream>) {
     let (status, id, _) = client.put(data.clone()).await;
     assert_eq!(status, StatusCode::CREATED);
     let id = id.unwrap();
     let mut stalled = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..n {
         stalled.push(slow_download(cluster.frontend_addr, &id).await);
     }
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    for mut download in stalled {
+    (id, stalled)
+}
+
+/// Reads each download to its end: each is a 200 with exactly `data`.
+async fn read_whole(downloads: Vec<tokio::net::TcpStream>, data: &[u8]) {
+    use tokio::io::AsyncReadExt;
+    for mut download in downloads {
         let mut got = Vec::new();
         download.read_to_end(&mut got).await.unwrap();
-        assert_whole(&got, &data);
+        assert_whole(&got, data);
     }
+}
+
+/// The frontend's count of parked downloads (0 before any).
+fn parked(cluster: &Cluster) -> f64 {
+    frontend_count(cluster, "larder_frontend_reads_parked_total")
+}
+
+/// The frontend's count of held-up reads that made it park stalled downloads sooner.
+fn read_pressure(cluster: &Cluster) -> f64 {
+    frontend_count(cluster, "larder_frontend_read_pressure_total")
+}
+
+fn frontend_count(cluster: &Cluster, series: &str) -> f64 {
     let metrics = common::metrics::scrape_frontend(cluster.frontend_addr).unwrap();
-    let parked = common::metrics::value(&metrics, "larder_frontend_reads_parked_total");
-    assert_eq!(parked.unwrap_or(0.0), 0.0, "parked with parking off");
+    common::metrics::value(&metrics, series).unwrap_or(0.0)
 }
 
 /// An HTTP/1.1 GET of blob `id` (the connection closes after it) from a client with a 4 KiB
@@ -324,21 +380,26 @@ fn random_bytes(len: usize) -> Bytes {
 
 /// Each storage node's count of bytes of large records read (its metrics).
 async fn large_reads(cluster: &Cluster) -> Vec<f64> {
-    let mut counts = Vec::new();
+    node_metric_sums(cluster, "larder_storage_large_read_bytes_total{").await
+}
+
+/// Each storage node's sum of the series whose lines start with `prefix`.
+async fn node_metric_sums(cluster: &Cluster, prefix: &str) -> Vec<f64> {
+    let mut sums = Vec::new();
     for i in 0..3 {
         let node = cluster.node_client(cluster.node_addr(i)).await;
         let (_, body) = node
             .request(http::Method::GET, "/internal/v1/metrics", Bytes::new())
             .await;
         let text = String::from_utf8_lossy(&body);
-        let count: f64 = text
+        let sum: f64 = text
             .lines()
-            .filter(|l| l.starts_with("larder_storage_large_read_bytes_total{"))
+            .filter(|l| l.starts_with(prefix))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum();
-        counts.push(count);
+        sums.push(sum);
     }
-    counts
+    sums
 }
 
 /// PUTs `data` through `client` and waits until node 0 holds it too (the PUT was answered at

@@ -79,23 +79,6 @@ fn the_s3_port_has_the_main_ports_slow_client_limits() {
         "{answer}"
     );
 
-    // s3s reads XML bodies (DeleteObjects, CompleteMultipartUpload, ...) whole, after the
-    // access check: at most 8 MiB (the largest S3 sends is ~6 MB), past it 400
-    // MaxMessageLengthExceeded; at the bound, read and parsed.
-    let presigner = common::Presigner::new(&cluster, s3, &["*:owner"]);
-    let url = presigner.url("POST", "edge", "", &[("delete", "")]);
-    let target = url.strip_prefix(&endpoint).unwrap();
-    let answer = posted_answer(s3, target, (8 << 20) + 1);
-    assert!(
-        answer.starts_with("HTTP/1.1 400") && answer.contains("MaxMessageLengthExceeded"),
-        "{answer}"
-    );
-    let answer = posted_answer(s3, target, 8 << 20);
-    assert!(
-        answer.starts_with("HTTP/1.1 400") && !answer.contains("MaxMessageLengthExceeded"),
-        "{answer}"
-    );
-
     // A client that connects and says nothing is closed after the header-read timeout.
     let mut silent = TcpStream::connect(s3).unwrap();
     let closed = closed_within(&mut silent, Duration::from_secs(15));
@@ -157,33 +140,6 @@ fn form_upload_answer(s3: SocketAddr, path: &str) -> String {
             break;
         }
     }
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
-/// The answer to a POST to `target` (path and query) of `len` bytes that are not XML, sent
-/// from another thread (the server may answer before it has read them all), within 10 s.
-fn posted_answer(s3: SocketAddr, target: &str, len: usize) -> String {
-    use std::io::Write;
-    let mut stream = TcpStream::connect(s3).unwrap();
-    let head = format!("POST {target} HTTP/1.1\r\nHost: {s3}\r\nContent-Length: {len}\r\n\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    let mut sender = stream.try_clone().unwrap();
-    let sending = std::thread::spawn(move || {
-        let _ = sender.write_all(&vec![b' '; len]);
-    });
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n @ 1..) = stream.read(&mut buf) {
-        answer.extend_from_slice(&buf[..n]);
-        if answer.windows(8).any(|w| w == b"</Error>") {
-            break;
-        }
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-    sending.join().unwrap();
     String::from_utf8_lossy(&answer).into_owned()
 }
 

@@ -323,16 +323,8 @@ async fn replication_skips_what_the_node_would_refuse_and_moves_on() {
 
 /// The node's `larder_storage_replication_refused_total`, summed over peers and partitions.
 async fn refused_changes(secret: &std::path::Path, addr: std::net::SocketAddr) -> f64 {
-    let (_, _, metrics) = internal::send(
-        secret,
-        addr,
-        Method::GET,
-        larder_proto::METRICS_PATH,
-        &[],
-        Bytes::new(),
-    )
-    .await;
-    String::from_utf8_lossy(&metrics)
+    node_metrics(secret, addr)
+        .await
         .lines()
         .filter(|l| l.starts_with("larder_storage_replication_refused_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -403,6 +395,7 @@ async fn blob_reads_hold_at_most_the_read_budget_and_give_it_back() {
     let refused = sender.send_request(get()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(refused.headers()["x-larder-read-budget-spent"], "1");
 
     // The third's client reads: each piece h2 sends gives its share to the next, so it reads
     // to the end while the other two still hold theirs.
