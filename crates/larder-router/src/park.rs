@@ -222,10 +222,16 @@ pub(crate) fn watch<B>(
     let slot: Weak<Slot<B>> = Arc::downgrade(slot);
     let tick = after.min(PRESSED_AFTER);
     tokio::spawn(async move {
+        // One registration kept across turns, so a raise while this watch is busy with its
+        // own turn (every watch ticks on the same second) is not missed.
+        let mut raised = std::pin::pin!(pressure.raised.notified());
         loop {
             let limit = tokio::select! {
                 _ = tokio::time::sleep(tick) => after,
-                _ = pressure.raised.notified() => tick,
+                _ = raised.as_mut() => {
+                    raised.set(pressure.raised.notified());
+                    tick
+                }
             };
             let Some(slot) = slot.upgrade() else { return };
             if slot
@@ -334,7 +340,7 @@ mod tests {
         let after = Duration::from_secs(600);
         watch(&waiting, after, pressure.clone(), counters.clone());
         watch(&stalled, after, pressure, counters);
-        tokio::time::sleep(PRESSED_AFTER * 2 + Duration::from_millis(500)).await;
+        tokio::time::sleep(PRESSED_AFTER * 3 + Duration::from_millis(500)).await;
         assert!(raised.get() >= 1, "the waiting download raised no pressure");
         assert_eq!(
             parked.get(),
