@@ -8,8 +8,9 @@
 //! answered with data and not been asked for more for `[router] park_stalled_reads_after` lets
 //! go of its replica's stream (a reset gives its window back) and of the rest of its last
 //! frame (`resume.rs` hands frames on in slices), keeping only what it already handed on
-//! (what hyper and the sockets hold, and the frame buffers those slices are views of); when the client reads again, the rest is read anew from
-//! where that ends, which a blob's unchanging bytes make exact.
+//! (what hyper and the sockets hold, and the frame buffers those slices are views of); when
+//! the client reads again, the rest is read anew from where that ends, which a blob's
+//! unchanging bytes make exact. Held-up reads make every watch look at once (`Pressure`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -150,8 +151,8 @@ impl<B: Body<Data = Bytes> + Unpin> Slot<B> {
     }
 }
 
-/// How long a download must have gone unasked to be parked at once when a storage node says
-/// its read budget is spent.
+/// How long a download must have gone unasked to be parked at once when reads are held up
+/// (`Pressure`); also how long a download waits on its replica before it says so.
 const PRESSED_AFTER: Duration = Duration::from_secs(1);
 
 /// How often pressure is raised at most: each raise wakes every watch.
@@ -182,8 +183,8 @@ impl Default for Pressure {
 }
 
 impl Pressure {
-    /// A node said its read budget is spent: wakes every watch, unless that was done less
-    /// than `PRESSURE_EVERY_MS` ago.
+    /// Reads are held up: wakes every watch, unless that was done less than
+    /// `PRESSURE_EVERY_MS` ago.
     pub(crate) fn raise(&self, raised: &Counter) {
         let now = self.born.elapsed().as_millis() as u64 + 1;
         let last = self.last_ms.load(Ordering::Acquire);

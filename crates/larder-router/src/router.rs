@@ -152,7 +152,8 @@ pub struct Router {
     pub(crate) journal: Option<UploadJournal>,
     /// Journal entries recorded ahead of need (`reserve.rs`).
     pub(crate) reserved: crate::reserve::Reserved,
-    /// Storage nodes' word that their read budget is spent, to the park watches.
+    /// Word that reads are held up (a node's spent read budget, a download waiting on its
+    /// replica), to the park watches.
     pub(crate) pressure: Arc<crate::park::Pressure>,
 }
 

@@ -3,7 +3,7 @@
 //! Why: a streamed read holds a few pieces (`streamed.rs`), but nothing bounded how many reads
 //! a node serves at once beyond the streams its peers may open: a thousand readers of large
 //! blobs held gigabytes. Every read past `INLINE_READ_MAX` takes its share here before its
-//! first piece is read, waiting at most `[limits] read_budget_wait` (then 503 `Busy` with
+//! first piece is read, waiting at most `[limits] read_budget_wait` (then 503 `ReadBudgetSpent` with
 //! `Retry-After` and `x-larder-read-budget-spent`: the frontend asks another replica, or this
 //! one again, and parks its stalled downloads sooner: `larder-router/src/park.rs`), and each read-ahead
 //! piece takes its share before it is read, waiting as long as it must: a read under way is
