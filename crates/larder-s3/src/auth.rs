@@ -16,6 +16,7 @@ use crate::metrics::OperationSlot;
 use crate::records::{bucket_doc, AccessKey, BucketIndex, KeyRing, Permission, KEYS_DOC};
 use crate::service::Larder;
 use crate::store::Records;
+use crate::xml_bound::DeclaredLength;
 
 /// How long a key ring read is reused: a revoked key stops working within this.
 const KEY_RING_TTL: Duration = Duration::from_secs(1);
@@ -131,8 +132,20 @@ impl S3Access for Gate {
         if let Some(slot) = cx.extensions_mut().get::<OperationSlot>() {
             slot.set(&operation);
         }
+        match cx.credentials() {
+            None => self.check_anonymous(cx).await?,
+            Some(_) => self.check_key(cx).await?,
+        }
+        let declared = cx.extensions_mut().get::<DeclaredLength>().copied();
+        crate::xml_bound::check(cx.method(), &operation, declared)
+    }
+}
+
+impl Gate {
+    /// A signed request: its key's permission in the bucket.
+    async fn check_key(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         let Some(credentials) = cx.credentials() else {
-            return self.check_anonymous(cx).await;
+            return Err(s3_error!(AccessDenied));
         };
         let bucket = match cx.s3_path() {
             // ListBuckets: shown only the buckets the key has a permission in.

@@ -182,7 +182,7 @@ impl Chunks {
 
     async fn next_data(&mut self) -> Result<Option<Bytes>, S3Error> {
         while let Some(piece) = self.body.next().await {
-            let piece = piece.map_err(|e| S3Error::InvalidArgument(format!("body: {e}")))?;
+            let piece = piece.map_err(body_failure)?;
             if piece.is_empty() {
                 continue;
             }
@@ -256,6 +256,16 @@ fn concat(mut parts: Vec<Bytes>, len: usize) -> Bytes {
     let mut buf = BytesMut::with_capacity(len);
     parts.iter().for_each(|part| buf.extend_from_slice(part));
     buf.freeze()
+}
+
+/// The error for a request body that failed as it streamed. s3s checks a signed payload's
+/// SHA-256 as it goes and fails the body with an error type of its own that it does not
+/// export, so its message is the only way to tell (tested end to end, `s3_edge.rs`).
+fn body_failure(err: Box<dyn std::error::Error + Send + Sync>) -> S3Error {
+    match err.to_string().as_str() {
+        "UploadStreamError: Sha256Mismatch" => S3Error::Sha256Mismatch,
+        message => S3Error::InvalidArgument(format!("body: {message}")),
+    }
 }
 
 pub fn hex(bytes: &[u8]) -> String {

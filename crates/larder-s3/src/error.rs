@@ -3,6 +3,9 @@
 use larder_router::{DocError, RouterError};
 use s3s::{S3Error as Reply, S3ErrorCode as Code};
 
+/// S3's code for a body whose SHA-256 is not the signed one.
+pub const SHA256_MISMATCH: &str = "XAmzContentSHA256Mismatch";
+
 #[derive(Debug, thiserror::Error)]
 pub enum S3Error {
     #[error("the specified bucket does not exist")]
@@ -68,6 +71,9 @@ pub enum S3Error {
     /// The body's additional checksum (`x-amz-checksum-*`) is not the one sent.
     #[error("The {0} you specified did not match the calculated checksum.")]
     BadChecksum(String),
+    /// The body's SHA-256 is not the signed `x-amz-content-sha256`.
+    #[error("The provided 'x-amz-content-sha256' header does not match what was computed.")]
+    Sha256Mismatch,
     /// A request form S3 defines that Larder does not take.
     #[error("{0}")]
     NotImplemented(String),
@@ -140,6 +146,12 @@ impl From<S3Error> for Reply {
             S3Error::InvalidDigest => Code::InvalidDigest,
             S3Error::BadDigest | S3Error::BadChecksum(_) => Code::BadDigest,
             S3Error::Corrupt(_) | S3Error::Internal(_) => Code::InternalError,
+            // s3s has no such code: a custom one, with S3's status.
+            S3Error::Sha256Mismatch => {
+                let mut reply = Reply::with_message(Code::Custom(SHA256_MISMATCH.into()), message);
+                reply.set_status_code(http::StatusCode::BAD_REQUEST);
+                return reply;
+            }
         };
         if matches!(err, S3Error::Corrupt(_) | S3Error::Internal(_)) {
             tracing::error!(%message, "S3 request failed");

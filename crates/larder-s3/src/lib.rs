@@ -45,6 +45,7 @@ mod tagging;
 mod upload_checksum;
 mod upload_list;
 mod use_order;
+mod xml_bound;
 
 pub use blobs::BlobLimits;
 pub use config::{records_router, S3Config};

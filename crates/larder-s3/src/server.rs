@@ -23,6 +23,7 @@ use crate::metrics::{OperationSlot, S3Metrics};
 use crate::service::Larder;
 use crate::stall::{StallClock, Stalled};
 use crate::store::Records;
+use crate::xml_bound::{DeclaredLength, Mismatch, PayloadHash, XML_MAX_BODY};
 use crate::S3Config;
 use larder_router::{Leftover, Router};
 
@@ -163,10 +164,16 @@ impl S3Api {
         let head = req.method() == http::Method::HEAD;
         let timeout = self.limits.body_read_timeout;
         let stalled = Stalled::default();
-        let mut req =
-            req.map(|body| s3s::Body::http_body(StallClock::new(body, timeout, stalled.clone())));
+        let declared = http_body::Body::size_hint(req.body()).exact();
+        let mismatch = Mismatch::default();
+        let hash = PayloadHash::of_request(&req, slot.clone(), mismatch.clone());
+        let mut req = req.map(|body| {
+            let body = StallClock::new(body, timeout, stalled.clone());
+            s3s::Body::http_body(hash.over(body).with_declared(declared))
+        });
+        req.extensions_mut().insert(DeclaredLength(declared));
         req.extensions_mut().insert(slot.clone());
-        req.extensions_mut().insert(stalled);
+        req.extensions_mut().insert(stalled.clone());
         let mut response = match self.service.call(req).await {
             Ok(response) => response.map(|body| body.boxed()),
             Err(err) => {
@@ -176,6 +183,9 @@ impl S3Api {
                 response
             }
         };
+        if response.status() == http::StatusCode::INTERNAL_SERVER_ERROR {
+            response = client_fault(&stalled, &mismatch).unwrap_or(response);
+        }
         // s3s writes HeadObject's status itself, always 200; S3 answers a HEAD of a range or
         // a part (the answer's Content-Range says which) with 206, as GET does.
         let partial = response.headers().contains_key(http::header::CONTENT_RANGE);
@@ -188,6 +198,27 @@ impl S3Api {
             .observe(slot.get(), response.status(), started.elapsed());
         response
     }
+}
+
+/// The answer to a request s3s answered 500 because its body failed, when the client's fault
+/// failed it: s3s reads the bodies of most PUTs and POSTs whole and answers any failure of
+/// theirs with 500 `InternalError` (`xml_bound.rs`). A streamed body's failures are answered
+/// by Larder's own handlers.
+fn client_fault(stalled: &Stalled, mismatch: &Mismatch) -> Option<http::Response<S3Body>> {
+    if stalled.happened() {
+        return Some(error_answer(
+            http::StatusCode::BAD_REQUEST,
+            "RequestTimeout",
+            "Your socket connection to the server was not read from or written to within the timeout period.",
+        ));
+    }
+    mismatch.happened().then(|| {
+        error_answer(
+            http::StatusCode::BAD_REQUEST,
+            crate::error::SHA256_MISMATCH,
+            &crate::error::S3Error::Sha256Mismatch.to_string(),
+        )
+    })
 }
 
 /// S3's 403 `AuthorizationQueryParametersError` (a presigned request's query out of SigV4's
@@ -279,13 +310,12 @@ fn service(larder: Larder) -> S3Service {
 }
 
 /// What s3s may hold of one request in memory. Its defaults are larger than any request
-/// Larder takes needs: XML bodies of 20 MB (the largest S3 sends are a DeleteObjects of 1,000
-/// keys of 1 KiB, each character escaped as at most 6 bytes, and a CompleteMultipartUpload of
-/// 10,000 parts, both under 8 MiB) and HTML-form uploads of 5 GB, which `handle` refuses
+/// Larder takes needs: XML bodies of 20 MB (Larder's bound is `XML_MAX_BODY`, checked first
+/// by the access check, `xml_bound.rs`) and HTML-form uploads of 5 GB, which `handle` refuses
 /// before s3s sees them (bounded here all the same, should one get through).
 fn bounds() -> S3sConfig {
     let mut bounds = S3sConfig::default();
-    bounds.xml_max_body_size = 8 << 20;
+    bounds.xml_max_body_size = XML_MAX_BODY;
     bounds.post_object_max_file_size = 0;
     bounds.form_max_field_size = 64 << 10;
     bounds.form_max_fields_size = 256 << 10;

@@ -20,12 +20,17 @@ fn owner_key(cluster: &Cluster) -> (String, String) {
 
 /// Runs a Python script with `args`; its stdout, after checking it succeeded.
 fn run_python(script: &str, args: &[&str]) -> String {
-    let out = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
+    succeeded(Command::new(python()).arg("-c").arg(script).args(args))
+}
+
+/// Runs the Python script file `path` with `args`; its stdout, after checking it succeeded.
+fn run_python_file(path: &str, args: &[&str]) -> String {
+    succeeded(Command::new(python()).arg(path).args(args))
+}
+
+/// The stdout of `command`, after checking it succeeded.
+fn succeeded(command: &mut Command) -> String {
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -84,18 +89,22 @@ fn the_s3_port_has_the_main_ports_slow_client_limits() {
     let closed = closed_within(&mut silent, Duration::from_secs(15));
     assert!(closed.is_some(), "a silent S3 connection stayed open");
 
-    // A PUT whose body stops is answered RequestTimeout after the body-read timeout.
+    // A PUT whose body stops is answered RequestTimeout after the body-read timeout; so is a
+    // POST of XML that s3s reads whole (s3s alone answers 500).
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/stalled_put.py");
-    let out = Command::new(python())
-        .args([script, &endpoint, &key, &secret, "edge", "15"])
-        .output()
-        .unwrap();
-    let answer = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        answer.contains(" 400 ") && answer.contains("RequestTimeout"),
-        "{answer}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for extra in [None, Some("delete")] {
+        let out = Command::new(python())
+            .args([script, &endpoint, &key, &secret, "edge", "15"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            answer.contains(" 400 ") && answer.contains("RequestTimeout"),
+            "{extra:?}: {answer}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // Past max_connections_per_ip, a connection is closed right after accept, and counted.
     // From 127.0.0.2: the limit is the frontend's, over all its ports, and the metrics scrapes
@@ -302,4 +311,44 @@ fn client_errors_on_the_s3_port_stay_out_of_the_log_by_default() {
             "LARDER_LOG {filter:?}:\n{text}"
         );
     }
+}
+
+/// XML bodies s3s reads whole are bounded at 8 MiB before a byte is read: one past the bound
+/// is 400 `MaxMessageLengthExceeded` (s3s 0.14.1 alone answered 500), one of no declared
+/// length 411, a body of whitespace `MalformedXML`, and a key without the right gets 403
+/// whatever the size. A body whose SHA-256 is not the signed one is 400
+/// `XAmzContentSHA256Mismatch` (s3s alone: 500 for XML, Larder's 400 `InvalidArgument` for a
+/// PutObject). None of them stores or deletes anything; a body at the bound is taken.
+#[test]
+fn faulty_request_bodies_get_s3s_codes_and_lose_nothing() {
+    let s3: SocketAddr = common::free_addresses(1)[0];
+    let cluster = Cluster::start_with(3, 8, &format!("[s3]\nlisten = \"{s3}\"\n"));
+    common::wait_for_port(s3);
+    let (key, secret) = owner_key(&cluster);
+    let (reader, reader_secret) = common::s3_key(&cluster, &["*:read"]);
+    let endpoint = format!("http://{s3}");
+    let create = format!("{BOTO3}\nclient(*sys.argv[1:4]).create_bucket(Bucket='xml')");
+    run_python(&create, &[&endpoint, &key, &secret]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3/xml_bodies.py");
+    let out = run_python_file(
+        script,
+        &[&endpoint, &key, &secret, &reader, &reader_secret, "xml"],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "over 400 MaxMessageLengthExceeded",
+            "over_by_a_reader 403 AccessDenied",
+            "chunked 411 MissingContentLength",
+            "whitespace 400 MalformedXML",
+            "wrong_hash 400 XAmzContentSHA256Mismatch",
+            "wrong_hash_put 400 XAmzContentSHA256Mismatch",
+            "put_stored False",
+            "kept True",
+            "at 200 OK",
+            "kept_after_the_bound False",
+        ],
+        "{out}"
+    );
 }

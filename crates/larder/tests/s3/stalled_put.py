@@ -1,7 +1,8 @@
-"""A signed S3 PUT whose body stops after 10 of its 100 bytes; prints the status line and the
-error code of the answer, or TIMEOUT if none came within argv[5] seconds.
+"""A signed S3 PUT (a PutObject) whose body stops after 10 of its 100 bytes; prints the status
+line and the error code of the answer, or TIMEOUT if none came within argv[5] seconds. With
+`delete` after the wait, the same of a POST of a DeleteObjects (an XML body s3s reads whole).
 
-usage: stalled_put.py ENDPOINT ACCESS_KEY SECRET BUCKET WAIT_SECONDS"""
+usage: stalled_put.py ENDPOINT ACCESS_KEY SECRET BUCKET WAIT_SECONDS [delete]"""
 import re
 import socket
 import sys
@@ -12,15 +13,18 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 endpoint, key, secret, bucket, wait = sys.argv[1:6]
-url = f"{endpoint}/{bucket}/stalled"
-request = AWSRequest(method="PUT", url=url, headers={
+method, path = "PUT", f"/{bucket}/stalled"
+if sys.argv[6:7] == ["delete"]:
+    method, path = "POST", f"/{bucket}?delete"
+url = f"{endpoint}{path}"
+request = AWSRequest(method=method, url=url, headers={
     "Content-Length": "100",
     "X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD",
 })
 S3SigV4Auth(Credentials(key, secret), "s3", "us-east-1").add_auth(request)
 host = urlparse(endpoint)
 sock = socket.create_connection((host.hostname, host.port))
-head = f"PUT /{bucket}/stalled HTTP/1.1\r\nHost: {host.netloc}\r\n"
+head = f"{method} {path} HTTP/1.1\r\nHost: {host.netloc}\r\n"
 for name, value in request.headers.items():
     if name.lower() != "host":
         head += f"{name}: {value}\r\n"
