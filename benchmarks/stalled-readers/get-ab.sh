@@ -3,8 +3,10 @@
 # of the frontend (the larder dev process) and of the storage nodes (its children), two builds
 # alternating, three rounds; one 8 s h2load load (1 connection x STREAMS, 256 unless set) each,
 # after a warm-up. Prints table rows.
-# Usage: [SIZE=bytes] [STREAMS=n] [WARMUP=requests] get-ab.sh BASE_LARDER HEAD_LARDER
-#   (e.g. the release builds of benchmarks/lib-s3.sh)
+# BASE_SETTINGS and HEAD_SETTINGS name a `--frontend-settings` file for each side, so one
+# build can be compared with itself under two settings.
+# Usage: [SIZE=bytes] [STREAMS=n] [WARMUP=requests] [BASE_SETTINGS=f] [HEAD_SETTINGS=f]
+#        get-ab.sh BASE_LARDER HEAD_LARDER   (e.g. the release builds of benchmarks/lib-s3.sh)
 set -euo pipefail
 base=${1:?base build of larder}
 head=${2:?head build of larder}
@@ -18,8 +20,10 @@ cpu() { local t=0; for p in "$@"; do t=$((t + $(awk '{print $14+$15}' /proc/$p/s
 for round in 1 2 3; do
   for build in base head; do
     [ $((round % 2)) = 0 ] && { [ $build = base ] && build=head || build=base; }
-    bin=${!build}; dir=$(mktemp -d /tmp/getcpu.XXXX); port=$((20000 + RANDOM % 10000))
-    LARDER_LOG=error $bin dev --data-dir $dir --listen 127.0.0.1:$port --s3-listen 127.0.0.1:0 >/dev/null 2>&1 &
+    bin=${!build}; settings=(); [ $build = base ] && settings_file=${BASE_SETTINGS:-} || settings_file=${HEAD_SETTINGS:-}
+    [ -n "$settings_file" ] && settings=(--frontend-settings "$settings_file")
+    dir=$(mktemp -d /tmp/getcpu.XXXX); port=$((20000 + RANDOM % 10000))
+    LARDER_LOG=error $bin dev --data-dir $dir --listen 127.0.0.1:$port --s3-listen 127.0.0.1:0 "${settings[@]}" >/dev/null 2>&1 &
     dev=$!
     for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:$port/readyz && break; sleep 0.1; done
     sleep 1

@@ -190,15 +190,19 @@ async fn damage_past_the_first_piece_resets_the_stream_and_the_read_goes_on_else
 /// A storage node SIGKILLed while it sends a download: the frontend reads the rest from
 /// another replica and its client gets every byte, in one unbroken body. Small pool windows and
 /// pieces keep the node's stream open while the client reads slowly; the node serving it is
-/// the one whose large-read counter moved.
+/// the one whose large-read counter moved. The blob is 12 MB, stored whole: the frontend's
+/// socket to the client takes up to 4 MiB of it (Linux's send-buffer autotuning on loopback),
+/// so with 4 MB the node had sometimes sent the whole blob before it was killed (2 runs in 12
+/// ended with no resume).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_download_goes_on_from_another_replica_when_its_node_dies_mid_way() {
     use tokio::io::AsyncReadExt;
-    let frontend = "[router]\nhedging = false\n\n[pool]\nstream_window = \"64KiB\"\n";
+    let frontend = "[router]\nhedging = false\n\n[pool]\nstream_window = \"64KiB\"\n\n\
+                    [chunking]\nchunk_size = \"12MiB\"\n";
     let storage = "[store]\nread_piece_size = \"64KiB\"\n";
     let mut cluster = Cluster::start_full(3, 2, frontend, storage);
     let client = H2Client::connect(cluster.frontend_addr).await;
-    let data = random_bytes(4_000_000);
+    let data = random_bytes(12_000_000);
     let (id, _, _) = stored_everywhere(&cluster, &client, &data).await;
     let before = large_reads(&cluster).await;
 
