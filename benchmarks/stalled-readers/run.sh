@@ -5,6 +5,8 @@
 # (h2load). BASE's build (before storage nodes streamed reads) next to this checkout's, one
 # `larder dev` (3 nodes, 32 partitions, 3 replicas) each, alternating.
 # Usage: BASE=<rev> [READERS="200 1000"] [ROUNDS=2] [OUT=<report>] [BASE_IS=..] [HEAD_IS=..] run.sh [--smoke]
+# With SAME_BUILD=1, this checkout's build is both sides, told apart by BASE_SETTINGS and
+# HEAD_SETTINGS (each a file for `larder dev --frontend-settings`; BASE is then unused).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,10 +25,19 @@ PYTHON=${PYTHON:-python3} s3_bench_start stalled-readers
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 declare -A binary
+declare -A settings=([base]=${BASE_SETTINGS:-} [head]=${HEAD_SETTINGS:-})
 if [ "$smoke" = 1 ]; then # the tests' build, this checkout only
   bench_build
   builds=(head)
   binary[head]=$LARDER
+elif [ "${SAME_BUILD:-0}" = 1 ]; then
+  bench_build
+  builds=(base head)
+  binary[base]=$LARDER
+  binary[head]=$LARDER
+  base="$(git rev-parse --short HEAD) with $(basename "${BASE_SETTINGS:-no settings}")"
+  BASE_IS=${BASE_IS:-frontend settings ${BASE_SETTINGS:-none}}
+  HEAD_IS=${HEAD_IS:-the same build, frontend settings ${HEAD_SETTINGS:-none}}
 else
   s3_bench_builds stalled-readers "$base"
   builds=(base head)
@@ -38,8 +49,9 @@ head -c 4000000 /dev/urandom > "$work/blob"
 # run_build BUILD: one `larder dev` of BUILD; a row per reader count, and the GET rate.
 run_build() {
   local build=$1 port; port=$(free_port)
+  local extra=(); [ -n "${settings[$build]}" ] && extra=(--frontend-settings "${settings[$build]}")
   LARDER_LOG=error "${binary[$build]}" dev --data-dir "$work/data-$build" --listen "127.0.0.1:$port" \
-    --s3-listen 127.0.0.1:0 >/dev/null 2>"$work/dev-$build.log" &
+    --s3-listen 127.0.0.1:0 "${extra[@]}" >/dev/null 2>"$work/dev-$build.log" &
   local dev=$!
   pids+=("$dev")
   wait_port "$port"
@@ -80,7 +92,14 @@ done
   echo
   echo "## Command"
   echo '```'
-  echo "BASE=$base READERS=\"$readers\" ROUNDS=$rounds HOLD=$hold benchmarks/stalled-readers/run.sh"
+  if [ "${SAME_BUILD:-0}" = 1 ]; then
+    echo "SAME_BUILD=1 BASE_SETTINGS=${BASE_SETTINGS:-} HEAD_SETTINGS=${HEAD_SETTINGS:-} READERS=\"$readers\" ROUNDS=$rounds HOLD=$hold benchmarks/stalled-readers/run.sh"
+    for side in base head; do
+      [ -n "${settings[$side]}" ] && { echo "# $side: ${settings[$side]}"; sed 's/^/#   /' "${settings[$side]}"; }
+    done
+  else
+    echo "BASE=$base READERS=\"$readers\" ROUNDS=$rounds HOLD=$hold benchmarks/stalled-readers/run.sh"
+  fi
   echo '```'
   echo
   echo "## Memory with stalled readers"
