@@ -27,6 +27,9 @@ pub enum ApiError {
     RangeNotSatisfiable { size: u64 },
     #[error("{0}")]
     Unavailable(String),
+    /// The frontend's downloads hold its whole download budget.
+    #[error("{0}")]
+    DownloadBudgetSpent(String),
     #[error("{0}")]
     Timeout(String),
     #[error("{0}")]
@@ -52,6 +55,9 @@ impl ApiError {
                 (StatusCode::RANGE_NOT_SATISFIABLE, "RangeNotSatisfiable")
             }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "NotEnoughReplicas"),
+            ApiError::DownloadBudgetSpent(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "DownloadBudgetSpent")
+            }
             ApiError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "Timeout"),
             ApiError::OutOfSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "OutOfSpace"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
@@ -79,7 +85,7 @@ impl ApiError {
                     HeaderValue::from_str(&value).expect("digits are a valid header"),
                 );
             }
-            ApiError::Unavailable(_) => {
+            ApiError::Unavailable(_) | ApiError::DownloadBudgetSpent(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -104,6 +110,7 @@ impl From<larder_router::RouterError> for ApiError {
         use larder_router::RouterError as R;
         match err {
             R::Unavailable(message) => ApiError::Unavailable(message),
+            R::DownloadBudgetSpent(message) => ApiError::DownloadBudgetSpent(message),
             R::Timeout(_) => ApiError::Timeout(err.to_string()),
             R::UnknownPartition(_) => ApiError::NotFound(format!("no such blob ({err})")),
             R::OutOfSpace(message) => ApiError::OutOfSpace(message),

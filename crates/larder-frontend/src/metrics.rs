@@ -303,6 +303,16 @@ impl Metrics {
             "Times held-up reads (a node's spent read budget, a download waiting on its replica for a second) made the frontend park stalled downloads sooner",
             router.read_pressure.clone(),
         );
+        registry.register(
+            "download_budget_held_bytes",
+            "Bytes this frontend's downloads hold (frames and chunks not yet read by their clients), against router.download_budget",
+            router.download_budget_held_bytes.clone(),
+        );
+        registry.register(
+            "download_budget_refusals",
+            "New downloads answered 503 DownloadBudgetSpent because the download budget stayed spent",
+            router.download_budget_refusals.clone(),
+        );
         let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,

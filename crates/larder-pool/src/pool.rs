@@ -85,6 +85,11 @@ impl StoragePool {
         Ok(pool)
     }
 
+    /// The largest frame a storage node sends on this pool's connections (`max_frame_size`).
+    pub fn max_frame_size(&self) -> u64 {
+        self.cfg.max_frame_size.as_u64()
+    }
+
     /// Makes `nodes` the nodes this pool reaches (a new cluster map): a node already known at
     /// the same address keeps its connections; a new node or a new address gets a new pool;
     /// nodes not listed are forgotten (their connections close once idle).

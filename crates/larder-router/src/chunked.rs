@@ -268,17 +268,29 @@ impl Router {
             remaining: slices.into(),
             pending: VecDeque::new(),
             read_ahead: read_ahead.max(1),
+            started: false,
         }
     }
 
     /// Fetches one chunk slice whole, retrying a failed fetch (body errors included) twice; the
-    /// router's own failover picks the replicas.
-    async fn fetch_chunk(self: Arc<Self>, slice: ChunkSlice) -> Result<Bytes, RouterError> {
+    /// router's own failover picks the replicas. Its share of the download budget is taken
+    /// first: a download's `first` chunk waits at most `download_budget_wait` for it (then
+    /// `DownloadBudgetSpent`), a later one as long as it takes (`download_budget.rs`).
+    async fn fetch_chunk(
+        self: Arc<Self>,
+        slice: ChunkSlice,
+        first: bool,
+    ) -> Result<Bytes, RouterError> {
+        let len = slice.within.end - slice.within.start;
+        let share = match first {
+            true => self.admit_download(len).await?,
+            false => self.download_share(len).await,
+        };
         let mut attempts = 0;
         loop {
             attempts += 1;
             match self.fetch_chunk_once(&slice).await {
-                Ok(bytes) => return Ok(bytes),
+                Ok(bytes) => return Ok(share.attach(bytes, len as usize)),
                 Err(ChunkError::Final(err)) => return Err(err),
                 Err(ChunkError::Retry(err)) if attempts >= 3 => return Err(err),
                 Err(ChunkError::Retry(err)) => {
@@ -417,6 +429,9 @@ pub struct ChunkStream {
     remaining: VecDeque<ChunkSlice>,
     pending: VecDeque<JoinHandle<Result<Bytes, RouterError>>>,
     read_ahead: usize,
+    /// Whether the first chunk's fetch has been started (it alone may be refused for want of
+    /// download budget).
+    started: bool,
 }
 
 impl ChunkStream {
@@ -426,8 +441,9 @@ impl ChunkStream {
                 break;
             };
             let router = self.router.clone();
+            let first = !std::mem::replace(&mut self.started, true);
             self.pending
-                .push_back(tokio::spawn(router.fetch_chunk(slice)));
+                .push_back(tokio::spawn(router.fetch_chunk(slice, first)));
         }
     }
 }

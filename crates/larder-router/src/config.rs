@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use bytesize::ByteSize;
+
 use serde::{Deserialize, Serialize};
 
 /// Quorum, timeouts and health settings of the router.
@@ -36,6 +38,14 @@ pub struct RouterConfig {
     /// 0 turns it off.
     #[serde(with = "humantime_serde")]
     pub park_stalled_reads_after: Duration,
+    /// The bytes this frontend's downloads may hold at once: frames taken from replicas and
+    /// chunks fetched, until their clients have read them (`download_budget.rs`). A download
+    /// under way waits for its share; a new one waits at most `download_budget_wait`, then
+    /// 503 `DownloadBudgetSpent`. 1 GiB: a thousand downloads' frames, while clients that read
+    /// nothing can no longer make a frontend hold any amount. At least 8 MiB.
+    pub download_budget: ByteSize,
+    #[serde(with = "humantime_serde")]
+    pub download_budget_wait: Duration,
     /// "Slower than usual": this percentile of recent latency in the replica's datacenter.
     pub hedge_percentile: f64,
     /// Samples needed before the percentile is trusted; until then `hedge_fallback_delay`.
@@ -88,6 +98,8 @@ impl Default for RouterConfig {
             hedge_fallback_delay: Duration::from_millis(20),
             hedge_min_delay: Duration::from_micros(500),
             park_stalled_reads_after: Duration::from_secs(5),
+            download_budget: ByteSize::gib(1),
+            download_budget_wait: Duration::from_secs(1),
             hedge_max_delay: None,
             wait_for_remote_ack: false,
             confirm_retry_for: Duration::from_millis(300),

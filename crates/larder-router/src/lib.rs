@@ -5,6 +5,7 @@
 mod chunked;
 mod config;
 mod documents;
+mod download_budget;
 mod find;
 mod health;
 mod hlc;
@@ -27,6 +28,7 @@ mod write;
 pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
 pub use documents::{Checked, DocError, DocRouter, DocState, Written};
+pub use download_budget::{DownloadBudget, Share};
 pub use find::Everywhere;
 pub use health::{NodeHealth, NodeState};
 pub use hlc::{Hlc, VersionExhausted};

@@ -20,6 +20,9 @@ use hyper::body::{Body, Frame, SizeHint};
 use larder_cluster::BlobId;
 use larder_proto::ByteRange;
 
+use sync_wrapper::SyncWrapper;
+
+use crate::download_budget::Share;
 use crate::park::{self, Polled, Slot};
 use crate::{FoundBlob, GetAnswer, Router, RouterError};
 
@@ -80,21 +83,35 @@ pub struct ResumingBody {
     current: String,
     /// The replicas whose bytes broke off: a read of the rest asks none of them again.
     broke_off: Vec<String>,
+    /// The share of the download budget for the next frame, taken before it is polled
+    /// (`download_budget.rs`).
+    share: Option<Share>,
+    /// The wait for that share, while the budget is spent.
+    waiting: Option<SyncWrapper<Pin<Box<dyn Future<Output = Share> + Send>>>>,
 }
 
 impl Router {
     /// `found`'s body, the bytes it selected of blob `id`, for a client: as the replica sends
-    /// it up to `RESUMED_FROM` bytes, else continued from the others if it breaks off.
-    pub fn blob_body(self: &Arc<Self>, id: BlobId, found: FoundBlob) -> BoxBody<Bytes, BoxError> {
+    /// it up to `RESUMED_FROM` bytes, else continued from the others if it breaks off, each
+    /// frame counted in the download budget. `DownloadBudgetSpent` if the budget stays spent
+    /// (`download_budget.rs`).
+    pub async fn blob_body(
+        self: &Arc<Self>,
+        id: BlobId,
+        found: FoundBlob,
+    ) -> Result<BoxBody<Bytes, BoxError>, RouterError> {
         match found.selected.end - found.selected.start {
-            len if len <= RESUMED_FROM => found.body.map_err(Into::into).boxed(),
-            _ => self.resuming(id, found).map_err(Into::into).boxed(),
+            len if len <= RESUMED_FROM => Ok(found.body.map_err(Into::into).boxed()),
+            len => {
+                let first = self.admit_download(len.min(self.frame)).await?;
+                Ok(self.resuming(id, found, first).map_err(Into::into).boxed())
+            }
         }
     }
 
     /// `found`'s body, the bytes it selected of blob `id` from one replica, continued from
-    /// the others if it breaks off.
-    fn resuming(self: &Arc<Self>, id: BlobId, found: FoundBlob) -> ResumingBody {
+    /// the others if it breaks off; `first` is its share for the first frame.
+    fn resuming(self: &Arc<Self>, id: BlobId, found: FoundBlob, first: Share) -> ResumingBody {
         let slot = Slot::new(found.body);
         let after = self.config.park_stalled_reads_after;
         let len = found.selected.end - found.selected.start;
@@ -112,6 +129,8 @@ impl Router {
             source: Source::Body(slot),
             current: found.replica,
             broke_off: Vec::new(),
+            share: Some(first),
+            waiting: None,
         }
     }
 }
@@ -146,11 +165,16 @@ impl ResumingBody {
         self.source = Source::Rereading(task, slot);
     }
 
-    /// Keeps a replica's frame of `data` in `slot` to hand on, if it is within what is left.
+    /// Keeps a replica's frame of `data` in `slot` to hand on, if it is within what is left,
+    /// carrying its share of the download budget.
     fn keep(&mut self, slot: &Slot, data: Bytes) -> Result<(), RouterError> {
         let len = data.len() as u64;
         match self.left.start.checked_add(len) {
             Some(end) if end <= self.left.end => {
+                let data = match self.share.take() {
+                    Some(share) => share.attach(data, len as usize),
+                    None => data,
+                };
                 slot.keep(data);
                 Ok(())
             }
@@ -197,6 +221,26 @@ impl ResumingBody {
         }
     }
 
+    /// Ready once the body holds a share for its next frame: the most a replica sends in one
+    /// frame, or what is left if less. A frame waits in the pool connection's window meanwhile.
+    fn poll_share(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.share.is_some() {
+            return Poll::Ready(());
+        }
+        let waiting = match &mut self.waiting {
+            Some(waiting) => waiting,
+            None => {
+                let bytes = (self.left.end - self.left.start).min(self.router.frame);
+                self.waiting
+                    .insert(SyncWrapper::new(self.router.download_share(bytes)))
+            }
+        };
+        let share = std::task::ready!(waiting.get_mut().as_mut().poll(cx));
+        self.waiting = None;
+        self.share = Some(share);
+        Poll::Ready(())
+    }
+
     fn fail(&mut self, err: RouterError) -> Poll<Option<Result<Frame<Bytes>, RouterError>>> {
         self.source = Source::Done;
         Poll::Ready(Some(Err(err)))
@@ -219,6 +263,7 @@ impl Body for ResumingBody {
                     if let Some(slice) = self.hand_on(&slot) {
                         return Poll::Ready(Some(Ok(slice)));
                     }
+                    std::task::ready!(self.poll_share(cx));
                     let frame = match std::task::ready!(slot.poll(cx)) {
                         Polled::Frame(frame) => frame,
                         Polled::Parked if self.left.is_empty() => {

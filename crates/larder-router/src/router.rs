@@ -11,8 +11,10 @@ use larder_cluster::ClusterMap;
 use larder_pool::{Body, StoragePool};
 use larder_proto::BlobProperties;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::{timeout, timeout_at, Instant};
 
+use crate::download_budget::{DownloadBudget, Share};
 use crate::journal::UploadJournal;
 use crate::latency::LatencyTracker;
 use crate::map_cell::MapCell;
@@ -36,6 +38,10 @@ pub enum RouterError {
     /// A replica refused the request itself (a 4xx it would give again), with its message.
     #[error("{0}")]
     Rejected(String),
+    /// This frontend's downloads hold all of `router.download_budget`, and a new one found no
+    /// share within `download_budget_wait` (503 with `Retry-After`).
+    #[error("{0}")]
+    DownloadBudgetSpent(String),
 }
 
 /// Why a write did not reach its quorum.
@@ -136,6 +142,11 @@ pub struct RouterMetrics {
     /// Times held-up reads made every watch look for stalled downloads at once
     /// (`park::Pressure`; at most four a second).
     pub read_pressure: Counter,
+    /// Bytes this frontend's downloads hold (`download_budget.rs`), as of the last
+    /// `observe_download_budget`.
+    pub download_budget_held_bytes: Gauge,
+    /// New downloads answered 503 because the download budget stayed spent.
+    pub download_budget_refusals: Counter,
 }
 
 pub struct Router {
@@ -155,6 +166,10 @@ pub struct Router {
     /// Word that reads are held up (a node's spent read budget, a download waiting on its
     /// replica), to the park watches.
     pub(crate) pressure: Arc<crate::park::Pressure>,
+    /// What downloads may hold at once (`download_budget.rs`).
+    pub(crate) downloads: Arc<DownloadBudget>,
+    /// The largest frame a replica sends a download in (`pool.max_frame_size`).
+    pub(crate) frame: u64,
 }
 
 /// Why a request ended at its operation's deadline.
@@ -186,7 +201,10 @@ impl Router {
         let dcs = map.datacenters.iter().map(|d| d.name.clone());
         let latency = LatencyTracker::new(dcs, config.hedge_percentile, config.hedge_min_samples);
         let maps = Arc::new(MapCell::new(map, pool.clone(), health.clone(), datacenter));
+        let downloads = DownloadBudget::new(config.download_budget, config.download_budget_wait)?;
         Ok(Router {
+            frame: pool.max_frame_size(),
+            downloads: Arc::new(downloads),
             maps,
             pool,
             config,
@@ -230,6 +248,8 @@ impl Router {
             journal: None,
             reserved: Default::default(),
             pressure: self.pressure.clone(),
+            downloads: self.downloads.clone(),
+            frame: self.frame,
         })
     }
 
@@ -550,4 +570,46 @@ pub(crate) struct Quorum {
     pub remote: usize,
     pub remote_total: usize,
     pub uncounted: Vec<String>,
+}
+
+impl Router {
+    /// The first share of a new download of `bytes` (its first frame or chunk), waiting at
+    /// most `download_budget_wait`; held-up, it raises the pressure that parks stalled
+    /// downloads.
+    pub(crate) async fn admit_download(&self, bytes: u64) -> Result<Share, RouterError> {
+        if let Some(share) = self.downloads.try_take(bytes) {
+            return Ok(share);
+        }
+        self.pressure.raise(&self.metrics.read_pressure);
+        match self.downloads.take_within_wait(bytes).await {
+            Some(share) => Ok(share),
+            None => {
+                self.metrics.download_budget_refusals.inc();
+                Err(RouterError::DownloadBudgetSpent(format!(
+                    "this frontend's downloads hold its whole download budget ({}) and none gave back {bytes} bytes within {:?}; retry",
+                    bytesize::ByteSize::b(self.config.download_budget.as_u64()),
+                    self.downloads.wait()
+                )))
+            }
+        }
+    }
+
+    /// A share of `bytes` for a download under way, waiting as long as it takes; held-up, it
+    /// raises the pressure that parks stalled downloads.
+    pub(crate) fn download_share(
+        &self,
+        bytes: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Share> + Send>> {
+        if let Some(share) = self.downloads.try_take(bytes) {
+            return Box::pin(std::future::ready(share));
+        }
+        self.pressure.raise(&self.metrics.read_pressure);
+        Box::pin(self.downloads.take(bytes))
+    }
+
+    /// Sets `download_budget_held_bytes` to what downloads hold now (for a metrics scrape).
+    pub fn observe_download_budget(&self) {
+        let held = i64::try_from(self.downloads.held()).unwrap_or(i64::MAX);
+        self.metrics.download_budget_held_bytes.set(held);
+    }
 }

@@ -330,7 +330,7 @@ async fn open_simple(
         }
     };
     // Continued from another replica if this one breaks off (`larder-router/src/resume.rs`).
-    let data = router.blob_body(*id, found).into_data_stream();
+    let data = router.blob_body(*id, found).await?.into_data_stream();
     Ok(wrap(data.map(|d| d.map_err(std::io::Error::other))))
 }
 

@@ -286,21 +286,107 @@ async fn a_spent_read_budget_makes_the_frontend_park_its_stalled_downloads() {
     assert_eq!(status, StatusCode::OK, "{body:?}");
     assert!(body == data, "the stored bytes");
     let mut whole = 0;
-    for mut download in stalled {
-        use tokio::io::AsyncReadExt;
-        let mut got = Vec::new();
-        download.read_to_end(&mut got).await.unwrap();
-        if got.starts_with(b"HTTP/1.1 503") {
-            continue;
-        }
-        assert_whole(&got, &data);
-        whole += 1;
+    for download in stalled {
+        whole += usize::from(whole_or_refused(download, &data).await);
     }
     assert!(whole >= 3, "only {whole} stalled downloads were served");
     // How: held-up reads made the frontend park stalled downloads (a minute before their
     // period), more than once as the clients read one after another.
     assert!(read_pressure(&cluster) >= 1.0, "no pressure");
     assert!(parked(&cluster) >= 1.0, "none parked");
+}
+
+/// A frontend's downloads hold at most its download budget (8 MiB here, eight 1 MiB frames):
+/// twelve clients that read nothing of a 12 MB blob pin a frame each in hyper's buffers, or
+/// are refused; a new download then waits a second and gets 503 `DownloadBudgetSpent`. When
+/// the clients read, every one served gets every byte, every share comes back, and a new
+/// download is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_hold_at_most_the_download_budget_and_give_it_back() {
+    let frontend = "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n\
+                    download_budget = \"8MiB\"\ndownload_budget_wait = \"1s\"\n\n\
+                    [chunking]\nchunk_size = \"12MiB\"\n";
+    let cluster = Cluster::start_with(3, 2, frontend);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(12_000_000);
+    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
+    let held = download_budget_held(&cluster);
+    assert!(
+        (7 << 20) as f64 <= held && held <= (8 << 20) as f64,
+        "stalled downloads hold {held} bytes of an 8 MiB budget"
+    );
+    let refusals = "larder_frontend_download_budget_refusals_total";
+    let before = frontend_count(&cluster, refusals);
+    let started = std::time::Instant::now();
+    let (status, body) = client.get(&id).await;
+    let answer = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(answer.contains("DownloadBudgetSpent"), "{answer}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    // At least this GET (a stalled download that came late may have been refused meanwhile).
+    assert!(frontend_count(&cluster, refusals) >= before + 1.0);
+    // Read together: each may need the shares the others give back.
+    let reads = stalled.into_iter().map(|d| whole_or_refused(d, &data));
+    let served = futures_util::future::join_all(reads).await;
+    let served = served.into_iter().filter(|&whole| whole).count();
+    assert!(served >= 8, "only {served} stalled downloads were served");
+    let (status, body) = client.get(&id).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == data, "the stored bytes");
+    assert_eq!(
+        download_budget_held(&cluster),
+        0.0,
+        "a share was not given back"
+    );
+}
+
+/// A composite blob's download takes each chunk's share before fetching it (4 MiB chunks, an
+/// 8 MiB budget): one client that reads nothing holds the chunk hyper is sending and the one
+/// read ahead, which spends the budget, and another download is refused; once the client
+/// reads, it gets every byte and the shares come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn composite_downloads_take_their_chunks_from_the_download_budget() {
+    let frontend = "[router]\nhedging = false\n\
+                    download_budget = \"8MiB\"\ndownload_budget_wait = \"500ms\"\n";
+    let cluster = Cluster::start_with(3, 2, frontend);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(20_000_000);
+    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 1).await;
+    let held = download_budget_held(&cluster);
+    assert!(
+        (7 << 20) as f64 <= held && held <= (8 << 20) as f64,
+        "a stalled composite download holds {held} bytes of an 8 MiB budget"
+    );
+    let (status, body) = client.get(&id).await;
+    let answer = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(answer.contains("DownloadBudgetSpent"), "{answer}");
+    read_whole(stalled, &data).await;
+    let (status, body) = client.get(&id).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == data, "the stored bytes");
+    assert_eq!(
+        download_budget_held(&cluster),
+        0.0,
+        "a share was not given back"
+    );
+}
+
+/// Reads `download` to its end: true for a 200 with exactly `data`, false for a 503.
+async fn whole_or_refused(mut download: tokio::net::TcpStream, data: &[u8]) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    download.read_to_end(&mut got).await.unwrap();
+    if got.starts_with(b"HTTP/1.1 503") {
+        return false;
+    }
+    assert_whole(&got, data);
+    true
+}
+
+/// The bytes the frontend's downloads hold now.
+fn download_budget_held(cluster: &Cluster) -> f64 {
+    frontend_count(cluster, "larder_frontend_download_budget_held_bytes")
 }
 
 /// Stores `data` and opens `n` downloads of it that then read nothing for a second: the blob's

@@ -231,7 +231,7 @@ async fn download(
     match state.router.get_blob(id, storage_method, range).await? {
         GetAnswer::Found(found) => {
             let bodiless = not_modified || method == Method::HEAD;
-            Ok(relay(state, *id, found, &etag, (not_modified, bodiless)))
+            relay(state, *id, found, &etag, (not_modified, bodiless)).await
         }
         GetAnswer::Missing(missing) => Err(missing.into()),
     }
@@ -244,26 +244,26 @@ pub(super) fn requested_range(value: &HeaderValue) -> Option<ByteRange> {
 }
 
 /// The public answer for a blob a replica serves: its bytes (continued from another replica
-/// if that one breaks off) and public headers.
-fn relay(
+/// if that one breaks off) and public headers; 503 if the download budget stays spent.
+async fn relay(
     state: &AppState,
     id: BlobId,
     found: FoundBlob,
     etag: &str,
     (not_modified, bodiless): (bool, bool),
-) -> Response<Body> {
+) -> Result<Response<Body>, ApiError> {
     let mut response = Response::new(crate::body::empty());
     copy_public_headers(&found.properties, response.headers_mut(), etag);
     if not_modified {
         *response.status_mut() = StatusCode::NOT_MODIFIED;
-        return response;
+        return Ok(response);
     }
     content_headers(&mut response, &found.selected, found.size, found.partial);
     if bodiless {
-        return response;
+        return Ok(response);
     }
-    *response.body_mut() = state.router.blob_body(id, found);
-    response
+    *response.body_mut() = state.router.blob_body(id, found).await?;
+    Ok(response)
 }
 
 /// `Content-Length`, and for a range `Content-Range` with status 206.

@@ -105,6 +105,7 @@ pub async fn cluster(state: &Arc<AppState>) -> Response<Body> {
 pub async fn metrics(state: &Arc<AppState>) -> Response<Body> {
     let m = &state.metrics;
     let connections = state.router.pool().open_connections().await;
+    state.router.observe_download_budget();
     for (id, node_state, _, changes) in state.router.health().snapshot() {
         let labels = NodeLabels { node: id.clone() };
         m.node_up
