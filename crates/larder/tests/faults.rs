@@ -310,18 +310,11 @@ async fn downloads_hold_at_most_the_download_budget_and_give_it_back() {
     let client = H2Client::connect(cluster.frontend_addr).await;
     let data = random_bytes(12_000_000);
     let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
-    let held = download_budget_held(&cluster);
-    assert!(
-        (7 << 20) as f64 <= held && held <= (8 << 20) as f64,
-        "stalled downloads hold {held} bytes of an 8 MiB budget"
-    );
+    assert_most_of_8_mib_held(&cluster);
     let refusals = "larder_frontend_download_budget_refusals_total";
     let before = frontend_count(&cluster, refusals);
     let started = std::time::Instant::now();
-    let (status, body) = client.get(&id).await;
-    let answer = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
-    assert!(answer.contains("DownloadBudgetSpent"), "{answer}");
+    assert_refused_for_want_of_budget(&client, &id).await;
     assert!(started.elapsed() >= std::time::Duration::from_millis(900));
     // At least this GET (a stalled download that came late may have been refused meanwhile).
     assert!(frontend_count(&cluster, refusals) >= before + 1.0);
@@ -330,14 +323,7 @@ async fn downloads_hold_at_most_the_download_budget_and_give_it_back() {
     let served = futures_util::future::join_all(reads).await;
     let served = served.into_iter().filter(|&whole| whole).count();
     assert!(served >= 8, "only {served} stalled downloads were served");
-    let (status, body) = client.get(&id).await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(body == data, "the stored bytes");
-    assert_eq!(
-        download_budget_held(&cluster),
-        0.0,
-        "a share was not given back"
-    );
+    assert_served_and_budget_given_back(&cluster, &client, &id, &data).await;
 }
 
 /// A composite blob's download takes each chunk's share before fetching it (4 MiB chunks, an
@@ -352,24 +338,10 @@ async fn composite_downloads_take_their_chunks_from_the_download_budget() {
     let client = H2Client::connect(cluster.frontend_addr).await;
     let data = random_bytes(20_000_000);
     let (id, stalled) = stalled_downloads(&cluster, &client, &data, 1).await;
-    let held = download_budget_held(&cluster);
-    assert!(
-        (7 << 20) as f64 <= held && held <= (8 << 20) as f64,
-        "a stalled composite download holds {held} bytes of an 8 MiB budget"
-    );
-    let (status, body) = client.get(&id).await;
-    let answer = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
-    assert!(answer.contains("DownloadBudgetSpent"), "{answer}");
+    assert_most_of_8_mib_held(&cluster);
+    assert_refused_for_want_of_budget(&client, &id).await;
     read_whole(stalled, &data).await;
-    let (status, body) = client.get(&id).await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(body == data, "the stored bytes");
-    assert_eq!(
-        download_budget_held(&cluster),
-        0.0,
-        "a share was not given back"
-    );
+    assert_served_and_budget_given_back(&cluster, &client, &id, &data).await;
 }
 
 /// Reads `download` to its end: true for a 200 with exactly `data`, false for a 503.
@@ -387,6 +359,40 @@ async fn whole_or_refused(mut download: tokio::net::TcpStream, data: &[u8]) -> b
 /// The bytes the frontend's downloads hold now.
 fn download_budget_held(cluster: &Cluster) -> f64 {
     frontend_count(cluster, "larder_frontend_download_budget_held_bytes")
+}
+
+/// Stalled downloads hold nearly all of an 8 MiB download budget, and no more.
+fn assert_most_of_8_mib_held(cluster: &Cluster) {
+    let held = download_budget_held(cluster);
+    assert!(
+        (7 << 20) as f64 <= held && held <= (8 << 20) as f64,
+        "stalled downloads hold {held} bytes of an 8 MiB budget"
+    );
+}
+
+/// A GET of blob `id` is answered 503 `DownloadBudgetSpent`.
+async fn assert_refused_for_want_of_budget(client: &H2Client, id: &str) {
+    let (status, body) = client.get(id).await;
+    let answer = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(answer.contains("DownloadBudgetSpent"), "{answer}");
+}
+
+/// A GET of blob `id` gets `data`, after which the downloads hold nothing.
+async fn assert_served_and_budget_given_back(
+    cluster: &Cluster,
+    client: &H2Client,
+    id: &str,
+    data: &Bytes,
+) {
+    let (status, body) = client.get(id).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == data, "the stored bytes");
+    assert_eq!(
+        download_budget_held(cluster),
+        0.0,
+        "a share was not given back"
+    );
 }
 
 /// Stores `data` and opens `n` downloads of it that then read nothing for a second: the blob's
