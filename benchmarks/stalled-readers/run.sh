@@ -98,8 +98,11 @@ done
       [ -n "${settings[$side]}" ] && { echo "# $side: ${settings[$side]}"; sed 's/^/#   /' "${settings[$side]}"; }
     done
   else
-    echo "BASE=$base READERS=\"$readers\" ROUNDS=$rounds HOLD=$hold benchmarks/stalled-readers/run.sh"
+    echo "BASE=$base BASE_SETTINGS=${BASE_SETTINGS:-} HEAD_SETTINGS=${HEAD_SETTINGS:-} READERS=\"$readers\" ROUNDS=$rounds HOLD=$hold benchmarks/stalled-readers/run.sh"
   fi
+  for side in base head; do
+    [ "${SAME_BUILD:-0}" = 1 ] || [ -z "${settings[$side]}" ] || { echo "# $side: ${settings[$side]}"; sed 's/^/#   /' "${settings[$side]}"; }
+  done
   echo '```'
   echo
   echo "## Memory with stalled readers"
