@@ -231,6 +231,11 @@ impl ResumingBody {
             Some(waiting) => waiting,
             None => {
                 let bytes = (self.left.end - self.left.start).min(self.router.frame);
+                // Most frames find room: no future to box for them.
+                if let Some(share) = self.router.downloads.try_take(bytes) {
+                    self.share = Some(share);
+                    return Poll::Ready(());
+                }
                 self.waiting
                     .insert(SyncWrapper::new(self.router.download_share(bytes)))
             }
