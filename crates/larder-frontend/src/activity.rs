@@ -1,4 +1,5 @@
-//! Knowing when a connection last moved a byte, for the idle timeout.
+//! Knowing when a connection last moved a byte, for the idle timeout, and since when its
+//! socket has taken nothing (its client reads nothing), for `limits.stalled_send_timeout`.
 
 use std::io;
 use std::pin::Pin;
@@ -17,6 +18,9 @@ pub(crate) struct Activity {
     /// Milliseconds after `start` of the last byte moved. An atomic store per read/write is far
     /// cheaper than the syscall it accompanies.
     last_ms: Arc<AtomicU64>,
+    /// Milliseconds after `start`, plus one, of the first write the socket refused since its
+    /// last accepted one (0: it takes writes).
+    blocked_ms: Arc<AtomicU64>,
 }
 
 impl Activity {
@@ -24,12 +28,42 @@ impl Activity {
         Activity {
             start: Instant::now(),
             last_ms: Arc::new(AtomicU64::new(0)),
+            blocked_ms: Arc::new(AtomicU64::new(0)),
         }
     }
 
     fn touch(&self) {
         let ms = self.start.elapsed().as_millis() as u64;
         self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// A write moved bytes: the socket takes them.
+    fn wrote(&self) {
+        self.touch();
+        if self.blocked_ms.load(Ordering::Relaxed) != 0 {
+            self.blocked_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The socket refused a write (its buffer is full): blocked from now, unless already.
+    fn refused(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) == 0 {
+            let ms = self.start.elapsed().as_millis() as u64 + 1;
+            self.blocked_ms.store(ms, Ordering::Relaxed);
+        }
+    }
+
+    /// How long the socket has taken nothing the server had to write; `None` while it takes
+    /// writes (or nothing was refused).
+    pub(crate) fn write_blocked_for(&self) -> Option<Duration> {
+        match self.blocked_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(
+                self.start
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(ms - 1)),
+            ),
+        }
     }
 
     fn last(&self) -> Instant {
@@ -58,6 +92,14 @@ impl<T> Tracked<T> {
     pub(crate) fn new(inner: T, activity: Activity) -> Tracked<T> {
         Tracked { inner, activity }
     }
+
+    fn note_write(&self, result: &Poll<io::Result<usize>>) {
+        match result {
+            Poll::Ready(Ok(n)) if *n > 0 => self.activity.wrote(),
+            Poll::Pending => self.activity.refused(),
+            _ => {}
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
@@ -82,9 +124,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let result = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
+        self.note_write(&result);
         result
     }
 
@@ -94,9 +134,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
+        self.note_write(&result);
         result
     }
 
@@ -110,5 +148,30 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_socket_that_takes_nothing_is_blocked_until_it_takes_a_byte() {
+        let activity = Activity::new();
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut near = Tracked::new(near, activity.clone());
+        near.write_all(&[1; 64]).await.unwrap();
+        assert_eq!(activity.write_blocked_for(), None, "it took every byte");
+        // The buffer is full: the next write waits, and the socket counts as blocked.
+        let waiting = tokio::time::timeout(Duration::from_millis(50), near.write_all(&[2; 8]));
+        assert!(waiting.await.is_err());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let blocked = activity.write_blocked_for().expect("blocked");
+        assert!(blocked >= Duration::from_millis(20), "{blocked:?}");
+        let mut buf = [0; 64];
+        far.read_exact(&mut buf).await.unwrap();
+        near.write_all(&[3; 8]).await.unwrap();
+        assert_eq!(activity.write_blocked_for(), None, "it takes bytes again");
     }
 }

@@ -140,9 +140,18 @@ pub struct Limits {
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// A connection on which no byte moved either way for this long is closed (GOAWAY first on
-    /// HTTP/2; dropped if still silent after another period). Reaps abandoned streams too.
+    /// HTTP/2; dropped if still silent after another period, or at once if its socket takes
+    /// nothing the server has to write: such a close would never finish). Reaps abandoned
+    /// streams too.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// When reads are held up (this frontend's download budget is spent, or a storage node's
+    /// read budget, or a download waits on its replica), a connection whose socket has taken
+    /// nothing the server had to write for this long is dropped: its client reads nothing, and
+    /// what it pins (a frame of each download, their shares of the download budget) is what
+    /// holds the others up. Without pressure, only `idle_timeout` applies. 0 turns it off.
+    #[serde(with = "humantime_serde")]
+    pub stalled_send_timeout: Duration,
     /// A request body from which nothing arrives for this long is abandoned (408 for blob
     /// uploads). Per stream, so one stalled upload on a busy HTTP/2 connection is caught; time
     /// the server itself spends not reading (backpressure while chunks are stored) does not count.
@@ -211,6 +220,7 @@ impl Default for Limits {
             max_send_buffer: ByteSize::mib(4),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            stalled_send_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             max_connections_per_ip: 1024,
             max_pending_accept_reset_streams: 20,

@@ -226,6 +226,7 @@ impl Edge {
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let mut closing = false;
+        let stalled_send = self.limits.stalled_send_timeout;
         loop {
             tokio::select! {
                 result = connection.as_mut() => {
@@ -244,15 +245,25 @@ impl Edge {
                     closing = true;
                 }
                 // Idle: close gracefully; if still silent a period later (a client that holds
-                // streams open and sends nothing), drop the connection and its streams.
+                // streams open and sends nothing), drop the connection and its streams. One
+                // whose socket takes nothing the server has to write cannot close gracefully.
                 _ = activity.idle_for(self.limits.idle_timeout) => {
-                    if closing {
+                    if closing || activity.write_blocked_for().is_some() {
                         tracing::debug!("idle connection did not close; dropping it");
                         return;
                     }
                     self.metrics().timed_out("idle");
                     connection.as_mut().graceful_shutdown();
                     closing = true;
+                }
+                // Reads are held up: a client that has taken nothing for stalled_send_timeout
+                // pins what holds them up; its connection goes.
+                _ = self.state.router.held_up(), if !stalled_send.is_zero() => {
+                    if activity.write_blocked_for().is_some_and(|t| t >= stalled_send) {
+                        self.metrics().timed_out("stalled_send");
+                        tracing::debug!("a client that reads nothing while reads are held up; dropping its connection");
+                        return;
+                    }
                 }
             }
         }

@@ -126,7 +126,7 @@ impl EdgeMetrics {
                 .tls_handshake_failures
                 .get_or_create(&ReasonLabels { reason });
         }
-        for timeout in ["idle", "header_read"] {
+        for timeout in ["idle", "header_read", "stalled_send"] {
             let _ = m.timed_out.get_or_create(&TimeoutLabels { timeout });
         }
         for certificate in ["public", "pool"] {
@@ -164,8 +164,9 @@ impl EdgeMetrics {
         );
         registry.register(
             "client_connections_timed_out",
-            "Client connections closed by limits.idle_timeout (idle) or \
-             limits.header_read_timeout (header_read: request head or HTTP/2 preface too slow)",
+            "Client connections closed by limits.idle_timeout (idle), \
+             limits.header_read_timeout (header_read: request head or HTTP/2 preface too slow) or \
+             limits.stalled_send_timeout (stalled_send: took nothing while reads were held up)",
             m.timed_out.clone(),
         );
         registry.register(

@@ -183,6 +183,11 @@ impl Default for Pressure {
 }
 
 impl Pressure {
+    /// Resolves at the next raise (registered when first polled).
+    pub(crate) fn raised(&self) -> tokio::sync::futures::Notified<'_> {
+        self.raised.notified()
+    }
+
     /// Reads are held up: wakes every watch, unless that was done less than
     /// `PRESSURE_EVERY_MS` ago.
     pub(crate) fn raise(&self, raised: &Counter) {

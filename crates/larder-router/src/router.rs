@@ -607,6 +607,13 @@ impl Router {
         Box::pin(self.downloads.take(bytes))
     }
 
+    /// Resolves the next time reads are held up (`park::Pressure`: a spent download budget, a
+    /// storage node's spent read budget, a download waiting on its replica), at most four
+    /// times a second: the frontend's edge then drops connections that take nothing.
+    pub async fn held_up(&self) {
+        self.pressure.raised().await
+    }
+
     /// Sets `download_budget_held_bytes` to what downloads hold now (for a metrics scrape).
     pub fn observe_download_budget(&self) {
         let held = i64::try_from(self.downloads.held()).unwrap_or(i64::MAX);

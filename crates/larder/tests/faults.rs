@@ -326,6 +326,41 @@ async fn downloads_hold_at_most_the_download_budget_and_give_it_back() {
     assert_served_and_budget_given_back(&cluster, &client, &id, &data).await;
 }
 
+/// When reads are held up, a connection that has taken nothing for `stalled_send_timeout`
+/// (2 s here) is dropped: twelve clients that read nothing spend an 8 MiB download budget, and
+/// a new download, whose wait for a share raises the pressure, is served once their
+/// connections are gone. They get less than the whole blob, or a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_read_nothing_while_reads_are_held_up_lose_their_connections() {
+    let frontend = "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n\
+                    download_budget = \"8MiB\"\ndownload_budget_wait = \"1s\"\n\n\
+                    [chunking]\nchunk_size = \"12MiB\"\n\n[limits]\nstalled_send_timeout = \"2s\"\n";
+    let cluster = Cluster::start_with(3, 2, frontend);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(12_000_000);
+    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
+    assert_most_of_8_mib_held(&cluster);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let (status, body) = client.get(&id).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body == data, "the stored bytes");
+    let dropped = frontend_count(
+        &cluster,
+        "larder_frontend_client_connections_timed_out_total{timeout=\"stalled_send\"}",
+    );
+    assert!(dropped >= 1.0, "no connection dropped");
+    let mut cut = 0;
+    for download in stalled {
+        cut += usize::from(is_cut_short(download, &data).await);
+    }
+    assert!(cut as f64 >= dropped, "{dropped} dropped, {cut} cut short");
+    assert_eq!(
+        download_budget_held(&cluster),
+        0.0,
+        "a share was not given back"
+    );
+}
+
 /// A composite blob's download takes each chunk's share before fetching it (4 MiB chunks, an
 /// 8 MiB budget): one client that reads nothing holds the chunk hyper is sending and the one
 /// read ahead, which spends the budget, and another download is refused; once the client
@@ -342,6 +377,29 @@ async fn composite_downloads_take_their_chunks_from_the_download_budget() {
     assert_refused_for_want_of_budget(&client, &id).await;
     read_whole(stalled, &data).await;
     assert_served_and_budget_given_back(&cluster, &client, &id, &data).await;
+}
+
+/// Reads `download` to its end: whether it was a 200 cut short (its connection dropped). A 503
+/// or a whole body is not; whatever it got must be the blob's first bytes.
+async fn is_cut_short(mut download: tokio::net::TcpStream, data: &[u8]) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let _ = download.read_to_end(&mut got).await;
+    if got.starts_with(b"HTTP/1.1 503") {
+        return false;
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &got[..got.len().min(40)]
+    );
+    let start = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let body = &got[start..];
+    assert!(
+        body.len() <= data.len() && body == &data[..body.len()],
+        "not the blob's bytes"
+    );
+    body.len() < data.len()
 }
 
 /// Reads `download` to its end: true for a 200 with exactly `data`, false for a 503.
