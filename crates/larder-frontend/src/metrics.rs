@@ -314,6 +314,16 @@ impl Metrics {
             "New downloads answered 503 DownloadBudgetSpent because the download budget stayed spent",
             router.download_budget_refusals.clone(),
         );
+        registry.register(
+            "put_batches",
+            "Requests that carried several small blobs to one storage node together (router.batch_puts_up_to)",
+            router.put_batches.clone(),
+        );
+        registry.register(
+            "put_batched_blobs",
+            "Blob copies written to storage nodes within batches",
+            router.put_batched_blobs.clone(),
+        );
         let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,

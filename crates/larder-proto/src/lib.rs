@@ -2,6 +2,7 @@
 //! carry the operation, statuses are real). This crate is the only owner of that wire format; see
 //! `INTERNAL_API.md` beside it.
 
+mod batch;
 mod changes;
 mod compact;
 mod documents;
@@ -11,6 +12,11 @@ mod properties;
 mod range;
 mod visit;
 
+pub use batch::{
+    decode_answers, decode_put_batch, encode_answers, encode_put_batch, BatchError, ItemAnswer,
+    PutItem, MAX_BODY as BATCH_MAX_BODY, MAX_ITEMS as BATCH_MAX_ITEMS,
+    MAX_ITEM_DATA as BATCH_MAX_ITEM_DATA,
+};
 pub use changes::{ChangeEntry, ChangePage};
 pub use documents::{decode_key, doc_path, encode_key, header as doc_header, percent_decode};
 pub use export::{
@@ -20,7 +26,7 @@ pub use export::{
 };
 pub use paths::{
     blob_path, changes_path, export_path, parse_path, replica_path, InternalPath, COMPACTION_PATH,
-    HEALTH_PATH, MAP_PATH, METRICS_PATH,
+    HEALTH_PATH, MAP_PATH, METRICS_PATH, PUT_BATCH_PATH,
 };
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};

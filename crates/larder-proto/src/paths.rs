@@ -6,6 +6,8 @@ pub const METRICS_PATH: &str = "/internal/v1/metrics";
 pub const COMPACTION_PATH: &str = "/internal/v1/compaction";
 /// `GET`: the node's cluster map (TOML); `PUT`: offer it a new one (see `INTERNAL_API.md`).
 pub const MAP_PATH: &str = "/internal/v1/map";
+/// `POST`: small blobs for several partitions in one request (`batch.rs`).
+pub const PUT_BATCH_PATH: &str = "/internal/v1/put-batch";
 const PARTITIONS: &str = "/internal/v1/partitions/";
 
 pub fn blob_path(partition: u32, key: &str) -> String {
@@ -34,6 +36,8 @@ pub enum InternalPath<'a> {
     Metrics,
     Compaction,
     Map,
+    /// Small blobs of several partitions in one request (`batch.rs`).
+    PutBatch,
     /// The bulk bootstrap stream (`export.rs`).
     Export {
         partition: u32,
@@ -73,7 +77,8 @@ impl InternalPath<'_> {
             InternalPath::Health
             | InternalPath::Metrics
             | InternalPath::Compaction
-            | InternalPath::Map => None,
+            | InternalPath::Map
+            | InternalPath::PutBatch => None,
         }
     }
 }
@@ -91,6 +96,9 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     }
     if path == MAP_PATH {
         return Some(InternalPath::Map);
+    }
+    if path == PUT_BATCH_PATH {
+        return Some(InternalPath::PutBatch);
     }
     let rest = path.strip_prefix(PARTITIONS)?;
     let (partition, rest) = rest.split_once('/')?;
@@ -139,6 +147,7 @@ mod tests {
         );
         assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
         assert_eq!(parse_path(MAP_PATH), Some(InternalPath::Map));
+        assert_eq!(parse_path(PUT_BATCH_PATH), Some(InternalPath::PutBatch));
         let export = export_path(4, "0.0", "s4");
         let path = export.split('?').next().unwrap();
         assert_eq!(

@@ -81,6 +81,15 @@ pub struct RouterConfig {
     /// first replication round is answered (well under a second; seconds on a loaded machine).
     #[serde(with = "humantime_serde")]
     pub not_yet_retry_for: Duration,
+    /// Blobs of at most this size (at most 1 MiB) are written to a storage node many to a
+    /// request while `put_requests_in_flight` requests to that node are on the way
+    /// (`put_batch.rs`): under load one exchange carries dozens of small PUTs, each costing
+    /// both sides less CPU than a request of its own; a light load sends each PUT alone at
+    /// once. `0 B` sends every PUT alone.
+    pub batch_puts_up_to: ByteSize,
+    /// Requests to one storage node that small PUTs may keep in flight before the next
+    /// ones wait to go together. At least 1.
+    pub put_requests_in_flight: usize,
 }
 
 impl Default for RouterConfig {
@@ -104,6 +113,8 @@ impl Default for RouterConfig {
             wait_for_remote_ack: false,
             confirm_retry_for: Duration::from_millis(300),
             not_yet_retry_for: Duration::from_secs(3),
+            batch_puts_up_to: ByteSize::kib(64),
+            put_requests_in_flight: 4,
         }
     }
 }

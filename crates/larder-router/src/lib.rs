@@ -17,6 +17,7 @@ mod order;
 mod park;
 mod parts_manifest;
 mod pick;
+mod put_batch;
 mod read;
 mod replies;
 mod reserve;

@@ -11,16 +11,17 @@ use std::pin::Pin;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use crate::router::ReplicaResult;
+use hyper::body::Incoming;
 
-type Reply = Pin<Box<dyn Future<Output = (String, ReplicaResult)> + Send>>;
+/// One replica's answer: a response (or, for a batched PUT, its blob's status), or why none came.
+type Reply<T> = Pin<Box<dyn Future<Output = (String, Result<T, String>)> + Send>>;
 
-pub(crate) struct Replies {
-    pending: FuturesUnordered<Reply>,
+pub(crate) struct Replies<T: Send + 'static = http::Response<Incoming>> {
+    pending: FuturesUnordered<Reply<T>>,
 }
 
-impl Replies {
-    pub(crate) fn new() -> Replies {
+impl<T: Send + 'static> Replies<T> {
+    pub(crate) fn new() -> Replies<T> {
         Replies {
             pending: FuturesUnordered::new(),
         }
@@ -28,18 +29,18 @@ impl Replies {
 
     pub(crate) fn push(
         &mut self,
-        reply: impl Future<Output = (String, ReplicaResult)> + Send + 'static,
+        reply: impl Future<Output = (String, Result<T, String>)> + Send + 'static,
     ) {
         self.pending.push(Box::pin(reply));
     }
 
     /// The next answer, `None` once every replica answered.
-    pub(crate) async fn next(&mut self) -> Option<(String, ReplicaResult)> {
+    pub(crate) async fn next(&mut self) -> Option<(String, Result<T, String>)> {
         self.pending.next().await
     }
 }
 
-impl Drop for Replies {
+impl<T: Send + 'static> Drop for Replies<T> {
     fn drop(&mut self) {
         if self.pending.is_empty() {
             return;
@@ -64,7 +65,7 @@ mod tests {
     #[tokio::test]
     async fn stragglers_finish_after_the_caller_is_done() {
         let finished = Arc::new(AtomicUsize::new(0));
-        let mut replies = Replies::new();
+        let mut replies = Replies::<()>::new();
         for (node, delay_ms) in [("fast", 0), ("quick", 1), ("slow", 50)] {
             let finished = finished.clone();
             replies.push(async move {

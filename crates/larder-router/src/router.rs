@@ -147,6 +147,10 @@ pub struct RouterMetrics {
     pub download_budget_held_bytes: Gauge,
     /// New downloads answered 503 because the download budget stayed spent.
     pub download_budget_refusals: Counter,
+    /// Requests that carried several small blobs to one node together (`put_batch.rs`).
+    pub put_batches: Counter,
+    /// Blob copies written within those batches.
+    pub put_batched_blobs: Counter,
 }
 
 pub struct Router {
@@ -170,16 +174,36 @@ pub struct Router {
     pub(crate) downloads: Arc<DownloadBudget>,
     /// The largest frame a replica sends a download in (`pool.max_frame_size`).
     pub(crate) frame: u64,
+    /// Small PUTs waiting to go to their nodes together (`put_batch.rs`).
+    pub(crate) batches: Arc<crate::put_batch::PutBatches>,
 }
 
 /// Why a request ended at its operation's deadline.
-const DEADLINE_PASSED: &str = "operation deadline passed";
+pub(crate) const DEADLINE_PASSED: &str = "operation deadline passed";
 
 /// How long `ready` waits for each local node's health check.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The outcome of one request to one replica.
 pub(crate) type ReplicaResult = Result<Response<Incoming>, String>;
+
+/// A replica's answer as a quorum counts it: its status.
+pub(crate) trait Answered {
+    fn answered(&self) -> http::StatusCode;
+}
+
+impl Answered for Response<Incoming> {
+    fn answered(&self) -> http::StatusCode {
+        self.status()
+    }
+}
+
+/// A blob's answer within a batch of PUTs (`put_batch.rs`), or a PUT's status alone.
+impl Answered for http::StatusCode {
+    fn answered(&self) -> http::StatusCode {
+        *self
+    }
+}
 
 impl Router {
     pub fn new(
@@ -202,6 +226,7 @@ impl Router {
         let latency = LatencyTracker::new(dcs, config.hedge_percentile, config.hedge_min_samples);
         let maps = Arc::new(MapCell::new(map, pool.clone(), health.clone(), datacenter));
         let downloads = DownloadBudget::new(config.download_budget, config.download_budget_wait)?;
+        crate::put_batch::check_config(&config)?;
         Ok(Router {
             frame: pool.max_frame_size(),
             downloads: Arc::new(downloads),
@@ -216,6 +241,7 @@ impl Router {
             journal: None,
             reserved: Default::default(),
             pressure: Default::default(),
+            batches: Default::default(),
         })
     }
 
@@ -250,6 +276,7 @@ impl Router {
             pressure: self.pressure.clone(),
             downloads: self.downloads.clone(),
             frame: self.frame,
+            batches: self.batches.clone(),
         })
     }
 
@@ -412,10 +439,11 @@ impl Router {
     /// Starts `op` against every node; their answers are awaited in the caller's task, and the
     /// ones still pending when the caller is done finish in one background task (see
     /// `Replies`). Each `op` must give up at `deadline` (`send_by`).
-    pub(crate) fn fan_out<F, Fut>(self: &Arc<Self>, nodes: &[String], op: F) -> Replies
+    pub(crate) fn fan_out<T, F, Fut>(self: &Arc<Self>, nodes: &[String], op: F) -> Replies<T>
     where
+        T: Send + 'static,
         F: Fn(Arc<Self>, String) -> Fut,
-        Fut: std::future::Future<Output = ReplicaResult> + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
     {
         let mut replies = Replies::new();
         for node in nodes {
@@ -427,11 +455,11 @@ impl Router {
     }
 
     /// Waits until `rule` is met by answers satisfying `ok`, or until it cannot be met any more.
-    pub(crate) async fn await_quorum(
+    pub(crate) async fn await_quorum<T: Answered + Send + 'static>(
         &self,
-        results: &mut Replies,
+        results: &mut Replies<T>,
         rule: Quorum,
-        ok: impl Fn(&Response<Incoming>) -> bool,
+        ok: impl Fn(&T) -> bool,
     ) -> Result<(), QuorumError> {
         let (mut good_local, mut good_remote) = (0, 0);
         let (mut bad_local, mut bad_remote) = (0, 0);
@@ -460,8 +488,8 @@ impl Router {
                     failures.push(match other {
                         Ok(response) => {
                             out_of_space |=
-                                response.status() == http::StatusCode::INSUFFICIENT_STORAGE;
-                            format!("{node}: status {}", response.status())
+                                response.answered() == http::StatusCode::INSUFFICIENT_STORAGE;
+                            format!("{node}: status {}", response.answered())
                         }
                         Err(err) => format!("{node}: {err}"),
                     });

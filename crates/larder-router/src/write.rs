@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, StatusCode, Uri};
 use larder_cluster::{BlobId, BlobKind, ClusterMap, Partition, PartitionId, PartitionState};
-use larder_proto::{blob_path, header as h, BlobProperties};
+use larder_proto::{blob_path, header as h, BlobProperties, PutItem};
 use tokio::time::Instant;
 
 use crate::journal::JournalEntry;
@@ -44,7 +44,7 @@ impl Router {
             props: props
                 .to_compact()
                 .map_err(|e| RouterError::Rejected(e.to_string()))?,
-            crc: crc32c::crc32c(&data).into(),
+            crc32c: crc32c::crc32c(&data),
             length: data.len().into(),
         };
         // A reserved journal entry's ID was recorded before the request came: sent as it, the
@@ -151,15 +151,36 @@ impl Router {
         } else {
             local
         };
-        let uri: Uri = blob_path(partition, &id.to_string())
+        let key = id.to_string();
+        let uri: Uri = blob_path(partition, &key)
             .parse()
             .map_err(|e| QuorumError::other(format!("blob path: {e}")))?;
-        let mut results = self.fan_out(&targets, |router, node| {
-            let request = put.request(uri.clone(), data.clone());
-            async move { router.send_by(&node, request, Some(deadline)).await }
+        // Small blobs go through the per-node batches (`put_batch.rs`).
+        let item = self.batches_puts_of(data.len()).then(|| {
+            Arc::new(PutItem {
+                partition,
+                key,
+                props: Bytes::copy_from_slice(put.props.as_bytes()),
+                crc32c: put.crc32c,
+                data: data.clone(),
+            })
         });
-        let stored =
-            |r: &http::Response<_>| matches!(r.status(), StatusCode::CREATED | StatusCode::OK);
+        let mut results = self.fan_out(&targets, |router, node| {
+            let send = match &item {
+                Some(item) => Err(item.clone()),
+                None => Ok(put.request(uri.clone(), data.clone())),
+            };
+            async move {
+                match send {
+                    Err(item) => router.put_batched(node, item, deadline).await,
+                    Ok(request) => Ok(router
+                        .send_by(&node, request, Some(deadline))
+                        .await?
+                        .status()),
+                }
+            }
+        });
+        let stored = |status: &StatusCode| matches!(*status, StatusCode::CREATED | StatusCode::OK);
         match self.await_quorum(&mut results, rule, stored).await {
             Ok(()) => Ok(id),
             Err(err) => {
@@ -242,7 +263,7 @@ impl Router {
 struct PutHeaders {
     /// Every property in the compact form (`x-larder-props`).
     props: HeaderValue,
-    crc: HeaderValue,
+    crc32c: u32,
     length: HeaderValue,
 }
 
@@ -254,7 +275,7 @@ impl PutHeaders {
         let headers = request.headers_mut();
         headers.reserve(3);
         headers.insert(header::CONTENT_LENGTH, self.length.clone());
-        headers.insert(h::BODY_CRC32C, self.crc.clone());
+        headers.insert(h::BODY_CRC32C, self.crc32c.into());
         headers.insert(h::PROPS, self.props.clone());
         request
     }

@@ -32,6 +32,9 @@ pub enum Error {
     },
     #[error("body does not match x-larder-body-crc32c")]
     ChecksumMismatch,
+    /// A batch of PUTs (`put_batch.rs`) this node cannot read.
+    #[error("bad batch: {0}")]
+    BadBatch(#[from] larder_proto::BatchError),
     #[error("body exceeds {max} bytes")]
     BodyTooLarge { max: u64 },
     #[error("no body bytes arrived for {0:?}")]

@@ -23,6 +23,7 @@ mod membership;
 mod metrics;
 mod node;
 mod props;
+mod put_batch;
 mod read_budget;
 mod rebuild;
 mod replication;

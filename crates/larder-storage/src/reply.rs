@@ -56,46 +56,7 @@ fn coded(code: StatusCode, stable_code: &str, message: impl std::fmt::Display) -
 
 /// Maps every error to its status, stable code and the headers that go with them.
 pub fn error_response(err: &Error) -> Response<Body> {
-    use StatusCode as S;
-    let (code, stable) = match err {
-        Error::NoSuchPath(_) => (S::NOT_FOUND, "NoSuchPath"),
-        Error::NotHosted { .. } => (S::NOT_FOUND, "PartitionNotHere"),
-        Error::Misdirected { .. } => (S::MISDIRECTED_REQUEST, "MapMoved"),
-        Error::Map(larder_cluster::MapError::Syntax(_) | larder_cluster::MapError::Invalid(_)) => {
-            (S::BAD_REQUEST, "InvalidMap")
-        }
-        Error::Map(_) => (S::CONFLICT, "MapRevisionConflict"),
-        Error::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-        Error::BadQuery(_) => (S::BAD_REQUEST, "BadQuery"),
-        Error::BadKey(_) => (S::BAD_REQUEST, "BadKey"),
-        Error::BadSelection(_) => (S::BAD_REQUEST, "BadSelection"),
-        Error::BadHeader(_) => (S::BAD_REQUEST, "BadHeader"),
-        Error::BadProperties(_) => (S::BAD_REQUEST, "BadProperties"),
-        Error::FromTheFuture { .. } => (S::BAD_REQUEST, "FromTheFuture"),
-        Error::ChecksumMismatch => (S::BAD_REQUEST, "ChecksumMismatch"),
-        Error::BodyTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "TooLarge"),
-        Error::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "BodyTimeout"),
-        Error::Body(_) => (S::BAD_REQUEST, "BodyError"),
-        Error::BodyBudgetSpent { .. } => (S::SERVICE_UNAVAILABLE, "BodyBudgetSpent"),
-        Error::BadRange(RangeError::Unsatisfiable { .. }) => {
-            (S::RANGE_NOT_SATISFIABLE, "RangeNotSatisfiable")
-        }
-        Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
-        Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
-        Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
-        Error::ReadBudgetSpent => (S::SERVICE_UNAVAILABLE, "ReadBudgetSpent"),
-        Error::NotPrimary(_) => (S::MISDIRECTED_REQUEST, "NotPrimary"),
-        Error::NewerVersion { .. } => (S::CONFLICT, "NewerVersion"),
-        Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
-        Error::BehindDroppedTombstones { .. } => (S::CONFLICT, "ReplicaMustBeRebuilt"),
-        Error::NotCheckedYet { .. } => (S::TOO_EARLY, "ReplicaNotCheckedYet"),
-        Error::MustBeRebuilt { .. } => (S::SERVICE_UNAVAILABLE, "ThisReplicaMustBeRebuilt"),
-        Error::Bootstrapping { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaBootstrapping"),
-        Error::Rebuilding { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaRebuilding"),
-        Error::Unchecked { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaUnchecked"),
-        Error::MapRefused(_) => (S::BAD_REQUEST, "MapRefused"),
-        Error::Store(err) => store_status(err),
-    };
+    let (code, stable) = error_status(err);
     let mut response = coded(code, stable, err);
     let headers = response.headers_mut();
     match err {
@@ -126,6 +87,51 @@ pub fn error_response(err: &Error) -> Response<Body> {
         _ => {}
     }
     response
+}
+
+/// An error's status and stable code (also a batched PUT's per-blob answer, `put_batch.rs`).
+pub fn error_status(err: &Error) -> (StatusCode, &'static str) {
+    use StatusCode as S;
+    match err {
+        Error::NoSuchPath(_) => (S::NOT_FOUND, "NoSuchPath"),
+        Error::NotHosted { .. } => (S::NOT_FOUND, "PartitionNotHere"),
+        Error::Misdirected { .. } => (S::MISDIRECTED_REQUEST, "MapMoved"),
+        Error::Map(larder_cluster::MapError::Syntax(_) | larder_cluster::MapError::Invalid(_)) => {
+            (S::BAD_REQUEST, "InvalidMap")
+        }
+        Error::Map(_) => (S::CONFLICT, "MapRevisionConflict"),
+        Error::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+        Error::BadQuery(_) => (S::BAD_REQUEST, "BadQuery"),
+        Error::BadKey(_) => (S::BAD_REQUEST, "BadKey"),
+        Error::BadSelection(_) => (S::BAD_REQUEST, "BadSelection"),
+        Error::BadHeader(_) => (S::BAD_REQUEST, "BadHeader"),
+        Error::BadProperties(_) => (S::BAD_REQUEST, "BadProperties"),
+        Error::FromTheFuture { .. } => (S::BAD_REQUEST, "FromTheFuture"),
+        Error::ChecksumMismatch => (S::BAD_REQUEST, "ChecksumMismatch"),
+        Error::BadBatch(_) => (S::BAD_REQUEST, "BadBatch"),
+        Error::BodyTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "TooLarge"),
+        Error::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "BodyTimeout"),
+        Error::Body(_) => (S::BAD_REQUEST, "BodyError"),
+        Error::BodyBudgetSpent { .. } => (S::SERVICE_UNAVAILABLE, "BodyBudgetSpent"),
+        Error::BadRange(RangeError::Unsatisfiable { .. }) => {
+            (S::RANGE_NOT_SATISFIABLE, "RangeNotSatisfiable")
+        }
+        Error::BadRange(_) => (S::BAD_REQUEST, "BadRange"),
+        Error::NotFound(_) => (S::NOT_FOUND, "NotFound"),
+        Error::Busy(_) => (S::SERVICE_UNAVAILABLE, "Busy"),
+        Error::ReadBudgetSpent => (S::SERVICE_UNAVAILABLE, "ReadBudgetSpent"),
+        Error::NotPrimary(_) => (S::MISDIRECTED_REQUEST, "NotPrimary"),
+        Error::NewerVersion { .. } => (S::CONFLICT, "NewerVersion"),
+        Error::CorruptProperties(_) => (S::INTERNAL_SERVER_ERROR, "Corrupt"),
+        Error::BehindDroppedTombstones { .. } => (S::CONFLICT, "ReplicaMustBeRebuilt"),
+        Error::NotCheckedYet { .. } => (S::TOO_EARLY, "ReplicaNotCheckedYet"),
+        Error::MustBeRebuilt { .. } => (S::SERVICE_UNAVAILABLE, "ThisReplicaMustBeRebuilt"),
+        Error::Bootstrapping { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaBootstrapping"),
+        Error::Rebuilding { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaRebuilding"),
+        Error::Unchecked { .. } => (S::SERVICE_UNAVAILABLE, "ReplicaUnchecked"),
+        Error::MapRefused(_) => (S::BAD_REQUEST, "MapRefused"),
+        Error::Store(err) => store_status(err),
+    }
 }
 
 fn store_status(err: &larder_store::Error) -> (StatusCode, &'static str) {

@@ -54,6 +54,10 @@ async fn route(
     match parsed {
         Some(InternalPath::Map) => crate::map_routes::handle(&node, req).await,
         Some(InternalPath::Health) => Ok(health(&node)),
+        Some(InternalPath::PutBatch) => match *req.method() {
+            Method::POST => crate::put_batch::handle(&node, req, asked).await,
+            _ => Err(Error::MethodNotAllowed("POST")),
+        },
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
         Some(InternalPath::Compaction) => match *req.method() {
             Method::POST => crate::compaction::compact_now(node, req.uri().query()).await,
@@ -110,7 +114,7 @@ async fn route(
 /// Refuses (421) a request routed by an older map than this node's when, at this node's map,
 /// the node holds no replica of the partition any more: the sender fetches the newer map and
 /// asks the right nodes. One atomic load when the revisions agree.
-fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
+pub(crate) fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
     let Some(asked) = asked else { return Ok(()) };
     if asked >= node.maps.revision() {
         return Ok(());
@@ -131,7 +135,7 @@ fn fence(node: &StorageNode, partition: u32, asked: Option<u64>) -> Result<()> {
 }
 
 /// The replica of `partition` for a data request: not while it is being rebuilt.
-fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {
+pub(crate) fn hosted(node: &StorageNode, partition: u32) -> Result<Store> {
     let store = hosted_even_rebuilding(node, partition)?;
     if node.rebuilds.active(partition) {
         return Err(Error::Rebuilding { partition });
