@@ -114,7 +114,7 @@ impl Default for RouterConfig {
             confirm_retry_for: Duration::from_millis(300),
             not_yet_retry_for: Duration::from_secs(3),
             batch_puts_up_to: ByteSize::kib(64),
-            put_requests_in_flight: 4,
+            put_requests_in_flight: 2,
         }
     }
 }

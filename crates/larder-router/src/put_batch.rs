@@ -206,7 +206,9 @@ impl Router {
                 }
             }
             // The slot, if any, is held until the answer came (or this caller went away).
-            Err(_slot) => self.put_alone(&node, &item, Some(deadline)).await,
+            // Boxed: the request's future is large, and a reply future is moved whole into
+            // its operation's `Replies`, where under load most only wait for their batch.
+            Err(_slot) => Box::pin(self.put_alone(&node, &item, Some(deadline))).await,
         }
     }
 

@@ -173,10 +173,10 @@ impl Router {
             async move {
                 match send {
                     Err(item) => router.put_batched(node, item, deadline).await,
-                    Ok(request) => Ok(router
-                        .send_by(&node, request, Some(deadline))
-                        .await?
-                        .status()),
+                    Ok(request) => {
+                        let send = Box::pin(router.send_by(&node, request, Some(deadline)));
+                        Ok(send.await?.status())
+                    }
                 }
             }
         });
