@@ -121,7 +121,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One of a node's `put_requests_in_flight` request slots, held by a PUT sent alone or by a
 /// batch. Whoever drops it (the request done, or its caller gone) hands the blobs waiting by
 /// then to a new batch in the same slot, so no blob waits for a request that will not come.
-struct Slot {
+pub(crate) struct Slot {
     router: Arc<Router>,
     node: String,
     batch: Arc<NodeBatch>,
@@ -152,64 +152,53 @@ impl Router {
         up_to > 0 && len as u64 <= up_to
     }
 
-    /// Writes `item` to `node`, alone or in a batch; its status, or why there is none.
-    pub(crate) async fn put_batched(
-        self: &Arc<Self>,
-        node: String,
-        item: Arc<PutItem>,
+    /// Puts `item` in `node`'s next batch, or gives it a request slot of its own (`None`
+    /// when the node predates batches): decided at once, so that the caller knows whether its
+    /// reply needs driving ([`Router::put_in_slot`]) or only waiting for
+    /// ([`await_batched`]).
+    pub(crate) fn enter_batch(self: &Arc<Self>, node: &str, item: &Arc<PutItem>) -> Entered {
+        let batch = self.batches.node(node);
+        let mut state = batch.state();
+        if state.unsupported {
+            return Entered::Alone(None);
+        }
+        if state.in_flight < self.config.put_requests_in_flight && state.waiting.is_empty() {
+            state.in_flight += 1;
+            drop(state);
+            return Entered::Alone(Some(self.slot(node, batch)));
+        }
+        let (answer, queued) = oneshot::channel();
+        let item = item.clone();
+        state.waiting.push(Waiting { item, answer });
+        // Enough for a batch of its own: it goes now, in a slot past the limit, rather than
+        // wait for a request that may be slow (a sync the disk stalls).
+        if state.waiting.len() >= FULL_ENOUGH {
+            state.in_flight += 1;
+            let items = std::mem::take(&mut state.waiting);
+            drop(state);
+            tokio::spawn(send_batch(self.slot(node, batch), items));
+        }
+        Entered::Queued(queued)
+    }
+
+    fn slot(self: &Arc<Self>, node: &str, batch: Arc<NodeBatch>) -> Slot {
+        Slot {
+            router: self.clone(),
+            node: node.to_owned(),
+            batch,
+        }
+    }
+
+    /// `item` alone, holding `slot` (if any) until the answer came or the caller went away.
+    pub(crate) async fn put_in_slot(
+        &self,
+        slot: Option<Slot>,
+        node: &str,
+        item: &PutItem,
         deadline: Instant,
     ) -> Result<StatusCode, String> {
-        let batch = self.batches.node(&node);
-        let queued = {
-            let mut state = batch.state();
-            if state.unsupported {
-                Err(None)
-            } else if state.in_flight < self.config.put_requests_in_flight
-                && state.waiting.is_empty()
-            {
-                state.in_flight += 1;
-                Err(Some(Slot {
-                    router: self.clone(),
-                    node: node.clone(),
-                    batch: batch.clone(),
-                }))
-            } else {
-                let (answer, queued) = oneshot::channel();
-                state.waiting.push(Waiting {
-                    item: item.clone(),
-                    answer,
-                });
-                // Enough for a batch of its own: it goes now, in a slot past the limit,
-                // rather than wait for a request that may be slow (a sync the disk stalls).
-                let full = state.waiting.len() >= FULL_ENOUGH;
-                let eager = full.then(|| {
-                    state.in_flight += 1;
-                    std::mem::take(&mut state.waiting)
-                });
-                Ok((queued, eager))
-            }
-        };
-        match queued {
-            Ok((queued, eager)) => {
-                if let Some(items) = eager {
-                    let slot = Slot {
-                        router: self.clone(),
-                        node: node.clone(),
-                        batch: batch.clone(),
-                    };
-                    tokio::spawn(send_batch(slot, items));
-                }
-                match tokio::time::timeout_at(deadline, queued).await {
-                    Ok(Ok(answer)) => answer,
-                    Ok(Err(_)) => Err("its batch was dropped".to_owned()),
-                    Err(_) => Err(crate::router::DEADLINE_PASSED.to_owned()),
-                }
-            }
-            // The slot, if any, is held until the answer came (or this caller went away).
-            // Boxed: the request's future is large, and a reply future is moved whole into
-            // its operation's `Replies`, where under load most only wait for their batch.
-            Err(_slot) => Box::pin(self.put_alone(&node, &item, Some(deadline))).await,
-        }
+        let _slot = slot;
+        self.put_alone(node, item, Some(deadline)).await
     }
 
     /// `item` in a PUT of its own.
@@ -273,6 +262,27 @@ impl Router {
         };
         larder_proto::decode_answers(&body, items.len())
             .map_err(|e| BatchFailed::Other(format!("its answer: {e}")))
+    }
+}
+
+/// Where [`Router::enter_batch`] put a blob.
+pub(crate) enum Entered {
+    /// In the node's next batch: its answer comes by [`await_batched`]. The batch is sent
+    /// whether or not anyone waits for it, so this reply need not be driven to its end.
+    Queued(oneshot::Receiver<Result<StatusCode, String>>),
+    /// In a PUT of its own, in this slot.
+    Alone(Option<Slot>),
+}
+
+/// A batched blob's status, or why there is none by `deadline`.
+pub(crate) async fn await_batched(
+    queued: oneshot::Receiver<Result<StatusCode, String>>,
+    deadline: Instant,
+) -> Result<StatusCode, String> {
+    match tokio::time::timeout_at(deadline, queued).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err("its batch was dropped".to_owned()),
+        Err(_) => Err(crate::router::DEADLINE_PASSED.to_owned()),
     }
 }
 

@@ -11,6 +11,8 @@ use tokio::time::Instant;
 use crate::journal::JournalEntry;
 use crate::order::{bootstrapping, count_in, replicas_in};
 use crate::pick::{could_pick, pick_partition};
+use crate::put_batch::{await_batched, Entered};
+use crate::replies::Replies;
 use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
 
@@ -165,21 +167,31 @@ impl Router {
                 data: data.clone(),
             })
         });
-        let mut results = self.fan_out(&targets, |router, node| {
-            let send = match &item {
-                Some(item) => Err(item.clone()),
-                None => Ok(put.request(uri.clone(), data.clone())),
-            };
-            async move {
-                match send {
-                    Err(item) => router.put_batched(node, item, deadline).await,
-                    Ok(request) => {
-                        let send = Box::pin(router.send_by(&node, request, Some(deadline)));
-                        Ok(send.await?.status())
+        let mut results = Replies::new();
+        for node in targets {
+            let router = self.clone();
+            match &item {
+                Some(item) => match self.enter_batch(&node, item) {
+                    Entered::Queued(queued) => results.push_detached(async move {
+                        (node, await_batched(queued, deadline).await)
+                    }),
+                    Entered::Alone(slot) => {
+                        let item = item.clone();
+                        results.push(async move {
+                            let answer = router.put_in_slot(slot, &node, &item, deadline).await;
+                            (node, answer)
+                        })
                     }
+                },
+                None => {
+                    let request = put.request(uri.clone(), data.clone());
+                    results.push(async move {
+                        let answer = router.send_by(&node, request, Some(deadline)).await;
+                        (node, answer.map(|response| response.status()))
+                    })
                 }
             }
-        });
+        }
         let stored = |status: &StatusCode| matches!(*status, StatusCode::CREATED | StatusCode::OK);
         match self.await_quorum(&mut results, rule, stored).await {
             Ok(()) => Ok(id),
