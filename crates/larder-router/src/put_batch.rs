@@ -374,4 +374,21 @@ mod tests {
         assert_eq!(batch.next_or_leave().map(sizes), Some(vec![1]));
         assert!(batch.next_or_leave().is_none());
     }
+
+    #[test]
+    fn settings_it_cannot_work_with_are_refused() {
+        let mut config = crate::RouterConfig::default();
+        assert!(check_config(&config).is_ok());
+        config.batch_puts_up_to =
+            bytesize::ByteSize::b(larder_proto::BATCH_MAX_ITEM_DATA as u64 + 1);
+        assert!(check_config(&config)
+            .unwrap_err()
+            .contains("batch_puts_up_to"));
+        config.batch_puts_up_to = bytesize::ByteSize::b(0);
+        assert!(check_config(&config).is_ok(), "0: batching off");
+        config.put_requests_in_flight = 0;
+        assert!(check_config(&config)
+            .unwrap_err()
+            .contains("put_requests_in_flight"));
+    }
 }
