@@ -146,7 +146,7 @@ impl Drop for Slot {
 }
 
 impl Router {
-    /// Whether a blob of `len` bytes is written through `put_batched`.
+    /// Whether a blob of `len` bytes is written through `enter_batch`.
     pub(crate) fn batches_puts_of(&self, len: usize) -> bool {
         let up_to = self.config.batch_puts_up_to.as_u64();
         up_to > 0 && len as u64 <= up_to
