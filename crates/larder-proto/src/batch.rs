@@ -78,18 +78,23 @@ impl PutItem {
     }
 }
 
-/// The body of a batch of `items` (checked against the limits by the caller's choice of items:
-/// an item past them here is a bug, and the node would refuse the batch).
+/// The body of a batch of `items`. Panics on an item past [`MAX_KEY`], [`MAX_PROPS`] or
+/// [`MAX_ITEM_DATA`]: callers choose which items to batch.
 pub fn encode_put_batch(items: &[&PutItem]) -> Bytes {
     let len = 1 + items.iter().map(|i| i.encoded_len()).sum::<usize>();
     let mut out = BytesMut::with_capacity(len);
     out.put_u8(VERSION);
     for item in items {
+        // Lengths past their fields would shift every later field: a caller's bug, not input.
+        let length = |len: usize, max: usize| {
+            assert!(len <= max, "a batch item past its limit");
+            len as u32
+        };
         out.put_u32(item.partition);
-        out.put_u16(item.key.len() as u16);
-        out.put_u32(item.props.len() as u32);
+        out.put_u16(length(item.key.len(), MAX_KEY) as u16);
+        out.put_u32(length(item.props.len(), MAX_PROPS));
         out.put_u32(item.crc32c);
-        out.put_u32(item.data.len() as u32);
+        out.put_u32(length(item.data.len(), MAX_ITEM_DATA));
         out.put_slice(item.key.as_bytes());
         out.put_slice(&item.props);
         out.put_slice(&item.data);
@@ -311,6 +316,20 @@ mod tests {
             Err(BatchError::BadKey(0))
         );
         assert_eq!(decode_put_batch(&Bytes::new()), Err(BatchError::Version));
+    }
+
+    #[test]
+    #[should_panic(expected = "past its limit")]
+    fn an_item_past_its_limit_is_never_encoded() {
+        let key = "k".repeat(MAX_KEY + 1);
+        let item = PutItem {
+            partition: 1,
+            key,
+            props: Bytes::new(),
+            crc32c: 0,
+            data: Bytes::new(),
+        };
+        encode_put_batch(&[&item]);
     }
 
     #[test]

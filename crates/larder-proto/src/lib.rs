@@ -15,7 +15,7 @@ mod visit;
 pub use batch::{
     decode_answers, decode_put_batch, encode_answers, encode_put_batch, BatchError, ItemAnswer,
     PutItem, MAX_BODY as BATCH_MAX_BODY, MAX_ITEMS as BATCH_MAX_ITEMS,
-    MAX_ITEM_DATA as BATCH_MAX_ITEM_DATA,
+    MAX_ITEM_DATA as BATCH_MAX_ITEM_DATA, MAX_PROPS as BATCH_MAX_PROPS,
 };
 pub use changes::{ChangeEntry, ChangePage};
 pub use documents::{decode_key, doc_path, encode_key, header as doc_header, percent_decode};

@@ -146,10 +146,12 @@ impl Drop for Slot {
 }
 
 impl Router {
-    /// Whether a blob of `len` bytes is written through `enter_batch`.
-    pub(crate) fn batches_puts_of(&self, len: usize) -> bool {
+    /// Whether a blob of `len` bytes with `props_len` bytes of properties is written through
+    /// `enter_batch` (properties past a batch's limit, possible only with a raised
+    /// `max_header_list_size`, go alone).
+    pub(crate) fn batches_puts_of(&self, len: usize, props_len: usize) -> bool {
         let up_to = self.config.batch_puts_up_to.as_u64();
-        up_to > 0 && len as u64 <= up_to
+        up_to > 0 && len as u64 <= up_to && props_len <= larder_proto::BATCH_MAX_PROPS
     }
 
     /// Puts `item` in `node`'s next batch, or gives it a request slot of its own (`None`
@@ -213,14 +215,7 @@ impl Router {
             .map_err(|e| format!("blob path: {e}"))?;
         let props = http::HeaderValue::from_maybe_shared(item.props.clone())
             .map_err(|e| format!("properties: {e}"))?;
-        let mut request = Request::new(larder_pool::full(item.data.clone()));
-        *request.method_mut() = Method::PUT;
-        *request.uri_mut() = uri;
-        let headers = request.headers_mut();
-        headers.reserve(3);
-        headers.insert(header::CONTENT_LENGTH, item.data.len().into());
-        headers.insert(larder_proto::header::BODY_CRC32C, item.crc32c.into());
-        headers.insert(larder_proto::header::PROPS, props);
+        let request = crate::write::put_request(uri, item.data.clone(), item.crc32c, props);
         Ok(self.send_by(node, request, deadline).await?.status())
     }
 

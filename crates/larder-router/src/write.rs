@@ -47,7 +47,6 @@ impl Router {
                 .to_compact()
                 .map_err(|e| RouterError::Rejected(e.to_string()))?,
             crc32c: crc32c::crc32c(&data),
-            length: data.len().into(),
         };
         // A reserved journal entry's ID was recorded before the request came: sent as it, the
         // blob waits on no journal sync.
@@ -158,7 +157,7 @@ impl Router {
             .parse()
             .map_err(|e| QuorumError::other(format!("blob path: {e}")))?;
         // Small blobs go through the per-node batches (`put_batch.rs`).
-        let item = self.batches_puts_of(data.len()).then(|| {
+        let item = self.batches_puts_of(data.len(), put.props.len()).then(|| {
             Arc::new(PutItem {
                 partition,
                 key,
@@ -276,19 +275,29 @@ struct PutHeaders {
     /// Every property in the compact form (`x-larder-props`).
     props: HeaderValue,
     crc32c: u32,
-    length: HeaderValue,
 }
 
 impl PutHeaders {
     fn request(&self, uri: Uri, data: Bytes) -> Request<larder_pool::Body> {
-        let mut request = Request::new(larder_pool::full(data));
-        *request.method_mut() = Method::PUT;
-        *request.uri_mut() = uri;
-        let headers = request.headers_mut();
-        headers.reserve(3);
-        headers.insert(header::CONTENT_LENGTH, self.length.clone());
-        headers.insert(h::BODY_CRC32C, self.crc32c.into());
-        headers.insert(h::PROPS, self.props.clone());
-        request
+        put_request(uri, data, self.crc32c, self.props.clone())
     }
+}
+
+/// A blob's internal PUT (also of a small blob that goes alone: `put_batch.rs`).
+pub(crate) fn put_request(
+    uri: Uri,
+    data: Bytes,
+    crc32c: u32,
+    props: HeaderValue,
+) -> Request<larder_pool::Body> {
+    let length = data.len();
+    let mut request = Request::new(larder_pool::full(data));
+    *request.method_mut() = Method::PUT;
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.reserve(3);
+    headers.insert(header::CONTENT_LENGTH, length.into());
+    headers.insert(h::BODY_CRC32C, crc32c.into());
+    headers.insert(h::PROPS, props);
+    request
 }

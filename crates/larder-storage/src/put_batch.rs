@@ -14,6 +14,7 @@ use larder_proto::{header as h, ItemAnswer, PutItem};
 use larder_store::PutOutcome;
 
 use crate::blobs::checked_meta;
+use crate::body::Intake;
 use crate::error::{Error, Result};
 use crate::reply::{self, Body};
 use crate::routes::{fence, hosted};
@@ -24,17 +25,14 @@ pub async fn handle(
     req: Request<Incoming>,
     asked: Option<u64>,
 ) -> Result<Response<Body>> {
-    let max = larder_proto::BATCH_MAX_BODY as u64;
-    if http_body::Body::size_hint(req.body())
-        .exact()
-        .is_some_and(|declared| declared > max)
-    {
-        return Err(Error::BodyTooLarge { max });
-    }
-    // The budget's share is held until every blob is written.
-    let body = node.intake.read(req.into_body()).await?;
+    // Read as a PUT's body is, bounded by the batch's limit rather than a record's; the
+    // budget's share is held until every blob is written.
+    let intake = Intake {
+        max_body: larder_proto::BATCH_MAX_BODY as u64,
+        ..node.intake.clone()
+    };
+    let body = intake.read(req.into_body()).await?;
     let items = larder_proto::decode_put_batch(&body.concat())?;
-    let _busy = node.compaction.foreground.enter();
     let answers = join_all(items.iter().map(|item| put_one(node, item, asked))).await;
     let mut response = Response::new(reply::body(larder_proto::encode_answers(&answers)));
     *response.status_mut() = StatusCode::OK;
@@ -42,6 +40,9 @@ pub async fn handle(
 }
 
 async fn put_one(node: &StorageNode, item: &PutItem, asked: Option<u64>) -> ItemAnswer {
+    // Each blob counts as a request in flight, as its PUT alone would: compaction gives way
+    // to the number of writes, not of requests.
+    let _busy = node.compaction.foreground.enter();
     let outcome = async {
         fence(node, item.partition, asked)?;
         let store = hosted(node, item.partition)?;

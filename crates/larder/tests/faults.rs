@@ -303,14 +303,7 @@ async fn a_spent_read_budget_makes_the_frontend_park_its_stalled_downloads() {
 /// download is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downloads_hold_at_most_the_download_budget_and_give_it_back() {
-    let frontend = "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n\
-                    download_budget = \"8MiB\"\ndownload_budget_wait = \"1s\"\n\n\
-                    [chunking]\nchunk_size = \"12MiB\"\n";
-    let cluster = Cluster::start_with(3, 2, frontend);
-    let client = H2Client::connect(cluster.frontend_addr).await;
-    let data = random_bytes(12_000_000);
-    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
-    assert_most_of_8_mib_held(&cluster);
+    let (cluster, client, data, id, stalled) = budget_spent_by_stalled_clients("").await;
     let refusals = "larder_frontend_download_budget_refusals_total";
     let before = frontend_count(&cluster, refusals);
     let started = std::time::Instant::now();
@@ -332,14 +325,8 @@ async fn downloads_hold_at_most_the_download_budget_and_give_it_back() {
 /// connections are gone. They get less than the whole blob, or a 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_read_nothing_while_reads_are_held_up_lose_their_connections() {
-    let frontend = "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n\
-                    download_budget = \"8MiB\"\ndownload_budget_wait = \"1s\"\n\n\
-                    [chunking]\nchunk_size = \"12MiB\"\n\n[limits]\nstalled_send_timeout = \"2s\"\n";
-    let cluster = Cluster::start_with(3, 2, frontend);
-    let client = H2Client::connect(cluster.frontend_addr).await;
-    let data = random_bytes(12_000_000);
-    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
-    assert_most_of_8_mib_held(&cluster);
+    let limits = "[limits]\nstalled_send_timeout = \"2s\"\n";
+    let (cluster, client, data, id, stalled) = budget_spent_by_stalled_clients(limits).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let (status, body) = client.get(&id).await;
     assert_eq!(status, StatusCode::OK);
@@ -451,6 +438,25 @@ async fn assert_served_and_budget_given_back(
         0.0,
         "a share was not given back"
     );
+}
+
+/// A cluster whose frontend (an 8 MiB download budget, no hedging, stalled reads never parked,
+/// 12 MB blobs stored whole; and `extra`) has its budget spent by twelve downloads of a 12 MB
+/// blob that read nothing: the cluster, a client, the blob, its ID and the downloads.
+async fn budget_spent_by_stalled_clients(
+    extra: &str,
+) -> (Cluster, H2Client, Bytes, String, Vec<tokio::net::TcpStream>) {
+    let frontend = format!(
+        "[router]\nhedging = false\npark_stalled_reads_after = \"0s\"\n\
+         download_budget = \"8MiB\"\ndownload_budget_wait = \"1s\"\n\n\
+         [chunking]\nchunk_size = \"12MiB\"\n\n{extra}"
+    );
+    let cluster = Cluster::start_with(3, 2, &frontend);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let data = random_bytes(12_000_000);
+    let (id, stalled) = stalled_downloads(&cluster, &client, &data, 12).await;
+    assert_most_of_8_mib_held(&cluster);
+    (cluster, client, data, id, stalled)
 }
 
 /// Stores `data` and opens `n` downloads of it that then read nothing for a second: the blob's

@@ -227,4 +227,8 @@ async fn a_storage_node_answers_each_blob_of_a_batch_as_alone() {
     )
     .await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    // Past the batch's limit (8 MiB): refused before it is read, whatever a record may be.
+    let too_large = Bytes::from(vec![1u8; larder_proto::BATCH_MAX_BODY + 1]);
+    let (status, answer) = send(Method::POST, larder_proto::PUT_BATCH_PATH.into(), too_large).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer:?}");
 }
