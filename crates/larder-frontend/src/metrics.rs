@@ -324,6 +324,16 @@ impl Metrics {
             "Blob copies written to storage nodes within batches",
             router.put_batched_blobs.clone(),
         );
+        registry.register(
+            "get_batches",
+            "Requests that read several blobs from one storage node together (router.batch_gets_up_to)",
+            router.get_batches.clone(),
+        );
+        registry.register(
+            "get_batched_blobs",
+            "Blob reads sent to storage nodes within batches (answered inline or asked again alone)",
+            router.get_batched_blobs.clone(),
+        );
         let edge = EdgeMetrics::register(&mut registry);
         Metrics {
             registry,

@@ -59,6 +59,8 @@ pub enum BatchError {
     Count { got: usize, expected: usize },
     #[error("answer's status {0} is not an HTTP status")]
     Status(u16),
+    #[error("item {0}: a header name or value is not one")]
+    BadHeader(usize),
 }
 
 /// One blob of a batch.

@@ -7,6 +7,7 @@ mod changes;
 mod compact;
 mod documents;
 mod export;
+mod get_batch;
 mod paths;
 mod properties;
 mod range;
@@ -24,9 +25,15 @@ pub use export::{
     MAX_KEY as EXPORT_MAX_KEY, MAX_PROPS as EXPORT_MAX_PROPS,
     STREAM_HEAD_LEN as EXPORT_STREAM_HEAD_LEN,
 };
+pub use get_batch::{
+    decode_get_answers, decode_get_batch, encode_get_answers, encode_get_batch,
+    GetAnswer as GetItemAnswer, GetBatch, GetItem, MAX_BODY as GET_BATCH_MAX_BODY,
+    MAX_INLINE as GET_BATCH_MAX_INLINE, MAX_ITEMS as GET_BATCH_MAX_ITEMS,
+    MAX_KEY as GET_BATCH_MAX_KEY,
+};
 pub use paths::{
     blob_path, changes_path, export_path, parse_path, replica_path, InternalPath, COMPACTION_PATH,
-    HEALTH_PATH, MAP_PATH, METRICS_PATH, PUT_BATCH_PATH,
+    GET_BATCH_PATH, HEALTH_PATH, MAP_PATH, METRICS_PATH, PUT_BATCH_PATH,
 };
 pub use properties::{BlobProperties, PropertiesError, MAX_USER_META_BYTES};
 pub use range::{content_range, ByteRange, RangeError};

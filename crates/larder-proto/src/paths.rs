@@ -8,6 +8,8 @@ pub const COMPACTION_PATH: &str = "/internal/v1/compaction";
 pub const MAP_PATH: &str = "/internal/v1/map";
 /// `POST`: small blobs for several partitions in one request (`batch.rs`).
 pub const PUT_BATCH_PATH: &str = "/internal/v1/put-batch";
+/// `POST`: small blobs of several partitions read in one request (`get_batch.rs`).
+pub const GET_BATCH_PATH: &str = "/internal/v1/get-batch";
 const PARTITIONS: &str = "/internal/v1/partitions/";
 
 pub fn blob_path(partition: u32, key: &str) -> String {
@@ -38,6 +40,8 @@ pub enum InternalPath<'a> {
     Map,
     /// Small blobs of several partitions in one request (`batch.rs`).
     PutBatch,
+    /// Small blobs of several partitions read in one request (`get_batch.rs`).
+    GetBatch,
     /// The bulk bootstrap stream (`export.rs`).
     Export {
         partition: u32,
@@ -78,7 +82,8 @@ impl InternalPath<'_> {
             | InternalPath::Metrics
             | InternalPath::Compaction
             | InternalPath::Map
-            | InternalPath::PutBatch => None,
+            | InternalPath::PutBatch
+            | InternalPath::GetBatch => None,
         }
     }
 }
@@ -99,6 +104,9 @@ pub fn parse_path(path: &str) -> Option<InternalPath<'_>> {
     }
     if path == PUT_BATCH_PATH {
         return Some(InternalPath::PutBatch);
+    }
+    if path == GET_BATCH_PATH {
+        return Some(InternalPath::GetBatch);
     }
     let rest = path.strip_prefix(PARTITIONS)?;
     let (partition, rest) = rest.split_once('/')?;
@@ -148,6 +156,7 @@ mod tests {
         assert_eq!(parse_path(HEALTH_PATH), Some(InternalPath::Health));
         assert_eq!(parse_path(MAP_PATH), Some(InternalPath::Map));
         assert_eq!(parse_path(PUT_BATCH_PATH), Some(InternalPath::PutBatch));
+        assert_eq!(parse_path(GET_BATCH_PATH), Some(InternalPath::GetBatch));
         let export = export_path(4, "0.0", "s4");
         let path = export.split('?').next().unwrap();
         assert_eq!(

@@ -300,7 +300,7 @@ impl Router {
         }
     }
 
-    async fn fetch_chunk_once(&self, slice: &ChunkSlice) -> Result<Bytes, ChunkError> {
+    async fn fetch_chunk_once(self: &Arc<Self>, slice: &ChunkSlice) -> Result<Bytes, ChunkError> {
         let whole = slice.within.start == 0 && slice.within.end == slice.chunk_len;
         let range = (!whole).then(|| ByteRange::FromTo(slice.within.start, slice.within.end - 1));
         let unavailable =

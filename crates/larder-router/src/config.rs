@@ -90,6 +90,14 @@ pub struct RouterConfig {
     /// Requests to one storage node that small PUTs may keep in flight before the next
     /// ones wait to go together. At least 1.
     pub put_requests_in_flight: usize,
+    /// GETs of whole blobs to a storage node go many to a request while
+    /// `get_requests_in_flight` requests to that node are on the way (`get_batch.rs`); the
+    /// node answers blobs of at most this size (at most 64 KiB) inline and tells the
+    /// frontend to ask for larger ones alone. `0 B` sends every GET alone.
+    pub batch_gets_up_to: ByteSize,
+    /// Requests to one storage node that GETs may keep in flight before the next ones wait to
+    /// go together. At least 1.
+    pub get_requests_in_flight: usize,
 }
 
 impl Default for RouterConfig {
@@ -115,6 +123,8 @@ impl Default for RouterConfig {
             not_yet_retry_for: Duration::from_secs(3),
             batch_puts_up_to: ByteSize::kib(64),
             put_requests_in_flight: 2,
+            batch_gets_up_to: ByteSize::kib(64),
+            get_requests_in_flight: 2,
         }
     }
 }

@@ -46,7 +46,14 @@ impl Router {
         let (mut found, mut gone, mut failed) = (None, false, Vec::new());
         while let Some((node, reply)) = replies.next().await {
             let answer = match reply {
-                Ok(response) => decode((&node, response), None, deadline).await,
+                Ok(response) => {
+                    decode(
+                        (&node, response.map(crate::BlobBody::Streamed)),
+                        None,
+                        deadline,
+                    )
+                    .await
+                }
                 Err(err) => Err(Undecoded::Failed(err)),
             };
             match answer {

@@ -2,11 +2,14 @@
 //! (which partition, which replicas, in which order), quorum, failover, timeouts and node health;
 //! the pool below it owns connections, the frontend above it owns the public API.
 
+mod batch;
+mod blob_body;
 mod chunked;
 mod config;
 mod documents;
 mod download_budget;
 mod find;
+mod get_batch;
 mod health;
 mod hlc;
 mod journal;
@@ -26,6 +29,7 @@ mod router;
 mod visit;
 mod write;
 
+pub use blob_body::BlobBody;
 pub use chunked::{ChunkStream, ChunkingConfig, Upload};
 pub use config::RouterConfig;
 pub use documents::{Checked, DocError, DocRouter, DocState, Written};

@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::{Body, Frame};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
@@ -31,7 +31,7 @@ const WAITING: u64 = u64::MAX;
 
 /// One replica's stream of a download, and the rest of its last frame, which the watch may
 /// take away. (Generic over the stream only so that tests can hold one.)
-pub(crate) struct Slot<B = Incoming> {
+pub(crate) struct Slot<B = crate::BlobBody> {
     held: Mutex<Held<B>>,
     born: Instant,
     /// When the body last answered (ms after `born`), or `WAITING`.

@@ -5,21 +5,23 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
 use larder_cluster::{BlobId, ClusterMap};
-use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
+use larder_proto::{blob_path, header as h, BlobProperties, ByteRange, GetItem};
 use tokio::time::Instant;
 
 use crate::config::RouterConfig;
 use crate::order::{count_in, read_order};
-use crate::router::{refusal_message, refuses_the_request, ReplicaResult};
-use crate::{FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
+use crate::router::{refusal_message, refuses_the_request};
+use crate::{BlobBody, FoundBlob, GetAnswer, GoneReason, Missing, Router, RouterError};
 
-type Attempt<'a> = Pin<Box<dyn Future<Output = (&'a str, bool, ReplicaResult)> + Send + 'a>>;
+/// One replica's answer, its bytes streamed or whole (from a batch: `get_batch.rs`).
+type BodyResult = Result<Response<BlobBody>, String>;
+type Attempt<'a> = Pin<Box<dyn Future<Output = (&'a str, bool, BodyResult)> + Send + 'a>>;
 
 impl Router {
     /// Reads blob `id` (GET: bytes too; HEAD: properties only), or `range` of it, from the first
@@ -27,7 +29,7 @@ impl Router {
     /// When no replica could answer and a storage node showed a newer map than ours (a 421
     /// from a node that no longer holds the partition), the read is tried once more on it.
     pub async fn get_blob(
-        &self,
+        self: &Arc<Self>,
         id: &BlobId,
         method: Method,
         range: Option<ByteRange>,
@@ -38,7 +40,7 @@ impl Router {
     /// `get_blob`, asking none of the replicas in `avoid` (those whose bytes broke off:
     /// `resume.rs`).
     pub(crate) async fn get_blob_avoiding(
-        &self,
+        self: &Arc<Self>,
         id: &BlobId,
         method: Method,
         range: Option<ByteRange>,
@@ -57,7 +59,7 @@ impl Router {
     }
 
     async fn get_blob_in<'a>(
-        &'a self,
+        self: &'a Arc<Self>,
         map: &'a ClusterMap,
         id: &BlobId,
         (method, range): (Method, Option<ByteRange>),
@@ -86,17 +88,32 @@ impl Router {
         let range_header = range.map(|r| {
             HeaderValue::try_from(r.to_header()).expect("a byte range is ASCII digits and signs")
         });
+        let ask = Ask {
+            method: method.clone(),
+            uri,
+            range: range_header,
+        };
+        // Whole-blob GETs may share a request with others to the same node (`get_batch.rs`).
+        let batched = method == Method::GET && range.is_none() && self.batches_gets();
+        let id = *id;
         let attempt = |node: &'a str, hedge: bool| -> Attempt<'a> {
-            let mut request = Request::new(larder_pool::empty());
-            *request.method_mut() = method.clone();
-            *request.uri_mut() = uri.clone();
-            if let Some(range) = &range_header {
-                request.headers_mut().insert(header::RANGE, range.clone());
+            // The operation's deadline ends the request too: no timer of its own for it.
+            if batched {
+                let ask = ask.clone();
+                let item = move || GetItem {
+                    partition: id.partition,
+                    key: id.to_string(),
+                };
+                return Box::pin(async move {
+                    let request = move || ask.request();
+                    let result = self.get_maybe_batched(node, item, request, deadline).await;
+                    (node, hedge, result)
+                });
             }
+            let request = ask.request();
             Box::pin(async move {
-                // The operation's deadline ends the request too: no timer of its own for it.
                 let result = self.send_by(node, request, Some(deadline)).await;
-                (node, hedge, result)
+                (node, hedge, result.map(|r| r.map(BlobBody::Streamed)))
             })
         };
 
@@ -272,6 +289,26 @@ impl Router {
     }
 }
 
+/// What a read asks each replica alone.
+#[derive(Clone)]
+struct Ask {
+    method: Method,
+    uri: Uri,
+    range: Option<HeaderValue>,
+}
+
+impl Ask {
+    fn request(&self) -> Request<larder_pool::Body> {
+        let mut request = Request::new(larder_pool::empty());
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        if let Some(range) = &self.range {
+            request.headers_mut().insert(header::RANGE, range.clone());
+        }
+        request
+    }
+}
+
 /// A "found" from a replica that is catching up (`x-larder-catching-up`: it has not reached
 /// every local peer's feed head recently, so it may lack a tombstone) is held until enough
 /// replicas of this datacenter answered without a tombstone that a delete acknowledged here
@@ -421,7 +458,7 @@ pub(crate) enum Undecoded {
 /// Turns a replica's answer into what it means, from its status and headers (the body of a
 /// found blob is passed on unread).
 pub(crate) async fn decode(
-    (node, response): (&str, Response<Incoming>),
+    (node, response): (&str, Response<BlobBody>),
     range: Option<ByteRange>,
     deadline: Instant,
 ) -> Result<GetAnswer, Undecoded> {
@@ -483,7 +520,7 @@ pub(crate) async fn decode(
     }
 }
 
-fn number(response: &Response<Incoming>, name: &str) -> Option<u64> {
+fn number(response: &Response<BlobBody>, name: &str) -> Option<u64> {
     response
         .headers()
         .get(name)?

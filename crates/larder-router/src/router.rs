@@ -89,7 +89,7 @@ pub struct FoundBlob {
     /// only once confirmed (`read.rs`).
     pub catching_up: bool,
     /// The bytes (empty for HEAD).
-    pub body: Incoming,
+    pub body: crate::BlobBody,
     /// The storage node that sent them (a read of the rest avoids it if they break off).
     pub replica: String,
 }
@@ -151,6 +151,10 @@ pub struct RouterMetrics {
     pub put_batches: Counter,
     /// Blob copies written within those batches.
     pub put_batched_blobs: Counter,
+    /// Requests that read several small blobs from one node together (`get_batch.rs`).
+    pub get_batches: Counter,
+    /// Blob reads within those batches (answered inline or sent on alone).
+    pub get_batched_blobs: Counter,
 }
 
 pub struct Router {
@@ -175,7 +179,9 @@ pub struct Router {
     /// The largest frame a replica sends a download in (`pool.max_frame_size`).
     pub(crate) frame: u64,
     /// Small PUTs waiting to go to their nodes together (`put_batch.rs`).
-    pub(crate) batches: Arc<crate::put_batch::PutBatches>,
+    pub(crate) put_batches: Arc<crate::batch::Batches<crate::put_batch::Puts>>,
+    /// GETs waiting to go to their nodes together (`get_batch.rs`).
+    pub(crate) get_batches: Arc<crate::batch::Batches<crate::get_batch::Gets>>,
 }
 
 /// Why a request ended at its operation's deadline.
@@ -227,6 +233,7 @@ impl Router {
         let maps = Arc::new(MapCell::new(map, pool.clone(), health.clone(), datacenter));
         let downloads = DownloadBudget::new(config.download_budget, config.download_budget_wait)?;
         crate::put_batch::check_config(&config)?;
+        crate::get_batch::check_config(&config)?;
         Ok(Router {
             frame: pool.max_frame_size(),
             downloads: Arc::new(downloads),
@@ -241,7 +248,8 @@ impl Router {
             journal: None,
             reserved: Default::default(),
             pressure: Default::default(),
-            batches: Default::default(),
+            put_batches: Default::default(),
+            get_batches: Default::default(),
         })
     }
 
@@ -276,7 +284,8 @@ impl Router {
             pressure: self.pressure.clone(),
             downloads: self.downloads.clone(),
             frame: self.frame,
-            batches: self.batches.clone(),
+            put_batches: self.put_batches.clone(),
+            get_batches: self.get_batches.clone(),
         })
     }
 
@@ -338,6 +347,18 @@ impl Router {
         request: Request<Body>,
         deadline: Option<Instant>,
     ) -> ReplicaResult {
+        self.send_timed(node, request, deadline, true).await
+    }
+
+    /// `send_by`, its latency recorded for hedging only when `record`: a batch's items record
+    /// their own (`batch.rs`), from when each began to wait.
+    pub(crate) async fn send_timed(
+        &self,
+        node: &str,
+        request: Request<Body>,
+        deadline: Option<Instant>,
+        record: bool,
+    ) -> ReplicaResult {
         let started = Instant::now();
         let request_deadline = started + self.config.request_timeout;
         let until = deadline.map_or(request_deadline, |d| d.min(request_deadline));
@@ -347,9 +368,8 @@ impl Router {
             Ok(Ok(response)) => {
                 self.health.record_success(node);
                 self.maps.saw(node, response.headers());
-                if !response.status().is_server_error() {
-                    let elapsed = started.elapsed();
-                    self.with_datacenter_of(node, |dc| self.latency.record(dc, elapsed));
+                if record && !response.status().is_server_error() {
+                    self.record_latency(node, started);
                 }
                 Ok(response)
             }
@@ -371,6 +391,13 @@ impl Router {
                 ))
             }
         }
+    }
+
+    /// A request to `node` begun at `started` was answered: a sample for its datacenter's
+    /// hedge delay.
+    pub(crate) fn record_latency(&self, node: &str, started: Instant) {
+        let elapsed = started.elapsed();
+        self.with_datacenter_of(node, |dc| self.latency.record(dc, elapsed));
     }
 
     /// Asks a replica that just lost a hedge race whether it is alive: a health check it does not
@@ -541,7 +568,11 @@ const MAX_REFUSAL_BODY: usize = 4096;
 
 /// The message of a replica's error answer (`{"error":{"message":…}}`) with its status, read
 /// until `deadline` at most; the status alone when there is no such message.
-pub(crate) async fn refusal_message(response: Response<Incoming>, deadline: Instant) -> String {
+pub(crate) async fn refusal_message<B>(response: Response<B>, deadline: Instant) -> String
+where
+    B: hyper::body::Body<Data = bytes::Bytes>,
+    B::Error: Into<larder_pool::BoxError>,
+{
     refusal(response, deadline).await.message
 }
 
@@ -559,7 +590,11 @@ pub(crate) struct Refusal {
 
 /// Reads a replica's error answer (`{"error":{"code":…,"message":…}}`) until `deadline` at
 /// most.
-pub(crate) async fn refusal(response: Response<Incoming>, deadline: Instant) -> Refusal {
+pub(crate) async fn refusal<B>(response: Response<B>, deadline: Instant) -> Refusal
+where
+    B: hyper::body::Body<Data = bytes::Bytes>,
+    B::Error: Into<larder_pool::BoxError>,
+{
     use http_body_util::BodyExt;
     let status = response.status();
     let body = http_body_util::Limited::new(response.into_body(), MAX_REFUSAL_BODY).collect();

@@ -8,10 +8,11 @@ use larder_cluster::{BlobId, BlobKind, ClusterMap, Partition, PartitionId, Parti
 use larder_proto::{blob_path, header as h, BlobProperties, PutItem};
 use tokio::time::Instant;
 
+use crate::batch::Entered;
 use crate::journal::JournalEntry;
 use crate::order::{bootstrapping, count_in, replicas_in};
 use crate::pick::{could_pick, pick_partition};
-use crate::put_batch::{await_batched, Entered};
+use crate::put_batch::{await_batched, Puts};
 use crate::replies::Replies;
 use crate::router::{Quorum, QuorumError};
 use crate::{Router, RouterError};
@@ -170,7 +171,7 @@ impl Router {
         for node in targets {
             let router = self.clone();
             match &item {
-                Some(item) => match self.enter_batch(&node, item) {
+                Some(item) => match self.enter_batch::<Puts>(&node, || item.clone()) {
                     Entered::Queued(queued) => results.push_detached(async move {
                         (node, await_batched(queued, deadline).await)
                     }),

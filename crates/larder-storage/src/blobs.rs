@@ -15,7 +15,7 @@ use crate::validate::{header_number, now_ms, Clock};
 use crate::{props, StorageNode};
 
 /// Reads up to this size are done on the async thread (see `serve`).
-const INLINE_READ_MAX: u64 = 64 * 1024;
+pub(crate) const INLINE_READ_MAX: u64 = 64 * 1024;
 
 pub async fn put(
     node: &StorageNode,
@@ -92,9 +92,6 @@ pub async fn get(
     req: &Request<Incoming>,
     with_body: bool,
 ) -> Result<Response<Body>> {
-    // Before the lookup: a replica that vouches has applied every change its local peers
-    // held a caught-up window ago, so the lookup below sees their tombstones.
-    let vouched = node.horizons.vouches(partition);
     let include_expired = req.uri().query().is_some_and(|q| {
         q.split('&')
             .any(|p| p == larder_proto::INCLUDE_EXPIRED_QUERY)
@@ -106,31 +103,70 @@ pub async fn get(
             Some(ByteRange::parse(text).map_err(Error::BadRange)?)
         }
     };
-    // A lookup only reads the in-memory index: no need to leave the async thread for it.
+    let (record, vouched) = match look_up(node, partition, &store, key, include_expired)? {
+        Lookup::Answer(response) => return Ok(response),
+        Lookup::Found { record, vouched } => (record, vouched),
+    };
+    let reads = with_body.then_some(&node.reads);
+    let served = serve(store, record, range, reads).await;
+    if matches!(served, Err(Error::ReadBudgetSpent)) {
+        node.metrics.read_budget_refusals.inc();
+    }
+    let mut response = served?;
+    if !vouched {
+        mark_catching_up(response.headers_mut());
+    }
+    Ok(response)
+}
+
+/// What a GET's lookup of a key found: the answer already (gone), or a record to serve.
+pub(crate) enum Lookup {
+    Answer(Response<Body>),
+    Found {
+        record: BlobRecord,
+        /// The replica vouches for having applied its local peers' tombstones (otherwise
+        /// the answer says it is catching up).
+        vouched: bool,
+    },
+}
+
+/// Looks `key` up for a GET (the in-memory index only: no need to leave the async thread).
+pub(crate) fn look_up(
+    node: &StorageNode,
+    partition: larder_cluster::PartitionId,
+    store: &Store,
+    key: &str,
+    include_expired: bool,
+) -> Result<Lookup> {
+    // Before the lookup: a replica that vouches has applied every change its local peers
+    // held a caught-up window ago, so the lookup below sees their tombstones.
+    let vouched = node.horizons.vouches(partition);
     match store.get_blob(key.as_bytes(), now_ms())? {
         BlobLookup::NotFound => Err(Error::NotFound("no such blob on this replica")),
-        BlobLookup::Deleted { time_ms } => Ok(gone("deleted", Some(time_ms))),
+        BlobLookup::Deleted { time_ms } => Ok(Lookup::Answer(gone("deleted", Some(time_ms)))),
         BlobLookup::Expired(record) if !include_expired => {
-            Ok(gone("expired", record.meta.expires_ms))
+            Ok(Lookup::Answer(gone("expired", record.meta.expires_ms)))
         }
         BlobLookup::Found(record) | BlobLookup::Expired(record) => {
             // Only off the common path (a replica that vouches checked itself long ago).
             if !vouched && !node.horizons.checked_for_reads(partition) {
                 return Err(Error::Unchecked { partition });
             }
-            let reads = with_body.then_some(&node.reads);
-            let served = serve(store, record, range, reads).await;
-            if matches!(served, Err(Error::ReadBudgetSpent)) {
-                node.metrics.read_budget_refusals.inc();
-            }
-            let mut response = served?;
-            if !vouched {
-                let headers = response.headers_mut();
-                headers.insert(h::CATCHING_UP, HeaderValue::from_static("1"));
-            }
-            Ok(response)
+            Ok(Lookup::Found { record, vouched })
         }
     }
+}
+
+pub(crate) fn mark_catching_up(headers: &mut HeaderMap) {
+    headers.insert(h::CATCHING_UP, HeaderValue::from_static("1"));
+}
+
+/// The headers of a found blob's answer: its properties, its size and the length sent.
+pub(crate) fn found_headers(headers: &mut HeaderMap, record: &BlobRecord, sent: u64) -> Result<()> {
+    headers.insert(h::PROPS, props::to_header(&record.meta.props)?);
+    headers.insert(header::CONTENT_LENGTH, sent.into());
+    headers.insert(h::BLOB_SIZE, record.size.into());
+    Ok(())
 }
 
 /// Answers with a blob's bytes (with `reads`, the node's read budget; without, a HEAD). The
@@ -143,17 +179,19 @@ async fn serve(
     range: Option<ByteRange>,
     reads: Option<&ReadBudget>,
 ) -> Result<Response<Body>> {
-    let props = props::to_header(&record.meta.props)?;
     let size = record.size;
     let selected = match range {
         None => 0..size,
         Some(range) => range.resolve(size).map_err(Error::BadRange)?,
     };
+    let mut headers = HeaderMap::new();
+    found_headers(&mut headers, &record, selected.end - selected.start)?;
     let body = match reads {
         Some(reads) if !selected.is_empty() => read(store, record, selected.clone(), reads).await?,
         _ => reply::chunks_body(Vec::new()),
     };
     let mut response = Response::new(body);
+    *response.headers_mut() = headers;
     if range.is_some() {
         *response.status_mut() = StatusCode::PARTIAL_CONTENT;
         let value = larder_proto::content_range(&selected, size);
@@ -162,13 +200,6 @@ async fn serve(
             HeaderValue::from_str(&value).expect("a content range is ascii"),
         );
     }
-    let headers = response.headers_mut();
-    headers.insert(h::PROPS, props);
-    headers.insert(
-        header::CONTENT_LENGTH,
-        (selected.end - selected.start).into(),
-    );
-    headers.insert(h::BLOB_SIZE, size.into());
     Ok(response)
 }
 

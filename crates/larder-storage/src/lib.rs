@@ -15,6 +15,7 @@ mod connection;
 mod documents;
 mod error;
 mod export;
+mod get_batch;
 mod horizon;
 mod internal_auth;
 mod map_routes;

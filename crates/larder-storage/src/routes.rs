@@ -58,6 +58,10 @@ async fn route(
             Method::POST => crate::put_batch::handle(&node, req, asked).await,
             _ => Err(Error::MethodNotAllowed("POST")),
         },
+        Some(InternalPath::GetBatch) => match *req.method() {
+            Method::POST => crate::get_batch::handle(&node, req, asked).await,
+            _ => Err(Error::MethodNotAllowed("POST")),
+        },
         Some(InternalPath::Metrics) => Ok(metrics(&node)),
         Some(InternalPath::Compaction) => match *req.method() {
             Method::POST => crate::compaction::compact_now(node, req.uri().query()).await,

@@ -124,7 +124,7 @@ async fn a_corrupt_replica_is_never_served_and_reads_fail_over() {
         .collect::<Vec<u8>>()
         .into();
     let (id, node, path) = stored_everywhere(&cluster, &client, &data).await;
-    damage(&cluster, 0, &path, &data[100_000..100_064]);
+    common::damage(&cluster, 0, &path, &data[100_000..100_064]);
 
     let (status, _) = node.request(http::Method::GET, &path, Bytes::new()).await;
     assert_eq!(
@@ -158,7 +158,7 @@ async fn damage_past_the_first_piece_resets_the_stream_and_the_read_goes_on_else
     let (id, node, path) = stored_everywhere(&cluster, &client, &data).await;
     // One byte in the sixtieth of the 62 pieces of 64 KiB (late enough that the answer's
     // head has gone out when the replica finds it).
-    damage(&cluster, 0, &path, &data[3_900_000..3_900_064]);
+    common::damage(&cluster, 0, &path, &data[3_900_000..3_900_064]);
 
     // The first piece is sound, so the replica answers 200 and breaks off where the damage
     // is (or resets the stream before its answer went out, when it finds the damage that
@@ -584,27 +584,6 @@ async fn stored_everywhere(
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     (id, node, path)
-}
-
-/// Flips a byte of node `i`'s copy of the blob at `path` (a storage node's path, which names
-/// its partition) where `near` is stored.
-fn damage(cluster: &Cluster, i: usize, path: &str, near: &[u8]) {
-    let id = path.rsplit('/').next().unwrap();
-    let partition = id.parse::<larder_cluster::BlobId>().unwrap().partition;
-    let segment = cluster
-        .dir
-        .path()
-        .join(&cluster.map.nodes[i].id)
-        .join("disk0")
-        .join(format!("p{partition}"))
-        .join("seg-00000001.log");
-    let mut bytes = std::fs::read(&segment).unwrap();
-    let at = bytes
-        .windows(near.len())
-        .position(|w| w == near)
-        .expect("blob data in the segment");
-    bytes[at + 10] ^= 0xff;
-    std::fs::write(&segment, bytes).unwrap();
 }
 
 /// A blob whose datacenter of origin cannot answer is unavailable (503), not "not found" (404),

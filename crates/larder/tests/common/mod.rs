@@ -610,6 +610,27 @@ pub fn file_with(dir: &Path, bytes: &[u8]) -> String {
     path.display().to_string()
 }
 
+/// Flips a byte of node `i`'s copy of the blob at `path` (a storage node's path, which names
+/// its partition) where `near` is stored.
+pub fn damage(cluster: &Cluster, i: usize, path: &str, near: &[u8]) {
+    let id = path.rsplit('/').next().unwrap();
+    let partition = id.parse::<larder_cluster::BlobId>().unwrap().partition;
+    let segment = cluster
+        .dir
+        .path()
+        .join(&cluster.map.nodes[i].id)
+        .join("disk0")
+        .join(format!("p{partition}"))
+        .join("seg-00000001.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = bytes
+        .windows(near.len())
+        .position(|w| w == near)
+        .expect("blob data in the segment");
+    bytes[at + 10] ^= 0xff;
+    std::fs::write(&segment, bytes).unwrap();
+}
+
 pub fn random_bytes(len: usize) -> Vec<u8> {
     (0..len).map(|_| rand::random::<u8>()).collect()
 }

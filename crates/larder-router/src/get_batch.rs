@@ -1,0 +1,196 @@
+//! Whole-blob GETs to one storage node gathered into one request while others are on the way
+//! (`batch.rs` says when). The node answers each blob as a GET of it alone would have been
+//! answered, status, headers and bytes, for blobs of at most `[router] batch_gets_up_to`; a
+//! larger one it leaves to be asked alone, which the waiting read then does itself. So a
+//! batched read is decoded, hedged, confirmed and failed over exactly as one sent alone: only
+//! its bytes arrive whole (`BlobBody::Inline`). A batch that fails whole fails each of its
+//! reads (the read asks another replica, as after any failed request).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytesize::ByteSize;
+use http::{Request, Response};
+use larder_pool::Body;
+use larder_proto::{GetItem, GetItemAnswer};
+use tokio::time::Instant;
+
+use crate::batch::{BatchFailed, Batches, Entered, Kind, Slot, Waiting};
+use crate::{BlobBody, Router};
+
+/// Most bytes of one blob a node answers inline (its reads of at most this size are done in
+/// place, from the page cache).
+const MAX_INLINE: u64 = 64 * 1024;
+/// Largest answer a batch can have: a node carries at most 1 MiB of blobs inline in one, and
+/// then at most one more blob of [`MAX_INLINE`] and each item's headers (properties of at
+/// most 64 KiB).
+const MAX_ANSWER: usize = (2 << 20) + Gets::MAX_ITEMS * (64 << 10);
+
+/// GET batches (`larder-proto`'s `get_batch.rs`).
+pub(crate) struct Gets;
+
+/// A read's answer from its batch.
+pub(crate) enum Batched {
+    /// The replica's answer, its bytes whole.
+    Answer(Response<BlobBody>),
+    /// The blob is larger than a batch carries: ask for it alone.
+    Alone,
+    /// The batch failed whole.
+    Failed(String),
+}
+
+impl Kind for Gets {
+    type Item = GetItem;
+    type Answer = Batched;
+    const MAX_ITEMS: usize = 256;
+    const MAX_BYTES: usize = larder_proto::GET_BATCH_MAX_BODY;
+    const FULL_ENOUGH: usize = 32;
+
+    fn weight(item: &GetItem) -> usize {
+        6 + item.key.len()
+    }
+
+    fn batches(router: &Router) -> &Batches<Gets> {
+        &router.get_batches
+    }
+
+    fn in_flight_limit(router: &Router) -> usize {
+        router.config.get_requests_in_flight
+    }
+
+    fn send(slot: Slot<Gets>, items: Vec<Waiting<Gets>>) -> impl Future<Output = ()> + Send {
+        send_batch(slot, items)
+    }
+}
+
+/// Refuses settings `get_batch` cannot work with.
+pub(crate) fn check_config(config: &crate::RouterConfig) -> Result<(), String> {
+    if config.batch_gets_up_to.as_u64() > MAX_INLINE {
+        return Err(format!(
+            "[router] batch_gets_up_to is at most {}",
+            ByteSize::b(MAX_INLINE)
+        ));
+    }
+    if config.get_requests_in_flight == 0 {
+        return Err("[router] get_requests_in_flight is at least 1".to_owned());
+    }
+    Ok(())
+}
+
+impl Router {
+    /// Whether whole-blob GETs go through batches.
+    pub(crate) fn batches_gets(&self) -> bool {
+        self.config.batch_gets_up_to.as_u64() > 0
+    }
+
+    /// A GET of `item` at `node`: in the node's next batch while other GETs to it are on the
+    /// way, otherwise (or when the blob is too large for a batch) `request` alone.
+    pub(crate) async fn get_maybe_batched(
+        self: &Arc<Self>,
+        node: &str,
+        item: impl FnOnce() -> GetItem,
+        request: impl FnOnce() -> Request<Body>,
+        deadline: Instant,
+    ) -> Result<Response<BlobBody>, String> {
+        let queued = match self.enter_batch::<Gets>(node, item) {
+            Entered::Alone(slot) => return self.get_alone(slot, node, request(), deadline).await,
+            Entered::Queued(queued) => queued,
+        };
+        match tokio::time::timeout_at(deadline, queued).await {
+            Ok(Ok(Batched::Answer(response))) => Ok(response),
+            Ok(Ok(Batched::Alone)) => self.get_alone(None, node, request(), deadline).await,
+            Ok(Ok(Batched::Failed(err))) => Err(format!("batch: {err}")),
+            Ok(Err(_)) => Err("its batch was dropped".to_owned()),
+            Err(_) => Err(crate::router::DEADLINE_PASSED.to_owned()),
+        }
+    }
+
+    /// `request` alone, holding `slot` (if any) until its answer's head came.
+    async fn get_alone(
+        &self,
+        slot: Option<Slot<Gets>>,
+        node: &str,
+        request: Request<Body>,
+        deadline: Instant,
+    ) -> Result<Response<BlobBody>, String> {
+        let response = self.send_by(node, request, Some(deadline)).await;
+        drop(slot);
+        Ok(response?.map(BlobBody::Streamed))
+    }
+}
+
+/// Sends `items` as one batch in `slot` and gives each its answer; dropping the slot then sends
+/// whatever waits by now.
+async fn send_batch(slot: Slot<Gets>, items: Vec<Waiting<Gets>>) {
+    let router = &slot.router;
+    router.metrics.get_batches.inc();
+    router.metrics.get_batched_blobs.inc_by(items.len() as u64);
+    let inline_up_to = u32::try_from(router.config.batch_gets_up_to.as_u64()).unwrap_or(0);
+    let refs: Vec<&GetItem> = items.iter().map(|w| &w.item).collect();
+    let body = larder_proto::encode_get_batch(inline_up_to, &refs);
+    let answers = match router
+        .send_batch_request(&slot.node, larder_proto::GET_BATCH_PATH, body, MAX_ANSWER)
+        .await
+    {
+        Ok(answer) => larder_proto::decode_get_answers(&answer, items.len())
+            .map_err(|e| BatchFailed::Other(format!("its answer: {e}"))),
+        Err(failed) => Err(failed),
+    };
+    let answers = match answers {
+        Ok(answers) => answers,
+        Err(BatchFailed::Unsupported) => {
+            tracing::info!(node = %slot.node, "storage node predates batched GETs; sending them one by one");
+            slot.node_predates_batches();
+            for waiting in items {
+                let _ = waiting.answer.send(Batched::Alone);
+            }
+            return;
+        }
+        Err(BatchFailed::Other(err)) => {
+            for waiting in items {
+                let _ = waiting.answer.send(Batched::Failed(err.clone()));
+            }
+            return;
+        }
+    };
+    for (waiting, answer) in items.into_iter().zip(answers) {
+        let batched = match answer {
+            GetItemAnswer::Alone => Batched::Alone,
+            GetItemAnswer::Answered {
+                status,
+                headers,
+                body,
+            } => {
+                if !status.is_server_error() {
+                    router.record_latency(&slot.node, waiting.entered);
+                }
+                let mut response = Response::new(BlobBody::inline(body));
+                *response.status_mut() = status;
+                *response.headers_mut() = headers;
+                Batched::Answer(response)
+            }
+        };
+        let _ = waiting.answer.send(batched);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_it_cannot_work_with_are_refused() {
+        let mut config = crate::RouterConfig::default();
+        assert!(check_config(&config).is_ok());
+        config.batch_gets_up_to = ByteSize::b(MAX_INLINE + 1);
+        assert!(check_config(&config)
+            .unwrap_err()
+            .contains("batch_gets_up_to"));
+        config.batch_gets_up_to = ByteSize::b(0);
+        assert!(check_config(&config).is_ok(), "0: batching off");
+        config.get_requests_in_flight = 0;
+        assert!(check_config(&config)
+            .unwrap_err()
+            .contains("get_requests_in_flight"));
+    }
+}
