@@ -36,6 +36,14 @@ pub const MAX_HEADERS: usize = 16;
 pub const MAX_HEADER_VALUE: usize = 128 * 1024;
 /// Largest request body: every item at its longest key.
 pub const MAX_BODY: usize = 5 + MAX_ITEMS * (6 + MAX_KEY);
+/// Most bytes of answers (other than "ask alone") in one batch's answer: a node answers
+/// "ask alone" to a blob whose answer would go past it.
+pub const MAX_ANSWERED: usize = 1 << 20;
+
+/// The largest answer to a batch of `items` reads.
+pub fn max_answer(items: usize) -> usize {
+    1 + MAX_ANSWERED + items
+}
 
 const ANSWERED: u8 = 0;
 const ALONE: u8 = 1;
@@ -68,6 +76,22 @@ pub enum GetAnswer {
 }
 
 impl GetAnswer {
+    /// Whether every field is within its limit (stored properties past [`MAX_HEADER_VALUE`]
+    /// are possible with raised header limits: such a blob is asked alone).
+    pub fn encodable(&self) -> bool {
+        match self {
+            GetAnswer::Alone => true,
+            GetAnswer::Answered { headers, body, .. } => {
+                headers.len() <= MAX_HEADERS
+                    && body.len() <= MAX_INLINE
+                    && headers.iter().all(|(name, value)| {
+                        name.as_str().len() <= usize::from(u8::MAX)
+                            && value.len() <= MAX_HEADER_VALUE
+                    })
+            }
+        }
+    }
+
     /// Bytes this answer takes in a batch's answer.
     pub fn encoded_len(&self) -> usize {
         match self {
@@ -139,8 +163,8 @@ pub fn decode_get_batch(body: &[u8]) -> Result<GetBatch, BatchError> {
     })
 }
 
-/// The body of a batch's answer. Panics on an answer past a field's limit (the node builds
-/// them from its own headers and a blob it chose to inline).
+/// The body of a batch's answer. Panics on an answer that is not [`GetAnswer::encodable`]
+/// (the node checks each before it answers).
 pub fn encode_get_answers(answers: &[GetAnswer]) -> Bytes {
     let len = 1 + answers.iter().map(GetAnswer::encoded_len).sum::<usize>();
     let mut out = BytesMut::with_capacity(len);
@@ -383,6 +407,31 @@ mod tests {
             decode_get_batch(&[VERSION, 0]),
             Err(BatchError::Truncated(0))
         );
+    }
+
+    #[test]
+    fn answers_past_a_limit_are_not_encodable() {
+        let mut headers = HeaderMap::new();
+        let long = HeaderValue::from_maybe_shared(Bytes::from(vec![b'a'; MAX_HEADER_VALUE + 1]));
+        headers.insert("x-larder-props", long.unwrap());
+        let answer = |headers: HeaderMap, body: Bytes| GetAnswer::Answered {
+            status: StatusCode::OK,
+            headers,
+            body,
+        };
+        assert!(!answer(headers, Bytes::new()).encodable());
+        let big = Bytes::from(vec![0; MAX_INLINE + 1]);
+        assert!(!answer(HeaderMap::new(), big).encodable());
+        let mut many = HeaderMap::new();
+        for i in 0..=MAX_HEADERS {
+            many.insert(
+                HeaderName::from_bytes(format!("x-{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static("1"),
+            );
+        }
+        assert!(!answer(many, Bytes::new()).encodable());
+        assert!(answer(HeaderMap::new(), Bytes::from_static(b"ok")).encodable());
+        assert!(max_answer(3) > MAX_ANSWERED);
     }
 
     #[test]

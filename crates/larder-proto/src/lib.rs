@@ -27,7 +27,8 @@ pub use export::{
 };
 pub use get_batch::{
     decode_get_answers, decode_get_batch, encode_get_answers, encode_get_batch,
-    GetAnswer as GetItemAnswer, GetBatch, GetItem, MAX_BODY as GET_BATCH_MAX_BODY,
+    max_answer as get_batch_max_answer, GetAnswer as GetItemAnswer, GetBatch, GetItem,
+    MAX_ANSWERED as GET_BATCH_MAX_ANSWERED, MAX_BODY as GET_BATCH_MAX_BODY,
     MAX_INLINE as GET_BATCH_MAX_INLINE, MAX_ITEMS as GET_BATCH_MAX_ITEMS,
     MAX_KEY as GET_BATCH_MAX_KEY,
 };

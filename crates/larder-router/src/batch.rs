@@ -185,14 +185,15 @@ pub(crate) enum BatchFailed {
 
 impl Router {
     /// Sends a batch's `body` to `node` at `path` and reads its answer (at most `max_answer`
-    /// bytes, within the request timeout). Its latency is not a sample for hedging: its items'
-    /// are, each from when it began to wait (the batch's `send`).
+    /// bytes, within the request timeout). Its latency is a sample for hedging only when
+    /// `record`: a GET batch's items record their own, each from when it began to wait.
     pub(crate) async fn send_batch_request(
         &self,
         node: &str,
         path: &'static str,
         body: Bytes,
         max_answer: usize,
+        record: bool,
     ) -> Result<Bytes, BatchFailed> {
         let mut request = Request::new(larder_pool::full(body.clone()));
         *request.method_mut() = Method::POST;
@@ -201,7 +202,7 @@ impl Router {
             .headers_mut()
             .insert(header::CONTENT_LENGTH, body.len().into());
         let response = self
-            .send_timed(node, request, None, false)
+            .send_timed(node, request, None, record)
             .await
             .map_err(BatchFailed::Other)?;
         let until = Instant::now() + self.config.request_timeout;

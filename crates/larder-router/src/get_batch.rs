@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use bytesize::ByteSize;
 use http::{Request, Response};
 use larder_pool::Body;
@@ -21,10 +22,6 @@ use crate::{BlobBody, Router};
 /// Most bytes of one blob a node answers inline (its reads of at most this size are done in
 /// place, from the page cache).
 const MAX_INLINE: u64 = 64 * 1024;
-/// Largest answer a batch can have: a node carries at most 1 MiB of blobs inline in one, and
-/// then at most one more blob of [`MAX_INLINE`] and each item's headers (properties of at
-/// most 64 KiB).
-const MAX_ANSWER: usize = (2 << 20) + Gets::MAX_ITEMS * (64 << 10);
 
 /// GET batches (`larder-proto`'s `get_batch.rs`).
 pub(crate) struct Gets;
@@ -129,7 +126,13 @@ async fn send_batch(slot: Slot<Gets>, items: Vec<Waiting<Gets>>) {
     let refs: Vec<&GetItem> = items.iter().map(|w| &w.item).collect();
     let body = larder_proto::encode_get_batch(inline_up_to, &refs);
     let answers = match router
-        .send_batch_request(&slot.node, larder_proto::GET_BATCH_PATH, body, MAX_ANSWER)
+        .send_batch_request(
+            &slot.node,
+            larder_proto::GET_BATCH_PATH,
+            body,
+            larder_proto::get_batch_max_answer(items.len()),
+            false,
+        )
         .await
     {
         Ok(answer) => larder_proto::decode_get_answers(&answer, items.len())
@@ -161,9 +164,13 @@ async fn send_batch(slot: Slot<Gets>, items: Vec<Waiting<Gets>>) {
                 headers,
                 body,
             } => {
-                if !status.is_server_error() {
+                // As a read alone: a sample unless the read went away first (a hedge won).
+                if !status.is_server_error() && !waiting.answer.is_closed() {
                     router.record_latency(&slot.node, waiting.entered);
                 }
+                // Copied out (at most 64 KiB), so that a client that stalls on one small blob
+                // does not hold the whole answer of its batch.
+                let body = Bytes::copy_from_slice(&body);
                 let mut response = Response::new(BlobBody::inline(body));
                 *response.status_mut() = status;
                 *response.headers_mut() = headers;

@@ -105,7 +105,7 @@ impl Router {
         let refs: Vec<&PutItem> = items.iter().map(|w| &*w.item).collect();
         let body = larder_proto::encode_put_batch(&refs);
         let answer = self
-            .send_batch_request(node, larder_proto::PUT_BATCH_PATH, body, MAX_ANSWER)
+            .send_batch_request(node, larder_proto::PUT_BATCH_PATH, body, MAX_ANSWER, true)
             .await?;
         larder_proto::decode_answers(&answer, items.len())
             .map_err(|e| BatchFailed::Other(format!("its answer: {e}")))
@@ -133,9 +133,6 @@ async fn send_batch(slot: Slot<Puts>, items: Vec<Waiting<Puts>>) {
     match router.send_put_batch(&slot.node, &items).await {
         Ok(answers) => {
             for (waiting, answer) in items.into_iter().zip(answers) {
-                if !answer.status.is_server_error() {
-                    router.record_latency(&slot.node, waiting.entered);
-                }
                 let _ = waiting.answer.send(Ok(answer.status));
             }
         }

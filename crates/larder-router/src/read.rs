@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use larder_cluster::{BlobId, ClusterMap};
+use larder_cluster::{BlobId, BlobKind, ClusterMap};
 use larder_proto::{blob_path, header as h, BlobProperties, ByteRange, GetItem};
 use tokio::time::Instant;
 
@@ -94,7 +94,12 @@ impl Router {
             range: range_header,
         };
         // Whole-blob GETs may share a request with others to the same node (`get_batch.rs`).
-        let batched = method == Method::GET && range.is_none() && self.batches_gets();
+        // Not chunks: they are large (a chunk size each but the last) and would only be sent
+        // back to be asked alone.
+        let batched = method == Method::GET
+            && range.is_none()
+            && id.kind != BlobKind::Chunk
+            && self.batches_gets();
         let id = *id;
         let attempt = |node: &'a str, hedge: bool| -> Attempt<'a> {
             // The operation's deadline ends the request too: no timer of its own for it.
@@ -478,6 +483,14 @@ pub(crate) async fn decode(
                     .map_err(|_| failed("a range outside the blob"))?,
                 (true, None) => return Err(failed("a range nobody asked for")),
             };
+            // A body sent whole (from a batch) is checked here, as h2 checks a streamed one
+            // against its content-length.
+            if let BlobBody::Inline(bytes) = response.body() {
+                let len = bytes.as_ref().map_or(0, |b| b.len() as u64);
+                if len != selected.end - selected.start {
+                    return Err(failed("a body of the wrong length"));
+                }
+            }
             Ok(GetAnswer::Found(FoundBlob {
                 properties,
                 size,

@@ -22,9 +22,6 @@ use crate::reply::{self, Body};
 use crate::routes::{fence, hosted};
 use crate::StorageNode;
 
-/// Most blob bytes one answer carries inline; blobs past it are asked alone.
-const ANSWER_ROOM: u64 = 1 << 20;
-
 pub async fn handle(
     node: &Arc<StorageNode>,
     req: Request<Incoming>,
@@ -45,34 +42,57 @@ pub async fn handle(
         .collect();
     let mut answers = Vec::with_capacity(batch.items.len());
     let mut to_read = Vec::new();
-    let mut room = ANSWER_ROOM;
+    let mut room = Room(larder_proto::GET_BATCH_MAX_ANSWERED);
     for (at, item) in batch.items.iter().enumerate() {
         let answer = match look_up_one(node, item, asked) {
             Ok(Found::Read(store, record, vouched)) => {
-                if record.size > inline_up_to || record.size > room {
-                    GetItemAnswer::Alone
-                } else {
-                    room -= record.size;
+                if record.size <= inline_up_to && record.size <= room.0 as u64 {
                     to_read.push(Reading {
                         at,
                         store,
                         record,
                         vouched,
                     });
-                    GetItemAnswer::Alone // replaced once read
                 }
+                GetItemAnswer::Alone // replaced once read, if it fits
             }
-            Ok(Found::Answer(response)) => in_memory(response),
-            Err(err) => in_memory(reply::error_response(&err)),
+            Ok(Found::Answer(response)) => room.fit(in_memory(response)),
+            Err(err) => room.fit(in_memory(reply::error_response(&err))),
         };
         answers.push(answer);
     }
-    for (at, answer) in blocking(move || read_all(to_read)).await {
-        answers[at] = answer;
-    }
-    let mut response = Response::new(reply::body(larder_proto::encode_get_answers(&answers)));
+    // Reads (page cache or disk) and the answer's copy of every blob, off the async worker.
+    let nothing_to_read = to_read.is_empty();
+    let encode = move || {
+        for reading in to_read {
+            let answer =
+                read_one(&reading).unwrap_or_else(|err| in_memory(reply::error_response(&err)));
+            answers[reading.at] = room.fit(answer);
+        }
+        larder_proto::encode_get_answers(&answers)
+    };
+    let encoded = match nothing_to_read {
+        true => encode(),
+        false => blocking(encode).await,
+    };
+    let mut response = Response::new(reply::body(encoded));
     *response.status_mut() = StatusCode::OK;
     Ok(response)
+}
+
+/// What is left of an answer's [`larder_proto::GET_BATCH_MAX_ANSWERED`] bytes.
+struct Room(usize);
+
+impl Room {
+    /// `answer` if it is encodable and fits (and takes its room), otherwise "ask alone".
+    fn fit(&mut self, answer: GetItemAnswer) -> GetItemAnswer {
+        let len = answer.encoded_len();
+        if !answer.encodable() || len > self.0 {
+            return GetItemAnswer::Alone;
+        }
+        self.0 -= len;
+        answer
+    }
 }
 
 enum Found {
@@ -92,7 +112,8 @@ fn look_up_one(node: &StorageNode, item: &GetItem, asked: Option<u64>) -> Result
     )
 }
 
-/// A found blob to read, and where its answer goes.
+/// A found blob to read (on a blocking thread: one or two preads, checked), and where its
+/// answer goes.
 struct Reading {
     at: usize,
     store: Store,
@@ -100,23 +121,15 @@ struct Reading {
     vouched: bool,
 }
 
-/// The answers of the blobs found (on a blocking thread: each is one or two preads, checked).
-fn read_all(to_read: Vec<Reading>) -> Vec<(usize, GetItemAnswer)> {
-    to_read
-        .into_iter()
-        .map(|reading| {
-            let answer =
-                read_one(&reading).unwrap_or_else(|err| in_memory(reply::error_response(&err)));
-            (reading.at, answer)
-        })
-        .collect()
-}
-
 fn read_one(reading: &Reading) -> Result<GetItemAnswer> {
     let Reading { store, record, .. } = reading;
-    let mut pieces = store
-        .read_blob(record, 0..record.size)?
-        .collect::<larder_store::Result<Vec<Bytes>>>()?;
+    // An empty blob has no bytes to read, as a GET of it alone reads none.
+    let mut pieces = match record.size {
+        0 => Vec::new(),
+        size => store
+            .read_blob(record, 0..size)?
+            .collect::<larder_store::Result<Vec<Bytes>>>()?,
+    };
     let body = match pieces.len() {
         1 => pieces.pop().expect("one piece"),
         _ => pieces.concat().into(),
