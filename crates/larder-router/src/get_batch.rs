@@ -6,12 +6,14 @@
 //! its bytes arrive whole (`BlobBody::Inline`). A batch that fails whole fails each of its
 //! reads (the read asks another replica, as after any failed request).
 
+use std::collections::HashSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use bytesize::ByteSize;
 use http::{Request, Response};
+use larder_cluster::BlobId;
 use larder_pool::Body;
 use larder_proto::{GetItem, GetItemAnswer};
 use tokio::time::Instant;
@@ -74,31 +76,83 @@ pub(crate) fn check_config(config: &crate::RouterConfig) -> Result<(), String> {
     Ok(())
 }
 
-impl Router {
-    /// Whether whole-blob GETs go through batches.
-    pub(crate) fn batches_gets(&self) -> bool {
-        self.config.batch_gets_up_to.as_u64() > 0
+/// Blobs known to be larger than a batch carries, which a read then asks for alone at once
+/// rather than through a batch that would only send it back (a blob's bytes never change).
+/// Bounded: emptied when full.
+#[derive(Default)]
+pub(crate) struct LargeBlobs(Mutex<HashSet<BlobId>>);
+
+/// Most blob IDs [`LargeBlobs`] keeps (about 40 bytes each).
+const LARGE_BLOBS_KEPT: usize = 16_384;
+
+impl LargeBlobs {
+    fn contains(&self, id: &BlobId) -> bool {
+        self.lock().contains(id)
     }
 
-    /// A GET of `item` at `node`: in the node's next batch while other GETs to it are on the
-    /// way, otherwise (or when the blob is too large for a batch) `request` alone.
+    fn insert(&self, id: BlobId) {
+        let mut ids = self.lock();
+        if ids.len() >= LARGE_BLOBS_KEPT {
+            ids.clear();
+        }
+        ids.insert(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<BlobId>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Router {
+    /// Whether a whole-blob GET of `id` goes through batches: batching is on and the blob is
+    /// not known to be too large for them.
+    pub(crate) fn batches_get_of(&self, id: &BlobId) -> bool {
+        self.config.batch_gets_up_to.as_u64() > 0 && !self.large_blobs.contains(id)
+    }
+
+    /// A GET of blob `id` at `node`: in the node's next batch while other GETs to it are on
+    /// the way, otherwise (or when the blob is too large for a batch) `request` alone.
     pub(crate) async fn get_maybe_batched(
         self: &Arc<Self>,
         node: &str,
-        item: impl FnOnce() -> GetItem,
+        id: BlobId,
         request: impl FnOnce() -> Request<Body>,
         deadline: Instant,
     ) -> Result<Response<BlobBody>, String> {
+        let item = || GetItem {
+            partition: id.partition,
+            key: id.to_string(),
+        };
         let queued = match self.enter_batch::<Gets>(node, item) {
-            Entered::Alone(slot) => return self.get_alone(slot, node, request(), deadline).await,
+            Entered::Alone(slot) => {
+                let answer = self.get_alone(slot, node, request(), deadline).await;
+                if let Ok(response) = &answer {
+                    self.note_size(id, response);
+                }
+                return answer;
+            }
             Entered::Queued(queued) => queued,
         };
         match tokio::time::timeout_at(deadline, queued).await {
             Ok(Ok(Batched::Answer(response))) => Ok(response),
-            Ok(Ok(Batched::Alone)) => self.get_alone(None, node, request(), deadline).await,
+            Ok(Ok(Batched::Alone)) => {
+                self.large_blobs.insert(id);
+                self.get_alone(None, node, request(), deadline).await
+            }
             Ok(Ok(Batched::Failed(err))) => Err(format!("batch: {err}")),
             Ok(Err(_)) => Err("its batch was dropped".to_owned()),
             Err(_) => Err(crate::router::DEADLINE_PASSED.to_owned()),
+        }
+    }
+
+    /// Keeps `id` among the large blobs when its answer says it is past what a batch carries.
+    fn note_size(&self, id: BlobId, response: &Response<BlobBody>) {
+        let size = response
+            .headers()
+            .get(larder_proto::header::BLOB_SIZE)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if size.is_some_and(|size| size > self.config.batch_gets_up_to.as_u64()) {
+            self.large_blobs.insert(id);
         }
     }
 
@@ -184,6 +238,21 @@ async fn send_batch(slot: Slot<Gets>, items: Vec<Waiting<Gets>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_blobs_kept_are_bounded() {
+        use larder_cluster::BlobKind;
+        let large = LargeBlobs::default();
+        let ids: Vec<BlobId> = (0..=LARGE_BLOBS_KEPT)
+            .map(|_| BlobId::mint(BlobKind::Simple, 0, 1))
+            .collect();
+        for id in &ids {
+            large.insert(*id);
+        }
+        assert!(large.lock().len() <= LARGE_BLOBS_KEPT);
+        assert!(large.contains(ids.last().unwrap()));
+        assert!(!large.contains(&ids[0]), "emptied when full");
+    }
 
     #[test]
     fn settings_it_cannot_work_with_are_refused() {

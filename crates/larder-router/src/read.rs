@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use larder_cluster::{BlobId, BlobKind, ClusterMap};
-use larder_proto::{blob_path, header as h, BlobProperties, ByteRange, GetItem};
+use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
 use crate::config::RouterConfig;
@@ -99,19 +99,15 @@ impl Router {
         let batched = method == Method::GET
             && range.is_none()
             && id.kind != BlobKind::Chunk
-            && self.batches_gets();
+            && self.batches_get_of(id);
         let id = *id;
         let attempt = |node: &'a str, hedge: bool| -> Attempt<'a> {
             // The operation's deadline ends the request too: no timer of its own for it.
             if batched {
                 let ask = ask.clone();
-                let item = move || GetItem {
-                    partition: id.partition,
-                    key: id.to_string(),
-                };
                 return Box::pin(async move {
                     let request = move || ask.request();
-                    let result = self.get_maybe_batched(node, item, request, deadline).await;
+                    let result = self.get_maybe_batched(node, id, request, deadline).await;
                     (node, hedge, result)
                 });
             }

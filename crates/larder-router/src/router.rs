@@ -182,6 +182,8 @@ pub struct Router {
     pub(crate) put_batches: Arc<crate::batch::Batches<crate::put_batch::Puts>>,
     /// GETs waiting to go to their nodes together (`get_batch.rs`).
     pub(crate) get_batches: Arc<crate::batch::Batches<crate::get_batch::Gets>>,
+    /// Blobs known to be too large for GET batches (`get_batch.rs`).
+    pub(crate) large_blobs: Arc<crate::get_batch::LargeBlobs>,
 }
 
 /// Why a request ended at its operation's deadline.
@@ -250,6 +252,7 @@ impl Router {
             pressure: Default::default(),
             put_batches: Default::default(),
             get_batches: Default::default(),
+            large_blobs: Default::default(),
         })
     }
 
@@ -286,6 +289,7 @@ impl Router {
             frame: self.frame,
             put_batches: self.put_batches.clone(),
             get_batches: self.get_batches.clone(),
+            large_blobs: self.large_blobs.clone(),
         })
     }
 
