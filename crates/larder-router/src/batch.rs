@@ -11,7 +11,7 @@
 //! at once in a batch of their own. Nothing waits on a timer: a light load sends every request
 //! alone at once, as before, and under load an item waits at most one request's time, less
 //! while many come. A node that does not know a kind's batches (an earlier release: `404`) is
-//! sent its items one by one, then and from then on.
+//! sent its items one by one, then and for the next minute, after which a batch tries again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -49,6 +49,10 @@ pub(crate) trait Kind: Sized + Send + Sync + 'static {
     fn send(slot: Slot<Self>, items: Vec<Waiting<Self>>) -> impl Future<Output = ()> + Send;
 }
 
+/// How long a node that answered `404` to a batch is sent its items alone before a batch is
+/// tried again.
+const RETRY_BATCHES_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The batching state of every storage node this frontend sends a kind of request to.
 pub(crate) struct Batches<K: Kind> {
     nodes: Mutex<HashMap<String, Arc<NodeBatch<K>>>>,
@@ -73,7 +77,7 @@ impl<K: Kind> Default for NodeBatch<K> {
             state: Mutex::new(State {
                 in_flight: 0,
                 waiting: Vec::new(),
-                unsupported: false,
+                unsupported_until: None,
             }),
         }
     }
@@ -82,8 +86,9 @@ impl<K: Kind> Default for NodeBatch<K> {
 struct State<K: Kind> {
     in_flight: usize,
     waiting: Vec<Waiting<K>>,
-    /// The node answered `404` to a batch: it predates them.
-    unsupported: bool,
+    /// The node answered `404` to a batch (it predates them): its items go alone until then,
+    /// when a batch tries again (the node may have been upgraded meanwhile).
+    unsupported_until: Option<Instant>,
 }
 
 /// An item waiting for a batch, and where its answer goes.
@@ -143,9 +148,9 @@ pub(crate) struct Slot<K: Kind> {
 }
 
 impl<K: Kind> Slot<K> {
-    /// The node answered `404` to a batch: from now on its items go alone.
+    /// The node answered `404` to a batch: for a while its items go alone.
     pub fn node_predates_batches(&self) {
-        self.batch.state().unsupported = true;
+        self.batch.state().unsupported_until = Instant::now().checked_add(RETRY_BATCHES_AFTER);
     }
 }
 
@@ -234,8 +239,11 @@ impl Router {
     ) -> Entered<K> {
         let batch = K::batches(self).node(node);
         let mut state = batch.state();
-        if state.unsupported {
-            return Entered::Alone(None);
+        if let Some(until) = state.unsupported_until {
+            if Instant::now() < until {
+                return Entered::Alone(None);
+            }
+            state.unsupported_until = None;
         }
         if state.in_flight < K::in_flight_limit(self) && state.waiting.is_empty() {
             state.in_flight += 1;
