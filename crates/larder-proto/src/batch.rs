@@ -157,7 +157,13 @@ pub fn decode_put_batch(body: &Bytes) -> Result<Vec<PutItem>, BatchError> {
     Ok(items)
 }
 
-fn limit(item: usize, field: &'static str, len: usize, max: usize) -> Result<(), BatchError> {
+/// `len` of `field` of item `item` within `max`, or the error that names them.
+pub(crate) fn limit(
+    item: usize,
+    field: &'static str,
+    len: usize,
+    max: usize,
+) -> Result<(), BatchError> {
     if len > max {
         return Err(BatchError::TooLong {
             item,

@@ -21,7 +21,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 
-use crate::batch::BatchError;
+use crate::batch::{limit, BatchError};
 
 const VERSION: u8 = 1;
 /// Longest key of an item.
@@ -300,18 +300,6 @@ impl Reader<'_> {
             body,
         })
     }
-}
-
-fn limit(item: usize, field: &'static str, len: usize, max: usize) -> Result<(), BatchError> {
-    if len > max {
-        return Err(BatchError::TooLong {
-            item,
-            field,
-            len,
-            max,
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -108,6 +108,14 @@ pub struct Intake {
 }
 
 impl Intake {
+    /// This intake with `max_body` bytes as its limit (a batch's, rather than a record's).
+    pub fn bounded(&self, max_body: usize) -> Intake {
+        Intake {
+            max_body: max_body as u64,
+            ..self.clone()
+        }
+    }
+
     /// Reads `body` whole within the budget. A declared length is reserved before anything is
     /// read, so that an upload admitted at the start is never turned away half-way; bytes past
     /// what was declared (or all of them, when nothing was) are reserved as they arrive.

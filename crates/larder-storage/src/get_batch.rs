@@ -15,7 +15,6 @@ use larder_proto::{GetItem, GetItemAnswer};
 use larder_store::{BlobRecord, Store};
 
 use crate::blobs::{found_headers, look_up, mark_catching_up, Lookup, INLINE_READ_MAX};
-use crate::body::Intake;
 use crate::error::Result;
 use crate::node::blocking;
 use crate::reply::{self, Body};
@@ -27,10 +26,7 @@ pub async fn handle(
     req: Request<Incoming>,
     asked: Option<u64>,
 ) -> Result<Response<Body>> {
-    let intake = Intake {
-        max_body: larder_proto::GET_BATCH_MAX_BODY as u64,
-        ..node.intake.clone()
-    };
+    let intake = node.intake.bounded(larder_proto::GET_BATCH_MAX_BODY);
     let body = intake.read(req.into_body()).await?;
     let batch = larder_proto::decode_get_batch(&body.concat())?;
     let inline_up_to = u64::from(batch.inline_up_to).min(INLINE_READ_MAX);

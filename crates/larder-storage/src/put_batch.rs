@@ -14,7 +14,6 @@ use larder_proto::{header as h, ItemAnswer, PutItem};
 use larder_store::PutOutcome;
 
 use crate::blobs::checked_meta;
-use crate::body::Intake;
 use crate::error::{Error, Result};
 use crate::reply::{self, Body};
 use crate::routes::{fence, hosted};
@@ -27,10 +26,7 @@ pub async fn handle(
 ) -> Result<Response<Body>> {
     // Read as a PUT's body is, bounded by the batch's limit rather than a record's; the
     // budget's share is held until every blob is written.
-    let intake = Intake {
-        max_body: larder_proto::BATCH_MAX_BODY as u64,
-        ..node.intake.clone()
-    };
+    let intake = node.intake.bounded(larder_proto::BATCH_MAX_BODY);
     let body = intake.read(req.into_body()).await?;
     let items = larder_proto::decode_put_batch(&body.concat())?;
     let answers = join_all(items.iter().map(|item| put_one(node, item, asked))).await;
