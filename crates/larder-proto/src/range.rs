@@ -63,6 +63,8 @@ impl ByteRange {
             ByteRange::FromTo(a, _) | ByteRange::From(a) if a >= size => unsatisfiable,
             ByteRange::FromTo(a, b) => Ok(a..b.saturating_add(1).min(size)),
             ByteRange::From(a) => Ok(a..size),
+            // No byte to select: an empty blob has no last bytes (RFC 9110 14.1.1).
+            ByteRange::Suffix(_) if size == 0 => unsatisfiable,
             ByteRange::Suffix(0) => unsatisfiable,
             ByteRange::Suffix(n) => Ok(size.saturating_sub(n)..size),
         }
@@ -172,6 +174,17 @@ mod tests {
                 "{ignored}"
             );
         }
+    }
+
+    /// Found by the proptest below (CI, 2026-12-07): a suffix of an empty blob resolved to an
+    /// empty range, which a 206 cannot describe.
+    #[test]
+    fn a_suffix_of_an_empty_blob_is_unsatisfiable() {
+        assert_eq!(
+            ByteRange::Suffix(1).resolve(0),
+            Err(RangeError::Unsatisfiable { size: 0 })
+        );
+        assert_eq!(ByteRange::Suffix(5).resolve(3), Ok(0..3));
     }
 
     proptest! {
