@@ -57,8 +57,12 @@ pub async fn handle(
         };
         answers.push(answer);
     }
-    // Reads (page cache or disk) and the answer's copy of every blob, off the async worker.
-    let nothing_to_read = to_read.is_empty();
+    // Reads (page cache or disk) and the answer's copy of every blob: in place when they come
+    // to no more than a GET alone reads in place (`INLINE_READ_MAX`; nearly always from the
+    // page cache, and a hand-off to the blocking pool costs more than the reads: two thread
+    // wake-ups per batch), otherwise off the async worker.
+    let to_read_bytes: u64 = to_read.iter().map(|reading| reading.record.size).sum();
+    let read_in_place = to_read_bytes <= INLINE_READ_MAX;
     let encode = move || {
         for reading in to_read {
             let answer =
@@ -67,7 +71,7 @@ pub async fn handle(
         }
         larder_proto::encode_get_answers(&answers)
     };
-    let encoded = match nothing_to_read {
+    let encoded = match read_in_place {
         true => encode(),
         false => blocking(encode).await,
     };
