@@ -283,8 +283,7 @@ impl Reader<'_> {
         let mut headers = HeaderMap::with_capacity(count);
         for _ in 0..count {
             let name_len = usize::from(self.u8(n)?);
-            let name = HeaderName::from_bytes(&self.take(name_len, n)?)
-                .map_err(|_| BatchError::BadHeader(n))?;
+            let name = header_name(&self.take(name_len, n)?).ok_or(BatchError::BadHeader(n))?;
             let value_len = self.u32(n)?;
             limit(n, "header value", value_len, MAX_HEADER_VALUE)?;
             let value = HeaderValue::from_maybe_shared(self.take(value_len, n)?)
@@ -300,6 +299,18 @@ impl Reader<'_> {
             body,
         })
     }
+}
+
+/// A header name of an answer: the names every found blob's answer carries without a copy
+/// (`HeaderName::from_bytes` copies any name HTTP does not define), any other checked.
+fn header_name(bytes: &[u8]) -> Option<HeaderName> {
+    use crate::header_name as hn;
+    for known in [hn::PROPS, hn::BLOB_SIZE, hn::CATCHING_UP] {
+        if bytes == known.as_str().as_bytes() {
+            return Some(known);
+        }
+    }
+    HeaderName::from_bytes(bytes).ok()
 }
 
 #[cfg(test)]

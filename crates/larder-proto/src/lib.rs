@@ -45,7 +45,7 @@ pub use visit::{
 /// The `larder-map-revision` of a request or answer, when present and a number.
 pub fn map_revision(headers: &http::HeaderMap) -> Option<u64> {
     headers
-        .get(header::MAP_REVISION)?
+        .get(header_name::MAP_REVISION)?
         .to_str()
         .ok()?
         .parse()
@@ -88,6 +88,20 @@ pub mod header {
     /// position for the tombstone horizon. A puller whose peer does not say so (an earlier
     /// release, which reads `after` as that position) saves its cursor before every pull.
     pub const SAVED_TAKEN: &str = "x-larder-saved-taken";
+}
+
+/// The names of `header` used on every read, as `HeaderName`s: a `&str` name is parsed again
+/// on each lookup, and one outside HTTP's standard names copied on each insert.
+pub mod header_name {
+    use super::header as h;
+    use http::HeaderName;
+
+    pub const PROPS: HeaderName = HeaderName::from_static(h::PROPS);
+    pub const BLOB_SIZE: HeaderName = HeaderName::from_static(h::BLOB_SIZE);
+    pub const CATCHING_UP: HeaderName = HeaderName::from_static(h::CATCHING_UP);
+    pub const MAP_REVISION: HeaderName = HeaderName::from_static(h::MAP_REVISION);
+    pub const GONE_REASON: HeaderName = HeaderName::from_static(h::GONE_REASON);
+    pub const TIME_MS: HeaderName = HeaderName::from_static(h::TIME_MS);
 }
 
 /// Query flag on internal GET/HEAD: also return expired records (for replication).

@@ -133,15 +133,15 @@ impl Router {
             }
             Entered::Queued(queued) => queued,
         };
-        match tokio::time::timeout_at(deadline, queued).await {
-            Ok(Ok(Batched::Answer(response))) => Ok(response),
-            Ok(Ok(Batched::Alone)) => {
+        // The read's own timer ends the wait at its deadline (`read.rs`): none here.
+        match queued.await {
+            Ok(Batched::Answer(response)) => Ok(response),
+            Ok(Batched::Alone) => {
                 self.large_blobs.insert(id);
                 self.get_alone(None, node, request(), deadline).await
             }
-            Ok(Ok(Batched::Failed(err))) => Err(format!("batch: {err}")),
-            Ok(Err(_)) => Err("its batch was dropped".to_owned()),
-            Err(_) => Err(crate::router::DEADLINE_PASSED.to_owned()),
+            Ok(Batched::Failed(err)) => Err(format!("batch: {err}")),
+            Err(_) => Err("its batch was dropped".to_owned()),
         }
     }
 
@@ -149,7 +149,7 @@ impl Router {
     fn note_size(&self, id: BlobId, response: &Response<BlobBody>) {
         let size = response
             .headers()
-            .get(larder_proto::header::BLOB_SIZE)
+            .get(larder_proto::header_name::BLOB_SIZE)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if size.is_some_and(|size| size > self.config.batch_gets_up_to.as_u64()) {
             self.large_blobs.insert(id);

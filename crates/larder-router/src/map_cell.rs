@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::BodyExt;
 use larder_cluster::{ClusterMap, MapError, Offer, MAX_MAP_BYTES};
 use larder_pool::StoragePool;
-use larder_proto::header::MAP_REVISION;
+use larder_proto::header_name::MAP_REVISION;
 use parking_lot::{Mutex, RwLock};
 
 /// How long one fetch of a node's map may take.

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use larder_cluster::{BlobId, BlobKind, ClusterMap};
-use larder_proto::{blob_path, header as h, BlobProperties, ByteRange};
+use larder_proto::{blob_path, header as h, header_name as hn, BlobProperties, ByteRange};
 use tokio::time::Instant;
 
 use crate::config::RouterConfig;
@@ -82,15 +82,12 @@ impl Router {
             self.config.write_quorum,
         );
         let deadline = Instant::now() + self.config.operation_timeout;
-        let uri: Uri = blob_path(id.partition, &id.to_string())
-            .parse()
-            .map_err(|e| RouterError::Unavailable(format!("blob path: {e}")))?;
         let range_header = range.map(|r| {
             HeaderValue::try_from(r.to_header()).expect("a byte range is ASCII digits and signs")
         });
         let ask = Ask {
             method: method.clone(),
-            uri,
+            id: *id,
             range: range_header,
         };
         // Whole-blob GETs may share a request with others to the same node (`get_batch.rs`).
@@ -125,9 +122,10 @@ impl Router {
         let mut last_asked = "";
         // Replicas asked that have not answered yet (at most the replica count).
         let mut pending: Vec<&str> = Vec::new();
-        // One timer for every hedge of this read, armed only while a hedge can be due.
-        let hedge_timer = tokio::time::sleep_until(deadline);
-        tokio::pin!(hedge_timer);
+        // One timer for the whole read: the next hedge while one can be due, otherwise the
+        // deadline (so a batched read needs no timer of its own).
+        let timer = tokio::time::sleep_until(deadline);
+        tokio::pin!(timer);
         let is_local = |node: &str| map.datacenter_of(node) == Some(self.datacenter.as_str());
         loop {
             if confirm.holds_caught_up() && !pending.iter().any(|n| is_local(n)) {
@@ -160,8 +158,9 @@ impl Router {
                 in_flight.push(attempt(node, true));
                 continue;
             }
-            if let Some(at) = hedge_at {
-                hedge_timer.as_mut().reset(at);
+            let wake_at = hedge_at.unwrap_or(deadline);
+            if timer.deadline() != wake_at {
+                timer.as_mut().reset(wake_at);
             }
             tokio::select! {
                 Some((node, hedged, result)) = in_flight.next() => {
@@ -225,7 +224,10 @@ impl Router {
                         return Ok(answer);
                     }
                 }},
-                _ = &mut hedge_timer, if hedge_at.is_some() => {
+                _ = &mut timer => {
+                    if hedge_at.is_none() {
+                        return Err(RouterError::Timeout(self.config.operation_timeout));
+                    }
                     let node = remaining.next().expect("next_hedge checked");
                     self.hedge(node, &mut last_asked, &mut pending);
                     in_flight.push(attempt(node, true));
@@ -290,19 +292,20 @@ impl Router {
     }
 }
 
-/// What a read asks each replica alone.
+/// What a read asks each replica alone (a batched read, most of them, never builds it).
 #[derive(Clone)]
 struct Ask {
     method: Method,
-    uri: Uri,
+    id: BlobId,
     range: Option<HeaderValue>,
 }
 
 impl Ask {
     fn request(&self) -> Request<larder_pool::Body> {
+        let path = blob_path(self.id.partition, &self.id.to_string());
         let mut request = Request::new(larder_pool::empty());
         *request.method_mut() = self.method.clone();
-        *request.uri_mut() = self.uri.clone();
+        *request.uri_mut() = Uri::try_from(path).expect("a blob path is digits, base64url and '/'");
         if let Some(range) = &self.range {
             request.headers_mut().insert(header::RANGE, range.clone());
         }
@@ -464,14 +467,14 @@ pub(crate) async fn decode(
     deadline: Instant,
 ) -> Result<GetAnswer, Undecoded> {
     let failed = |what: &str| Undecoded::Failed(format!("{what} (status {})", response.status()));
-    let size = number(&response, h::BLOB_SIZE);
+    let size = number(&response, hn::BLOB_SIZE);
     match response.status() {
         StatusCode::OK | StatusCode::PARTIAL_CONTENT => {
             let size = size.ok_or_else(|| failed("no blob size"))?;
             let properties = BlobProperties::from_internal_answer(response.headers())
                 .map_err(|e| Undecoded::Failed(format!("bad properties: {e}")))?;
             let partial = response.status() == StatusCode::PARTIAL_CONTENT;
-            let catching_up = response.headers().contains_key(h::CATCHING_UP);
+            let catching_up = response.headers().contains_key(hn::CATCHING_UP);
             let selected = match (partial, range) {
                 (false, _) => 0..size,
                 (true, Some(range)) => range
@@ -500,14 +503,14 @@ pub(crate) async fn decode(
         StatusCode::GONE => {
             let expired = response
                 .headers()
-                .get(h::GONE_REASON)
+                .get(hn::GONE_REASON)
                 .is_some_and(|v| v.as_bytes() == b"expired");
             let reason = if expired {
                 GoneReason::Expired
             } else {
                 GoneReason::Deleted
             };
-            let time_ms = number(&response, h::TIME_MS);
+            let time_ms = number(&response, hn::TIME_MS);
             Ok(GetAnswer::Missing(Missing::Gone { reason, time_ms }))
         }
         StatusCode::RANGE_NOT_SATISFIABLE => {
@@ -529,7 +532,7 @@ pub(crate) async fn decode(
     }
 }
 
-fn number(response: &Response<BlobBody>, name: &str) -> Option<u64> {
+fn number(response: &Response<BlobBody>, name: HeaderName) -> Option<u64> {
     response
         .headers()
         .get(name)?

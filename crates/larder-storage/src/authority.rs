@@ -27,7 +27,7 @@ use larder_cluster::{
     complete_moves, ClusterMap, FileWatch, PartitionId, ReplicaState, MAX_MAP_BYTES,
 };
 use larder_pool::StoragePool;
-use larder_proto::header::MAP_REVISION;
+use larder_proto::header_name::MAP_REVISION;
 use tokio::sync::watch;
 
 use crate::auto_replace::AutoReplace;

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use larder_proto::{header as h, BlobProperties, ByteRange};
+use larder_proto::{header as h, header_name as hn, BlobProperties, ByteRange};
 use larder_store::{BlobLookup, BlobMeta, BlobRecord, DeleteOutcome, PutOutcome, Store};
 
 use crate::error::{Error, Result};
@@ -158,14 +158,14 @@ pub(crate) fn look_up(
 }
 
 pub(crate) fn mark_catching_up(headers: &mut HeaderMap) {
-    headers.insert(h::CATCHING_UP, HeaderValue::from_static("1"));
+    headers.insert(hn::CATCHING_UP, HeaderValue::from_static("1"));
 }
 
 /// The headers of a found blob's answer: its properties, its size and the length sent.
 pub(crate) fn found_headers(headers: &mut HeaderMap, record: &BlobRecord, sent: u64) -> Result<()> {
-    headers.insert(h::PROPS, props::to_header(&record.meta.props)?);
+    headers.insert(hn::PROPS, props::to_header(&record.meta.props)?);
     headers.insert(header::CONTENT_LENGTH, sent.into());
-    headers.insert(h::BLOB_SIZE, record.size.into());
+    headers.insert(hn::BLOB_SIZE, record.size.into());
     Ok(())
 }
 

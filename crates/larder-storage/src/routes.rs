@@ -24,7 +24,7 @@ pub async fn handle(node: Arc<StorageNode>, req: Request<Incoming>) -> Response<
         .await
         .unwrap_or_else(|err| reply::error_response(&err));
     response.headers_mut().insert(
-        larder_proto::header::MAP_REVISION,
+        larder_proto::header_name::MAP_REVISION,
         node.maps.revision_header(),
     );
     if head {

@@ -120,6 +120,47 @@ async fn concurrent_gets_go_in_batches_and_answer_as_alone() {
     assert!(frontend_count(&cluster, "larder_frontend_get_batches_total") > before);
 }
 
+/// Reads waiting for batches to nodes that stopped answering (SIGSTOP) end at the operation's
+/// deadline, not at the far longer request timeout: the read's one timer ends every wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_reads_of_stalled_nodes_end_at_the_deadline() {
+    const SIGSTOP: i32 = 19;
+    let settings = format!("{BATCHING}operation_timeout = \"2s\"\nrequest_timeout = \"60s\"\n");
+    let cluster = Cluster::start_with(3, 4, &settings);
+    let client = H2Client::connect(cluster.frontend_addr).await;
+    let mut ids = Vec::new();
+    for i in 1..5 {
+        ids.push(put_with_type(&client, i).await);
+    }
+    for node in 0..3 {
+        cluster.signal_node(node, SIGSTOP);
+    }
+    let started = std::time::Instant::now();
+    let reads: Vec<_> = (0..6)
+        .flat_map(|_| ids.iter().cloned())
+        .map(|id| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let path = format!("/v1/blobs/{id}");
+                client.request(Method::GET, &path, Bytes::new()).await.0
+            })
+        })
+        .collect();
+    for read in reads {
+        let status = read.await.unwrap();
+        assert!(
+            status.is_server_error(),
+            "a read of a stopped cluster answered {status}"
+        );
+    }
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "reads took {took:?}"
+    );
+    assert!(frontend_count(&cluster, "larder_frontend_get_batched_blobs_total") >= 1.0);
+}
+
 /// A storage node's GET batch endpoint, asked directly: each blob answered as a GET of it alone,
 /// a blob past the batch's size left to be asked alone, damaged bytes never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
