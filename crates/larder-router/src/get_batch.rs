@@ -125,7 +125,9 @@ impl Router {
         };
         let queued = match self.enter_batch::<Gets>(node, item) {
             Entered::Alone(slot) => {
-                let answer = self.get_alone(slot, node, request(), deadline).await;
+                // Boxed (here and below): inline, a read waiting in a batch would carry a
+                // request's future too, and its boxed attempt would copy it in.
+                let answer = Box::pin(self.get_alone(slot, node, request(), deadline)).await;
                 if let Ok(response) = &answer {
                     self.note_size(id, response);
                 }
@@ -138,7 +140,7 @@ impl Router {
             Ok(Batched::Answer(response)) => Ok(response),
             Ok(Batched::Alone) => {
                 self.large_blobs.insert(id);
-                self.get_alone(None, node, request(), deadline).await
+                Box::pin(self.get_alone(None, node, request(), deadline)).await
             }
             Ok(Batched::Failed(err)) => Err(format!("batch: {err}")),
             Err(_) => Err("its batch was dropped".to_owned()),

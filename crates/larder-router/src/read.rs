@@ -51,7 +51,8 @@ impl Router {
             .get_blob_in(&map, id, (method.clone(), range), avoid)
             .await;
         if answer.is_err() && self.maps.behind() {
-            self.maps.catch_up().await;
+            // Boxed: rare, and inline its future would size (and be copied with) every read's.
+            Box::pin(self.maps.catch_up()).await;
             let map = self.maps.get();
             return self.get_blob_in(&map, id, (method, range), avoid).await;
         }
@@ -519,7 +520,8 @@ pub(crate) async fn decode(
         }
         StatusCode::NOT_FOUND => Err(Undecoded::NotFound),
         status if refuses_the_request(status) => Err(Undecoded::Refused(
-            refusal_message(response, deadline).await,
+            // Boxed: an error answer is rare, and its future would size every read's.
+            Box::pin(refusal_message(response, deadline)).await,
         )),
         StatusCode::SERVICE_UNAVAILABLE if response.headers().contains_key(header::RETRY_AFTER) => {
             let why = format!("status {}, retry later", response.status());

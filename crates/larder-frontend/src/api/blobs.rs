@@ -47,7 +47,10 @@ async fn check_signature(state: &AppState, parts: &http::request::Parts) -> Resu
             .unwrap_or(""),
     };
     let (path, query) = (parts.uri.path(), parts.uri.query());
-    Ok(signed_urls.check(&parts.method, host, path, query).await?)
+    // Boxed: the check's future is the largest of a blob request's, and inline every request
+    // would carry it (and copy it as its future moves), signed or not.
+    let check = Box::pin(signed_urls.check(&parts.method, host, path, query));
+    Ok(check.await?)
 }
 
 /// `POST /v1/blobs`: stores the body on a quorum of replicas and answers with the new ID.
@@ -188,7 +191,7 @@ pub async fn by_id(
     }
     if method == Method::DELETE {
         if id.kind == BlobKind::Composite {
-            super::large::delete(state, &id).await?;
+            Box::pin(super::large::delete(state, &id)).await?;
         } else {
             state.router.delete_blob(&id).await?;
         }
@@ -221,7 +224,9 @@ async fn download(
     };
     if id.kind == BlobKind::Composite {
         let head = method == Method::HEAD;
-        return super::large::download(state, id, &etag, not_modified, range, head).await;
+        // Boxed, as the other rare paths: a composite's future would size every GET's.
+        let download = super::large::download(state, id, &etag, not_modified, range, head);
+        return Box::pin(download).await;
     }
     let storage_method = if not_modified {
         Method::HEAD
