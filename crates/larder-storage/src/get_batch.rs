@@ -57,12 +57,8 @@ pub async fn handle(
         };
         answers.push(answer);
     }
-    // Reads (page cache or disk) and the answer's copy of every blob: in place when they come
-    // to no more than a GET alone reads in place (`INLINE_READ_MAX`; nearly always from the
-    // page cache, and a hand-off to the blocking pool costs more than the reads: two thread
-    // wake-ups per batch), otherwise off the async worker.
-    let to_read_bytes: u64 = to_read.iter().map(|reading| reading.record.size).sum();
-    let read_in_place = to_read_bytes <= INLINE_READ_MAX;
+    let sizes = to_read.iter().map(|reading| reading.record.size);
+    let in_place = reads_in_place(to_read.len(), sizes.sum());
     let encode = move || {
         for reading in to_read {
             let answer =
@@ -71,13 +67,26 @@ pub async fn handle(
         }
         larder_proto::encode_get_answers(&answers)
     };
-    let encoded = match read_in_place {
+    let encoded = match in_place {
         true => encode(),
         false => blocking(encode).await,
     };
     let mut response = Response::new(reply::body(encoded));
     *response.status_mut() = StatusCode::OK;
     Ok(response)
+}
+
+/// At most this many reads of a batch are done in place: as many as the GETs alone that a
+/// frontend lets wait before it sends them as a batch (32), each of which would have read in
+/// place, so a cold page cache stalls a worker no longer than those GETs would have.
+const READS_IN_PLACE: usize = 32;
+
+/// Whether a batch's `count` reads of `bytes` in all (and its answer's encoding) are done on
+/// the async worker: when they are few and come to no more than a GET alone reads in place
+/// (`INLINE_READ_MAX`; nearly always from the page cache, and a hand-off to the blocking pool
+/// costs more than such reads: two thread wake-ups per batch). Otherwise off the worker.
+fn reads_in_place(count: usize, bytes: u64) -> bool {
+    count <= READS_IN_PLACE && bytes <= INLINE_READ_MAX
 }
 
 /// What is left of an answer's [`larder_proto::GET_BATCH_MAX_ANSWERED`] bytes.
@@ -157,5 +166,20 @@ fn in_memory(response: Response<Body>) -> GetItemAnswer {
         status: parts.status,
         headers: parts.headers,
         body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_few_small_reads_are_done_in_place() {
+        assert!(reads_in_place(0, 0));
+        assert!(reads_in_place(18, 18 * 1024));
+        assert!(reads_in_place(READS_IN_PLACE, INLINE_READ_MAX));
+        // Many tiny blobs: each read may be a disk read, so not on the worker.
+        assert!(!reads_in_place(READS_IN_PLACE + 1, 1024));
+        assert!(!reads_in_place(2, INLINE_READ_MAX + 1));
     }
 }
