@@ -135,6 +135,9 @@ async fn batched_reads_of_stalled_nodes_end_at_the_deadline() {
     for node in 0..3 {
         cluster.signal_node(node, SIGSTOP);
     }
+    for node in 0..3 {
+        wait_until_stopped(cluster.node_pid(node).unwrap());
+    }
     let started = std::time::Instant::now();
     let reads: Vec<_> = (0..6)
         .flat_map(|_| ids.iter().cloned())
@@ -159,6 +162,28 @@ async fn batched_reads_of_stalled_nodes_end_at_the_deadline() {
         "reads took {took:?}"
     );
     assert!(frontend_count(&cluster, "larder_frontend_get_batched_blobs_total") >= 1.0);
+}
+
+/// Waits until every thread of process `pid` is stopped: `kill` returns once SIGSTOP is
+/// queued, and a thread still running could answer a read that the test means to stall.
+fn wait_until_stopped(pid: u32) {
+    let stopped = || {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !stopped() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// A storage node's GET batch endpoint, asked directly: each blob answered as a GET of it alone,
